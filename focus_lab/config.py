@@ -1,0 +1,145 @@
+"""Configuration of a Focus retrofit: one dataclass, saved with every artifact.
+
+Source: PAPER.md §1 (routing), §2 (attention pattern), §3 (training).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+MODES = ("soft", "hard", "window", "dense")
+ASSIGNMENTS = ("router", "random")
+
+
+class ConfigError(ValueError):
+    """An invalid Focus configuration; the message names the field and the fix."""
+
+
+@dataclass
+class FocusConfig:
+    """Hyper-parameters of Focus attention (PAPER.md §1-§3).
+
+    Attributes:
+        num_groups: K, number of groups (centroids) per layer. >= 1.
+        window: w, local window in tokens: pairs with ``i - j < window`` are always kept. >= 1.
+        router_dim: d_g, width of the router projection ``W_g: (d_model, d_g)``. >= 1.
+        tau: Sinkhorn temperature; ``P = Sinkhorn(exp(S / tau))``. > 0.
+        sinkhorn_iters: N, alternating normalizations (tokens, then groups). >= 1.
+        top_k: k, groups a query joins in hard mode (a key joins only its top-1). 1 <= k <= K.
+        mode: "soft" (training gate, §2), "hard" (top-k mask, §2), "window" (local pairs only,
+            the sliding-window baseline) or "dense" (full causal attention through the same path).
+        eps: floor of the agreement ``P_i . P_j`` before its log is added to a distant logit.
+        normalize_input: divide the router input by its RMS over the hidden dimension before
+            projecting ([ours]: SmolLM2's attention inputs differ in scale by layer, rms 0.05-0.4,
+            which would make ``tau`` mean something different in every layer).
+        bias_momentum: momentum of the per-group bias, an EMA of Sinkhorn's column potentials
+            during training, added to the scores for the causal hard assignment (PAPER.md §1 [ours]).
+        assignment: "router" (learned) or "random" (fixed random groups at the same sparsity,
+            a control baseline).
+        layers: attention layers (``layer_idx``) that get a router; None means every layer.
+        seed: seed of the router's initialization and of random groups.
+    """
+
+    num_groups: int = 4
+    window: int = 128
+    router_dim: int = 16
+    tau: float = 0.1
+    sinkhorn_iters: int = 10
+    top_k: int = 2
+    mode: str = "soft"
+    eps: float = 1e-6
+    normalize_input: bool = True
+    bias_momentum: float = 0.05
+    assignment: str = "router"
+    layers: list[int] | None = None
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> "FocusConfig":
+        """Check every field; raises ConfigError naming the bad field and the accepted range."""
+        def bad(name: str, why: str) -> None:
+            raise ConfigError(f"FocusConfig.{name}={getattr(self, name)!r} is invalid: {why}")
+
+        if not isinstance(self.num_groups, int) or self.num_groups < 1:
+            bad("num_groups", "need an integer >= 1 (the paper uses 4 or 8)")
+        if not isinstance(self.window, int) or self.window < 1:
+            bad("window", "need an integer >= 1 token (the paper uses 128)")
+        if not isinstance(self.router_dim, int) or self.router_dim < 1:
+            bad("router_dim", "need an integer >= 1 (the paper uses 16)")
+        if not (isinstance(self.tau, (int, float)) and self.tau > 0):
+            bad("tau", "need a temperature > 0 (the paper uses 0.1)")
+        if not isinstance(self.sinkhorn_iters, int) or self.sinkhorn_iters < 1:
+            bad("sinkhorn_iters", "need an integer >= 1 (the paper uses 10)")
+        if not isinstance(self.top_k, int) or not 1 <= self.top_k <= self.num_groups:
+            bad("top_k", f"need an integer in 1..num_groups={self.num_groups}")
+        if self.mode not in MODES:
+            bad("mode", f"choose one of {', '.join(MODES)}")
+        if self.assignment not in ASSIGNMENTS:
+            bad("assignment", f"choose one of {', '.join(ASSIGNMENTS)}")
+        if not 0 < self.eps < 1:
+            bad("eps", "need 0 < eps < 1")
+        if not 0 <= self.bias_momentum <= 1:
+            bad("bias_momentum", "need 0 <= bias_momentum <= 1")
+        if self.layers is not None:
+            if not all(isinstance(i, int) and i >= 0 for i in self.layers):
+                bad("layers", "need a list of layer indices >= 0, or None for all layers")
+        return self
+
+    def replace(self, **changes: Any) -> "FocusConfig":
+        """A validated copy with ``changes`` applied."""
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "FocusConfig":
+        """Build from a dict; unknown keys are a ConfigError (a config from a newer version)."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - names)
+        if unknown:
+            raise ConfigError(
+                f"unknown FocusConfig fields {unknown}: this file was written by another focus-lab "
+                "version; upgrade focus-lab or remove those fields")
+        return cls(**d)
+
+    @classmethod
+    def from_json(cls, s: str) -> "FocusConfig":
+        return cls.from_dict(json.loads(s))
+
+
+@dataclass
+class TrainConfig:
+    """Schedule of router-only training (PAPER.md §3). Saved with every checkpoint.
+
+    Attributes:
+        steps: optimizer steps.
+        seq_len: tokens per training window.
+        batch_size: windows per step.
+        lr: AdamW learning rate.
+        weight_decay: AdamW weight decay (centroids and projection).
+        warmup: linear warm-up steps.
+        checkpoint_every: steps between atomic checkpoints.
+        seed: seed of the window order.
+    """
+
+    steps: int = 60
+    seq_len: int = 512
+    batch_size: int = 2
+    lr: float = 3e-3
+    weight_decay: float = 0.0
+    warmup: int = 5
+    checkpoint_every: int = 20
+    seed: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)

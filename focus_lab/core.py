@@ -1,0 +1,271 @@
+"""The Focus method in one place: router scores, Sinkhorn, the soft gate, the hard mask.
+
+Every other module (retrofit, training, recording, analyses) calls these functions; none
+re-implements them. Sources: PAPER.md §1 (routing), §2 (attention pattern).
+
+Shapes use B = batch, T = tokens (Tq queries, Tk keys), K = num_groups, k = top_k,
+H = query heads, Hkv = key/value heads, D = head_dim, d = d_model, d_g = router_dim.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .config import FocusConfig
+
+
+class Router(nn.Module):
+    """One router per attention layer, shared by all heads and by the query and key roles.
+
+    ``S = (norm(h) @ W_g) @ C.T`` (PAPER.md §1), ``W_g = proj: (d_model, router_dim)``,
+    ``C = centroids: (num_groups, router_dim)``. ``norm`` divides by the RMS over d_model when
+    ``config.normalize_input`` (an [ours] decision, see FocusConfig).
+
+    Buffers:
+        group_bias: (num_groups,) per-group offset in logit units (score / tau), an EMA of
+            Sinkhorn's column potentials, added before the causal hard top-k (PAPER.md §1 [ours]).
+        random_table: (max_positions, num_groups) fixed scores used when
+            ``config.assignment == "random"`` (a control at equal sparsity).
+    """
+
+    def __init__(self, d_model: int, config: FocusConfig, layer_idx: int):
+        super().__init__()
+        self.config = config
+        self.layer_idx = layer_idx
+        g = torch.Generator().manual_seed(config.seed * 1_000_003 + layer_idx)
+        K, dg = config.num_groups, config.router_dim
+        self.proj = nn.Parameter(torch.randn(d_model, dg, generator=g) / math.sqrt(d_model))
+        self.centroids = nn.Parameter(torch.randn(K, dg, generator=g) / math.sqrt(dg))
+        self.register_buffer("group_bias", torch.zeros(K))
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        """Router scores. h: (B, T, d) attention input -> S: (B, T, K), fp32."""
+        if self.config.assignment == "random":
+            return random_scores(h.shape[0], h.shape[1], self.config.num_groups,
+                                 seed=self.config.seed * 1_000_003 + self.layer_idx, device=h.device)
+        h = h.float()
+        if self.config.normalize_input:
+            h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)  # (B, T, d)
+        return (h @ self.proj) @ self.centroids.T  # (B, T, K)
+
+    @torch.no_grad()
+    def update_bias(self, col_potential: torch.Tensor) -> None:
+        """EMA of Sinkhorn's column potentials. col_potential: (B, K) in logit units."""
+        v = col_potential.float().mean(0)
+        v = v - v.mean()
+        m = self.config.bias_momentum
+        self.group_bias.mul_(1 - m).add_(m * v)
+
+
+def random_scores(batch: int, seq: int, num_groups: int, seed: int,
+                  device: torch.device | str = "cpu") -> torch.Tensor:
+    """Fixed random scores (B, T, K), a function of (seed, position) only: random groups."""
+    g = torch.Generator().manual_seed(seed)
+    table = torch.randn(seq, num_groups, generator=g)  # (T, K); a prefix of a longer draw
+    return table.to(device).unsqueeze(0).expand(batch, seq, num_groups)
+
+
+def sinkhorn(scores: torch.Tensor, tau: float, iters: int,
+             token_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-domain Sinkhorn: ``P = Sinkhorn(exp(S / tau))`` (PAPER.md §1).
+
+    Alternately (1) normalize over tokens so each group carries n/K mass (n valid tokens), then
+    (2) over groups so each token's row sums to 1. Ends on step (2): rows are exact, columns
+    approximate (their error is a recorded metric). Computed in log space: exp(S / 0.1)
+    overflows in fp32. Step (1) looks at all tokens, later ones included: a causal leak
+    acceptable for training only (PAPER.md §1 [ours]).
+
+    Args:
+        scores: (B, T, K) router scores.
+        tau: temperature > 0.
+        iters: number of (tokens, groups) normalization pairs, >= 1.
+        token_mask: optional (B, T) bool, False for padding (excluded from the balance).
+    Returns:
+        log_p: (B, T, K) log assignment probabilities, rows sum to 1 (masked rows too).
+        col_potential: (B, K) the column scaling ``v`` in logit units (score / tau).
+    """
+    logits = scores.float() / tau  # (B, T, K)
+    B, T, K = logits.shape
+    if token_mask is None:
+        n = torch.full((B, 1, 1), float(T), device=logits.device)
+        col_logits = logits
+    else:
+        n = token_mask.sum(-1).clamp(min=1).float().view(B, 1, 1)
+        col_logits = logits.masked_fill(~token_mask[..., None], float("-inf"))
+    log_target = torch.log(n / K)  # (B, 1, 1) mass per group
+    u = torch.zeros(B, T, 1, device=logits.device)
+    v = torch.zeros(B, 1, K, device=logits.device)
+    for _ in range(iters):
+        v = log_target - torch.logsumexp(col_logits + u, dim=1, keepdim=True)  # (B, 1, K)
+        u = -torch.logsumexp(logits + v, dim=2, keepdim=True)  # (B, T, 1)
+    return logits + u + v, v.squeeze(1)
+
+
+def hard_assign(scores: torch.Tensor, tau: float, top_k: int,
+                group_bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Causal hard assignment: token i's groups depend on token i alone (PAPER.md §1-§2 [ours]).
+
+    ``a = S / tau + group_bias``; a query joins its ``top_k`` groups, a key lives in its
+    top-1 group, so no (query, key) pair is counted twice.
+
+    Args:
+        scores: (B, T, K); tau > 0; top_k in 1..K; group_bias: (K,) logit units or None.
+    Returns:
+        query_groups: (B, T, top_k) long, best first; key_group: (B, T) long.
+    """
+    a = scores.float() / tau  # (B, T, K)
+    if group_bias is not None:
+        a = a + group_bias.to(a.device)
+    query_groups = a.topk(top_k, dim=-1).indices  # (B, T, k)
+    return query_groups, query_groups[..., 0]
+
+
+def local_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int) -> torch.Tensor:
+    """(Tq, Tk) bool, True where ``0 <= i - j < window`` (causal local pairs, PAPER.md §2)."""
+    d = q_pos[:, None] - k_pos[None, :]  # (Tq, Tk)
+    return (d >= 0) & (d < window)
+
+
+def causal_mask(q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+    """(Tq, Tk) bool, True where ``j <= i``."""
+    return k_pos[None, :] <= q_pos[:, None]
+
+
+def hard_mask(query_groups: torch.Tensor, key_group: torch.Tensor, window: int,
+              q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+    """The hard Focus mask (PAPER.md §2): ``M(i,j) = [j<=i] and (g(j) in G_k(i) or i-j < w)``.
+
+    Args:
+        query_groups: (B, Tq, k) long; key_group: (B, Tk) long; window: w in tokens;
+        q_pos: (Tq,), k_pos: (Tk,) token positions.
+    Returns:
+        (B, Tq, Tk) bool, True where query i may attend to key j.
+    """
+    same = (query_groups[:, :, :, None] == key_group[:, None, None, :]).any(2)  # (B, Tq, Tk)
+    return causal_mask(q_pos, k_pos) & (same | local_mask(q_pos, k_pos, window))
+
+
+def soft_gate_bias(log_p_q: torch.Tensor, log_p_k: torch.Tensor, window: int,
+                   q_pos: torch.Tensor, k_pos: torch.Tensor, eps: float) -> torch.Tensor:
+    """Additive logit bias of the soft (training) gate (PAPER.md §2 [ours]).
+
+    Local pairs get 0; a distant causal pair gets ``log(max(P_i . P_j, eps))`` (its weight is
+    multiplied by the probability that i and j share a group); non-causal pairs get -inf.
+
+    Args:
+        log_p_q: (B, Tq, K), log_p_k: (B, Tk, K) log assignment probabilities.
+    Returns:
+        (B, Tq, Tk) float32.
+    """
+    agree = log_p_q.exp() @ log_p_k.exp().transpose(1, 2)  # (B, Tq, Tk) = P_i . P_j
+    gate = torch.log(agree.clamp(min=eps))  # (B, Tq, Tk)
+    local = local_mask(q_pos, k_pos, window)  # (Tq, Tk)
+    gate = gate.masked_fill(local, 0.0)
+    return gate.masked_fill(~causal_mask(q_pos, k_pos), float("-inf"))
+
+
+@dataclass
+class Routing:
+    """What a layer's router decided for one forward (all tensors for the keys' tokens).
+
+    Attributes:
+        scores: (B, T, K) raw router scores S.
+        log_p: (B, T, K) log Sinkhorn probabilities (None in hard-only paths).
+        col_potential: (B, K) Sinkhorn column potentials in logit units, or None.
+        query_groups: (B, T, k) long, causal hard top-k groups.
+        key_group: (B, T) long, causal hard top-1 group.
+    """
+
+    scores: torch.Tensor
+    log_p: torch.Tensor | None
+    col_potential: torch.Tensor | None
+    query_groups: torch.Tensor
+    key_group: torch.Tensor
+
+
+def route(router: Router, h: torch.Tensor, token_mask: torch.Tensor | None = None,
+          config: FocusConfig | None = None) -> Routing:
+    """Run a router and derive both its soft and hard assignments.
+
+    Args:
+        router: the layer's Router; h: (B, T, d) its attention input;
+        token_mask: (B, T) bool, False on padding; config: overrides ``router.config``.
+    """
+    cfg = config or router.config
+    scores = router(h)  # (B, T, K)
+    log_p = col = None
+    if cfg.mode == "soft" or router.training:
+        log_p, col = sinkhorn(scores, cfg.tau, cfg.sinkhorn_iters, token_mask)
+    qg, kg = hard_assign(scores, cfg.tau, cfg.top_k, router.group_bias)
+    return Routing(scores, log_p, col, qg, kg)
+
+
+def focus_bias(config: FocusConfig, routing: Routing | None, q_pos: torch.Tensor,
+               k_pos: torch.Tensor, batch: int) -> torch.Tensor:
+    """Mask or bias of one layer under ``config.mode`` (PAPER.md §2).
+
+    Returns a (B, Tq, Tk) tensor: bool for "hard" / "window" / "dense" (True = keep), float32
+    (0 / log-agreement / -inf) for "soft". Raises ValueError when the mode needs a routing
+    and none is given.
+    """
+    mode = config.mode
+    if mode == "dense":
+        return causal_mask(q_pos, k_pos).expand(batch, -1, -1)
+    if mode == "window":
+        return local_mask(q_pos, k_pos, config.window).expand(batch, -1, -1)
+    if routing is None:
+        raise ValueError(f"mode {mode!r} needs the layer's routing; got None")
+    tq = q_pos.numel()
+    if mode == "hard":
+        return hard_mask(routing.query_groups[:, -tq:], routing.key_group, config.window, q_pos, k_pos)
+    return soft_gate_bias(routing.log_p[:, -tq:], routing.log_p, config.window, q_pos, k_pos, config.eps)
+
+
+def masked_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                     bias: torch.Tensor, scaling: float | None = None) -> torch.Tensor:
+    """Dense O(T^2) reference attention under a mask or additive bias.
+
+    Args:
+        query: (B, H, Tq, D); key, value: (B, Hkv, Tk, D) with H a multiple of Hkv (GQA);
+        bias: (B, Tq, Tk) bool (True = keep) or float (added to logits), shared by heads;
+        scaling: logit scale, default 1/sqrt(D).
+    Returns:
+        (B, H, Tq, D). A query row with no kept key keeps its own diagonal (so padding rows
+        stay finite instead of NaN).
+    """
+    if bias.dtype == torch.bool:
+        empty = ~bias.any(-1, keepdim=True)  # (B, Tq, 1)
+        if empty.any():
+            bias = bias | (empty & _diag_like(bias))
+    else:
+        empty = torch.isinf(bias).all(-1, keepdim=True) & (bias < 0).all(-1, keepdim=True)
+        if empty.any():
+            bias = bias.masked_fill(empty & _diag_like(bias), 0.0)
+        bias = bias.to(query.dtype)
+    return F.scaled_dot_product_attention(
+        query, key, value, attn_mask=bias[:, None], scale=scaling,
+        enable_gqa=query.shape[1] != key.shape[1])  # (B, H, Tq, D)
+
+
+def _diag_like(m: torch.Tensor) -> torch.Tensor:
+    tq, tk = m.shape[-2:]
+    return torch.eye(tq, tk, dtype=torch.bool, device=m.device).roll(tk - tq, dims=1) if tq <= tk \
+        else torch.eye(tq, tk, dtype=torch.bool, device=m.device)
+
+
+def distant_pairs_kept(query_groups: torch.Tensor, key_group: torch.Tensor, window: int) -> float:
+    """Fraction of distant causal pairs (``i - j >= window``) the hard mask keeps, in [0, 1].
+
+    query_groups: (B, T, k), key_group: (B, T). Returns nan when there is no distant pair.
+    """
+    T = key_group.shape[1]
+    pos = torch.arange(T, device=key_group.device)
+    m = hard_mask(query_groups, key_group, window, pos, pos)  # (B, T, T)
+    distant = causal_mask(pos, pos) & ~local_mask(pos, pos, window)  # (T, T)
+    total = distant.sum() * key_group.shape[0]
+    return float((m & distant).sum() / total) if total > 0 else float("nan")

@@ -1,0 +1,73 @@
+"""Atomic file and directory writes: a reader never sees a half-written artifact."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Iterator
+
+
+class ArtifactError(RuntimeError):
+    """An artifact could not be written or read; the message names the path and the fix."""
+
+
+def _explain_os_error(path: Path, e: OSError) -> ArtifactError:
+    if e.errno == errno.ENOSPC:
+        return ArtifactError(f"no space left on the device while writing {path}: free disk space "
+                             "or choose another output directory")
+    if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return ArtifactError(f"permission denied writing {path}: choose a writable output directory")
+    return ArtifactError(f"could not write {path}: {e}")
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temporary path next to ``path``; rename it onto ``path`` only on success.
+
+    Works for files and directories. On an exception the temporary is removed and the
+    previous ``path`` (if any) is untouched. Raises ArtifactError on disk-full or permission
+    errors, with the path and the fix.
+    """
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        os.close(fd)
+        os.unlink(tmp_name)
+    except OSError as e:
+        raise _explain_os_error(path, e) from e
+    tmp = Path(tmp_name)
+    try:
+        yield tmp
+        if path.is_dir() and tmp.is_dir():
+            old = path.with_name(f".{path.name}.old")
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(path, old)
+            os.replace(tmp, path)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, path)
+    except OSError as e:
+        raise _explain_os_error(path, e) from e
+    finally:
+        if tmp.is_dir():
+            shutil.rmtree(tmp, ignore_errors=True)
+        elif tmp.exists():
+            tmp.unlink()
+
+
+def write_json(path: str | os.PathLike, obj: Any) -> None:
+    """Write ``obj`` as indented JSON, atomically."""
+    with atomic_path(path) as tmp:
+        tmp.write_text(json.dumps(obj, indent=2, sort_keys=True, default=str))
+
+
+def write_parquet(path: str | os.PathLike, df) -> None:
+    """Write a pandas DataFrame as parquet (pyarrow), atomically."""
+    with atomic_path(path) as tmp:
+        df.to_parquet(tmp, index=False)

@@ -1,0 +1,358 @@
+"""Retrofit Focus onto a pretrained transformers model: attach, detach, save and load routers.
+
+Focus enters through transformers' ``AttentionInterface`` (an attention function named
+"focus") and ``AttentionMaskInterface`` (so causality, padding and sliding windows still
+reach it). A forward pre-hook on each attention module captures its input (after the
+layer's input norm), which the layer's Router scores. Every original parameter is frozen.
+Source: PAPER.md §1-§3.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch.nn as nn
+from safetensors import safe_open
+from safetensors.torch import save_file
+from transformers import AttentionInterface
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+from .config import FocusConfig
+from .core import Router, Routing, focus_bias, masked_attention, route
+from .io import atomic_path
+
+ATTN_NAME = "focus"
+ROUTER_FORMAT = "focus-lab-router"
+ROUTER_FORMAT_VERSION = "1"
+
+# family (config.model_type) -> attribute name of the self-attention module in a decoder layer
+SUPPORTED_FAMILIES: dict[str, str] = {
+    "llama": "self_attn",
+    "mistral": "self_attn",
+    "qwen2": "self_attn",
+    "gpt2": "attn",
+}
+
+
+class UnsupportedModelError(ValueError):
+    """The model's architecture has no Focus adapter."""
+
+
+class RouterMismatchError(ValueError):
+    """A router file was trained on another base model or is not a router file."""
+
+
+# --------------------------------------------------------------------------------------------
+# the attention function and its mask function
+
+def _focus_mask(*args, **kwargs):
+    """Mask function for "focus": the sdpa boolean mask, always materialized (never None)."""
+    kwargs["allow_is_causal_skip"] = False
+    return sdpa_mask(*args, **kwargs)
+
+
+def _keep_from_hf_mask(attention_mask: torch.Tensor | None, B: int, Tq: int, Tk: int,
+                       device: torch.device) -> torch.Tensor:
+    """(B, Tq, Tk) bool from transformers' 4-D mask; plain causality when it is None."""
+    if attention_mask is None:
+        q = torch.arange(Tk - Tq, Tk, device=device)
+        k = torch.arange(Tk, device=device)
+        return (k[None, :] <= q[:, None]).expand(B, Tq, Tk)
+    m = attention_mask[:, 0, :, :Tk]  # (B, Tq, Tk)
+    if m.dtype != torch.bool:
+        m = m > torch.finfo(m.dtype).min / 2
+    return m.expand(B, Tq, Tk)
+
+
+def focus_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                    attention_mask: torch.Tensor | None, scaling: float | None = None,
+                    dropout: float = 0.0, **kwargs) -> tuple[torch.Tensor, None]:
+    """The "focus" attention function (transformers' AttentionInterface signature).
+
+    Args:
+        module: the attention module; its ``focus_router`` (if any) and the input captured by
+            the pre-hook decide the mask. A module without a router attends densely.
+        query: (B, H, Tq, D); key, value: (B, Hkv, Tk, D); attention_mask: transformers' 4-D
+            mask (B, 1, Tq, Tk) bool/float, or None (then plain causality is applied).
+    Returns:
+        (attn_output (B, Tq, H, D), None).
+    Raises:
+        NotImplementedError: for logit soft-capping, or for a KV-cache decode step (Tq < Tk)
+            in soft/hard mode.
+    """
+    if kwargs.get("softcap") is not None:
+        raise NotImplementedError("Focus does not support attention logit soft-capping yet "
+                                  "(Gemma-2 global layers); see the architectures issue")
+    B, H, Tq, _ = query.shape
+    Tk = key.shape[2]
+    keep = _keep_from_hf_mask(attention_mask, B, Tq, Tk, query.device)  # (B, Tq, Tk)
+    router: Router | None = getattr(module, "focus_router", None)
+    h = module.__dict__.pop("_focus_h", None)
+    routing: Routing | None = None
+    if router is None:
+        bias = keep
+    else:
+        cfg = router.config
+        if cfg.mode in ("soft", "hard"):
+            if Tq != Tk:
+                raise NotImplementedError(
+                    "Focus soft/hard attention with a KV cache (decode steps) is not supported yet; "
+                    "call the model with use_cache=False")
+            if h is None:
+                raise RuntimeError("Focus router input was not captured: attach() the model again")
+            token_mask = keep.diagonal(dim1=1, dim2=2) if attention_mask is not None else None
+            routing = route(router, h, token_mask)
+            if router.training and routing.col_potential is not None:
+                router.update_bias(routing.col_potential)
+        q_pos = torch.arange(Tk - Tq, Tk, device=query.device)
+        k_pos = torch.arange(Tk, device=query.device)
+        fb = focus_bias(cfg, routing, q_pos, k_pos, B)  # (B, Tq, Tk)
+        bias = fb & keep if fb.dtype == torch.bool else fb.masked_fill(~keep, float("-inf"))
+    out = masked_attention(query, key, value, bias, scaling)  # (B, H, Tq, D)
+    for observer in module.__dict__.get("_focus_observers", ()):
+        observer(module, query, key, value, routing, bias, out)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def _register() -> None:
+    AttentionInterface.register(ATTN_NAME, focus_attention)
+    AttentionMaskInterface.register(ATTN_NAME, _focus_mask)
+
+
+# --------------------------------------------------------------------------------------------
+# attach / detach
+
+def attention_modules(model: nn.Module) -> list[tuple[int, nn.Module]]:
+    """[(layer_idx, self-attention module)] of a supported model, in layer order.
+
+    Raises UnsupportedModelError naming the supported families.
+    """
+    family = getattr(getattr(model, "config", None), "model_type", None)
+    if family not in SUPPORTED_FAMILIES:
+        raise UnsupportedModelError(
+            f"Focus has no adapter for model_type {family!r}; supported families: "
+            f"{', '.join(sorted(SUPPORTED_FAMILIES))}")
+    attr = SUPPORTED_FAMILIES[family]
+    pattern = re.compile(rf"(^|\.)(\d+)\.{attr}$")
+    found = []
+    for name, module in model.named_modules():
+        m = pattern.search(name)
+        if m:
+            found.append((int(getattr(module, "layer_idx", None) or m.group(2)), module))
+    if not found:
+        raise UnsupportedModelError(f"no '{attr}' attention modules found in this {family} model")
+    return sorted(found, key=lambda t: t[0])
+
+
+def _capture_input(module: nn.Module, args: tuple, kwargs: dict) -> None:
+    h = kwargs.get("hidden_states", args[0] if args else None)
+    module.__dict__["_focus_h"] = h
+
+
+def is_attached(model: nn.Module) -> bool:
+    return hasattr(model, "_focus_state")
+
+
+def attach(model: nn.Module, config: FocusConfig | None = None) -> nn.Module:
+    """Retrofit Focus onto ``model`` in place and return it.
+
+    Adds a Router (``focus_router``) to every selected attention layer, registers and selects
+    the "focus" attention function, and freezes every original parameter (only routers train).
+
+    Raises:
+        UnsupportedModelError: the architecture has no adapter.
+        ValueError: the model already has Focus attached, or ``config.layers`` names a layer
+            the model lacks.
+    """
+    if is_attached(model):
+        raise ValueError("Focus is already attached to this model; detach() it first")
+    config = (config or FocusConfig()).validate()
+    modules = attention_modules(model)
+    n_layers = len(modules)
+    layers = config.layers if config.layers is not None else [i for i, _ in modules]
+    missing = sorted(set(layers) - {i for i, _ in modules})
+    if missing:
+        raise ValueError(f"FocusConfig.layers names layers {missing}, but the model has layers "
+                         f"0..{n_layers - 1}")
+    _register()
+    d_model = model.config.hidden_size
+    requires_grad = {n: p.requires_grad for n, p in model.named_parameters()}
+    for p in model.parameters():
+        p.requires_grad_(False)
+    device = next(model.parameters()).device
+    hooks = []
+    for idx, module in modules:
+        if idx in layers:
+            module.focus_router = Router(d_model, config, idx).to(device)
+        hooks.append(module.register_forward_pre_hook(_capture_input, with_kwargs=True))
+    model._focus_state = {
+        "config": config,
+        "hooks": hooks,
+        "requires_grad": requires_grad,
+        "attn_implementation": model.config._attn_implementation,
+    }
+    model.set_attn_implementation(ATTN_NAME)
+    return model
+
+
+def detach(model: nn.Module) -> nn.Module:
+    """Undo ``attach``: remove routers and hooks, restore the attention implementation and
+    each parameter's ``requires_grad``. Outputs are then exactly the original ones."""
+    state = model.__dict__.get("_focus_state")
+    if state is None:
+        raise ValueError("Focus is not attached to this model")
+    for h in state["hooks"]:
+        h.remove()
+    for _, module in attention_modules(model):
+        if hasattr(module, "focus_router"):
+            del module.focus_router
+        module.__dict__.pop("_focus_h", None)
+    model.set_attn_implementation(state["attn_implementation"])
+    for n, p in model.named_parameters():
+        p.requires_grad_(state["requires_grad"].get(n, True))
+    del model._focus_state
+    return model
+
+
+def routers(model: nn.Module) -> dict[int, Router]:
+    """{layer_idx: Router} of an attached model."""
+    return {i: m.focus_router for i, m in attention_modules(model) if hasattr(m, "focus_router")}
+
+
+def focus_config(model: nn.Module) -> FocusConfig:
+    """The FocusConfig the model's routers use now."""
+    if not is_attached(model):
+        raise ValueError("Focus is not attached to this model; call focus_lab.attach(model, config)")
+    return model._focus_state["config"]
+
+
+def set_config(model: nn.Module, **changes) -> FocusConfig:
+    """Change the attached config (e.g. ``mode="hard", top_k=1``) for every router at once.
+
+    Shape-changing fields (num_groups, router_dim, layers, seed) cannot change after attach.
+    """
+    old = focus_config(model)
+    fixed = {"num_groups", "router_dim", "layers"}
+    bad = sorted(k for k in changes if k in fixed and changes[k] != getattr(old, k))
+    if bad:
+        raise ValueError(f"cannot change {bad} after attach: detach and attach a new config")
+    new = old.replace(**changes)
+    model._focus_state["config"] = new
+    for r in routers(model).values():
+        r.config = new
+    return new
+
+
+# --------------------------------------------------------------------------------------------
+# base model identity, router files
+
+def model_identity(model: nn.Module) -> dict[str, str]:
+    """Identity of a base model: name, sha256 of its config and of its input embedding.
+
+    The config digest ignores fields that do not change the weights' meaning (attention
+    implementation, dtype, name, library version); the embedding is hashed in bfloat16 so
+    fp32 and bf16 loads of the same weights agree.
+    """
+    cfg = model.config.to_dict()
+    for k in ("_attn_implementation", "_attn_implementation_internal", "torch_dtype", "dtype",
+              "_name_or_path", "transformers_version", "architectures", "use_cache",
+              "_attn_implementation_autoset", "output_attentions", "return_dict"):
+        cfg.pop(k, None)
+    config_sha = hashlib.sha256(json.dumps(cfg, sort_keys=True, default=str).encode()).hexdigest()
+    emb = model.get_input_embeddings().weight.detach().to("cpu", torch.bfloat16)
+    embed_sha = hashlib.sha256(emb.view(torch.int16).numpy().tobytes()).hexdigest()
+    name = getattr(model.config, "_name_or_path", "") or getattr(model, "name_or_path", "")
+    return {"name": str(name), "model_type": model.config.model_type,
+            "config_sha256": config_sha, "embedding_sha256": embed_sha}
+
+
+def save_routers(model: nn.Module, path: str | Path, extra: dict | None = None) -> Path:
+    """Write the routers as safetensors (atomically), with the FocusConfig and the base
+    model's identity in the metadata. Tensors: ``layers.{i}.proj (d_model, d_g)``,
+    ``layers.{i}.centroids (K, d_g)``, ``layers.{i}.group_bias (K,)``."""
+    path = Path(path)
+    tensors = {}
+    for i, r in routers(model).items():
+        for name, t in [("proj", r.proj), ("centroids", r.centroids), ("group_bias", r.group_bias)]:
+            tensors[f"layers.{i}.{name}"] = t.detach().to("cpu", torch.float32).contiguous()
+    meta = {"format": ROUTER_FORMAT, "format_version": ROUTER_FORMAT_VERSION,
+            "focus_config": focus_config(model).to_json(),
+            "base_model": json.dumps(model_identity(model), sort_keys=True),
+            "extra": json.dumps(extra or {}, sort_keys=True, default=str)}
+    with atomic_path(path) as tmp:
+        save_file(tensors, str(tmp), metadata=meta)
+    return path
+
+
+def read_router_file(path: str | Path) -> tuple[FocusConfig, dict, dict[str, torch.Tensor], dict]:
+    """(config, base identity, tensors, extra) of a router file; RouterMismatchError if it is not one."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"router file {path} does not exist; train one with 'focus-lab train'")
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            meta = f.metadata() or {}
+            tensors = {k: f.get_tensor(k) for k in f.keys()}
+    except Exception as e:  # safetensors raises its own error types for garbage files
+        raise RouterMismatchError(f"{path} is not a safetensors router file ({e})") from e
+    if meta.get("format") != ROUTER_FORMAT:
+        raise RouterMismatchError(f"{path} is not a focus-lab router file (no '{ROUTER_FORMAT}' metadata)")
+    return (FocusConfig.from_json(meta["focus_config"]), json.loads(meta["base_model"]), tensors,
+            json.loads(meta.get("extra", "{}")))
+
+
+def load_routers(model: nn.Module, path: str | Path, config_overrides: dict | None = None) -> FocusConfig:
+    """Load a router file onto ``model`` (attaching Focus with the file's config if needed).
+
+    Raises:
+        RouterMismatchError: the file was trained on another base model (config or embedding
+            checksum differ), or its routers do not fit this model.
+    """
+    config, base, tensors, _ = read_router_file(path)
+    ident = model_identity(model)
+    for key in ("config_sha256", "embedding_sha256"):
+        if base.get(key) != ident[key]:
+            raise RouterMismatchError(
+                f"router file {path} was trained on base model {base.get('name')!r} "
+                f"({key} {base.get(key, '?')[:12]}), not on this model {ident['name']!r} "
+                f"({ident[key][:12]}): load it onto the model it was trained on, or train a new router")
+    if config_overrides:
+        config = config.replace(**config_overrides)
+    if is_attached(model):
+        cur = focus_config(model)
+        if (cur.num_groups, cur.router_dim, cur.layers) != (config.num_groups, config.router_dim, config.layers):
+            raise RouterMismatchError("the attached Focus config differs in shape from the file's; detach first")
+        set_config(model, **{k: v for k, v in config.to_dict().items()
+                             if k not in ("num_groups", "router_dim", "layers")})
+    else:
+        attach(model, config)
+    for i, r in routers(model).items():
+        with torch.no_grad():
+            for name in ("proj", "centroids", "group_bias"):
+                key = f"layers.{i}.{name}"
+                if key not in tensors:
+                    raise RouterMismatchError(f"router file {path} has no tensor {key}")
+                getattr(r, name).copy_(tensors[key])
+    return focus_config(model)
+
+
+def add_observer(model: nn.Module, fn: Callable, layers: list[int] | None = None) -> Callable[[], None]:
+    """Call ``fn(module, query, key, value, routing, bias, out)`` after each Focus attention
+    call of the selected layers. Returns a function that removes the observer."""
+    mods = [(i, m) for i, m in attention_modules(model) if layers is None or i in layers]
+    for _, m in mods:
+        m.__dict__.setdefault("_focus_observers", []).append(fn)
+
+    def remove() -> None:
+        for _, m in mods:
+            obs = m.__dict__.get("_focus_observers", [])
+            if fn in obs:
+                obs.remove(fn)
+            if not obs:
+                m.__dict__.pop("_focus_observers", None)
+    return remove
