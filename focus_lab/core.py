@@ -26,6 +26,9 @@ class Router(nn.Module):
     ``C = centroids: (num_groups, router_dim)``. ``norm`` divides by the RMS over d_model when
     ``config.normalize_input`` (an [ours] decision, see FocusConfig).
 
+    Init: ``proj ~ N(0, 1/d_model)``, ``centroids ~ N(0, tau^2/d_g)``, so that with a
+    unit-RMS input the logits ``S / tau`` start near N(0, 1) (soft, balanced Sinkhorn).
+
     Buffers:
         group_bias: (num_groups,) per-group offset in logit units (score / tau), an EMA of
             Sinkhorn's column potentials, added before the causal hard top-k (PAPER.md §1 [ours]).
@@ -40,7 +43,8 @@ class Router(nn.Module):
         g = torch.Generator().manual_seed(config.seed * 1_000_003 + layer_idx)
         K, dg = config.num_groups, config.router_dim
         self.proj = nn.Parameter(torch.randn(d_model, dg, generator=g) / math.sqrt(d_model))
-        self.centroids = nn.Parameter(torch.randn(K, dg, generator=g) / math.sqrt(dg))
+        # init so that S / tau ~ N(0, 1): Sinkhorn starts soft and balanced, then sharpens
+        self.centroids = nn.Parameter(torch.randn(K, dg, generator=g) * (config.tau / math.sqrt(dg)))
         self.register_buffer("group_bias", torch.zeros(K))
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:

@@ -188,7 +188,8 @@ def attach(model: nn.Module, config: FocusConfig | None = None) -> nn.Module:
     hooks = []
     for idx, module in modules:
         if idx in layers:
-            module.focus_router = Router(d_model, config, idx).to(device)
+            # routers start in eval mode: their group bias only moves inside focus_lab.train
+            module.focus_router = Router(d_model, config, idx).to(device).eval()
         hooks.append(module.register_forward_pre_hook(_capture_input, with_kwargs=True))
     model._focus_state = {
         "config": config,

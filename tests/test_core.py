@@ -1,0 +1,121 @@
+"""Focus core against independent references: brute-force masks, dense attention, Sinkhorn marginals."""
+
+import itertools
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from focus_lab import ConfigError, FocusConfig
+from focus_lab.core import (hard_assign, hard_mask, masked_attention, sinkhorn, soft_gate_bias,
+                            distant_pairs_kept)
+
+
+def brute_force_hard_mask(query_groups, key_group, window):
+    """M(i,j) = [j<=i] and (g(j) in topk(i) or i-j < w), from the definition (PAPER.md §2)."""
+    B, T, _ = query_groups.shape
+    m = torch.zeros(B, T, T, dtype=torch.bool)
+    for b, i, j in itertools.product(range(B), range(T), range(T)):
+        if j <= i and (int(key_group[b, j]) in query_groups[b, i].tolist() or i - j < window):
+            m[b, i, j] = True
+    return m
+
+
+@pytest.mark.parametrize("K,k,w,T", [(4, 1, 3, 17), (4, 2, 5, 23), (8, 3, 1, 19), (1, 1, 4, 9), (3, 3, 2, 12)])
+def test_hard_mask_matches_brute_force(K, k, w, T):
+    torch.manual_seed(K * 100 + T)
+    scores = torch.randn(2, T, K)
+    qg, kg = hard_assign(scores, tau=0.1, top_k=k)
+    pos = torch.arange(T)
+    assert torch.equal(hard_mask(qg, kg, w, pos, pos), brute_force_hard_mask(qg, kg, w))
+    # the key's group is the query's best group (top-1), and top-k is sorted best first
+    assert torch.equal(kg, scores.argmax(-1))
+    assert torch.equal(qg, scores.topk(k, -1).indices)
+
+
+def test_distant_pairs_kept_hand_count():
+    # T=4, w=1: distant causal pairs are (1,0),(2,0),(2,1),(3,0),(3,1),(3,2) = 6
+    kg = torch.tensor([[0, 1, 0, 1]])
+    qg = kg[..., None]
+    # same-group distant pairs: (2,0), (3,1) -> 2 of 6
+    assert distant_pairs_kept(qg, kg, window=1) == pytest.approx(2 / 6)
+
+
+def test_sinkhorn_marginals_converge():
+    torch.manual_seed(0)
+    T, K = 256, 4
+    scores = 0.1 * torch.randn(3, T, K)  # logits S / tau ~ N(0, 1)
+    log_p, _ = sinkhorn(scores, tau=0.1, iters=10)
+    P = log_p.exp()
+    assert (P.sum(-1) - 1).abs().max() < 1e-3  # each token's row sums to 1
+    assert (P.sum(1) - T / K).abs().max() / (T / K) < 1e-3  # each group carries T/K
+
+
+def test_sinkhorn_finite_with_extreme_scores():
+    scores = torch.tensor([[[50.0, -50.0, 0.0, 50.0]] * 7 + [[-50.0, 50.0, -50.0, 0.0]] * 5])
+    log_p, v = sinkhorn(scores, tau=0.1, iters=10)
+    assert torch.isfinite(log_p).all() and torch.isfinite(v).all()
+    # naive exp(S / tau) overflows fp32 here: the log domain is what keeps this finite
+    assert not torch.isfinite(torch.exp(scores / 0.1)).all()
+
+
+def test_sinkhorn_balances_where_softmax_collapses():
+    torch.manual_seed(1)
+    T, K = 512, 8
+    # every token prefers group 0 a little: softmax puts almost all tokens there
+    scores = 0.1 * torch.randn(1, T, K)
+    scores[..., 0] += 0.3
+    soft_share = torch.softmax(scores / 0.1, -1).argmax(-1).eq(0).float().mean()
+    log_p, _ = sinkhorn(scores, 0.1, 10)
+    sk_share = log_p.argmax(-1).eq(0).float().mean()
+    assert soft_share > 0.9
+    assert sk_share < 0.3
+
+
+def test_sinkhorn_token_mask_excludes_padding():
+    torch.manual_seed(2)
+    scores = 0.1 * torch.randn(1, 12, 2)
+    mask = torch.tensor([[True] * 8 + [False] * 4])
+    log_p, _ = sinkhorn(scores, 0.1, 50, token_mask=mask)
+    P = log_p.exp()[0, :8]
+    assert torch.allclose(P.sum(0), torch.full((2,), 4.0), atol=1e-3)
+    assert torch.isfinite(log_p).all()
+    assert torch.allclose(log_p[:, :8], sinkhorn(scores[:, :8], 0.1, 50)[0], atol=1e-5)
+
+
+def test_soft_gate_bias_definition():
+    torch.manual_seed(3)
+    T, K, w = 9, 3, 2
+    log_p, _ = sinkhorn(torch.randn(1, T, K), 0.5, 5)
+    pos = torch.arange(T)
+    bias = soft_gate_bias(log_p, log_p, w, pos, pos, eps=1e-6)
+    P = log_p.exp()[0]
+    for i, j in itertools.product(range(T), range(T)):
+        if j > i:
+            assert bias[0, i, j] == float("-inf")
+        elif i - j < w:
+            assert bias[0, i, j] == 0
+        else:
+            assert bias[0, i, j] == pytest.approx(math.log(max(float(P[i] @ P[j]), 1e-6)), abs=1e-5)
+
+
+def test_masked_attention_equals_manual_softmax_with_gqa():
+    torch.manual_seed(4)
+    B, H, Hkv, T, D = 2, 4, 2, 7, 8
+    q, k, v = torch.randn(B, H, T, D), torch.randn(B, Hkv, T, D), torch.randn(B, Hkv, T, D)
+    mask = torch.rand(B, T, T) > 0.4
+    out = masked_attention(q, k, v, mask)
+    kk, vv = k.repeat_interleave(H // Hkv, 1), v.repeat_interleave(H // Hkv, 1)
+    logits = (q @ kk.transpose(-1, -2)) / math.sqrt(D)
+    full = mask | torch.eye(T, dtype=torch.bool)  # empty rows keep their diagonal
+    m = torch.where(mask.any(-1, keepdim=True), mask, full)
+    ref = torch.softmax(logits.masked_fill(~m[:, None], float("-inf")), -1) @ vv
+    assert torch.allclose(out, ref, atol=1e-5)
+
+
+@pytest.mark.parametrize("field,value", [("num_groups", 0), ("top_k", 5), ("window", 0), ("tau", 0.0),
+                                         ("router_dim", 0), ("sinkhorn_iters", 0), ("mode", "fast")])
+def test_invalid_config_names_the_field(field, value):
+    with pytest.raises(ConfigError, match=field):
+        FocusConfig(**{field: value})
