@@ -1,0 +1,184 @@
+"""Dependency audit: the long-range dense-attention edges the hard Focus mask drops, drawn as
+arcs over the text, filtered by layer, head, distance, relation and weight; a table with CSV."""
+
+from __future__ import annotations
+
+import html
+
+import numpy as np
+import pandas as pd
+import plotly.express as px
+import plotly.graph_objects as go
+import streamlit as st
+
+import lib
+
+MAX_ARCS = 400
+NONE_REL = "(no relation)"
+
+
+def normalize(df: pd.DataFrame, tokens: pd.DataFrame) -> pd.DataFrame:
+    q = lib.col(df, "query_position", "q_position", "query_pos", "query", "i")
+    k = lib.col(df, "key_position", "k_position", "key_pos", "key", "j")
+    w = lib.col(df, "weight", "attention", "prob", "mass")
+    layer = lib.col(df, "layer_idx", "layer")
+    head = lib.col(df, "head", "head_idx", required=False)
+    win = lib.col(df, "window", required=False)
+    rel = lib.col(df, "relation", "dep_relation", "rel", required=False)
+    out = pd.DataFrame({"window": df[win].astype(int) if win else 0, "layer": df[layer].astype(int),
+                        "head": df[head].astype(int) if head else -1,
+                        "query_position": df[q].astype(int), "key_position": df[k].astype(int),
+                        "weight": df[w].astype(float)})
+    out["distance"] = df["distance"].astype(int) if "distance" in df.columns else out["query_position"] - out[
+        "key_position"]
+    out["relation"] = (df[rel].fillna("").astype(str).replace({"": NONE_REL, "None": NONE_REL})
+                       if rel else NONE_REL)
+    for c in ("query_group", "key_group"):
+        if c in df.columns:
+            out[c] = df[c]
+    disp = tokens.set_index(["window", "position"])["display"]
+    out["query_token"] = disp.reindex(pd.MultiIndex.from_arrays([out["window"], out["query_position"]])).to_numpy()
+    out["key_token"] = disp.reindex(pd.MultiIndex.from_arrays([out["window"], out["key_position"]])).to_numpy()
+    return out
+
+
+def arc_figure(edges: pd.DataFrame, tokens_w: pd.DataFrame, title: str) -> go.Figure:
+    """Arcs from key (left) to query (right) over the token positions of one window."""
+    fig = go.Figure()
+    rels = sorted(edges["relation"].unique(), key=lambda r: (r == NONE_REL, r))
+    palette = px.colors.qualitative.D3 + px.colors.qualitative.Set2
+    wmax = float(edges["weight"].max()) if len(edges) else 1.0
+    t = np.linspace(0, np.pi, 25)
+    for n, rel in enumerate(rels):
+        sub = edges[edges["relation"] == rel]
+        xs, ys, mx, my, mt = [], [], [], [], []
+        for r in sub.itertuples(index=False):
+            c = (r.query_position + r.key_position) / 2
+            rad = (r.query_position - r.key_position) / 2
+            xs += list(c - rad * np.cos(t)) + [None]
+            ys += list(rad * np.sin(t)) + [None]
+            mx.append(c)
+            my.append(rad)
+            mt.append(f"{html.escape(str(r.query_token))} @{r.query_position} → {html.escape(str(r.key_token))} "
+                      f"@{r.key_position}<br>layer {r.layer} head {r.head}, distance {r.distance}, "
+                      f"weight {r.weight:.3f}<br>{html.escape(rel)}")
+        color = "#9e9e9e" if rel == NONE_REL else palette[n % len(palette)]
+        opacity = 0.35 if rel == NONE_REL else 0.8
+        fig.add_trace(go.Scattergl(x=xs, y=ys, mode="lines", line=dict(color=color, width=1.2), opacity=opacity,
+                                   name=rel, legendgroup=rel, hoverinfo="skip"))
+        fig.add_trace(go.Scatter(x=mx, y=my, mode="markers", marker=dict(color=color, size=5), name=rel,
+                                 legendgroup=rel, showlegend=False, hovertext=mt, hoverinfo="text"))
+    ends = pd.concat([edges["query_position"], edges["key_position"]]).value_counts().head(60).index
+    labels = tokens_w.set_index("position")["display"]
+    ticks = sorted(int(p) for p in ends)
+    fig.update_layout(title=title, height=430, margin=dict(l=10, r=10, t=40, b=80),
+                      xaxis=dict(title=None, tickvals=ticks, ticktext=[f"{labels.get(p, '?')}" for p in ticks],
+                                 tickangle=-60, range=[-1, int(tokens_w["position"].max()) + 1]),
+                      yaxis=dict(title="distance / 2", rangemode="tozero"), legend_title_text="relation",
+                      hovermode="closest")
+    return fig
+
+
+def text_html(tokens_w: pd.DataFrame, edges: pd.DataFrame) -> str:
+    """The window's text (escaped), keys of dropped edges in orange, queries in blue."""
+    keys = set(edges["key_position"])
+    queries = set(edges["query_position"])
+    parts, prev_end = [], None
+    for r in tokens_w.sort_values("position").itertuples(index=False):
+        text = str(r.token)
+        if prev_end is not None and r.char_start > prev_end and not text[:1].isspace():
+            parts.append(" ")
+        piece = html.escape(text).replace("\n", "⏎<br>")
+        style = None
+        if r.position in keys and r.position in queries:
+            style = "background:#d1c4e9"
+        elif r.position in keys:
+            style = "background:#ffcc80"
+        elif r.position in queries:
+            style = "background:#90caf9"
+        if style:
+            piece = f'<span style="{style};border-radius:3px" title="position {r.position}">{piece}</span>'
+        parts.append(piece)
+        prev_end = r.char_end
+    return ('<div style="font-family:Georgia,serif;line-height:1.7;max-height:320px;overflow-y:auto;'
+            'border:1px solid #ddd;padding:8px;border-radius:6px">' + "".join(parts) + "</div>")
+
+
+def page() -> None:
+    run = lib.current_run()
+    st.title("Dependency audit")
+    st.caption(f"run **{run.name}** · dense edges beyond the local window that the hard mask drops")
+    raw = lib.need_table(run, "dropped_edges", "the dependency audit")
+    if raw is None:
+        return
+    tokens = lib.token_frame(run)
+    edges = normalize(raw, tokens)
+    if edges.empty:
+        st.success("The recorded run has no dropped edge above the recorder's threshold.")
+        return
+    st.caption(f"{len(edges):,} dropped edges recorded")
+
+    c1, c2, c3 = st.columns(3)
+    layers = sorted(edges["layer"].unique().tolist())
+    heads = sorted(edges["head"].unique().tolist())
+    rels = sorted(edges["relation"].unique().tolist(), key=lambda r: (r == NONE_REL, r))
+    with c1:
+        sel_layers = st.multiselect("Layers", layers, default=[], key="audit_layers", placeholder="all layers")
+        sel_heads = st.multiselect("Heads", heads, default=[], key="audit_heads", placeholder="all heads")
+    with c2:
+        dmin, dmax = int(edges["distance"].min()), int(edges["distance"].max())
+        if dmin < dmax:
+            dist = st.slider("Distance (tokens)", dmin, dmax, (dmin, dmax), key="audit_distance")
+        else:
+            dist = (dmin, dmax)
+        wmin = st.number_input("Minimum weight (dense attention probability)", min_value=0.0, max_value=1.0,
+                               value=float(round(edges["weight"].min(), 4)), step=0.01, format="%.4f",
+                               key="audit_weight")
+    with c3:
+        sel_rels = st.multiselect("Relations", rels, default=[], key="audit_relations", placeholder="all relations")
+        only_rel = st.checkbox("only edges with a spaCy relation", key="audit_only_rel")
+
+    f = edges
+    if sel_layers:
+        f = f[f["layer"].isin(sel_layers)]
+    if sel_heads:
+        f = f[f["head"].isin(sel_heads)]
+    f = f[f["distance"].between(*dist) & (f["weight"] >= wmin)]
+    if sel_rels:
+        f = f[f["relation"].isin(sel_rels)]
+    if only_rel:
+        f = f[f["relation"] != NONE_REL]
+    st.metric("edges matching the filters", f"{len(f):,}", delta=f"of {len(edges):,}", delta_color="off")
+    if f.empty:
+        st.warning("No dropped edge matches these filters.")
+        return
+
+    by_rel = f.groupby("relation").agg(edges=("weight", "size"), mass=("weight", "sum")).reset_index()
+    by_rel = by_rel.sort_values("edges", ascending=False)
+    fig = px.bar(by_rel.head(25), x="relation", y="edges", hover_data=["mass"],
+                 title="dropped edges by spaCy relation (top 25)")
+    fig.update_layout(height=300, margin=dict(l=10, r=10, t=40, b=10))
+    st.plotly_chart(fig, width="stretch")
+
+    windows = sorted(f["window"].unique().tolist())
+    counts = f["window"].value_counts()
+    win = st.selectbox("Window to draw", windows, index=windows.index(int(counts.idxmax())), key="audit_window",
+                       format_func=lambda w: f"window {w} ({counts.get(w, 0)} edges)")
+    fw = f[f["window"] == win].sort_values("weight", ascending=False)
+    tokens_w = tokens[tokens["window"] == win]
+    shown = fw.head(MAX_ARCS)
+    st.plotly_chart(arc_figure(shown, tokens_w, f"window {win}: {len(shown)} of {len(fw)} dropped edges "
+                                                f"(heaviest first), key ← query"), width="stretch")
+    st.markdown(text_html(tokens_w, shown), unsafe_allow_html=True)
+    st.caption("orange: keys of dropped edges, blue: their queries, violet: both")
+
+    st.subheader("Dropped edges")
+    cols = ["window", "layer", "head", "query_position", "query_token", "key_position", "key_token", "distance",
+            "weight", "relation"] + [c for c in ("query_group", "key_group") if c in f.columns]
+    table = f.sort_values("weight", ascending=False)[cols]
+    st.dataframe(table, hide_index=True, width="stretch", height=360,
+                 column_config={"weight": st.column_config.NumberColumn(format="%.4f")})
+    lib.download_csv(table, f"{run.name}-dropped-edges.csv", label=f"Download {len(table):,} edges as CSV")
+
+
+lib.guarded(page)

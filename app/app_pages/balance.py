@@ -1,0 +1,115 @@
+"""Balance: group shares per layer (hard top-1, Sinkhorn soft, plain softmax) and over training."""
+
+from __future__ import annotations
+
+import pandas as pd
+import plotly.express as px
+import plotly.graph_objects as go
+import streamlit as st
+
+import lib
+
+METHOD_COLS = ("method", "kind", "variant", "normalization", "routing", "source")
+SHARE_COLS = ("share", "load", "group_share", "mass")
+
+
+def recorded_shares(bal: pd.DataFrame) -> pd.DataFrame | None:
+    """The balance table as long (layer_idx, group, method, share), or None if its layout is
+    not one of: wide ``*_share`` columns per (layer, group), or long with a method column."""
+    layer = lib.col(bal, "layer_idx", "layer", required=False)
+    group = lib.col(bal, "group", required=False)
+    if layer is None or group is None:
+        return None
+    wide = [c for c in bal.columns if c.endswith("_share") and c not in ("max_group_share", "min_group_share")]
+    if wide:
+        out = bal.melt(id_vars=[layer, group], value_vars=wide, var_name="method", value_name="share")
+        out["method"] = out["method"].str.removesuffix("_share")
+    else:
+        method = lib.col(bal, *METHOD_COLS, required=False)
+        share = lib.col(bal, *SHARE_COLS, required=False)
+        if method is None or share is None:
+            return None
+        out = bal[[layer, group, method, share]].rename(columns={method: "method", share: "share"})
+    out = out.rename(columns={layer: "layer_idx", group: "group"})
+    return out.groupby(["layer_idx", "group", "method"], as_index=False)["share"].mean()
+
+
+def page() -> None:
+    run = lib.current_run()
+    st.title("Balance")
+    st.caption(f"run **{run.name}** · are the groups balanced? Sinkhorn's hard constraint vs plain softmax "
+               "(PAPER.md §1: plain softmax puts almost every token in one group)")
+    asg = lib.need_table(run, "assignments", "group shares")
+    if asg is None:
+        return
+    K = run.num_groups
+    tau = float(run.config.get("tau", 0.1))
+
+    hard = lib.hard_shares(asg, K)
+    piv = hard.pivot(index="layer_idx", columns="group", values="share")
+    fig = go.Figure(go.Heatmap(z=piv.to_numpy(), x=[f"g{g}" for g in piv.columns], y=[str(i) for i in piv.index],
+                               colorscale="RdBu_r", zmid=1.0 / K if K else None, text=piv.to_numpy(),
+                               texttemplate="%{text:.0%}" if piv.shape[0] <= 40 else None,
+                               hovertemplate="layer %{y}, %{x}: %{z:.1%}<extra></extra>",
+                               colorbar=dict(title="share", tickformat=".0%")))
+    fig.update_layout(title="hard (top-1) group share per layer (white = 1/K)", xaxis_title="group",
+                      yaxis_title="layer", height=min(160 + 18 * len(piv), 760),
+                      margin=dict(l=10, r=10, t=40, b=10), yaxis_autorange="reversed")
+    st.plotly_chart(fig, width="stretch")
+
+    rec = recorded_shares(run.table("balance")) if run.has("balance") else None
+    if rec is not None:
+        shares = rec
+        source = "recorded balance table"
+    else:
+        shares = pd.concat([hard.assign(method="hard"),
+                            lib.softmax_shares(asg, tau).assign(method="softmax (derived from scores)")])
+        source = "derived from the assignments table (hard groups; softmax(scores / tau))"
+        if run.has("balance"):
+            st.warning("The balance table has a layout this page does not know; showing shares derived from "
+                       "the assignments instead (the raw table is below).")
+        else:
+            st.info("This run has no **balance** table (Sinkhorn soft shares, marginal error, entropy); "
+                    f"{lib.RECORD_HINT}. Showing hard shares and plain-softmax shares derived from the "
+                    "recorded router scores.")
+    largest = shares.groupby(["layer_idx", "method"], as_index=False)["share"].max()
+    smallest = shares.groupby(["layer_idx", "method"], as_index=False)["share"].min()
+    largest["stat"], smallest["stat"] = "largest", "smallest"
+    both = pd.concat([largest, smallest])
+    fig = px.line(both, x="layer_idx", y="share", color="method", line_dash="stat", markers=True,
+                  title=f"largest and smallest group share per layer ({source})")
+    if K:
+        fig.add_hline(y=1.0 / K, line_dash="dot", annotation_text="1/K")
+    fig.update_layout(height=360, margin=dict(l=10, r=10, t=40, b=10), yaxis_tickformat=".0%",
+                      xaxis_title="layer")
+    st.plotly_chart(fig, width="stretch")
+    summary = largest.pivot(index="layer_idx", columns="method", values="share")
+    summary.columns = [f"largest share: {c}" for c in summary.columns]
+    st.dataframe(summary.reset_index().rename(columns={"layer_idx": "layer"}), hide_index=True,
+                 width="stretch")
+    if run.has("balance"):
+        with st.expander("recorded balance table"):
+            st.dataframe(run.table("balance"), hide_index=True, width="stretch")
+
+    st.subheader("Over training steps")
+    log = lib.need_table(run, "train_log", "the shares over training")
+    if log is None or log.empty:
+        return
+    p = log.pivot_table(index="layer_idx", columns="step", values="max_group_share")
+    fig = go.Figure(go.Heatmap(z=p.to_numpy(), x=p.columns.tolist(), y=[str(i) for i in p.index],
+                               colorscale="Magma", zmin=1.0 / K if K else 0, zmax=1,
+                               hovertemplate="layer %{y}, step %{x}: %{z:.1%}<extra></extra>",
+                               colorbar=dict(title="largest", tickformat=".0%")))
+    fig.update_layout(title="largest group share per layer over training steps", xaxis_title="step",
+                      yaxis_title="layer", height=min(160 + 16 * len(p), 700),
+                      margin=dict(l=10, r=10, t=40, b=10), yaxis_autorange="reversed")
+    st.plotly_chart(fig, width="stretch")
+    agg = log.groupby("step").agg(largest=("max_group_share", "max"), smallest=("min_group_share", "min"),
+                                  mean_largest=("max_group_share", "mean")).reset_index()
+    fig = px.line(agg.melt(id_vars="step", var_name="statistic", value_name="share"), x="step", y="share",
+                  color="statistic", title="group share extremes over all layers")
+    fig.update_layout(height=300, margin=dict(l=10, r=10, t=40, b=10), yaxis_tickformat=".0%")
+    st.plotly_chart(fig, width="stretch")
+
+
+lib.guarded(page)

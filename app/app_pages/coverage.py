@@ -1,0 +1,107 @@
+"""Coverage: how much of the dense model's attention the hard Focus mask keeps, per layer and
+head, and against distance, compared with sliding-window-only and random groups."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import plotly.express as px
+import plotly.graph_objects as go
+import streamlit as st
+
+import lib
+
+PATTERN_COLS = ("pattern", "method", "baseline", "mask", "variant")
+DIST_TABLES = ("coverage_distance", "coverage_by_distance")
+
+
+def normalize(df: pd.DataFrame) -> pd.DataFrame:
+    layer = lib.col(df, "layer_idx", "layer")
+    cov = lib.col(df, "coverage", "mean_coverage", "kept_mass")
+    pattern = lib.col(df, *PATTERN_COLS, required=False)
+    head = lib.col(df, "head", "head_idx", required=False)
+    out = pd.DataFrame({"layer_idx": df[layer].astype(int), "coverage": df[cov].astype(float),
+                        "pattern": df[pattern].astype(str) if pattern else "focus",
+                        "head": df[head].astype(int) if head else -1})
+    for c in ("mass", "weight", "count", "queries", "pairs"):
+        if c in df.columns:
+            out["w"] = df[c].astype(float)
+            break
+    for c in ("distance_lo", "distance_bucket", "bucket", "distance", "distance_min"):
+        if c in df.columns:
+            out["distance"] = df[c]
+            break
+    if "distance_hi" in df.columns:
+        out["distance_hi"] = df["distance_hi"]
+    return out
+
+
+def wmean(g: pd.DataFrame) -> float:
+    if "w" in g and g["w"].sum() > 0:
+        return float(np.average(g["coverage"], weights=g["w"]))
+    return float(g["coverage"].mean())
+
+
+def page() -> None:
+    run = lib.current_run()
+    st.title("Coverage")
+    st.caption(f"run **{run.name}** · coverage = dense softmax mass on the pairs the hard mask keeps "
+               "(1 - total-variation distance), averaged over queries")
+    raw = lib.need_table(run, "coverage", "the coverage heatmap")
+    if raw is None:
+        return
+    cov = normalize(raw)
+    patterns = sorted(cov["pattern"].unique(), key=lambda p: (p != "focus", p))
+    pattern = st.selectbox("Mask", patterns, index=0, key="coverage_pattern",
+                           help="focus = the run's hard mask; window = sliding window only; "
+                                "random = random groups at equal sparsity")
+    sel = cov[cov["pattern"] == pattern]
+    by_lh = sel.groupby(["layer_idx", "head"]).apply(wmean, include_groups=False).rename("coverage").reset_index()
+    piv = by_lh.pivot(index="layer_idx", columns="head", values="coverage")
+    fig = go.Figure(go.Heatmap(z=piv.to_numpy(), x=[str(h) for h in piv.columns], y=[str(l) for l in piv.index],
+                               colorscale="Viridis", zmin=float(np.nanmin(piv.to_numpy())) if piv.size else 0,
+                               zmax=1.0, hovertemplate="layer %{y}, head %{x}: %{z:.3f}<extra></extra>",
+                               colorbar=dict(title="coverage")))
+    fig.update_layout(title=f"coverage of dense attention, {pattern} mask (layer x head)", xaxis_title="head",
+                      yaxis_title="layer", height=min(180 + 18 * len(piv), 760),
+                      margin=dict(l=10, r=10, t=40, b=10), yaxis_autorange="reversed")
+    st.plotly_chart(fig, width="stretch")
+
+    per_layer = cov.groupby(["layer_idx", "pattern"]).apply(wmean, include_groups=False).rename(
+        "coverage").reset_index()
+    fig = px.line(per_layer, x="layer_idx", y="coverage", color="pattern", markers=True,
+                  title="mean coverage per layer: Focus vs the baselines")
+    fig.update_layout(height=320, margin=dict(l=10, r=10, t=40, b=10), xaxis_title="layer")
+    st.plotly_chart(fig, width="stretch")
+    table = per_layer.pivot(index="layer_idx", columns="pattern", values="coverage").reset_index()
+    st.dataframe(table.rename(columns={"layer_idx": "layer"}), hide_index=True, width="stretch")
+    lib.download_csv(table, f"{run.name}-coverage.csv")
+
+    st.subheader("Coverage against distance")
+    dist_name = next((t for t in DIST_TABLES if run.has(t)), None)
+    if dist_name is None and "distance" not in cov.columns:
+        st.info(f"This run has no coverage-by-distance table ({' / '.join(DIST_TABLES)}); {lib.RECORD_HINT}.")
+        return
+    dist = normalize(run.table(dist_name)) if dist_name else cov
+    if "distance" not in dist.columns:
+        st.info(f"The table {dist_name} has no distance column; {lib.RECORD_HINT}.")
+        return
+    layers = ["all"] + sorted(int(x) for x in dist["layer_idx"].unique())
+    layer = st.selectbox("Layer", layers, index=0, key="coverage_dist_layer")
+    d = dist if layer == "all" else dist[dist["layer_idx"] == layer]
+    keys = ["distance", "pattern"] + (["distance_hi"] if "distance_hi" in d.columns else [])
+    curve = d.groupby(keys).apply(wmean, include_groups=False).rename("coverage").reset_index()
+    if "distance_hi" in curve.columns:
+        curve["bucket"] = curve.apply(lambda r: f"[{r['distance']}, {r['distance_hi']})"
+                                      if r["distance_hi"] < 10 ** 5 else f">= {r['distance']}", axis=1)
+    fig = px.line(curve.sort_values("distance"), x="distance", y="coverage", color="pattern", markers=True,
+                  hover_data=["bucket"] if "bucket" in curve.columns else None,
+                  title=f"coverage vs query-key distance ({'all layers' if layer == 'all' else f'layer {layer}'})")
+    w = run.config.get("window")
+    if w:
+        fig.add_vline(x=w, line_dash="dot", annotation_text=f"window w={w}")
+    fig.update_layout(height=340, margin=dict(l=10, r=10, t=40, b=10), xaxis_title="distance (bucket start)")
+    st.plotly_chart(fig, width="stretch")
+
+
+lib.guarded(page)

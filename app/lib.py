@@ -1,0 +1,282 @@
+"""Dashboard helpers: the runs root, safe run selection, cached tables, HTML snippets.
+
+Rules (issue 5): the dashboard opens only run directories below its runs root (paths are
+resolved and checked, so ``..`` or symlinks out of the root are refused), reads parquet and
+JSON only (never unpickles), and turns every ``RunError`` into a message on the page.
+It never recomputes what the recorder wrote, except on the live-probe page.
+"""
+
+from __future__ import annotations
+
+import argparse
+import html
+import os
+import sys
+from pathlib import Path
+from typing import Callable, Iterable
+
+import numpy as np
+import pandas as pd
+import streamlit as st
+
+APP_DIR = Path(__file__).resolve().parent
+REPO = APP_DIR.parent
+if str(REPO) not in sys.path:  # `streamlit run app/main.py` from a checkout without install
+    sys.path.insert(0, str(REPO))
+
+from focus_lab.runs import Run, RunError, list_runs  # noqa: E402
+
+ENV_RUNS = "FOCUS_LAB_RUNS"
+RECORD_HINT = "record it with `focus-lab record` (the recorder's metrics of issue 3)"
+POS_ORDER = ["NOUN", "PROPN", "VERB", "AUX", "ADJ", "ADV", "PRON", "DET", "ADP", "CCONJ", "SCONJ", "PART",
+             "NUM", "INTJ", "PUNCT", "SYM", "X", "SPACE", "(none)"]
+GROUP_COLORS = ["#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7",
+                "#9c755f", "#bab0ac", "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b"]
+POS_COLORS = {"NOUN": "#4e79a7", "PROPN": "#1f4e79", "VERB": "#e15759", "AUX": "#ff9da7", "ADJ": "#59a14f",
+              "ADV": "#8cd17d", "PRON": "#f28e2b", "DET": "#edc948", "ADP": "#b07aa1", "CCONJ": "#d4a6c8",
+              "SCONJ": "#9d7660", "PART": "#bab0ac", "NUM": "#76b7b2", "INTJ": "#d37295", "PUNCT": "#79706e",
+              "SYM": "#a0a0a0", "X": "#c0c0c0", "SPACE": "#e0e0e0", "(none)": "#e8e8e8"}
+
+
+# -------------------------------------------------------------------------------------------
+# runs root and selection
+
+def parse_runs_root(argv: list[str] | None = None) -> Path:
+    """The runs root: ``--runs`` after ``--`` on the streamlit command line, else the
+    ``FOCUS_LAB_RUNS`` environment variable, else ``runs``; always resolved (absolute)."""
+    argv = sys.argv[1:] if argv is None else argv
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--runs", default=None)
+    args, _ = parser.parse_known_args(argv)
+    root = args.runs or os.environ.get(ENV_RUNS) or "runs"
+    return Path(root).expanduser().resolve()
+
+
+def safe_run_path(root: Path, name: str) -> Path:
+    """``root / name`` resolved; RunError unless it lies strictly below ``root`` (no ``..``,
+    no absolute path, no symlink out of the root)."""
+    root = Path(root).resolve()
+    if not name or "\x00" in name or Path(name).is_absolute():
+        raise RunError(f"run {name!r} is not a run name below the runs root {root}")
+    p = (root / name).resolve()
+    if p == root or not p.is_relative_to(root):
+        raise RunError(f"run {name!r} lies outside the runs root {root}: refused")
+    return p
+
+
+def available_runs(root: Path) -> list[str]:
+    """Names (relative to ``root``, posix) of the run directories below ``root``."""
+    root = Path(root).resolve()
+    out = []
+    for p in list_runs(root):
+        try:
+            rel = p.resolve().relative_to(root)
+        except ValueError:  # a symlink pointing out of the root
+            continue
+        out.append(rel.as_posix())
+    return out
+
+
+def runs_root() -> Path:
+    return st.session_state.get("_runs_root") or parse_runs_root()
+
+
+def _stat_key(p: Path) -> tuple[int, int]:
+    try:
+        s = p.stat()
+        return s.st_mtime_ns, s.st_size
+    except OSError:
+        return 0, 0
+
+
+@st.cache_data(show_spinner=False, max_entries=64)
+def _read_manifest(path: str, key: tuple) -> dict:
+    return Run.open(path).manifest
+
+
+@st.cache_data(show_spinner=False, max_entries=128)
+def _read_table(path: str, name: str, key: tuple) -> pd.DataFrame:
+    return Run.open(path).table(name)
+
+
+class RunView:
+    """A run opened by the dashboard: manifest and tables through ``st.cache_data``, keyed
+    by the run path and each file's mtime and size (a re-recorded run is re-read)."""
+
+    def __init__(self, name: str, path: Path):
+        self.name = name
+        self.path = path
+        self.manifest = _read_manifest(str(path), _stat_key(path / "manifest.json"))
+
+    def has(self, table: str) -> bool:
+        return (self.path / f"{table}.parquet").is_file()
+
+    @property
+    def tables(self) -> list[str]:
+        return sorted(p.stem for p in self.path.glob("*.parquet"))
+
+    def table(self, table: str) -> pd.DataFrame:
+        return _read_table(str(self.path), table, _stat_key(self.path / f"{table}.parquet"))
+
+    @property
+    def config(self) -> dict:
+        return self.manifest.get("focus_config", {}) or {}
+
+    @property
+    def num_groups(self) -> int:
+        k = self.config.get("num_groups")
+        if k:
+            return int(k)
+        if self.has("assignments"):
+            return int(self.table("assignments")["group"].max()) + 1
+        return 0
+
+
+def open_run(name: str, root: Path | None = None) -> RunView:
+    """Open run ``name`` below the runs root; RunError with the reason otherwise."""
+    root = runs_root() if root is None else root
+    return RunView(name, safe_run_path(root, name))
+
+
+def selected_run_name() -> str | None:
+    return st.session_state.get("_run")
+
+
+def current_run() -> RunView:
+    """The run picked in the sidebar; stops the page with a message if there is none or it
+    cannot be opened."""
+    name = selected_run_name()
+    if not name:
+        root = runs_root()
+        st.info(f"No run found below the runs root `{root}`. Record one with "
+                "`focus-lab record --out runs/<name>` (or start the app with `--runs <folder>`).")
+        st.stop()
+    try:
+        return open_run(name)
+    except RunError as e:
+        st.error(f"Cannot open run **{name}**: {e}")
+        st.stop()
+
+
+def guarded(page: Callable[[], None]) -> None:
+    """Run a page body; a RunError (a corrupted or missing table) becomes an error message."""
+    try:
+        page()
+    except RunError as e:
+        st.error(str(e))
+
+
+def need_table(run: RunView, table: str, what: str) -> pd.DataFrame | None:
+    """The table, or None after an info message naming how to record it."""
+    if not run.has(table):
+        st.info(f"This run has no **{table}** table, so {what} cannot be shown; {RECORD_HINT}. "
+                f"It has: {', '.join(run.tables) or 'no tables'}.")
+        return None
+    return run.table(table)
+
+
+def col(df: pd.DataFrame, *names: str, required: bool = True) -> str | None:
+    """The first of ``names`` that is a column of ``df``."""
+    for n in names:
+        if n in df.columns:
+            return n
+    if required:
+        raise RunError(f"table has none of the columns {list(names)} (it has {list(df.columns)}); "
+                       "the dashboard and the recorder disagree on the schema: record the run again")
+    return None
+
+
+# -------------------------------------------------------------------------------------------
+# token text helpers
+
+def show_token(tok: str) -> str:
+    """A token made visible: surrounding whitespace stripped, newlines as ⏎, blank as ␣."""
+    t = str(tok)
+    s = t.strip()
+    if s:
+        return s
+    if "\n" in t:
+        return "⏎"
+    return "␣"
+
+
+def token_frame(run: RunView) -> pd.DataFrame:
+    """tokens (+ pos when present) with a ``display`` column and ``pos`` always present."""
+    tok = run.table("tokens")
+    if run.has("pos"):
+        pos = run.table("pos")
+        keep = [c for c in ("window", "position", "pos", "tag", "dep", "word", "lemma") if c in pos.columns]
+        tok = tok.merge(pos[keep], on=["window", "position"], how="left")
+    if "pos" not in tok.columns:
+        tok = tok.assign(pos="(none)")
+    tok = tok.assign(pos=tok["pos"].fillna("").replace("", "(none)"),
+                     display=tok["token"].map(show_token))
+    return tok
+
+
+def layer_frame(run: RunView, layer: int) -> pd.DataFrame:
+    """Tokens of every window joined with their assignment in ``layer``."""
+    asg = run.table("assignments")
+    a = asg[asg["layer_idx"] == layer][["window", "position", "group", "prob", "margin"]]
+    return token_frame(run).merge(a, on=["window", "position"], how="inner")
+
+
+def render_context(tokens: pd.DataFrame, window: int, position: int, radius: int = 12,
+                   color: str = "#ffd54f") -> str:
+    """HTML (escaped) of the tokens around ``position`` in ``window`` with that token marked.
+
+    Spaces are restored from the character offsets (a gap between two tokens is one space);
+    tokens that carry their own whitespace (byte-level BPE) keep it.
+    """
+    w = tokens[(tokens["window"] == window) & (tokens["position"].between(position - radius, position + radius))]
+    w = w.sort_values("position")
+    parts = []
+    prev_end = None
+    for r in w.itertuples(index=False):
+        text = str(r.token)
+        if prev_end is not None and r.char_start > prev_end and not text[:1].isspace():
+            parts.append(" ")
+        piece = html.escape(text).replace("\n", "⏎ ")
+        if r.position == position:
+            piece = (f'<mark style="background:{color};padding:0 2px;border-radius:3px">'
+                     f'<b>{piece}</b></mark>')
+        parts.append(piece)
+        prev_end = r.char_end
+    return "…" + "".join(parts) + "…"
+
+
+def group_color(g: int) -> str:
+    return GROUP_COLORS[int(g) % len(GROUP_COLORS)]
+
+
+def pos_sorted(values: Iterable[str]) -> list[str]:
+    vals = list(dict.fromkeys(values))
+    return sorted(vals, key=lambda v: (POS_ORDER.index(v) if v in POS_ORDER else len(POS_ORDER), v))
+
+
+def hard_shares(asg: pd.DataFrame, num_groups: int) -> pd.DataFrame:
+    """Per layer and group: share of tokens whose hard (top-1) group it is."""
+    counts = asg.groupby(["layer_idx", "group"]).size().unstack(fill_value=0)
+    counts = counts.reindex(columns=range(num_groups), fill_value=0)
+    shares = counts.div(counts.sum(axis=1), axis=0)
+    out = shares.stack().rename("share").reset_index()
+    out.columns = ["layer_idx", "group", "share"]
+    return out
+
+
+def softmax_shares(asg: pd.DataFrame, tau: float) -> pd.DataFrame:
+    """Per layer and group: mean plain-softmax probability softmax(scores / tau), the
+    no-Sinkhorn routing of PAPER.md §1 (derived from the recorded raw scores)."""
+    scores = np.stack(asg["scores"].to_numpy()).astype(np.float64) / float(tau)
+    scores -= scores.max(axis=1, keepdims=True)
+    p = np.exp(scores)
+    p /= p.sum(axis=1, keepdims=True)
+    df = pd.DataFrame(p, columns=range(p.shape[1]))
+    df["layer_idx"] = asg["layer_idx"].to_numpy()
+    out = df.groupby("layer_idx").mean().stack().rename("share").reset_index()
+    out.columns = ["layer_idx", "group", "share"]
+    return out
+
+
+def download_csv(df: pd.DataFrame, name: str, label: str = "Download CSV") -> None:
+    st.download_button(label, df.to_csv(index=False).encode(), file_name=name, mime="text/csv")

@@ -1,0 +1,52 @@
+"""focus-lab dashboard: `focus-lab app --runs runs/` or
+`python -m streamlit run app/main.py -- --runs <folder>` (bound to 127.0.0.1 by focus-lab app).
+
+The sidebar picks a run below the runs root; the pages in app_pages/ read it through lib.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import streamlit as st
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import lib  # noqa: E402
+
+st.set_page_config(page_title="focus-lab", page_icon="🔎", layout="wide")
+
+root = lib.parse_runs_root()
+st.session_state["_runs_root"] = root
+names = lib.available_runs(root)
+
+with st.sidebar:
+    st.markdown("### focus-lab")
+    if not root.is_dir():
+        st.error(f"The runs root `{root}` does not exist; record a run with `focus-lab record`.")
+    if names:
+        wanted = st.query_params.get("run")
+        if "run_picker" not in st.session_state or st.session_state["run_picker"] not in names:
+            if wanted is not None and wanted not in names:
+                st.warning(f"Run {wanted!r} is not a run below the runs root; showing {names[0]!r}.")
+            st.session_state["run_picker"] = wanted if wanted in names else names[0]
+        picked = st.selectbox("Run", names, key="run_picker",
+                              help=f"run directories below {root}")
+        st.session_state["_run"] = picked
+        if st.query_params.get("run") != picked:
+            st.query_params["run"] = picked
+    else:
+        st.session_state["_run"] = None
+        st.caption(f"No runs below `{root}`.")
+    st.caption(f"runs root: `{root}`")
+
+pages = [
+    st.Page("app_pages/groups.py", title="Groups", icon="🧩", default=True),
+    st.Page("app_pages/overview.py", title="Overview", icon="📋"),
+    st.Page("app_pages/balance.py", title="Balance", icon="⚖️"),
+    st.Page("app_pages/coverage.py", title="Coverage", icon="🎯"),
+    st.Page("app_pages/audit.py", title="Dependency audit", icon="🕸️"),
+    st.Page("app_pages/compare.py", title="Compare", icon="🆚"),
+    st.Page("app_pages/probe.py", title="Live probe", icon="🧪"),
+]
+st.navigation(pages).run()
