@@ -86,6 +86,9 @@ def train(
     tau: float = typer.Option(0.1), sinkhorn_iters: int = typer.Option(10),
     router_dim: int = typer.Option(16), seed: int = typer.Option(0),
     resume: bool = typer.Option(False, help="continue from <out>/checkpoint"),
+    recipe: Optional[str] = typer.Option(None, help="training recipe (focus_lab/recipes.py): "
+                                         "paper, calibrated, straight_through, anneal, hard_phase, sinks, ..."),
+    sink_tokens: int = typer.Option(0, help="first tokens always visible (attention sinks)"),
 ):
     """Train only the routers (frozen base model) on the corpus's training documents."""
     from .config import TrainConfig
@@ -96,15 +99,18 @@ def train(
         if full:
             nonlocal steps, seq_len, batch_size
             steps, seq_len, batch_size = 1000, 1024, 4
+        from .recipes import recipe as get_recipe
+        fchanges, tchanges = get_recipe(recipe) if recipe else ({}, {})
         fcfg = _focus_cfg(num_groups, window, top_k, tau, sinkhorn_iters, router_dim, seed)
+        fcfg = fcfg.replace(**{"sink_tokens": sink_tokens, **fchanges})
         tcfg = TrainConfig(steps=steps, seq_len=seq_len, batch_size=batch_size, lr=lr,
-                           checkpoint_every=checkpoint_every, seed=seed)
+                           checkpoint_every=checkpoint_every, seed=seed, **tchanges)
         m, tok, corp = _load(model, corpus, seq_len)
         windows = make_windows(corp.train, tok, seq_len)
         typer.echo(f"training routers on {len(windows)} windows of {seq_len} tokens "
                    f"({corp.name}: {', '.join(d.name for d in corp.train)})")
         res = train_fn(m, windows, fcfg, tcfg, out, resume=resume,
-                       meta={"model": m.config._name_or_path, "corpus": corp.name})
+                       meta={"model": m.config._name_or_path, "corpus": corp.name, "recipe": recipe})
         typer.echo(f"trained {res.router_parameters} router parameters for {res.steps} steps in "
                    f"{res.seconds:.0f} s ({res.tokens_per_second:.0f} tokens/s); loss "
                    f"{res.first_loss:.4f} -> {res.last_loss:.4f} nats/token; routers: "
@@ -119,6 +125,7 @@ def eval_cmd(
     model: Optional[str] = typer.Option(None), corpus: str = typer.Option("austen"),
     seq_len: int = typer.Option(512), max_windows: int = typer.Option(8, help="held-out windows"),
     out: Optional[Path] = typer.Option(None, help="parquet output; default next to the routers"),
+    random_groups: bool = typer.Option(False, help="control: random groups instead of the router"),
 ):
     """Held-out perplexity: dense, sliding window, Focus soft, Focus hard top-1..K."""
     def run():
@@ -127,7 +134,7 @@ def eval_cmd(
         from .io import write_parquet
         from .retrofit import load_routers
         m, tok, corp = _load(model, corpus, seq_len)
-        load_routers(m, routers)
+        load_routers(m, routers, config_overrides={"assignment": "random"} if random_groups else None)
         windows = make_windows(corp.heldout, tok, seq_len, max_windows=max_windows)
         typer.echo(f"evaluating on {len(windows)} held-out windows of {seq_len} tokens "
                    f"({', '.join(d.name for d in corp.heldout)})")

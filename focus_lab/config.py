@@ -41,6 +41,12 @@ class FocusConfig:
             a control baseline).
         layers: attention layers (``layer_idx``) that get a router; None means every layer.
         seed: seed of the router's initialization and of random groups.
+        sink_tokens: the first ``sink_tokens`` positions stay visible to every query in every
+            pattern, like the local window (attention sinks, StreamingLLM; PAPER.md §6 [ours]).
+        straight_through: in soft mode, the forward pass uses the hard top-k mask while the
+            gradient is the soft gate's (a straight-through estimator; recipe (c) of issue 9).
+        gumbel_noise: scale of Gumbel noise added to the router logits during training
+            (Gumbel top-k; with straight_through, trains against sampled hard masks).
     """
 
     num_groups: int = 4
@@ -56,6 +62,9 @@ class FocusConfig:
     assignment: str = "router"
     layers: list[int] | None = None
     seed: int = 0
+    sink_tokens: int = 0
+    straight_through: bool = False
+    gumbel_noise: float = 0.0
 
     def __post_init__(self) -> None:
         self.validate()
@@ -85,6 +94,10 @@ class FocusConfig:
             bad("eps", "need 0 < eps < 1")
         if not 0 <= self.bias_momentum <= 1:
             bad("bias_momentum", "need 0 <= bias_momentum <= 1")
+        if not isinstance(self.sink_tokens, int) or self.sink_tokens < 0:
+            bad("sink_tokens", "need an integer >= 0 (0 keeps no sink tokens)")
+        if not self.gumbel_noise >= 0:
+            bad("gumbel_noise", "need a noise scale >= 0")
         if self.layers is not None:
             if not all(isinstance(i, int) and i >= 0 for i in self.layers):
                 bad("layers", "need a list of layer indices >= 0, or None for all layers")
@@ -128,7 +141,12 @@ class TrainConfig:
         weight_decay: AdamW weight decay (centroids and projection).
         warmup: linear warm-up steps.
         checkpoint_every: steps between atomic checkpoints.
-        seed: seed of the window order.
+        seed: seed of the window order and of the training RNG (Gumbel noise).
+        tau_final: if set, tau is annealed geometrically from FocusConfig.tau to this value over
+            the run (recipe (d): toward the hard limit).
+        hard_phase: fraction of the final steps trained against sampled hard masks
+            (straight-through + Gumbel top-k with noise ``hard_phase_noise``; recipe (e)).
+        hard_phase_noise: Gumbel noise scale during the hard phase.
     """
 
     steps: int = 60
@@ -139,6 +157,9 @@ class TrainConfig:
     warmup: int = 5
     checkpoint_every: int = 20
     seed: int = 0
+    tau_final: float | None = None
+    hard_phase: float = 0.0
+    hard_phase_noise: float = 1.0
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:

@@ -129,10 +129,14 @@ def hard_assign(scores: torch.Tensor, tau: float, top_k: int,
     return query_groups, query_groups[..., 0]
 
 
-def local_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int) -> torch.Tensor:
-    """(Tq, Tk) bool, True where ``0 <= i - j < window`` (causal local pairs, PAPER.md §2)."""
+def local_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int, sinks: int = 0) -> torch.Tensor:
+    """(Tq, Tk) bool, the always-kept causal pairs: ``0 <= i - j < window`` (PAPER.md §2), or
+    ``j < sinks`` and ``j <= i`` (attention sinks, PAPER.md §6 [ours])."""
     d = q_pos[:, None] - k_pos[None, :]  # (Tq, Tk)
-    return (d >= 0) & (d < window)
+    m = (d >= 0) & (d < window)
+    if sinks > 0:
+        m = m | ((k_pos[None, :] < sinks) & (d >= 0))
+    return m
 
 
 def causal_mask(q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
@@ -141,8 +145,9 @@ def causal_mask(q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
 
 
 def hard_mask(query_groups: torch.Tensor, key_group: torch.Tensor, window: int,
-              q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
-    """The hard Focus mask (PAPER.md §2): ``M(i,j) = [j<=i] and (g(j) in G_k(i) or i-j < w)``.
+              q_pos: torch.Tensor, k_pos: torch.Tensor, sinks: int = 0) -> torch.Tensor:
+    """The hard Focus mask (PAPER.md §2): ``M(i,j) = [j<=i] and (g(j) in G_k(i) or i-j < w)``,
+    plus ``j < sinks`` when sink tokens are kept (see ``local_mask``).
 
     Args:
         query_groups: (B, Tq, k) long; key_group: (B, Tk) long; window: w in tokens;
@@ -151,11 +156,11 @@ def hard_mask(query_groups: torch.Tensor, key_group: torch.Tensor, window: int,
         (B, Tq, Tk) bool, True where query i may attend to key j.
     """
     same = (query_groups[:, :, :, None] == key_group[:, None, None, :]).any(2)  # (B, Tq, Tk)
-    return causal_mask(q_pos, k_pos) & (same | local_mask(q_pos, k_pos, window))
+    return causal_mask(q_pos, k_pos) & (same | local_mask(q_pos, k_pos, window, sinks))
 
 
 def soft_gate_bias(log_p_q: torch.Tensor, log_p_k: torch.Tensor, window: int,
-                   q_pos: torch.Tensor, k_pos: torch.Tensor, eps: float) -> torch.Tensor:
+                   q_pos: torch.Tensor, k_pos: torch.Tensor, eps: float, sinks: int = 0) -> torch.Tensor:
     """Additive logit bias of the soft (training) gate (PAPER.md §2 [ours]).
 
     Local pairs get 0; a distant causal pair gets ``log(max(P_i . P_j, eps))`` (its weight is
@@ -168,7 +173,7 @@ def soft_gate_bias(log_p_q: torch.Tensor, log_p_k: torch.Tensor, window: int,
     """
     agree = log_p_q.exp() @ log_p_k.exp().transpose(1, 2)  # (B, Tq, Tk) = P_i . P_j
     gate = torch.log(agree.clamp(min=eps))  # (B, Tq, Tk)
-    local = local_mask(q_pos, k_pos, window)  # (Tq, Tk)
+    local = local_mask(q_pos, k_pos, window, sinks)  # (Tq, Tk)
     gate = gate.masked_fill(local, 0.0)
     return gate.masked_fill(~causal_mask(q_pos, k_pos), float("-inf"))
 
@@ -202,6 +207,9 @@ def route(router: Router, h: torch.Tensor, token_mask: torch.Tensor | None = Non
     """
     cfg = config or router.config
     scores = router(h)  # (B, T, K)
+    if router.training and cfg.gumbel_noise > 0:  # Gumbel top-k: sample hard assignments
+        u = torch.rand_like(scores).clamp(1e-9, 1 - 1e-9)
+        scores = scores + cfg.tau * cfg.gumbel_noise * -torch.log(-torch.log(u))
     log_p = col = None
     if cfg.mode == "soft" or router.training:
         log_p, col = sinkhorn(scores, cfg.tau, cfg.sinkhorn_iters, token_mask)
@@ -217,17 +225,24 @@ def focus_bias(config: FocusConfig, routing: Routing | None, q_pos: torch.Tensor
     (0 / log-agreement / -inf) for "soft". Raises ValueError when the mode needs a routing
     and none is given.
     """
-    mode = config.mode
+    mode, w, sinks = config.mode, config.window, config.sink_tokens
     if mode == "dense":
         return causal_mask(q_pos, k_pos).expand(batch, -1, -1)
     if mode == "window":
-        return local_mask(q_pos, k_pos, config.window).expand(batch, -1, -1)
+        return local_mask(q_pos, k_pos, w, sinks).expand(batch, -1, -1)
     if routing is None:
         raise ValueError(f"mode {mode!r} needs the layer's routing; got None")
     tq = q_pos.numel()
     if mode == "hard":
-        return hard_mask(routing.query_groups[:, -tq:], routing.key_group, config.window, q_pos, k_pos)
-    return soft_gate_bias(routing.log_p[:, -tq:], routing.log_p, config.window, q_pos, k_pos, config.eps)
+        return hard_mask(routing.query_groups[:, -tq:], routing.key_group, w, q_pos, k_pos, sinks)
+    gate = soft_gate_bias(routing.log_p[:, -tq:], routing.log_p, w, q_pos, k_pos, config.eps, sinks)
+    if config.straight_through:
+        # forward: the hard mask (dropped pairs at log(eps)); backward: the soft gate's gradient
+        keep = hard_mask(routing.query_groups[:, -tq:], routing.key_group, w, q_pos, k_pos, sinks)
+        hard = torch.zeros_like(gate).masked_fill(~keep, math.log(config.eps))
+        causal = causal_mask(q_pos, k_pos)
+        gate = torch.where(causal, hard + gate - gate.detach(), gate)
+    return gate
 
 
 def masked_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -262,14 +277,16 @@ def _diag_like(m: torch.Tensor) -> torch.Tensor:
         else torch.eye(tq, tk, dtype=torch.bool, device=m.device)
 
 
-def distant_pairs_kept(query_groups: torch.Tensor, key_group: torch.Tensor, window: int) -> float:
-    """Fraction of distant causal pairs (``i - j >= window``) the hard mask keeps, in [0, 1].
+def distant_pairs_kept(query_groups: torch.Tensor, key_group: torch.Tensor, window: int,
+                       sinks: int = 0) -> float:
+    """Fraction of distant causal pairs (``i - j >= window``) the hard mask keeps, in [0, 1]
+    (sink pairs count as kept: they are computed).
 
     query_groups: (B, T, k), key_group: (B, T). Returns nan when there is no distant pair.
     """
     T = key_group.shape[1]
     pos = torch.arange(T, device=key_group.device)
-    m = hard_mask(query_groups, key_group, window, pos, pos)  # (B, T, T)
+    m = hard_mask(query_groups, key_group, window, pos, pos, sinks)  # (B, T, T)
     distant = causal_mask(pos, pos) & ~local_mask(pos, pos, window)  # (T, T)
     total = distant.sum() * key_group.shape[0]
     return float((m & distant).sum() / total) if total > 0 else float("nan")

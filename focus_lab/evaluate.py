@@ -26,6 +26,12 @@ def standard_patterns(num_groups: int) -> list[tuple[str, dict]]:
     return pats
 
 
+def _window_kept(T: int, window: int, sinks: int) -> float:
+    """Fraction of distant causal pairs a sliding window (plus sinks) keeps: only sink pairs."""
+    one = torch.zeros(1, T, dtype=torch.long)
+    return distant_pairs_kept(one[..., None] + 1, one, window, sinks) if sinks else 0.0
+
+
 @torch.no_grad()
 def evaluate(model, windows: list, patterns: list[tuple[str, dict]] | None = None,
              batch_size: int = 1, progress: bool = True) -> pd.DataFrame:
@@ -49,7 +55,8 @@ def evaluate(model, windows: list, patterns: list[tuple[str, dict]] | None = Non
     def observe(module, q, k, v, routing, bias, out):
         cfg = module.focus_router.config
         if cfg.mode == "hard" and routing is not None:
-            kept.append(distant_pairs_kept(routing.query_groups, routing.key_group, cfg.window))
+            kept.append(distant_pairs_kept(routing.query_groups, routing.key_group, cfg.window,
+                                             cfg.sink_tokens))
 
     remove = add_observer(model, observe)
     try:
@@ -68,7 +75,9 @@ def evaluate(model, windows: list, patterns: list[tuple[str, dict]] | None = Non
                 n_tok += ids[:, 1:].numel()
             dt = time.perf_counter() - t0
             mean = nll_sum / max(1, n_tok)
-            frac = {"dense": 1.0, "soft": 1.0, "window": 0.0}.get(cfg.mode)
+            frac = {"dense": 1.0, "soft": 1.0}.get(cfg.mode)
+            if cfg.mode == "window":
+                frac = _window_kept(windows[0].input_ids.shape[0], cfg.window, cfg.sink_tokens)
             if cfg.mode == "hard":
                 frac = sum(kept) / len(kept) if kept else float("nan")
             rows.append({"label": label, "mode": cfg.mode,

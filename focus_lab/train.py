@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 from .config import FocusConfig, TrainConfig
 from .io import atomic_path, write_json, write_parquet
 from .retrofit import (add_observer, attach, focus_config, is_attached, load_routers, routers,
-                       save_routers)
+                       save_routers, set_config)
 
 TRAIN_LOG_SCHEMA = 1
 
@@ -44,6 +44,18 @@ def _lr_at(step: int, cfg: TrainConfig) -> float:
         return cfg.lr * (step + 1) / cfg.warmup
     frac = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
     return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, frac))))
+
+
+def schedule_config(base: FocusConfig, cfg: TrainConfig, step: int) -> FocusConfig:
+    """The FocusConfig in force at ``step``: tau annealing (recipe d) and the final hard
+    phase (recipe e) applied to ``base``."""
+    changes = {}
+    if cfg.tau_final is not None:
+        frac = step / max(1, cfg.steps - 1)
+        changes["tau"] = base.tau * (cfg.tau_final / base.tau) ** frac
+    if cfg.hard_phase > 0 and step >= cfg.steps * (1 - cfg.hard_phase):
+        changes.update(straight_through=True, gumbel_noise=cfg.hard_phase_noise)
+    return base.replace(**changes) if changes else base
 
 
 def batch_for_step(windows: list, step: int, cfg: TrainConfig) -> torch.Tensor:
@@ -88,8 +100,8 @@ def train(model, windows: list, focus_cfg: FocusConfig, train_cfg: TrainConfig, 
     if not is_attached(model):
         attach(model, focus_cfg.replace(mode="soft"))
     else:
-        from .retrofit import set_config
         set_config(model, mode="soft")
+    base_cfg = focus_config(model)
     params = [p for r in routers(model).values() for p in (r.proj, r.centroids)]
     opt = torch.optim.AdamW(params, lr=train_cfg.lr, weight_decay=train_cfg.weight_decay)
     start, log_rows = 0, []
@@ -97,12 +109,16 @@ def train(model, windows: list, focus_cfg: FocusConfig, train_cfg: TrainConfig, 
         if not (ckpt / "routers.safetensors").is_file():
             raise FileNotFoundError(f"--resume: no checkpoint in {ckpt}; start without --resume")
         load_routers(model, ckpt / "routers.safetensors")
+        set_config(model, **base_cfg.to_dict())
         state = torch.load(ckpt / "trainer.pt", weights_only=True)
         opt.load_state_dict(state["optimizer"])
         start = int(state["step"])
         log_rows = pd.read_parquet(ckpt / "train_log.parquet").to_dict("records")
     write_json(out / "train_config.json", {"focus_config": focus_config(model).to_dict(),
                                            "train_config": train_cfg.to_dict(), "meta": meta or {}})
+    torch.manual_seed(train_cfg.seed)
+    if resume:
+        torch.set_rng_state(state["rng"])
     model.eval()
     rs = routers(model)
     for r in rs.values():
@@ -124,6 +140,9 @@ def train(model, windows: list, focus_cfg: FocusConfig, train_cfg: TrainConfig, 
             t0 = time.perf_counter()
             for g in opt.param_groups:
                 g["lr"] = _lr_at(step, train_cfg)
+            step_cfg = schedule_config(base_cfg, train_cfg, step)
+            if step_cfg != focus_config(model):
+                set_config(model, **step_cfg.to_dict())
             ids = batch_for_step(windows, step, train_cfg)
             loss_t = model(input_ids=ids, labels=ids, use_cache=False).loss
             opt.zero_grad(set_to_none=True)
@@ -141,6 +160,7 @@ def train(model, windows: list, focus_cfg: FocusConfig, train_cfg: TrainConfig, 
             if (step + 1) % train_cfg.checkpoint_every == 0 or step + 1 == train_cfg.steps:
                 _checkpoint(model, opt, step + 1, log_rows, ckpt)
     finally:
+        set_config(model, **base_cfg.to_dict())
         remove()
         for r in rs.values():
             r.eval()
@@ -159,6 +179,7 @@ def _checkpoint(model, opt, step: int, log_rows: list, ckpt: Path) -> None:
     with atomic_path(ckpt) as tmp:
         tmp.mkdir()
         save_routers(model, tmp / "routers.safetensors", extra={"step": step})
-        torch.save({"optimizer": opt.state_dict(), "step": step}, tmp / "trainer.pt")
+        torch.save({"optimizer": opt.state_dict(), "step": step, "rng": torch.get_rng_state()},
+                   tmp / "trainer.pt")
         write_parquet(tmp / "train_log.parquet", pd.DataFrame(log_rows))
         (tmp / "step.json").write_text(json.dumps({"step": step}))

@@ -1,0 +1,40 @@
+"""Router training recipes that try to close the soft-to-hard gap (issue 9).
+
+Training sees the soft Sinkhorn gate; inference uses a hard, causal top-k mask (PAPER.md §2).
+Each recipe is a named set of FocusConfig and TrainConfig changes, so ``focus-lab train
+--recipe NAME`` and the analyses use the same definitions.
+
+| recipe | what changes | source / reasoning |
+|---|---|---|
+| paper | soft Sinkhorn gate; hard top-k = argmax of raw scores | PAPER.md §1-§2, the paper's recipe |
+| calibrated | + per-group bias = EMA of Sinkhorn's column potentials, added before the causal top-k | Sinkhorn's column scaling is what balances groups; a fixed per-group offset reproduces it without looking ahead [ours] |
+| straight_through | + forward with the hard mask, backward through the soft gate | straight-through estimator (Bengio et al. 2013) |
+| anneal | + tau annealed 0.1 -> 0.02 | temperature annealing toward the hard limit (Gumbel-softmax practice) |
+| hard_phase | + last 30% of steps against Gumbel-sampled hard masks (straight-through) | Gumbel top-k (Kool et al. 2019) |
+| sinks | calibrated + the first 4 tokens always visible | attention sinks (StreamingLLM, Xiao et al. 2023); PAPER.md §6 |
+| sinks_straight_through | sinks + straight_through | both |
+| random_sinks | random groups + sinks, no training (control at equal sparsity) | control |
+"""
+
+from __future__ import annotations
+
+from .config import ConfigError
+
+RECIPES: dict[str, tuple[dict, dict]] = {
+    "paper": ({"bias_momentum": 0.0}, {}),
+    "calibrated": ({}, {}),
+    "straight_through": ({"straight_through": True}, {}),
+    "anneal": ({}, {"tau_final": 0.02}),
+    "hard_phase": ({}, {"hard_phase": 0.3}),
+    "sinks": ({"sink_tokens": 4}, {}),
+    "sinks_straight_through": ({"sink_tokens": 4, "straight_through": True}, {}),
+    "random_sinks": ({"sink_tokens": 4, "assignment": "random"}, {}),
+}
+
+
+def recipe(name: str) -> tuple[dict, dict]:
+    """(FocusConfig changes, TrainConfig changes) of a named recipe; ConfigError lists the names."""
+    if name not in RECIPES:
+        raise ConfigError(f"unknown recipe {name!r}; choose one of {', '.join(RECIPES)}")
+    f, t = RECIPES[name]
+    return dict(f), dict(t)
