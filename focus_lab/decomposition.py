@@ -1,0 +1,542 @@
+"""Hard Focus attention as two standard attention calls merged by log-sum-exp (PAPER.md §4).
+
+The hard mask of ``core.hard_mask`` (PAPER.md §2),
+
+    M(i, j) = [j <= i] and (g(j) in G_k(i) or i - j < w),
+
+splits into two disjoint sets of pairs:
+
+A. same-group causal pairs: ``g(j) in G_k(i)`` and ``j <= i``. Tokens are stably sorted by
+   (group, position); each group is a variable-length segment attended with causality on the
+   original positions. A query that joins k groups appears in k segments (one per slot of its
+   top-k); a key lives in one group only (its top-1), so no pair is counted twice. Cost
+   O(k n^2 / K) for balanced groups.
+B. local pairs in other groups: ``0 <= i - j < w`` and ``g(j) not in G_k(i)``, computed blockwise
+   (chunks of queries against their previous ``w - 1`` keys and the chunk). Cost O(n w).
+
+The k + 1 partial results are merged in fp32 by their log-sum-exp:
+``o = sum_p e^{lse_p} o_p / sum_p e^{lse_p}`` (an empty part has ``lse = -inf`` and weight 0).
+Every query keeps its own diagonal pair, so the merged lse is always finite.
+
+Backends (``backend=``):
+    "torch": torch's fused CPU flash-attention kernel
+        ``aten._scaled_dot_product_flash_attention_for_cpu`` (returns the logsumexp; GQA without
+        repeating K/V; an additive float mask is allowed). On other devices "torch" falls back to
+        an exact chunked math implementation (correct, not fast; untested on GPU here).
+    "flash": flash-attn's ``flash_attn_varlen_func(..., return_attn_probs=True)`` (its softmax
+        LSE) for the causal segments of part A, packed into one varlen call, GQA native. Needs
+        a CUDA device and the optional ``flash-attn`` package (``pip install focus-lab[gpu]``).
+        UNTESTED: no GPU and no flash-attn were available when this was written. Staircase
+        segments (top-k slots > 1, KV-cache steps) and part B use the math path on the GPU.
+    "auto": "flash" on CUDA when flash-attn imports, else "torch".
+
+FlexAttention (``torch.nn.attention.flex_attention``) was measured as an alternative and
+rejected: in torch 2.13 compiled CPU FlexAttention refuses ``return_lse`` ("torch.compile on
+CPU only supports inference and `return_lse` is not supported yet"), and eager FlexAttention
+materializes the full score matrix.
+
+Shapes: B batch, H query heads, Hkv key/value heads (H a multiple of Hkv), Tq queries,
+Tk keys (Tq <= Tk; query i sits at position ``Tk - Tq + i``), D head_dim, k = top_k.
+Intended for inference (hard mode); gradients are not supported.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+
+BACKENDS = ("auto", "torch", "flash")
+_NEG_INF = float("-inf")
+
+
+# --------------------------------------------------------------------------------------------
+# backends
+
+def flash_attn_available() -> bool:
+    """True when the optional ``flash_attn`` package imports and a CUDA device exists."""
+    if not torch.cuda.is_available():
+        return False
+    try:
+        import flash_attn  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+def available_backends(device: torch.device | str = "cpu") -> list[str]:
+    """Concrete backends usable on ``device`` (for tests and benchmarks)."""
+    device = torch.device(device)
+    out = ["torch"]
+    if device.type == "cuda" and flash_attn_available():
+        out.append("flash")
+    return out
+
+
+def resolve_backend(backend: str, device: torch.device) -> str:
+    """Map "auto" to a concrete backend; raises ValueError for an unknown or unusable one."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend={backend!r} is unknown; choose one of {', '.join(BACKENDS)}")
+    if backend == "auto":
+        return "flash" if device.type == "cuda" and flash_attn_available() else "torch"
+    if backend == "flash" and not (device.type == "cuda" and flash_attn_available()):
+        raise ValueError("backend='flash' needs a CUDA device and the flash-attn package "
+                         "(pip install 'focus-lab[gpu]'); use backend='torch' or 'auto'")
+    return backend
+
+
+# --------------------------------------------------------------------------------------------
+# timing of the phases (for the benchmark)
+
+class _Timer:
+    """Accumulates wall seconds per phase into ``sink`` (a dict) when given; else no-op."""
+
+    def __init__(self, sink: dict | None, device: torch.device):
+        self.sink = sink
+        self.cuda = device.type == "cuda"
+
+    @contextmanager
+    def __call__(self, name: str):
+        if self.sink is None:
+            yield
+            return
+        if self.cuda:
+            torch.cuda.synchronize()
+        t = time.perf_counter()
+        try:
+            yield
+        finally:
+            if self.cuda:
+                torch.cuda.synchronize()
+            self.sink[name] = self.sink.get(name, 0.0) + time.perf_counter() - t
+
+
+# --------------------------------------------------------------------------------------------
+# attention primitives returning (out, lse)
+
+_cpu_flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+
+
+def _math_attn_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor | None,
+                   scale: float, causal: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Exact attention with its logsumexp by explicit scores (any device), fp32.
+
+    q: (N, H, L, D); k, v: (N, Hkv, S, D); allowed: bool broadcastable to (N, 1, L, S) or None;
+    causal: top-left causal (key n <= query m). Returns out (N, H, L, D) fp32 (0 on rows with
+    no allowed key) and lse (N, H, L) fp32 (-inf on such rows).
+    """
+    N, H, L, D = q.shape
+    Hkv, S = k.shape[1], k.shape[2]
+    g = H // Hkv
+    qf = q.float().reshape(N, Hkv, g * L, D)
+    s = (qf @ k.float().transpose(-1, -2)).mul_(scale).view(N, Hkv, g, L, S)
+    keep = allowed
+    if causal:
+        c = torch.ones(L, S, dtype=torch.bool, device=q.device).tril()
+        keep = c if keep is None else keep & c
+    if keep is not None:
+        keep = keep.view(keep.shape[0], 1, 1, L, S) if keep.dim() == 4 else keep
+        s = s.masked_fill(~keep, _NEG_INF)
+    lse = torch.logsumexp(s, dim=-1)  # (N, Hkv, g, L)
+    p = torch.exp(s - torch.where(torch.isinf(lse), 0.0, lse)[..., None])
+    out = (p.view(N, Hkv, g * L, S) @ v.float()).view(N, H, L, D)
+    return out, lse.view(N, H, L)
+
+
+def _attn_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, *,
+              causal: bool = False, allowed: torch.Tensor | None = None
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out (N, H, L, D) in q.dtype or fp32, lse (N, H, L) fp32) with the best kernel for q.device.
+
+    ``allowed``: bool (N or 1, 1, L, S) extra mask. Rows with no allowed key come back with
+    out 0 and lse -inf (the CPU kernel returns lse 0 there; it is fixed here).
+    """
+    if q.device.type == "cpu" and q.dtype in (torch.float32, torch.bfloat16, torch.float16, torch.float64):
+        mask = None
+        if allowed is not None:
+            mask = torch.where(allowed, torch.zeros((), dtype=q.dtype), torch.full((), _NEG_INF, dtype=q.dtype))
+        out, lse = _cpu_flash(q, k, v, 0.0, causal, attn_mask=mask, scale=scale)
+        if allowed is not None:
+            empty = ~allowed.any(-1)  # (N|1, 1, L)
+            if bool(empty.any()):
+                lse = lse.masked_fill(empty, _NEG_INF)
+                out = out.masked_fill(empty[..., None], 0.0)
+        return out, lse
+    return _math_attn_lse(q, k, v, allowed, scale, causal)
+
+
+# --------------------------------------------------------------------------------------------
+# the segment plan of part A
+
+@dataclass
+class Segment:
+    """One (batch row, top-k slot, group) segment of part A.
+
+    Attributes:
+        b, slot, group: where it comes from.
+        q_idx: (Lq,) long query indices (0..Tq-1), increasing; k_idx: (Lk,) long key indices
+            (positions 0..Tk-1) of the group, increasing.
+        counts: (Lq,) long, keys allowed per query (a prefix of k_idx: ``pos(key) <= pos(query)``).
+        kind: "causal" (Lq == Lk, query m sees keys 0..m: top-left causal), "bottom_right"
+            (query m sees keys 0..m + Lk - Lq) or "stair" (any nondecreasing prefix counts).
+    """
+
+    b: int
+    slot: int
+    group: int
+    q_idx: torch.Tensor
+    k_idx: torch.Tensor
+    counts: torch.Tensor | None
+    kind: str
+
+
+def _dedup_slots(query_groups: torch.Tensor) -> torch.Tensor:
+    """Copy of (B, Tq, k) groups with a repeated group in a query's row replaced by -1."""
+    qg = query_groups.clone()
+    k = qg.shape[-1]
+    for s in range(1, k):
+        dup = (query_groups[..., s:s + 1] == query_groups[..., :s]).any(-1)
+        qg[..., s] = qg[..., s].masked_fill(dup, -1)
+    return qg
+
+
+def plan_segments(query_groups: torch.Tensor, key_group: torch.Tensor) -> list[Segment]:
+    """Stable sort by (group, position) and cut into segments (part A's layout, PAPER.md §4).
+
+    query_groups: (B, Tq, k) long >= 0; key_group: (B, Tk) long >= 0; Tq <= Tk (queries are the
+    last Tq positions). Returns the non-empty segments (a group with queries but no earlier
+    key gives none: those queries' slot is empty, lse -inf).
+    """
+    B, Tq, k = query_groups.shape
+    Tk = key_group.shape[1]
+    P = Tk - Tq
+    qg = _dedup_slots(query_groups)
+    G = int(max(int(query_groups.max()), int(key_group.max()))) + 1
+    segs: list[Segment] = []
+    for b in range(B):
+        kg = key_group[b]
+        korder = torch.argsort(kg, stable=True)
+        kcount = torch.bincount(kg, minlength=G).tolist()
+        koff = [0]
+        for c in kcount[:-1]:
+            koff.append(koff[-1] + c)
+        for s in range(k):
+            qgs = qg[b, :, s]
+            same_as_keys = P == 0 and torch.equal(qgs, kg)
+            if same_as_keys:  # slot 0 of hard_assign: each segment is a plain causal square
+                qorder, qcount, qoff = korder, kcount, koff
+            else:
+                qorder = torch.argsort(qgs, stable=True)
+                qcount = torch.bincount(qgs + 1, minlength=G + 1).tolist()
+                qoff = [qcount[0]]
+                for c in qcount[1:-1]:
+                    qoff.append(qoff[-1] + c)
+                qcount = qcount[1:]
+            for g in range(G):
+                lq, lk = qcount[g], kcount[g]
+                if lq == 0 or lk == 0:
+                    continue
+                qi = qorder[qoff[g]:qoff[g] + lq]
+                ki = korder[koff[g]:koff[g] + lk]
+                if same_as_keys:
+                    segs.append(Segment(b, s, g, qi, ki, None, "causal"))
+                    continue
+                counts = torch.searchsorted(ki, qi + P, right=True)  # (Lq,) prefix lengths
+                if int(counts[-1]) == 0:
+                    continue
+                ar = torch.arange(1, lq + 1, device=counts.device)
+                if lq == lk and torch.equal(counts, ar):
+                    kind = "causal"
+                elif lk >= lq and torch.equal(counts, ar + (lk - lq)):
+                    kind = "bottom_right"
+                else:
+                    kind = "stair"
+                segs.append(Segment(b, s, g, qi, ki, counts, kind))
+    return segs
+
+
+# --------------------------------------------------------------------------------------------
+# part A
+#
+# Internally every tensor is in "rows" layout: (B*T, heads, D), i.e. (B, T, H, D) memory, the
+# layout transformers produces. Kernel inputs are (N, H, L, D) views of gathered rows, and the
+# CPU kernel then returns outputs in the same (N, L, H, D) memory, so no transposing copies.
+
+def _buckets(segs: list[Segment], waste: float = 1.2) -> list[list[Segment]]:
+    """Group equal-shape work: segments sorted by length, a bucket padded to its longest one
+    costs at most ``waste`` x the sum of its members' causal costs (L^2)."""
+    segs = sorted(segs, key=lambda s: -s.q_idx.numel())
+    out: list[list[Segment]] = []
+    for sg in segs:
+        L = sg.q_idx.numel()
+        if out:
+            b = out[-1]
+            L0 = b[0].q_idx.numel()
+            if L0 * L0 * (len(b) + 1) <= waste * (sum(x.q_idx.numel() ** 2 for x in b) + L * L):
+                b.append(sg)
+                continue
+        out.append([sg])
+    return out
+
+
+def _stair_attn(qrows, krows, vrows, sg: Segment, Tq: int, Tk: int, scale: float,
+                outA_flat, lseA_flat, nrows: int, chunk: int = 512) -> None:
+    """A "stair" / "bottom_right" segment: query m attends keys ``0 .. counts[m]-1`` of its
+    group (counts nondecreasing). Queries go in chunks; a chunk attends only the key prefix
+    its last query needs, with an explicit mask unless all its queries see the same prefix.
+    Writes rows of outA_flat / lseA_flat ((k*nrows, H, D) / (k*nrows, H))."""
+    H, D = qrows.shape[1], qrows.shape[2]
+    Hkv = krows.shape[1]
+    kidx = sg.k_idx + sg.b * Tk
+    ks = krows.index_select(0, kidx)[None].transpose(1, 2)  # (1, Hkv, Lk, D)
+    vs = vrows.index_select(0, kidx)[None].transpose(1, 2)
+    counts = sg.counts
+    cl = counts.tolist()
+    Lq = len(cl)
+    for a in range(0, Lq, chunk):
+        e = min(a + chunk, Lq)
+        cmin, cmax = cl[a], cl[e - 1]
+        if cmax == 0:
+            continue
+        qi = sg.q_idx[a:e] + sg.b * Tq
+        qs = qrows.index_select(0, qi)[None].transpose(1, 2)  # (1, H, L, D)
+        allowed = None
+        if cmin != cmax:
+            cols = torch.arange(cmax, device=qrows.device)
+            allowed = (cols[None, :] < counts[a:e, None])[None, None]  # (1, 1, L, cmax)
+        o, l = _attn_lse(qs, ks[:, :, :cmax], vs[:, :, :cmax], scale, allowed=allowed)
+        dst = qi + sg.slot * nrows
+        outA_flat.index_copy_(0, dst, o[0].transpose(0, 1).float())
+        lseA_flat.index_copy_(0, dst, l[0].transpose(0, 1))
+
+
+def _part_a_torch(qrows, krows, vrows, segs, B, Tq, Tk, scale, timer, outA_flat, lseA_flat):
+    """Part A with the CPU flash kernel (math elsewhere): causal segments padded into buckets,
+    one kernel call per bucket; staircase segments one by one."""
+    H, D = qrows.shape[1], qrows.shape[2]
+    Hkv = krows.shape[1]
+    nrows = B * Tq + 1  # + a dummy row that receives the padding
+    dev = qrows.device
+    for bucket in _buckets([s for s in segs if s.kind == "causal"]):
+        N, L = len(bucket), bucket[0].q_idx.numel()
+        with timer("gather"):
+            src_q = torch.zeros(N, L, dtype=torch.long, device=dev)
+            src_k = torch.zeros(N, L, dtype=torch.long, device=dev)
+            dst = torch.full((N, L), B * Tq, dtype=torch.long, device=dev)
+            for i, sg in enumerate(bucket):
+                n = sg.q_idx.numel()
+                src_q[i, :n] = sg.q_idx + sg.b * Tq
+                src_k[i, :n] = sg.k_idx + sg.b * Tk
+                dst[i, :n] = sg.q_idx + sg.b * Tq + sg.slot * nrows
+            qb = qrows.index_select(0, src_q.view(-1)).view(N, L, H, D).transpose(1, 2)
+            kb = krows.index_select(0, src_k.view(-1)).view(N, L, Hkv, D).transpose(1, 2)
+            vb = vrows.index_select(0, src_k.view(-1)).view(N, L, Hkv, D).transpose(1, 2)
+        with timer("attn_A"):
+            o, lse = _attn_lse(qb, kb, vb, scale, causal=True)  # (N, H, L, D), (N, H, L)
+        with timer("scatter"):
+            outA_flat.index_copy_(0, dst.view(-1), o.transpose(1, 2).reshape(N * L, H, D).float())
+            lseA_flat.index_copy_(0, dst.view(-1), lse.transpose(1, 2).reshape(N * L, H))
+    for sg in segs:
+        if sg.kind != "causal":
+            with timer("attn_A"):
+                _stair_attn(qrows, krows, vrows, sg, Tq, Tk, scale, outA_flat, lseA_flat, nrows)
+
+
+def _part_a_flash(qrows, krows, vrows, segs, B, Tq, Tk, scale, timer, outA_flat, lseA_flat):
+    """Part A on CUDA with flash-attn: every causal / bottom-right segment packed into one
+    ``flash_attn_varlen_func`` call (``causal=True`` is bottom-right aligned in flash-attn >= 2.1,
+    GQA native, LSE from ``return_attn_probs=True``); staircase segments by the math path.
+    UNTESTED: no GPU and no flash-attn were available when this was written."""
+    from flash_attn import flash_attn_varlen_func  # optional extra: pip install 'focus-lab[gpu]'
+
+    H, D = qrows.shape[1], qrows.shape[2]
+    nrows = B * Tq + 1
+    dev = qrows.device
+    packed = [s for s in segs if s.kind in ("causal", "bottom_right")]
+    if packed:
+        with timer("gather"):
+            qidx = torch.cat([s.q_idx + s.b * Tq for s in packed])
+            kidx = torch.cat([s.k_idx + s.b * Tk for s in packed])
+            dst = torch.cat([s.q_idx + s.b * Tq + s.slot * nrows for s in packed])
+            lq = [s.q_idx.numel() for s in packed]
+            lk = [s.k_idx.numel() for s in packed]
+            cu_q = torch.tensor([0] + lq, device=dev).cumsum(0).to(torch.int32)
+            cu_k = torch.tensor([0] + lk, device=dev).cumsum(0).to(torch.int32)
+            qp, kp, vp = qrows[qidx], krows[kidx], vrows[kidx]  # (total, H|Hkv, D)
+        with timer("attn_A"):
+            o, lse, _ = flash_attn_varlen_func(
+                qp, kp, vp, cu_q, cu_k, max(lq), max(lk), dropout_p=0.0,
+                softmax_scale=scale, causal=True, return_attn_probs=True)
+            if lse.dim() == 3:  # flash-attn < 2.4: (nseq, H, max_seqlen_q), padded
+                lse = torch.cat([lse[i, :, :n] for i, n in enumerate(lq)], dim=1)
+        with timer("scatter"):
+            outA_flat.index_copy_(0, dst, o.float())
+            lseA_flat.index_copy_(0, dst, lse.float().transpose(0, 1))  # lse: (H, total)
+    for sg in segs:
+        if sg.kind not in ("causal", "bottom_right"):
+            with timer("attn_A"):
+                _stair_attn(qrows, krows, vrows, sg, Tq, Tk, scale, outA_flat, lseA_flat, nrows)
+
+
+# --------------------------------------------------------------------------------------------
+# part B
+
+def _local_other_groups(qn, kn, vn, query_groups, key_group, window, scale, timer,
+                        block: int | None = None, max_rows: int = 16384):
+    """Part B: pairs ``0 <= i - j < window`` with ``key_group[j] not in query_groups[i]``.
+
+    qn: (B, Tq, H, D), kn, vn: (B, Tk, Hkv, D) rows layout. Queries go in blocks of ``c``;
+    a block attends the ``c + w - 1`` keys ending at its last query, read as overlapping
+    strided windows of the left-padded keys (no copy); the band, key validity and the
+    other-group condition form the mask. Returns outB (B, Tq, H, D) fp32 and lseB (B, Tq, H)
+    fp32 (-inf where a query has no such pair).
+    """
+    B, Tq, H, D = qn.shape
+    Tk, Hkv = kn.shape[1], kn.shape[2]
+    P = Tk - Tq
+    w = min(window, Tk)
+    c = block or min(max(w // 2, 32), 256)
+    dev = qn.device
+    with timer("gather"):
+        kpad = torch.cat([kn.new_zeros(B, w - 1, Hkv, D), kn], 1)  # row = position + w - 1
+        vpad = torch.cat([vn.new_zeros(B, w - 1, Hkv, D), vn], 1)
+        kgpad = torch.cat([key_group.new_full((B, w - 1), -1), key_group], 1)  # -1: no key
+    outB = qn.new_empty((B, Tq, H, D), dtype=torch.float32)
+    lseB = torch.empty((B, Tq, H), device=dev)
+    n_full = Tq // c
+    step = max(1, max_rows // c)
+    pieces = [(s0, min(n_full, s0 + step) - s0, c) for s0 in range(0, n_full, step)]
+    if Tq % c:
+        pieces.append((n_full, 1, Tq % c))  # the last, shorter block
+    bands = {}
+    for b in range(B):
+        for blk0, n, cc in pieces:
+            W = cc + w - 1
+            s0 = blk0 * c  # first query index of the piece
+            with timer("gather"):
+                if (cc, W) not in bands:
+                    r = torch.arange(cc, device=dev)[:, None]
+                    col = torch.arange(W, device=dev)[None, :]
+                    bands[(cc, W)] = (col >= r) & (col <= r + w - 1)  # (cc, W): 0 <= i - j < w
+                band = bands[(cc, W)]
+                span = slice(P + s0, P + s0 + (n - 1) * cc + W)
+                q4 = qn[b, s0:s0 + n * cc].view(n, cc, H, D).transpose(1, 2)  # (n, H, cc, D)
+                k4 = kpad[b, span].unfold(0, W, cc).permute(0, 1, 3, 2)  # (n, Hkv, W, D) view
+                v4 = vpad[b, span].unfold(0, W, cc).permute(0, 1, 3, 2)
+                kgw = kgpad[b, span].unfold(0, W, cc)  # (n, W)
+                qgb = query_groups[b, s0:s0 + n * cc].view(n, cc, -1)  # (n, cc, k)
+                if qgb.shape[-1] == 1:
+                    allowed = kgw[:, None, :] != qgb  # (n, cc, W)
+                else:
+                    allowed = (kgw[:, None, :, None] != qgb[:, :, None, :]).all(-1)
+                allowed &= band
+                allowed &= (kgw >= 0)[:, None, :]
+            with timer("attn_B"):
+                o, l = _attn_lse(q4, k4, v4, scale, allowed=allowed[:, None])
+            with timer("scatter"):
+                outB[b, s0:s0 + n * cc] = o.transpose(1, 2).reshape(n * cc, H, D)
+                lseB[b, s0:s0 + n * cc] = l.transpose(1, 2).reshape(n * cc, H)
+    return outB, lseB
+
+
+# --------------------------------------------------------------------------------------------
+# the public function
+
+def hard_focus_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                         query_groups: torch.Tensor, key_group: torch.Tensor, window: int,
+                         scaling: float | None = None, backend: str = "auto",
+                         return_lse: bool = False, timings: dict | None = None):
+    """Hard Focus attention, exactly ``masked_attention(q, k, v, hard_mask(...))`` (PAPER.md §4).
+
+    Args:
+        query: (B, H, Tq, D); key, value: (B, Hkv, Tk, D), H a multiple of Hkv (GQA), Tq <= Tk:
+            query i sits at position ``Tk - Tq + i`` (Tq < Tk is a KV-cache step). Any strides;
+            the (B, T, H, D) memory layout transformers produces avoids a copy.
+        query_groups: (B, Tq, k) long >= 0, the groups each query joins (PAPER.md §2 top-k);
+            a group repeated in a row counts once. (B, Tq) is read as k = 1.
+        key_group: (B, Tk) long >= 0, the one group of each key (its top-1).
+        window: w >= 1 in tokens; pairs with ``0 <= i - j < w`` are always kept.
+        scaling: logit scale, default ``1 / sqrt(D)``.
+        backend: "auto" | "torch" | "flash" (see the module docstring).
+        return_lse: also return the logsumexp of the kept (scaled) logits.
+        timings: optional dict; wall seconds per phase are added under "plan" (sort, segment
+            layout), "gather", "attn_A", "attn_B", "scatter" and "merge".
+    Returns:
+        out (B, H, Tq, D) in query.dtype, a view of (B, Tq, H, D) memory; with ``return_lse``
+        also lse (B, H, Tq) fp32.
+    Raises:
+        ValueError: bad shapes, dtypes, window, negative groups, or an unusable backend.
+    """
+    if query.dim() != 4 or key.dim() != 4 or value.shape != key.shape:
+        raise ValueError(f"need query (B,H,Tq,D) and key/value (B,Hkv,Tk,D); got {tuple(query.shape)}, "
+                         f"{tuple(key.shape)}, {tuple(value.shape)}")
+    B, H, Tq, D = query.shape
+    Bk, Hkv, Tk, Dk = key.shape
+    if Bk != B or Dk != D or H % Hkv != 0 or Tq > Tk:
+        raise ValueError(f"incompatible shapes: query {tuple(query.shape)}, key {tuple(key.shape)} "
+                         "(need equal B and D, H a multiple of Hkv, Tq <= Tk)")
+    if query_groups.dim() == 2:
+        query_groups = query_groups[..., None]
+    if query_groups.shape[:2] != (B, Tq) or key_group.shape != (B, Tk):
+        raise ValueError(f"need query_groups (B,Tq,k)=({B},{Tq},k) and key_group (B,Tk)=({B},{Tk}); "
+                         f"got {tuple(query_groups.shape)}, {tuple(key_group.shape)}")
+    if query_groups.dtype != torch.long or key_group.dtype != torch.long:
+        raise ValueError("query_groups and key_group must be torch.long group indices")
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise ValueError(f"window={window!r}: need an integer >= 1")
+    be = resolve_backend(backend, query.device)
+    if Tq == 0 or B == 0:
+        out = query.new_zeros(query.shape)
+        return (out, query.new_zeros((B, H, Tq), dtype=torch.float32)) if return_lse else out
+    if int(query_groups.min()) < 0 or int(key_group.min()) < 0:
+        raise ValueError("group indices must be >= 0")
+    scale = 1.0 / math.sqrt(D) if scaling is None else float(scaling)
+    timer = _Timer(timings, query.device)
+    k = query_groups.shape[-1]
+    query_groups = query_groups.to(query.device)
+    key_group = key_group.to(query.device)
+
+    with timer("gather"):
+        qn = query.transpose(1, 2).contiguous()  # (B, Tq, H, D); no copy for transformers' layout
+        kn = key.transpose(1, 2).contiguous()  # (B, Tk, Hkv, D)
+        vn = value.transpose(1, 2).contiguous()
+    with timer("plan"):
+        segs = plan_segments(query_groups, key_group)
+    nrows = B * Tq + 1
+    outA = query.new_zeros((k * nrows, H, D), dtype=torch.float32)
+    lseA = torch.full((k * nrows, H), _NEG_INF, device=query.device)
+    part_a = _part_a_flash if be == "flash" else _part_a_torch
+    part_a(qn.view(B * Tq, H, D), kn.view(B * Tk, Hkv, D), vn.view(B * Tk, Hkv, D), segs,
+           B, Tq, Tk, scale, timer, outA, lseA)
+    outB, lseB = _local_other_groups(qn, kn, vn, query_groups, key_group, window, scale, timer)
+
+    with timer("merge"):
+        n = B * Tq
+        lse_all = torch.cat([lseA.view(k, nrows, H)[:, :n], lseB.view(1, n, H)], 0)  # (k+1, n, H)
+        m = lse_all.amax(0)  # finite: the diagonal pair is always kept
+        wts = torch.exp(lse_all - m)  # 0 for empty parts
+        den = wts.sum(0)
+        wts /= den
+        out = outB.view(n, H, D).mul_(wts[k][..., None])
+        for s in range(k):
+            out.addcmul_(outA.view(k, nrows, H, D)[s, :n], wts[s][..., None])
+        out = out.view(B, Tq, H, D).to(query.dtype).transpose(1, 2)
+    if return_lse:
+        return out, (m + torch.log(den)).view(B, Tq, H).transpose(1, 2)
+    return out
+
+
+def reference_hard_attention(query, key, value, query_groups, key_group, window, scaling=None):
+    """The dense O(T^2) reference: ``core.masked_attention(q, k, v, core.hard_mask(...))``."""
+    from .core import hard_mask, masked_attention
+
+    Tq, Tk = query.shape[2], key.shape[2]
+    q_pos = torch.arange(Tk - Tq, Tk, device=query.device)
+    k_pos = torch.arange(Tk, device=query.device)
+    if query_groups.dim() == 2:
+        query_groups = query_groups[..., None]
+    mask = hard_mask(query_groups, key_group, window, q_pos, k_pos)
+    return masked_attention(query, key, value, mask, scaling)
