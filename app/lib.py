@@ -45,7 +45,7 @@ def parse_runs_root(argv: list[str] | None = None) -> Path:
     """The runs root: ``--runs`` after ``--`` on the streamlit command line, else the
     ``FOCUS_LAB_RUNS`` environment variable, else ``runs``; always resolved (absolute)."""
     argv = sys.argv[1:] if argv is None else argv
-    parser = argparse.ArgumentParser(add_help=False)
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     parser.add_argument("--runs", default=None)
     args, _ = parser.parse_known_args(argv)
     root = args.runs or os.environ.get(ENV_RUNS) or "runs"

@@ -223,11 +223,21 @@ def make_tiny_run(path: str | Path, *, num_groups: int = 4, window: int = 8, top
     ``assets`` (default: a hidden sibling ``.<name>-assets``, skipped by ``list_runs``) holds
     the saved tiny model, its tokenizer and the router file the manifest points to.
     """
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny matrices: one thread is fastest, and the machine is shared
+    try:
+        return _make_tiny_run(Path(path), num_groups, window, top_k, layers, seq_len, with_pos, standins,
+                              with_eval, with_train_log, assets, seed)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _make_tiny_run(path, num_groups, window, top_k, layers, seq_len, with_pos, standins, with_eval,
+                   with_train_log, assets, seed) -> Path:
     from focus_lab import FocusConfig, attach, detach, save_routers
     from focus_lab.models import load_model
     from focus_lab.record import file_sha256, record_run
 
-    path = Path(path)
     assets = Path(assets) if assets is not None else path.parent / f".{path.name}-assets"
     model_dir = assets / "model"
     tok = make_tokenizer()
@@ -247,7 +257,7 @@ def make_tiny_run(path: str | Path, *, num_groups: int = 4, window: int = 8, top
     extra = {}
     if with_eval:
         from focus_lab.evaluate import evaluate
-        extra["eval"] = evaluate(model, windows, progress=False)
+        extra["eval"] = evaluate(model, windows[:2], progress=False)
         from focus_lab import set_config
         set_config(model, mode="hard", top_k=top_k)
     if with_train_log:

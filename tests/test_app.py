@@ -1,0 +1,327 @@
+"""Dashboard pages under streamlit's AppTest, on small runs recorded by the real recorder.
+
+Each page is checked for content computed independently from the run's parquet files, not
+only for the absence of exceptions. Runs: ``tiny`` (K=4, 2 layers, with pos/eval/train_log and
+stand-in coverage/audit tables), ``tiny-k2`` (K=2, for Compare), ``bare`` (tokens and
+assignments only), ``broken`` (corrupted manifest), ``old`` (schema version 0) and
+``badtable`` (a corrupted assignments parquet).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+HERE = Path(__file__).resolve().parent
+MAIN = HERE.parent / "app" / "main.py"
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent / "app"))
+
+from run_fixtures import corrupt_run, make_tiny_run, other_schema_run  # noqa: E402
+
+st_testing = pytest.importorskip("streamlit.testing.v1")
+TIMEOUT = 120
+
+
+@pytest.fixture(scope="session")
+def runs_root(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("runs")
+    tiny = make_tiny_run(root / "tiny")
+    make_tiny_run(root / "tiny-k2", num_groups=2, top_k=1, seed=1, standins=False)
+    bare = root / "bare"
+    shutil.copytree(tiny, bare)
+    for t in bare.glob("*.parquet"):
+        if t.stem not in ("tokens", "assignments"):
+            t.unlink()
+    corrupt_run(root / "broken")
+    other_schema_run(root / "old", source=tiny, version=0)
+    bad = root / "badtable"
+    shutil.copytree(tiny, bad)
+    (bad / "assignments.parquet").write_bytes(b"PAR1 this is not parquet")
+    return root
+
+
+@pytest.fixture()
+def app(runs_root, monkeypatch):
+    monkeypatch.setenv("FOCUS_LAB_RUNS", str(runs_root))
+
+    def open_page(page: str = "groups", run: str | None = "tiny"):
+        at = st_testing.AppTest.from_file(str(MAIN), default_timeout=TIMEOUT)
+        if run is not None:
+            at.query_params["run"] = run
+        at.run()
+        if page != "groups":
+            at.switch_page(f"app_pages/{page}.py")
+            at.run()
+        assert not at.exception, [e.value for e in at.exception]
+        return at
+    return open_page
+
+
+def figures(at) -> list[dict]:
+    return [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
+
+
+def decode(arr):
+    """A plotly JSON array (list or {'dtype', 'bdata', 'shape'}) as numpy."""
+    if isinstance(arr, dict) and "bdata" in arr:
+        out = np.frombuffer(base64.b64decode(arr["bdata"]), dtype=np.dtype(arr["dtype"]))
+        if "shape" in arr:
+            out = out.reshape([int(s) for s in str(arr["shape"]).split(",")])
+        return out
+    return np.asarray(arr)
+
+
+def title(fig: dict) -> str:
+    t = fig.get("layout", {}).get("title", {})
+    return t.get("text", "") if isinstance(t, dict) else str(t)
+
+
+def read(root: Path, run: str, table: str) -> pd.DataFrame:
+    return pd.read_parquet(root / run / f"{table}.parquet")
+
+
+# ----------------------------------------------------------------------------------------- groups
+
+def test_groups_table_has_the_recorded_sizes(app, runs_root):
+    asg = read(runs_root, "tiny", "assignments")
+    at = app("groups")
+    assert at.title[0].value == "Groups"
+    for layer in (0, 1):
+        if layer:
+            at.selectbox(key="groups_layer").set_value(1).run()
+            assert not at.exception
+        expected = np.bincount(asg.loc[asg.layer_idx == layer, "group"], minlength=4)
+        summary = at.dataframe[0].value
+        assert summary["group"].tolist() == [0, 1, 2, 3]
+        assert summary["size"].tolist() == expected.tolist()
+        assert summary["share"].sum() == pytest.approx(1.0)
+        assert [t.label for t in at.tabs] == [f"group {g} ({n})" for g, n in enumerate(expected)]
+    figs = figures(at)
+    pos_fig = next(f for f in figs if title(f).startswith("POS composition"))
+    pos = read(runs_root, "tiny", "pos")
+    assert {tr["name"] for tr in pos_fig["data"]} <= set(pos["pos"].replace("", "(none)")) | {"(none)"}
+    contexts = [m.value for m in at.markdown if "Example contexts" in m.value]
+    assert len(contexts) == 4 and all("<mark" in c for c in contexts)
+
+
+def test_groups_flow_heatmap_counts_every_token(app, runs_root):
+    asg = read(runs_root, "tiny", "assignments")
+    at = app("groups")
+    heat = next(f for f in figures(at) if "layer 0 → layer 1" in title(f))
+    counts = decode(heat["data"][0]["text"])
+    a = asg[asg.layer_idx == 0].sort_values(["window", "position"])["group"].to_numpy()
+    b = asg[asg.layer_idx == 1].sort_values(["window", "position"])["group"].to_numpy()
+    expected = np.zeros((4, 4), dtype=int)
+    np.add.at(expected, (a, b), 1)
+    assert counts.tolist() == expected.tolist()
+
+
+def test_groups_token_search_shows_every_layer(app, runs_root):
+    tok = read(runs_root, "tiny", "tokens")
+    asg = read(runs_root, "tiny", "assignments")
+    at = app("groups")
+    at.text_input(key="groups_query").input("the").run()
+    assert not at.exception
+    occ = tok[tok.token.str.strip().str.lower() == "the"][["window", "position"]]
+    assert len(occ) > 0
+    table = at.dataframe[-1].value
+    assert table["layer"].tolist() == [0, 1]
+    m = asg.merge(occ, on=["window", "position"])
+    for layer in (0, 1):
+        row = table[table.layer == layer].iloc[0]
+        got = [int(row[f"g{g}"]) for g in range(4)]
+        assert got == np.bincount(m.loc[m.layer_idx == layer, "group"], minlength=4).tolist()
+    at.text_input(key="groups_query").input("zebra").run()
+    assert any("does not occur" in w.value for w in at.warning)
+
+
+def test_context_is_html_escaped():
+    import lib
+    tokens = pd.DataFrame({"window": 0, "position": [0, 1, 2], "token": ["a", "<script>x</script>", "&b"],
+                           "char_start": [0, 2, 20], "char_end": [1, 19, 22]})
+    out = lib.render_context(tokens, 0, 1)
+    assert "<script>" not in out and "&lt;script&gt;" in out and "&amp;b" in out
+    assert out.count("<mark") == 1
+
+
+# --------------------------------------------------------------------------------------- overview
+
+def test_overview_shows_manifest_eval_and_training(app, runs_root):
+    ev = read(runs_root, "tiny", "eval")
+    log = read(runs_root, "tiny", "train_log")
+    at = app("overview")
+    fields = at.dataframe[0].value.set_index("field")["value"]
+    assert fields["groups K / window w / top-k"] == "4 / 8 / 2"
+    table = at.dataframe[1].value
+    assert table["label"].tolist() == ev["label"].tolist()
+    assert table["label"].tolist()[:3] == ["dense", "window", "soft"]
+    assert np.allclose(table["perplexity"], ev["perplexity"])
+    titles = [title(f) for f in figures(at)]
+    assert any("perplexity" in t for t in titles) and any("loss" in t for t in titles)
+    loss = next(f for f in figures(at) if "loss" in title(f))
+    assert decode(loss["data"][0]["y"]) == pytest.approx(log.groupby("step")["loss"].mean().to_numpy())
+    assert len(at.get("download_button")) == 1
+
+
+def test_missing_tables_are_info_messages(app):
+    at = app("overview", run="bare")
+    infos = " ".join(i.value for i in at.info)
+    assert "no **eval** table" in infos and "no **train_log** table" in infos
+    for page, table in (("coverage", "coverage"), ("audit", "dropped_edges")):
+        at = app(page, run="bare")
+        assert any(f"no **{table}** table" in i.value for i in at.info), [i.value for i in at.info]
+        assert not at.error
+    at = app("balance", run="bare")
+    assert any("no **balance** table" in i.value for i in at.info)
+    assert at.get("plotly_chart")  # shares derived from the assignments still show
+    at = app("groups", run="bare")
+    assert any("no **pos** table" in i.value for i in at.info)
+    assert at.dataframe[0].value["size"].sum() == len(pd.read_parquet(
+        Path(os.environ["FOCUS_LAB_RUNS"]) / "bare" / "assignments.parquet").query("layer_idx == 0"))
+
+
+# ---------------------------------------------------------------------------------------- balance
+
+def test_balance_largest_shares(app, runs_root):
+    asg = read(runs_root, "tiny", "assignments")
+    bal = read(runs_root, "tiny", "balance")
+    at = app("balance")
+    summary = at.dataframe[0].value.set_index("layer")
+    for layer in (0, 1):
+        hard = np.bincount(asg.loc[asg.layer_idx == layer, "group"], minlength=4) / (asg.layer_idx == layer).sum()
+        assert summary.loc[layer, "largest share: hard"] == pytest.approx(hard.max())
+        assert summary.loc[layer, "largest share: softmax"] == pytest.approx(
+            bal.loc[bal.layer_idx == layer, "softmax_share"].max())
+    heat = next(f for f in figures(at) if title(f).startswith("hard (top-1)"))
+    assert decode(heat["data"][0]["z"]).shape == (2, 4)
+    assert any("over training" in title(f) for f in figures(at))
+
+
+# --------------------------------------------------------------------------------------- coverage
+
+def test_coverage_heatmap_and_table(app, runs_root):
+    cov = read(runs_root, "tiny", "coverage")
+    at = app("coverage")
+    heat = next(f for f in figures(at) if "layer x head" in title(f))
+    z = decode(heat["data"][0]["z"])
+    focus = cov[cov.pattern == "focus"].pivot(index="layer_idx", columns="head", values="coverage")
+    assert np.allclose(z, focus.to_numpy())
+    table = at.dataframe[0].value.set_index("layer")
+    assert set(table.columns) == {"focus", "random", "window"}
+    assert np.allclose(table["window"], cov[cov.pattern == "window"].groupby("layer_idx")["coverage"].mean())
+    at.selectbox(key="coverage_pattern").set_value("window").run()
+    heat = next(f for f in figures(at) if "layer x head" in title(f))
+    assert "window mask" in title(heat)
+    assert any("distance" in title(f) for f in figures(at))
+
+
+# ------------------------------------------------------------------------------------------ audit
+
+def test_audit_filters_narrow_the_table(app, runs_root):
+    edges = read(runs_root, "tiny", "dropped_edges")
+    at = app("audit")
+    table = at.dataframe[0].value
+    assert len(table) == len(edges) > 0
+    assert at.metric[0].value == f"{len(edges):,}"
+    assert any("key ← query" in title(f) for f in figures(at))
+    cut = float(np.quantile(edges["weight"], 0.75))
+    at.number_input(key="audit_weight").set_value(cut).run()
+    assert not at.exception
+    table = at.dataframe[0].value
+    assert len(table) == (edges["weight"] >= cut).sum() < len(edges)
+    at.multiselect(key="audit_layers").set_value([1]).run()
+    table = at.dataframe[0].value
+    assert set(table["layer"]) == {1}
+    assert len(table) == ((edges["weight"] >= cut) & (edges["layer_idx"] == 1)).sum()
+    assert at.get("download_button")
+    # relations recorded by spaCy are offered as a filter
+    rels = at.multiselect(key="audit_relations").options
+    assert "(no relation)" in rels
+
+
+# ---------------------------------------------------------------------------------------- compare
+
+def test_compare_two_runs(app, runs_root):
+    at = app("compare")
+    assert at.selectbox(key="compare_b").value in ("tiny-k2", "bare", "badtable", "broken", "old")
+    at.selectbox(key="compare_b").set_value("tiny-k2").run()
+    assert not at.exception
+    cfg = at.dataframe[0].value
+    assert "focus_config.num_groups" in set(cfg["field"])
+    ppl = at.dataframe[1].value
+    assert set(ppl.columns) == {"label", "A: tiny", "B: tiny-k2"}
+    ev_b = read(runs_root, "tiny-k2", "eval")
+    assert np.allclose(ppl.set_index("label").loc[ev_b["label"], "B: tiny-k2"], ev_b["perplexity"])
+    bal = next(f for f in figures(at) if "largest / smallest" in title(f))
+    assert {tr["name"].split(",")[0] for tr in bal["data"]} >= {"A: tiny (K=4)", "B: tiny-k2 (K=2)"}
+    at.selectbox(key="compare_b").set_value("broken").run()
+    assert any("corrupted" in e.value for e in at.error)
+
+
+# ------------------------------------------------------------------------------------------ probe
+
+def test_live_probe_routes_a_passage(app):
+    at = app("probe")
+    assert any("Run probe" in i.value for i in at.info)  # no model loaded before the click
+    assert not at.get("plotly_chart")
+    at.text_area(key="probe_text").input("The captain smiled at Anne by the gate.").run()
+    at.button(key="probe_run").click().run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    heat = figures(at)[0]
+    z = decode(heat["data"][0]["z"])
+    assert z.shape[0] == 2 and z.shape[1] > 5  # layers x tokens
+    assert set(np.unique(z)) <= {0, 1, 2, 3}
+    groups = [m.value for m in at.markdown if m.value.startswith('<div style="margin:4px 0"><b')]
+    assert len(groups) == 4
+
+
+# ------------------------------------------------------------------------------------- bad runs
+
+def test_corrupted_run_shows_its_message(app):
+    at = app("groups", run="broken")
+    assert at.error and "corrupted" in at.error[0].value and "record the run again" in at.error[0].value
+
+
+def test_other_schema_run_shows_its_message(app):
+    for page in ("groups", "overview"):
+        at = app(page, run="old")
+        assert at.error and "schema version 0" in at.error[0].value
+
+
+def test_corrupted_table_shows_its_message(app):
+    at = app("groups", run="badtable")
+    assert at.error and "corrupted" in at.error[0].value
+
+
+def test_runs_outside_the_root_are_refused(app, runs_root, tmp_path):
+    import lib
+    from focus_lab.runs import RunError
+    outside = make_outside = tmp_path / "outside"
+    shutil.copytree(runs_root / "tiny", outside)
+    (runs_root / "escape").symlink_to(make_outside, target_is_directory=True)
+    try:
+        for name in ("../outside", "/etc", str(outside), "tiny/../../outside", "escape", ""):
+            with pytest.raises(RunError):
+                lib.safe_run_path(runs_root, name)
+        assert "escape" not in lib.available_runs(runs_root)
+        assert lib.safe_run_path(runs_root, "tiny") == (runs_root / "tiny").resolve()
+        at = app("groups", run="../outside")
+        assert at.selectbox(key="run_picker").value != "../outside"
+        assert any("not a run below the runs root" in w.value for w in at.warning)
+    finally:
+        (runs_root / "escape").unlink()
+
+
+def test_runs_root_from_command_line():
+    import lib
+    assert lib.parse_runs_root(["--runs", "/tmp/x"]) == Path("/tmp/x").resolve()
+    assert lib.parse_runs_root(["--rootdir=/y"]) != Path("/y")
