@@ -442,13 +442,36 @@ def _local_other_groups(qn, kn, vn, query_groups, key_group, window, scale, time
     return outB, lseB
 
 
+def _sink_other_groups(qn, kn, vn, query_groups, key_group, window, sinks, scale, timer):
+    """Sink pairs not covered by A or B: ``j < sinks``, ``i - j >= window``, ``g(j)`` not in
+    ``G_k(i)`` (core.local_mask's sink rule, PAPER.md §6 [ours]). One call against the first
+    ``sinks`` keys. Returns (out (B, Tq, H, D) fp32, lse (B, Tq, H)) or None when no such pair."""
+    B, Tq, H, D = qn.shape
+    Tk = kn.shape[1]
+    S = min(sinks, Tk)
+    P = Tk - Tq
+    if S <= 0 or P + Tq - 1 < window:  # no query is far enough from any sink
+        return None
+    with timer("gather"):
+        qpos = torch.arange(P, Tk, device=qn.device)[:, None]  # (Tq, 1)
+        j = torch.arange(S, device=qn.device)[None, :]  # (1, S)
+        far = (qpos - j) >= window  # (Tq, S), implies j <= i
+        kg = key_group[:, :S]  # (B, S)
+        other = (kg[:, None, :, None] != query_groups[:, :, None, :]).all(-1)  # (B, Tq, S)
+        allowed = (other & far)[:, None]  # (B, 1, Tq, S)
+    with timer("attn_B"):
+        o, l = _attn_lse(qn.transpose(1, 2), kn[:, :S].transpose(1, 2), vn[:, :S].transpose(1, 2),
+                         scale, allowed=allowed)
+    return o.transpose(1, 2).float(), l.transpose(1, 2)
+
+
 # --------------------------------------------------------------------------------------------
 # the public function
 
 def hard_focus_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                          query_groups: torch.Tensor, key_group: torch.Tensor, window: int,
                          scaling: float | None = None, backend: str = "auto",
-                         return_lse: bool = False, timings: dict | None = None):
+                         return_lse: bool = False, timings: dict | None = None, sinks: int = 0):
     """Hard Focus attention, exactly ``masked_attention(q, k, v, hard_mask(...))`` (PAPER.md §4).
 
     Args:
@@ -464,6 +487,9 @@ def hard_focus_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Te
         return_lse: also return the logsumexp of the kept (scaled) logits.
         timings: optional dict; wall seconds per phase are added under "plan" (sort, segment
             layout), "gather", "attn_A", "attn_B", "scatter" and "merge".
+        sinks: keys at positions ``< sinks`` are always kept, like the window (the
+            ``sinks`` argument of core.hard_mask, FocusConfig.sink_tokens); their pairs outside
+            A and B form a third small part merged like the others.
     Returns:
         out (B, H, Tq, D) in query.dtype, a view of (B, Tq, H, D) memory; with ``return_lse``
         also lse (B, H, Tq) fp32.
@@ -487,6 +513,8 @@ def hard_focus_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Te
         raise ValueError("query_groups and key_group must be torch.long group indices")
     if isinstance(window, bool) or not isinstance(window, int) or window < 1:
         raise ValueError(f"window={window!r}: need an integer >= 1")
+    if isinstance(sinks, bool) or not isinstance(sinks, int) or sinks < 0:
+        raise ValueError(f"sinks={sinks!r}: need an integer >= 0")
     be = resolve_backend(backend, query.device)
     if Tq == 0 or B == 0:
         out = query.new_zeros(query.shape)
@@ -512,10 +540,14 @@ def hard_focus_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Te
     part_a(qn.view(B * Tq, H, D), kn.view(B * Tk, Hkv, D), vn.view(B * Tk, Hkv, D), segs,
            B, Tq, Tk, scale, timer, outA, lseA)
     outB, lseB = _local_other_groups(qn, kn, vn, query_groups, key_group, window, scale, timer)
+    sink = _sink_other_groups(qn, kn, vn, query_groups, key_group, window, sinks, scale, timer)
 
     with timer("merge"):
         n = B * Tq
-        lse_all = torch.cat([lseA.view(k, nrows, H)[:, :n], lseB.view(1, n, H)], 0)  # (k+1, n, H)
+        parts = [lseA.view(k, nrows, H)[:, :n], lseB.view(1, n, H)]
+        if sink is not None:
+            parts.append(sink[1].reshape(1, n, H))
+        lse_all = torch.cat(parts, 0)  # (k+1[+1], n, H)
         m = lse_all.amax(0)  # finite: the diagonal pair is always kept
         wts = torch.exp(lse_all - m)  # 0 for empty parts
         den = wts.sum(0)
@@ -523,14 +555,18 @@ def hard_focus_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Te
         out = outB.view(n, H, D).mul_(wts[k][..., None])
         for s in range(k):
             out.addcmul_(outA.view(k, nrows, H, D)[s, :n], wts[s][..., None])
+        if sink is not None:
+            out.addcmul_(sink[0].reshape(n, H, D), wts[k + 1][..., None])
         out = out.view(B, Tq, H, D).to(query.dtype).transpose(1, 2)
     if return_lse:
         return out, (m + torch.log(den)).view(B, Tq, H).transpose(1, 2)
     return out
 
 
-def reference_hard_attention(query, key, value, query_groups, key_group, window, scaling=None):
-    """The dense O(T^2) reference: ``core.masked_attention(q, k, v, core.hard_mask(...))``."""
+def reference_hard_attention(query, key, value, query_groups, key_group, window, scaling=None,
+                             sinks: int = 0):
+    """The dense O(T^2) reference: ``core.masked_attention(q, k, v, core.hard_mask(...))``,
+    same arguments as hard_focus_attention. Returns (B, H, Tq, D)."""
     from .core import hard_mask, masked_attention
 
     Tq, Tk = query.shape[2], key.shape[2]
@@ -538,5 +574,5 @@ def reference_hard_attention(query, key, value, query_groups, key_group, window,
     k_pos = torch.arange(Tk, device=query.device)
     if query_groups.dim() == 2:
         query_groups = query_groups[..., None]
-    mask = hard_mask(query_groups, key_group, window, q_pos, k_pos)
+    mask = hard_mask(query_groups, key_group, window, q_pos, k_pos, sinks)
     return masked_attention(query, key, value, mask, scaling)

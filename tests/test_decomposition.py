@@ -1,0 +1,196 @@
+"""Exactness of hard Focus as two attention calls + LSE merge (focus_lab.decomposition, PAPER.md §4).
+
+The reference is the ONE definition of the mask: ``core.masked_attention(q, k, v,
+core.hard_mask(...))``. Every backend present on this machine is checked (``available_backends``:
+the CPU flash kernel here; flash-attn only with a GPU).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from focus_lab.core import hard_mask
+from focus_lab.decomposition import (available_backends, hard_focus_attention, plan_segments,
+                                     reference_hard_attention)
+
+BACKENDS = available_backends("cpu")
+TOL = 1e-5
+PATTERNS = ("router", "all_same", "empty_groups", "single_token", "arbitrary")
+
+_worst = {"err": 0.0, "cases": 0}
+
+
+def make_groups(gen: torch.Generator, B: int, T: int, K: int, k: int, pattern: str):
+    """(query_groups (B, T, k), key_group (B, T)) for one group pattern.
+
+    router: top-k of random scores (hard_assign's shape: distinct, key = top-1); all_same: every
+    key in group 0; empty_groups: only even groups have keys; single_token: groups >= 1 hold one
+    key each, the rest in group 0; arbitrary: independent random query groups, repeats allowed
+    and key_group unrelated to the top-1 (the mask only needs ``g(j) in G(i)``).
+    """
+    if pattern == "arbitrary":
+        return (torch.randint(0, K, (B, T, k), generator=gen), torch.randint(0, K, (B, T), generator=gen))
+    scores = torch.randn(B, T, K, generator=gen)
+    if pattern == "all_same":
+        kg = torch.zeros(B, T, dtype=torch.long)
+    elif pattern == "empty_groups":
+        kg = 2 * torch.randint(0, (K + 1) // 2, (B, T), generator=gen)
+    elif pattern == "single_token":
+        kg = torch.zeros(B, T, dtype=torch.long)
+        for b in range(B):
+            pos = torch.randperm(T, generator=gen)[:K - 1]
+            kg[b, pos] = torch.arange(1, len(pos) + 1)
+    else:
+        kg = None
+    if kg is not None:  # force the key group to be each query's top-1
+        scores.scatter_(2, kg[..., None], 1e4)
+    qg = scores.topk(k, dim=-1).indices
+    return qg, qg[..., 0]
+
+
+def rand_qkv(gen, B, H, Hkv, Tq, Tk, D, dtype=torch.float32):
+    q = torch.randn(B, H, Tq, D, generator=gen, dtype=dtype)
+    k = torch.randn(B, Hkv, Tk, D, generator=gen, dtype=dtype)
+    v = torch.randn(B, Hkv, Tk, D, generator=gen, dtype=dtype)
+    return q, k, v
+
+
+@st.composite
+def cases(draw):
+    B = draw(st.integers(1, 2))
+    H, Hkv = draw(st.sampled_from([(2, 2), (4, 2)]))
+    T = draw(st.integers(1, 200))
+    D = draw(st.sampled_from([8, 16]))
+    K = draw(st.integers(1, 8))
+    k = draw(st.integers(1, K))
+    window = draw(st.integers(1, 64))
+    pattern = draw(st.sampled_from(PATTERNS))
+    # a third of the cases are KV-cache steps: only the last Tq tokens query
+    Tq = draw(st.one_of(st.just(T), st.integers(1, T)))
+    sinks = draw(st.sampled_from([0, 0, 0, 1, 4]))
+    seed = draw(st.integers(0, 2**31 - 1))
+    return dict(B=B, H=H, Hkv=Hkv, T=T, Tq=Tq, D=D, K=K, k=k, window=window, pattern=pattern,
+                sinks=sinks, seed=seed)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(c=cases())
+def test_equals_dense_reference(backend, c):
+    gen = torch.Generator().manual_seed(c["seed"])
+    qg, kg = make_groups(gen, c["B"], c["T"], c["K"], c["k"], c["pattern"])
+    q, k, v = rand_qkv(gen, c["B"], c["H"], c["Hkv"], c["Tq"], c["T"], c["D"])
+    qg = qg[:, c["T"] - c["Tq"]:]
+    out, lse = hard_focus_attention(q, k, v, qg, kg, c["window"], backend=backend, return_lse=True,
+                                    sinks=c["sinks"])
+    ref = reference_hard_attention(q, k, v, qg, kg, c["window"], sinks=c["sinks"])
+    err = (out - ref).abs().max().item()
+    _worst["err"] = max(_worst["err"], err)
+    _worst["cases"] += 1
+    assert out.shape == ref.shape and out.dtype == ref.dtype
+    assert err <= TOL, f"max abs error {err:.2e} > {TOL} for {c}"
+    # the returned lse is the logsumexp of the kept scaled logits
+    q_pos = torch.arange(c["T"] - c["Tq"], c["T"])
+    mask = hard_mask(qg, kg, c["window"], q_pos, torch.arange(c["T"]), c["sinks"])  # (B, Tq, Tk)
+    g = c["H"] // c["Hkv"]
+    s = q @ k.repeat_interleave(g, 1).transpose(-1, -2) / math.sqrt(c["D"])
+    ref_lse = s.masked_fill(~mask[:, None], float("-inf")).logsumexp(-1)
+    assert (lse - ref_lse).abs().max().item() <= 1e-4
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@settings(max_examples=25, deadline=None)
+@given(c=cases(), cut=st.floats(0.0, 1.0))
+def test_causal(backend, c, cut):
+    """Changing the q/k/v and groups of tokens at positions >= t0 never changes earlier outputs."""
+    if c["Tq"] != c["T"]:
+        c["Tq"] = c["T"]
+    T = c["T"]
+    t0 = int(cut * T)
+    gen = torch.Generator().manual_seed(c["seed"])
+    qg, kg = make_groups(gen, c["B"], T, c["K"], c["k"], c["pattern"])
+    q, k, v = rand_qkv(gen, c["B"], c["H"], c["Hkv"], T, T, c["D"])
+    out = hard_focus_attention(q, k, v, qg, kg, c["window"], backend=backend, sinks=c["sinks"])
+    qg2, kg2 = make_groups(gen, c["B"], T, c["K"], c["k"], c["pattern"])
+    q2, k2, v2 = rand_qkv(gen, c["B"], c["H"], c["Hkv"], T, T, c["D"])
+    qg2[:, :t0], kg2[:, :t0] = qg[:, :t0], kg[:, :t0]
+    q2[:, :, :t0], k2[:, :, :t0], v2[:, :, :t0] = q[:, :, :t0], k[:, :, :t0], v[:, :, :t0]
+    out2 = hard_focus_attention(q2, k2, v2, qg2, kg2, c["window"], backend=backend, sinks=c["sinks"])
+    assert torch.allclose(out[:, :, :t0], out2[:, :, :t0], atol=1e-6, rtol=0)
+
+
+def test_report_worst_error():
+    """Prints the sweep's size and worst error (run with -s); runs after the sweep in file order."""
+    print(f"\nexactness sweep: {_worst['cases']} cases, worst max abs error {_worst['err']:.2e}")
+    assert _worst["err"] <= TOL
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_model_shapes_one_long_case(backend):
+    """SmolLM2-135M's heads (9 query, 3 kv, head_dim 64), K = 8, k = 2, w = 128, 1000 tokens."""
+    gen = torch.Generator().manual_seed(1)
+    qg, kg = make_groups(gen, 1, 1000, 8, 2, "router")
+    q, k, v = rand_qkv(gen, 1, 9, 3, 1000, 1000, 64)
+    out = hard_focus_attention(q, k, v, qg, kg, 128, backend=backend)
+    ref = reference_hard_attention(q, k, v, qg, kg, 128)
+    assert (out - ref).abs().max().item() <= TOL
+
+
+def test_transformers_layout_and_scaling():
+    """(B, T, H, D)-memory inputs (what transformers passes) and an explicit scale."""
+    gen = torch.Generator().manual_seed(2)
+    qg, kg = make_groups(gen, 2, 77, 4, 1, "router")
+    q = torch.randn(2, 77, 4, 16, generator=gen).transpose(1, 2)
+    k = torch.randn(2, 77, 2, 16, generator=gen).transpose(1, 2)
+    v = torch.randn(2, 77, 2, 16, generator=gen).transpose(1, 2)
+    out = hard_focus_attention(q, k, v, qg, kg, 8, scaling=0.3)
+    ref = reference_hard_attention(q, k, v, qg, kg, 8, scaling=0.3)
+    assert (out - ref).abs().max().item() <= TOL
+
+
+def test_bfloat16_runs_and_is_close():
+    gen = torch.Generator().manual_seed(3)
+    qg, kg = make_groups(gen, 1, 150, 4, 2, "router")
+    q, k, v = rand_qkv(gen, 1, 4, 2, 150, 150, 16)
+    out = hard_focus_attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), qg, kg, 16)
+    ref = reference_hard_attention(q, k, v, qg, kg, 16)
+    assert out.dtype == torch.bfloat16
+    assert (out.float() - ref).abs().max().item() < 3e-2
+
+
+def test_plan_counts_each_pair_once():
+    """Part A's segments hold exactly the same-group causal pairs, each once."""
+    gen = torch.Generator().manual_seed(4)
+    qg, kg = make_groups(gen, 2, 60, 5, 3, "router")
+    pairs = torch.zeros(2, 60, 60, dtype=torch.long)
+    for sg in plan_segments(qg, kg):
+        for m, qi in enumerate(sg.q_idx.tolist()):
+            n = m + 1 if sg.counts is None else int(sg.counts[m])
+            pairs[sg.b, qi, sg.k_idx[:n]] += 1
+    pos = torch.arange(60)
+    same = (qg[:, :, :, None] == kg[:, None, None, :]).any(2) & (pos[None, :] <= pos[:, None])
+    assert torch.equal(pairs, same.long())
+
+
+def test_errors():
+    q, k, v = torch.randn(1, 4, 10, 8), torch.randn(1, 2, 10, 8), torch.randn(1, 2, 10, 8)
+    g = torch.zeros(1, 10, dtype=torch.long)
+    with pytest.raises(ValueError, match="backend"):
+        hard_focus_attention(q, k, v, g[..., None], g, 4, backend="nope")
+    with pytest.raises(ValueError, match="flash"):
+        hard_focus_attention(q, k, v, g[..., None], g, 4, backend="flash")  # no GPU here
+    with pytest.raises(ValueError, match="window"):
+        hard_focus_attention(q, k, v, g[..., None], g, 0)
+    with pytest.raises(ValueError, match=">= 0"):
+        hard_focus_attention(q, k, v, g[..., None] - 1, g, 4)
+    with pytest.raises(ValueError, match="query_groups"):
+        hard_focus_attention(q, k, v, g[:, :5, None], g, 4)
+    with pytest.raises(ValueError, match="incompatible"):
+        hard_focus_attention(q, torch.randn(1, 3, 10, 8), torch.randn(1, 3, 10, 8), g[..., None], g, 4)
+    with pytest.raises(ValueError, match="long"):
+        hard_focus_attention(q, k, v, g[..., None].int(), g, 4)
