@@ -1,30 +1,53 @@
-"""Write a run directory (schema v1, see runs.py) from held-out text run through Focus.
+"""The recorder: ``focus_lab.record(model, ...)`` and run directories (schema v1, docs/run_schema.md).
 
-Tables: tokens, assignments (per token and layer: top-k groups, Sinkhorn probability,
-raw scores, top-1 margin), pos (spaCy labels joined by character offsets), plus optional
-eval / train_log tables copied in.
+``record`` is a context manager in the style of TransformerLens hooks. Inside it every forward
+of the model is observed layer by layer (``retrofit.add_observer`` plus a forward pre-hook on
+each recorded attention module that captures the router input); the metrics of ``metrics.py``
+are reduced per layer as the forward runs, so memory stays O(layers x heads x tokens); a full
+T x T map is kept only for the (layer, head) pairs named in ``patterns``. Every hook is removed
+on exit, also on an exception: outside the block the model is exactly the unrecorded one. The
+observers never change a tensor, so outputs inside the block are identical too.
+
+    with focus_lab.record(model, metrics=["coverage", "dropped_edges"], layers=[0, 5]) as rec:
+        model(input_ids=ids, use_cache=False)
+    tables = rec.tables()              # {name: DataFrame}, schema in docs/run_schema.md
+
+``record_run`` runs held-out windows through it and writes a run directory: tokens, pos (spaCy),
+assignments, balance, coverage, dropped edges, crossing mass and linguistics tables.
+Sources: PAPER.md §1-§2 (the method), §6 (the reviewers' question the recorder answers).
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
+import types
 import hashlib
 import importlib.metadata as md
+import json
 import platform
 import sys
+from dataclasses import dataclass, field, asdict
 from pathlib import Path
+from typing import Iterator, Sequence
 
 import numpy as np
 import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from .core import sinkhorn
+from . import core, metrics as M
 from .io import atomic_path
-from .retrofit import add_observer, focus_config, model_identity
+from .retrofit import add_observer, attention_modules, focus_config, model_identity
 from .runs import MANIFEST, SCHEMA_VERSION
 
 PACKAGES = ("torch", "transformers", "spacy", "pandas", "pyarrow", "scikit-learn", "streamlit", "focus-lab")
+
+#: Metrics the recorder knows. ``coverage`` includes the distance buckets and the window /
+#: matched-window / random baselines; ``linguistics`` needs spaCy labels (``record_run``) and
+#: captures the router input for the k-means baseline.
+ALL_METRICS = ("assignments", "balance", "coverage", "crossing", "dropped_edges", "linguistics")
+_ATTENTION_METRICS = {"coverage", "crossing", "dropped_edges"}
 
 
 def package_versions() -> dict[str, str]:
@@ -45,6 +68,546 @@ def file_sha256(path: str | Path) -> str:
     return h.hexdigest()
 
 
+# --------------------------------------------------------------------------------------------
+# options and the recording
+
+@dataclass
+class RecordOptions:
+    """What ``record`` records (every field is written to the run manifest).
+
+    Attributes:
+        metrics: subset of ``ALL_METRICS``.
+        layers: layer indices to record (default: every layer with a router).
+        heads: query-head indices to record in the attention metrics (default: all).
+        patterns: (layer, head) pairs whose full T x T dense / soft maps and hard mask are kept.
+        edge_threshold: dropped-edge audit: keep dropped pairs with dense weight above this.
+        edge_top_n: also keep each query's n heaviest dropped pairs ...
+        edge_min_weight: ... when their weight exceeds this.
+        sink_tokens: the first positions counted as attention sinks (PAPER.md §6).
+        per_query: write the per-query tables (coverage_query, crossing_query).
+        chunk_elements: bound on batch x heads x queries x keys per chunk of dense attention.
+    """
+
+    metrics: tuple[str, ...] = ALL_METRICS
+    layers: list[int] | None = None
+    heads: list[int] | None = None
+    patterns: list[tuple[int, int]] = field(default_factory=list)
+    edge_threshold: float = 0.05
+    edge_top_n: int = 1
+    edge_min_weight: float = 0.01
+    sink_tokens: int = 4
+    per_query: bool = True
+    chunk_elements: int = 1 << 21
+
+    def validate(self) -> "RecordOptions":
+        self.metrics = tuple(dict.fromkeys(self.metrics))
+        unknown = [m for m in self.metrics if m not in ALL_METRICS]
+        if unknown:
+            raise ValueError(f"unknown metrics {unknown}; choose from {', '.join(ALL_METRICS)}")
+        if self.edge_threshold is not None and not self.edge_threshold >= 0:
+            raise ValueError(f"edge_threshold must be >= 0, got {self.edge_threshold}")
+        if self.edge_top_n < 0:
+            raise ValueError(f"edge_top_n must be >= 0, got {self.edge_top_n}")
+        self.patterns = [(int(a), int(b)) for a, b in self.patterns]
+        return self
+
+
+class Recording:
+    """What one ``record`` block saw, reduced per layer. ``tables()`` turns it into DataFrames.
+
+    Windows are numbered 0, 1, ... in the order the sequences reach the model (batch rows in
+    order). Attributes: ``options``, ``config`` (the FocusConfig), ``layers``, ``heads``,
+    ``num_windows``, ``seq_lens`` ({window: T}).
+    """
+
+    def __init__(self, model, options: RecordOptions):
+        self.options = options.validate()
+        self.config = focus_config(model)
+        self.model_config = model.config
+        mods = [(i, m) for i, m in attention_modules(model) if hasattr(m, "focus_router")]
+        if not mods:
+            raise ValueError("the model has no Focus router: attach() or load_routers() first")
+        have = [i for i, _ in mods]
+        if options.layers is not None:
+            missing = sorted(set(options.layers) - set(have))
+            if missing:
+                raise ValueError(f"layers {missing} have no router; routed layers: {have}")
+        self.layers = [i for i in have if options.layers is None or i in options.layers]
+        self.modules = {i: m for i, m in mods if i in self.layers}
+        H = int(model.config.num_attention_heads)
+        self.num_heads = H
+        self.heads = list(range(H)) if options.heads is None else sorted({int(h) for h in options.heads})
+        if any(h < 0 or h >= H for h in self.heads):
+            raise ValueError(f"heads {self.heads} outside 0..{H - 1}")
+        for (l, h) in options.patterns:
+            if l not in self.layers or h not in self.heads:
+                raise ValueError(f"pattern ({l}, {h}) names a layer or head that is not recorded")
+        self.num_windows = 0
+        self.seq_lens: dict[int, int] = {}
+        self._seen: dict[int, int] = {}  # layer -> sequences observed so far
+        self._h: dict[int, torch.Tensor] = {}
+        self._asg: list[dict] = []
+        self._bal_rows: list[dict] = []
+        self._bal_pool: dict[int, dict] = {}
+        self._att: list[dict] = []
+        self._edges: list[dict] = []
+        self._patterns: list[dict] = []
+        self._ling: dict[int, list] = {}
+        self.matched_windows: dict[tuple[int, int], int] = {}
+
+    # ---------------------------------------------------------------- hooks
+    def _capture(self, layer: int):
+        def hook(module, args, kwargs):
+            self._h[layer] = kwargs.get("hidden_states", args[0] if args else None)
+        return hook
+
+    @torch.no_grad()
+    def _observe(self, module, query, key, value, routing, bias, out) -> None:
+        router = getattr(module, "focus_router", None)
+        if router is None or router.layer_idx not in self.modules:
+            return
+        layer = router.layer_idx
+        h = self._h.pop(layer, None)
+        B, H, T, D = query.shape
+        if key.shape[2] != T:  # a decode step: nothing to audit
+            return
+        cfg = router.config
+        if routing is None:
+            if h is None:
+                raise RuntimeError(f"layer {layer}: the router input was not captured")
+            routing = core.route(router, h)
+        base = self._seen.get(layer, 0)
+        self._seen[layer] = base + B
+        self.num_windows = max(self.num_windows, base + B)
+        for b in range(B):
+            self.seq_lens[base + b] = T
+        opts = self.options
+        want = set(opts.metrics)
+        scores = routing.scores.detach().float().cpu()
+        qg, kg = routing.query_groups.cpu(), routing.key_group.cpu()
+        gbias = router.group_bias.detach().float().cpu()
+        dists = None
+        if want & {"assignments", "balance"}:
+            dists = M.assignment_distributions(scores, cfg.tau, cfg.sinkhorn_iters, gbias)
+        if "assignments" in want:
+            q_sink = dists["sinkhorn"][0]
+            self._asg.append({"base": base, "layer": layer, "scores": scores.numpy(),
+                              "query_groups": qg.numpy(), "key_group": kg.numpy(),
+                              "prob": q_sink.gather(2, kg[..., None])[..., 0].numpy(),
+                              "margin": M.top1_margin(scores, cfg.tau, gbias).numpy()})
+        if "balance" in want:
+            self._balance(layer, base, dists, qg, cfg.num_groups)
+        if want & _ATTENTION_METRICS:
+            self._attention(module, layer, base, query, key, routing, cfg, qg, kg)
+        if "linguistics" in want:
+            rq, rk = M.random_groups(B, T, cfg, layer)
+            x = None
+            if h is not None:
+                x = h.detach().float()
+                if cfg.normalize_input:  # the router's own input normalization (core.Router)
+                    x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+                x = x.to(torch.float16).cpu().numpy()
+            self._ling.setdefault(layer, []).append({"base": base, "key_group": kg.numpy(),
+                                                     "random": rk.numpy(), "h": x})
+
+    def _balance(self, layer, base, dists, qg, K) -> None:
+        pool = self._bal_pool.setdefault(layer, {
+            "tokens": 0, "query": np.zeros(K), **{f"soft_{k}": np.zeros(K) for k in M.ASSIGNMENT_KINDS},
+            **{f"hard_{k}": np.zeros(K) for k in M.ASSIGNMENT_KINDS}})
+        B, T = qg.shape[:2]
+        pool["tokens"] += B * T
+        pool["query"] += torch.nn.functional.one_hot(qg, K).sum((0, 1, 2)).numpy()
+        for kind, (q, g) in dists.items():
+            pool[f"soft_{kind}"] += q.sum((0, 1)).double().numpy()
+            pool[f"hard_{kind}"] += np.bincount(g.reshape(-1).numpy(), minlength=K)
+            for b in range(B):
+                self._bal_rows.append({"window": base + b, "layer_idx": layer, "assignment": kind,
+                                       "tokens": T, **M.balance_stats(q[b], g[b], K)})
+
+    def _attention(self, module, layer, base, query, key, routing, cfg, qg, kg) -> None:
+        opts = self.options
+        want = set(opts.metrics)
+        B, H, T, D = query.shape
+        heads = self.heads
+        q = query[:, heads].detach()
+        k = M.expand_kv(key.detach(), H, heads)
+        rq, rk = M.random_groups(B, T, cfg, layer) if "coverage" in want else (None, None)
+        log_p = None
+        if "crossing" in want:
+            log_p = routing.log_p if routing.log_p is not None else \
+                core.sinkhorn(routing.scores, cfg.tau, cfg.sinkhorn_iters)[0]
+            log_p = log_p.detach().float()
+        edges_on = "dropped_edges" in want
+        ph = [heads.index(hh) for (l, hh) in opts.patterns if l == layer]
+        res = M.attention_metrics(
+            q, k, M.attention_scale(module, D), routing.query_groups, routing.key_group, cfg.window,
+            random_query_groups=rq, random_key_group=rk, log_p=log_p, eps=cfg.eps,
+            sink_tokens=opts.sink_tokens,
+            edge_threshold=opts.edge_threshold if edges_on else None,
+            edge_top_n=opts.edge_top_n if edges_on else 0, edge_min_weight=opts.edge_min_weight,
+            pattern_heads=ph, chunk_elements=opts.chunk_elements)
+        for b in range(B):
+            self.matched_windows[(base + b, layer)] = int(res.matched_window[b])
+        self._att.append({"base": base, "layer": layer, "T": T, "window": cfg.window,
+                          "per_query": {n: t.numpy() for n, t in res.per_query.items()},
+                          "edges_d": res.edges_distance, "bucket_mass": res.bucket_mass.numpy(),
+                          "bucket_kept": {n: t.numpy() for n, t in res.bucket_kept.items()},
+                          "pairs": {n: t.numpy() for n, t in res.pairs.items()},
+                          "matched": res.matched_window.numpy()})
+        if edges_on and len(res.edges["weight"]):
+            e = res.edges
+            qi, kj = e["query"].numpy(), e["key"].numpy()
+            bi = e["batch"].numpy()
+            kgn, qgn = kg.numpy(), qg.numpy()
+            self._edges.append({
+                "window": (base + bi).astype(np.int32), "layer_idx": np.full(len(qi), layer, np.int16),
+                "head": np.asarray(heads, dtype=np.int16)[e["head"].numpy()],
+                "query_position": qi.astype(np.int32), "key_position": kj.astype(np.int32),
+                "distance": (qi - kj).astype(np.int32), "weight": e["weight"].numpy().astype(np.float32),
+                "soft_weight": e["soft_weight"].numpy().astype(np.float32),
+                "query_group": qgn[bi, qi, 0].astype(np.int16), "key_group": kgn[bi, kj].astype(np.int16),
+                "key_is_sink": kj < opts.sink_tokens})
+        for hidx, maps in res.patterns.items():
+            self._patterns.append({"base": base, "layer": layer, "head": heads[hidx],
+                                   **{n: t.numpy() for n, t in maps.items()}})
+
+    # ---------------------------------------------------------------- tables
+    def tables(self, tokens: pd.DataFrame | None = None, pos: pd.DataFrame | None = None
+               ) -> dict[str, pd.DataFrame]:
+        """The recorded tables (docs/run_schema.md), as DataFrames.
+
+        Args:
+            tokens: optional tokens table (``window, position, token``): fills the token
+                columns of dropped_edges and the top tokens of group_labels.
+            pos: optional pos table (``window, position`` + ``linguistics.pos_table`` columns):
+                needed for the linguistics tables and the relation of dropped edges.
+        """
+        out: dict[str, pd.DataFrame] = {}
+        want = set(self.options.metrics)
+        if "assignments" in want:
+            out["assignments"] = self._assignments_table()
+        if "balance" in want:
+            out.update(self._balance_tables())
+        if "coverage" in want and self._att:
+            out.update(self._coverage_tables())
+        if "crossing" in want and self._att:
+            out.update(self._crossing_tables())
+        if "dropped_edges" in want:
+            out["dropped_edges"] = self._edges_table(tokens, pos)
+        if self._patterns:
+            out["patterns"] = self._patterns_table()
+        if "linguistics" in want and pos is not None and self._ling:
+            out.update(self._linguistics_tables(tokens, pos))
+        return out
+
+    def _assignments_table(self) -> pd.DataFrame:
+        frames = []
+        for r in sorted(self._asg, key=lambda r: (r["base"], r["layer"])):
+            B, T, _ = r["scores"].shape
+            for b in range(B):
+                frames.append(pd.DataFrame({
+                    "window": np.full(T, r["base"] + b, dtype=np.int32),
+                    "position": np.arange(T, dtype=np.int32),
+                    "layer_idx": np.full(T, r["layer"], dtype=np.int16),
+                    "group": r["key_group"][b].astype(np.int16),
+                    "top_k_groups": list(r["query_groups"][b].astype(np.int16)),
+                    "prob": r["prob"][b].astype(np.float32),
+                    "margin": r["margin"][b].astype(np.float32),
+                    "scores": list(r["scores"][b].astype(np.float32)),
+                }))
+        if not frames:
+            return pd.DataFrame(columns=["window", "position", "layer_idx", "group", "top_k_groups",
+                                         "prob", "margin", "scores"])
+        return pd.concat(frames, ignore_index=True).sort_values(
+            ["window", "layer_idx", "position"], kind="stable").reset_index(drop=True)
+
+    def _balance_tables(self) -> dict[str, pd.DataFrame]:
+        rows = []
+        for layer, p in sorted(self._bal_pool.items()):
+            n = max(p["tokens"], 1)
+            K = len(p["query"])
+            for g in range(K):
+                rows.append({"layer_idx": layer, "group": g,
+                             "hard_share": p["hard_causal"][g] / n, "soft_share": p["soft_sinkhorn"][g] / n,
+                             "softmax_share": p["soft_softmax"][g] / n,
+                             "sinkhorn_hard_share": p["hard_sinkhorn"][g] / n,
+                             "softmax_hard_share": p["hard_softmax"][g] / n,
+                             "query_share": p["query"][g] / n, "tokens": int(p["hard_causal"][g])})
+        bal = pd.DataFrame(rows, columns=["layer_idx", "group", "hard_share", "soft_share", "softmax_share",
+                                          "sinkhorn_hard_share", "softmax_hard_share", "query_share", "tokens"])
+        layer = pd.DataFrame(self._bal_rows, columns=[
+            "window", "layer_idx", "assignment", "tokens", "soft_largest_share", "hard_largest_share",
+            "soft_entropy", "hard_entropy", "empty_groups", "marginal_error"])
+        layer = layer.sort_values(["window", "layer_idx", "assignment"], kind="stable").reset_index(drop=True)
+        return {"balance": _typed(bal), "balance_layer": _typed(layer)}
+
+    def _query_frame(self, names: Sequence[str]) -> pd.DataFrame:
+        """Per-query values of the attention metrics ``names``, wide, one row per
+        (window, layer_idx, head, position)."""
+        frames = []
+        heads = np.asarray(self.heads, dtype=np.int16)
+        for r in self._att:
+            pq = r["per_query"]
+            B, Hs, T = pq["dropped"].shape
+            idx = np.indices((B, Hs, T)).reshape(3, -1)
+            f = {"window": (r["base"] + idx[0]).astype(np.int32),
+                 "layer_idx": np.full(idx.shape[1], r["layer"], np.int16),
+                 "head": heads[idx[1]], "position": idx[2].astype(np.int32)}
+            for n in names:
+                if n in pq:
+                    f[n] = pq[n].reshape(-1).astype(np.float32)
+            frames.append(pd.DataFrame(f))
+        df = pd.concat(frames, ignore_index=True)
+        df["_distant_query"] = df["position"].to_numpy() >= self.config.window
+        return df
+
+    def _coverage_tables(self) -> dict[str, pd.DataFrame]:
+        pats = [p for p in M.COVERAGE_PATTERNS if f"coverage_{p}" in self._att[0]["per_query"]]
+        q = self._query_frame([f"coverage_{p}" for p in pats])
+        keys = ["layer_idx", "head"]
+        rows = []
+        # pair counts pooled over windows, per layer
+        pairs: dict[int, dict[str, float]] = {}
+        for r in self._att:
+            d = pairs.setdefault(r["layer"], {})
+            for n, v in r["pairs"].items():
+                d[n] = d.get(n, 0) + float(v.sum())
+            d["_matched"] = d.get("_matched", []) + list(r["matched"])
+        long = []
+        for p in pats:
+            col = f"coverage_{p}"
+            g = q.groupby(keys)[col]
+            agg = g.agg(coverage="mean", min_coverage="min", queries="size").reset_index()
+            agg["p10_coverage"] = g.quantile(0.1).to_numpy()
+            dq = q[q["_distant_query"]].groupby(keys)[col].mean()
+            agg["coverage_distant_queries"] = dq.reindex(pd.MultiIndex.from_frame(agg[keys])).to_numpy()
+            agg.insert(2, "pattern", p)
+            pc = {l: d for l, d in pairs.items()}
+            agg["density"] = agg["layer_idx"].map(lambda l: pc[l][p] / pc[l]["causal"])
+            agg["distant_density"] = agg["layer_idx"].map(
+                lambda l: (pc[l][p] - pc[l]["local"]) / max(pc[l]["causal"] - pc[l]["local"], 1))
+            agg["window_width"] = agg["layer_idx"].map(
+                lambda l: float(np.mean(pc[l]["_matched"])) if p == "window_matched" else float(self.config.window))
+            rows.append(agg)
+            if self.options.per_query:
+                lq = q[["window", "layer_idx", "head", "position"]].copy()
+                lq["pattern"] = p
+                lq["coverage"] = q[col].to_numpy()
+                long.append(lq)
+        cov = pd.concat(rows, ignore_index=True)[
+            ["layer_idx", "head", "pattern", "coverage", "min_coverage", "p10_coverage",
+             "coverage_distant_queries", "density", "distant_density", "window_width", "queries"]]
+        cov["pattern"] = cov["pattern"].astype(str)
+        out = {"coverage": _typed(cov.sort_values(["layer_idx", "head", "pattern"]).reset_index(drop=True))}
+        if long:
+            out["coverage_query"] = _typed(pd.concat(long, ignore_index=True))
+        # distance buckets: sums over queries and windows
+        drow = []
+        heads = self.heads
+        acc: dict[tuple, list] = {}
+        for r in self._att:
+            e = r["edges_d"]
+            nq = r["bucket_mass"].shape[0] * r["T"]
+            for hi_, h in enumerate(heads):
+                for m in range(len(e) - 1):
+                    key = (r["layer"], h, e[m], e[m + 1])
+                    a = acc.setdefault(key, {"mass": 0.0, "queries": 0, **{p: 0.0 for p in pats}})
+                    a["mass"] += float(r["bucket_mass"][:, hi_, m].sum())
+                    a["queries"] += nq
+                    for p in pats:
+                        a[p] += float(r["bucket_kept"][p][:, hi_, m].sum())
+        for (layer, h, lo, hi), a in sorted(acc.items()):
+            for p in pats:
+                drow.append({"layer_idx": layer, "head": h, "pattern": p, "distance_lo": lo,
+                             "distance_hi": hi,
+                             "coverage": a[p] / a["mass"] if a["mass"] > 0 else float("nan"),
+                             "mass": a["mass"] / a["queries"], "kept_mass": a[p] / a["queries"],
+                             "queries": a["queries"]})
+        out["coverage_distance"] = _typed(pd.DataFrame(drow, columns=[
+            "layer_idx", "head", "pattern", "distance_lo", "distance_hi", "coverage", "mass", "kept_mass",
+            "queries"]))
+        return out
+
+    _CROSS = ["dropped", "dense_distant", "sink_mass", "sink_dropped", "soft_distant", "soft_crossing",
+              "soft_crossing_expected"]
+    _CROSS_OUT = {"dropped": "dense_dropped", "dense_distant": "dense_distant", "sink_mass": "dense_sink_mass",
+                  "sink_dropped": "dense_sink_dropped", "soft_distant": "soft_distant",
+                  "soft_crossing": "soft_crossing", "soft_crossing_expected": "soft_crossing_expected"}
+
+    def _crossing_tables(self) -> dict[str, pd.DataFrame]:
+        q = self._query_frame(self._CROSS).rename(columns=self._CROSS_OUT)
+        cols = [self._CROSS_OUT[c] for c in self._CROSS if self._CROSS_OUT[c] in q.columns]
+        agg = q.groupby(["layer_idx", "head"])[cols].mean()
+        agg["dense_dropped_distant_queries"] = q[q["_distant_query"]].groupby(["layer_idx", "head"])[
+            "dense_dropped"].mean()
+        if "soft_crossing" in q.columns:
+            agg["soft_crossing_distant_queries"] = q[q["_distant_query"]].groupby(["layer_idx", "head"])[
+                "soft_crossing"].mean()
+        agg["queries"] = q.groupby(["layer_idx", "head"]).size()
+        out = {"crossing": _typed(agg.reset_index())}
+        if self.options.per_query:
+            out["crossing_query"] = _typed(q.drop(columns=["_distant_query"]))
+        return out
+
+    def _edges_table(self, tokens, pos) -> pd.DataFrame:
+        cols = ["window", "layer_idx", "head", "query_position", "key_position", "distance", "weight",
+                "soft_weight", "query_group", "key_group", "key_is_sink", "query_token", "key_token",
+                "relation"]
+        if not self._edges:
+            return pd.DataFrame({c: pd.Series(dtype=object if c in ("query_token", "key_token", "relation")
+                                              else np.float32) for c in cols})
+        df = pd.DataFrame({k: np.concatenate([e[k] for e in self._edges]) for k in self._edges[0]})
+        df = df.sort_values(["window", "layer_idx", "head", "query_position", "key_position"],
+                            kind="stable").reset_index(drop=True)
+        if tokens is not None:
+            t = tokens.set_index(["window", "position"])["token"]
+            df["query_token"] = t.reindex(pd.MultiIndex.from_arrays([df["window"], df["query_position"]])).to_numpy()
+            df["key_token"] = t.reindex(pd.MultiIndex.from_arrays([df["window"], df["key_position"]])).to_numpy()
+        else:
+            df["query_token"] = ""
+            df["key_token"] = ""
+        df["relation"] = ""
+        if pos is not None:
+            from .linguistics import relations_for_pairs
+            rel = np.empty(len(df), dtype=object)
+            for w, idx in df.groupby("window").indices.items():
+                pw = pos[pos["window"] == w].sort_values("position").reset_index(drop=True)
+                if len(pw) == 0:
+                    continue
+                r = relations_for_pairs(pw, df["query_position"].to_numpy()[idx],
+                                        df["key_position"].to_numpy()[idx])
+                rel[idx] = [x or "" for x in r]
+            df["relation"] = np.where(pd.isna(rel), "", rel).astype(object)
+        return df[cols]
+
+    def _patterns_table(self) -> pd.DataFrame:
+        frames = []
+        for r in self._patterns:
+            B, T, _ = r["dense"].shape
+            i, j = np.tril_indices(T)
+            for b in range(B):
+                frames.append(pd.DataFrame({
+                    "window": np.full(len(i), r["base"] + b, np.int32),
+                    "layer_idx": np.full(len(i), r["layer"], np.int16),
+                    "head": np.full(len(i), r["head"], np.int16),
+                    "query_position": i.astype(np.int32), "key_position": j.astype(np.int32),
+                    "dense_weight": r["dense"][b][i, j].astype(np.float32),
+                    "soft_weight": (r["soft"][b][i, j] if "soft" in r else np.full(len(i), np.nan)).astype(np.float32),
+                    "kept": r["kept"][b][i, j]}))
+        return pd.concat(frames, ignore_index=True)
+
+    def _linguistics_tables(self, tokens, pos) -> dict[str, pd.DataFrame]:
+        K = self.config.num_groups
+        p = pos.set_index(["window", "position"])
+        cont, scores, labels = [], [], []
+        tok = tokens.set_index(["window", "position"])["token"] if tokens is not None else None
+        for layer, parts in sorted(self._ling.items()):
+            parts = sorted(parts, key=lambda r: r["base"])
+            win, position, focus, rand, hs = [], [], [], [], []
+            for r in parts:
+                B, T = r["key_group"].shape
+                for b in range(B):
+                    win.append(np.full(T, r["base"] + b))
+                    position.append(np.arange(T))
+                    focus.append(r["key_group"][b])
+                    rand.append(r["random"][b])
+                    if r["h"] is not None:
+                        hs.append(r["h"][b])
+            idx = pd.MultiIndex.from_arrays([np.concatenate(win), np.concatenate(position)])
+            assignments = {"focus": np.concatenate(focus), "random": np.concatenate(rand)}
+            if hs and len(hs) == len(win):
+                assignments["kmeans"] = M.kmeans_groups(np.concatenate(hs).astype(np.float32), K,
+                                                        seed=self.config.seed)
+            upos = p["pos"].reindex(idx).fillna("").to_numpy()
+            dep = p["dep"].reindex(idx).fillna("").to_numpy()
+            aligned = upos != ""
+            tk = tok.reindex(idx).fillna("").to_numpy() if tok is not None else None
+            for name, groups in assignments.items():
+                g = groups[aligned]
+                ct = M.contingency(g, upos[aligned])
+                ct.insert(0, "assignment", name)
+                ct.insert(0, "layer_idx", layer)
+                cont.append(ct)
+                for kind, lab in (("pos", upos[aligned]), ("dep", dep[aligned])):
+                    scores.append({"layer_idx": layer, "assignment": name, "labels": kind,
+                                   **M.cluster_scores(g, lab), "tokens": int(aligned.sum()),
+                                   "groups_used": int(len(np.unique(g)))})
+                dom_pos = M.dominant_labels(ct)
+                dom_dep = M.dominant_labels(M.contingency(g, dep[aligned]))
+                n = max(int(aligned.sum()), 1)
+                for grp in range(K):
+                    sel = g == grp
+                    dp, dd = dom_pos.get(grp, []), dom_dep.get(grp, [])
+                    top_tok = []
+                    if tk is not None:
+                        top_tok = pd.Series(tk[aligned][sel]).value_counts().head(5).index.tolist()
+                    labels.append({
+                        "layer_idx": layer, "assignment": name, "group": grp, "tokens": int(sel.sum()),
+                        "share": float(sel.sum() / n),
+                        "label": " / ".join(f"{l} {s:.0%}" for l, s in dp) if dp else "(empty)",
+                        "top_pos": dp[0][0] if dp else "", "top_pos_share": dp[0][1] if dp else float("nan"),
+                        "top_dep": dd[0][0] if dd else "", "top_dep_share": dd[0][1] if dd else float("nan"),
+                        "top_tokens": [str(x) for x in top_tok]})
+        contab = pd.concat(cont, ignore_index=True).rename(columns={"label": "pos", "share_of_label": "share_of_pos"})
+        return {"pos_contingency": _typed(contab),
+                "linguistic_scores": _typed(pd.DataFrame(scores)),
+                "group_labels": _typed(pd.DataFrame(labels))}
+
+
+def _typed(df: pd.DataFrame) -> pd.DataFrame:
+    """Compact dtypes: layer/head/group int16, window/position int32, floats float32."""
+    df = df.copy()
+    for c in df.columns:
+        if c in ("layer_idx", "head", "group"):
+            df[c] = df[c].astype(np.int16)
+        elif c in ("window", "position", "query_position", "key_position", "distance", "distance_lo",
+                   "distance_hi"):
+            df[c] = df[c].astype(np.int32)
+        elif df[c].dtype == np.float64:
+            df[c] = df[c].astype(np.float32)
+    return df
+
+
+@contextlib.contextmanager
+def record(model, metrics: Sequence[str] = ALL_METRICS, layers: Sequence[int] | None = None,
+           heads: Sequence[int] | None = None, patterns: Sequence[tuple[int, int]] = (),
+           **options) -> Iterator[Recording]:
+    """Record Focus metrics of every forward run inside the block.
+
+    Args:
+        model: a model with Focus attached (any mode: dense / window / soft / hard; in dense and
+            window modes the routers are run by the recorder on the captured input).
+        metrics: subset of ``ALL_METRICS`` (default all).
+        layers: layers to record (default every routed layer); heads: query heads (default all).
+        patterns: (layer, head) pairs whose full T x T maps are kept (``patterns`` table).
+        **options: further ``RecordOptions`` fields (edge_threshold, edge_top_n, edge_min_weight,
+            sink_tokens, per_query, chunk_elements).
+    Yields:
+        a ``Recording``; call ``.tables()`` after the forwards.
+
+    Hooks are removed on exit, also when the block raises. Call the model with
+    ``use_cache=False`` (decode steps are skipped). Padding is not supported: record
+    unpadded sequences (a batch of equal-length windows is fine).
+    """
+    opts = RecordOptions(metrics=tuple(metrics), layers=list(layers) if layers is not None else None,
+                         heads=list(heads) if heads is not None else None, patterns=list(patterns),
+                         **options)
+    rec = Recording(model, opts)
+    removers = []
+    try:
+        for layer, module in rec.modules.items():
+            removers.append(module.register_forward_pre_hook(rec._capture(layer), with_kwargs=True).remove)
+        removers.append(add_observer(model, rec._observe, rec.layers))
+        yield rec
+    finally:
+        for r in reversed(removers):
+            r()
+        rec._h.clear()
+
+
+# --------------------------------------------------------------------------------------------
+# compatibility helper and the run directory
+
 @torch.no_grad()
 def assignments_for_window(model, input_ids: torch.Tensor) -> pd.DataFrame:
     """One forward of ``input_ids: (T,)``; returns the assignments table of that window.
@@ -53,43 +616,16 @@ def assignments_for_window(model, input_ids: torch.Tensor) -> pd.DataFrame:
     best first), prob (Sinkhorn probability of ``group``), margin (top-1 minus top-2 score in
     logit units, group bias included), scores (list of K raw router scores).
     """
-    cfg = focus_config(model)
-    got: dict[int, tuple] = {}
-
-    def observe(module, q, k, v, routing, bias, out):
-        if routing is not None:
-            got[module.focus_router.layer_idx] = (routing, module.focus_router.group_bias.clone())
-
-    remove = add_observer(model, observe)
-    try:
+    with record(model, metrics=["assignments"]) as rec:
         model(input_ids=input_ids[None], use_cache=False)
-    finally:
-        remove()
-    frames = []
-    T = input_ids.shape[0]
-    for layer_idx, (routing, gbias) in sorted(got.items()):
-        scores = routing.scores[0].float()  # (T, K)
-        log_p = routing.log_p[0] if routing.log_p is not None else \
-            sinkhorn(routing.scores, cfg.tau, cfg.sinkhorn_iters)[0][0]  # (T, K)
-        group = routing.key_group[0]  # (T,)
-        a = scores / cfg.tau + gbias  # (T, K)
-        top2 = a.topk(min(2, a.shape[-1]), dim=-1).values
-        margin = (top2[:, 0] - top2[:, 1]) if a.shape[-1] > 1 else torch.full((T,), float("inf"))
-        frames.append(pd.DataFrame({
-            "position": np.arange(T, dtype=np.int32),
-            "layer_idx": np.full(T, layer_idx, dtype=np.int16),
-            "group": group.numpy().astype(np.int16),
-            "top_k_groups": list(routing.query_groups[0].numpy().astype(np.int16)),
-            "prob": log_p.exp().gather(1, group[:, None])[:, 0].numpy().astype(np.float32),
-            "margin": margin.numpy().astype(np.float32),
-            "scores": list(scores.numpy().astype(np.float32)),
-        }))
-    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    return rec.tables()["assignments"].drop(columns=["window"])
 
 
 def record_run(model, tokenizer, windows: list, texts: dict[str, str], out_dir: str | Path,
                meta: dict | None = None, with_pos: bool = True, extra_tables: dict | None = None,
-               progress: bool = True) -> Path:
+               progress: bool = True, metrics: Sequence[str] = ALL_METRICS,
+               layers: Sequence[int] | None = None, heads: Sequence[int] | None = None,
+               patterns: Sequence[tuple[int, int]] = (), **options) -> Path:
     """Record ``windows`` (Focus attached, in the mode of its config) into a run directory.
 
     Args:
@@ -97,42 +633,48 @@ def record_run(model, tokenizer, windows: list, texts: dict[str, str], out_dir: 
         texts: {document name: full text}, to resolve offsets.
         out_dir: the run directory to create (replaced if it exists, atomically).
         meta: provenance merged into the manifest (corpus, router file, command, ...).
-        with_pos: join spaCy POS / dependency labels (needs the spaCy pipeline).
+        with_pos: join spaCy POS / dependency labels (needs the spaCy pipeline); the
+            linguistics tables and the relations of dropped edges need it.
         extra_tables: {name: DataFrame} written as additional tables (eval, train_log).
+        metrics, layers, heads, patterns, **options: as for ``record``.
     Returns:
         the run directory path.
     """
     out_dir = Path(out_dir)
     cfg = focus_config(model)
-    tok_frames, asg_frames, pos_frames = [], [], []
+    tok_frames, pos_frames = [], []
     pos_table = None
     if with_pos:
         from .linguistics import load_spacy, pos_table
         load_spacy()  # fail early with a clear message
-    for w_idx, w in enumerate(tqdm(windows, desc="record", disable=not progress, dynamic_ncols=True)):
-        text = texts[w.doc]
-        ids = w.input_ids
-        offs = np.asarray(w.offsets, dtype=np.int64)
-        tok_frames.append(pd.DataFrame({
-            "window": np.full(len(ids), w_idx, dtype=np.int32),
-            "position": np.arange(len(ids), dtype=np.int32),
-            "doc": w.doc,
-            "token_id": ids.numpy().astype(np.int64),
-            "token": [tokenizer.decode([int(i)]) for i in ids],
-            "char_start": offs[:, 0], "char_end": offs[:, 1],
-        }))
-        a = assignments_for_window(model, ids)
-        a.insert(0, "window", np.int32(w_idx))
-        asg_frames.append(a)
-        if pos_table is not None:
-            p = pos_table(text, offs)
-            p.insert(0, "window", np.int32(w_idx))
-            pos_frames.append(p)
-    tables = {"tokens": pd.concat(tok_frames, ignore_index=True),
-              "assignments": pd.concat(asg_frames, ignore_index=True)}
+    with record(model, metrics=metrics, layers=layers, heads=heads, patterns=patterns, **options) as rec:
+        for w_idx, w in enumerate(tqdm(windows, desc="record", disable=not progress, dynamic_ncols=True)):
+            ids = w.input_ids
+            offs = np.asarray(w.offsets, dtype=np.int64)
+            tok_frames.append(pd.DataFrame({
+                "window": np.full(len(ids), w_idx, dtype=np.int32),
+                "position": np.arange(len(ids), dtype=np.int32),
+                "doc": w.doc,
+                "token_id": ids.numpy().astype(np.int64),
+                "token": [tokenizer.decode([int(i)]) for i in ids],
+                "char_start": offs[:, 0], "char_end": offs[:, 1],
+            }))
+            with torch.no_grad():
+                model(input_ids=ids[None], use_cache=False)
+            if pos_table is not None:
+                p = pos_table(texts[w.doc], offs)
+                p.insert(0, "window", np.int32(w_idx))
+                pos_frames.append(p)
+    tables = {"tokens": pd.concat(tok_frames, ignore_index=True)}
     if pos_frames:
         tables["pos"] = pd.concat(pos_frames, ignore_index=True)
+    tables.update(rec.tables(tokens=tables["tokens"], pos=tables.get("pos")))
     tables.update(extra_tables or {})
+    opts = asdict(rec.options)
+    opts.update(layers=rec.layers, heads=rec.heads, mode=cfg.mode,
+                distance_edges=M.distance_edges(int(windows[0].input_ids.shape[0]), cfg.window) if windows else [],
+                matched_window={str(l): float(np.mean([v for (w, ll), v in rec.matched_windows.items() if ll == l]))
+                                for l in rec.layers if any(ll == l for (_, ll) in rec.matched_windows)})
     manifest = {
         "schema_version": SCHEMA_VERSION,
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
@@ -145,6 +687,7 @@ def record_run(model, tokenizer, windows: list, texts: dict[str, str], out_dir: 
         "documents": sorted({w.doc for w in windows}),
         "packages": package_versions(),
         "command": " ".join(sys.argv),
+        "recorder": opts,
         "tables": sorted(tables),
         **(meta or {}),
     }
@@ -152,6 +695,16 @@ def record_run(model, tokenizer, windows: list, texts: dict[str, str], out_dir: 
         tmp.mkdir()
         for name, df in tables.items():
             df.to_parquet(tmp / f"{name}.parquet", index=False)
-        import json
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True, default=str))
     return out_dir
+
+
+class _CallableModule(types.ModuleType):
+    """``focus_lab.record(model, ...)`` calls ``record``, while ``focus_lab.record.record_run``
+    and ``import focus_lab.record`` keep working (no function shadows the module)."""
+
+    def __call__(self, *args, **kwargs):
+        return record(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule
