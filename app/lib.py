@@ -37,6 +37,11 @@ POS_COLORS = {"NOUN": "#4e79a7", "PROPN": "#1f4e79", "VERB": "#e15759", "AUX": "
               "SCONJ": "#9d7660", "PART": "#bab0ac", "NUM": "#76b7b2", "INTJ": "#d37295", "PUNCT": "#79706e",
               "SYM": "#a0a0a0", "X": "#c0c0c0", "SPACE": "#e0e0e0", "(none)": "#e8e8e8"}
 
+#: Readable names of the recorder's balance columns (``<name>_share``; metrics.group_shares).
+BALANCE_METHOD_NAMES = {"hard": "hard (causal top-1, the mask's key groups)", "soft": "Sinkhorn soft",
+                        "softmax": "plain softmax (soft)", "sinkhorn_hard": "Sinkhorn argmax",
+                        "softmax_hard": "plain softmax argmax"}
+
 
 # -------------------------------------------------------------------------------------------
 # runs root and selection

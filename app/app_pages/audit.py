@@ -33,7 +33,7 @@ def normalize(df: pd.DataFrame, tokens: pd.DataFrame) -> pd.DataFrame:
         "key_position"]
     out["relation"] = (df[rel].fillna("").astype(str).replace({"": NONE_REL, "None": NONE_REL})
                        if rel else NONE_REL)
-    for c in ("query_group", "key_group"):
+    for c in ("query_group", "key_group", "soft_weight", "key_is_sink"):
         if c in df.columns:
             out[c] = df[c]
     disp = tokens.set_index(["window", "position"])["display"]
@@ -116,7 +116,12 @@ def page() -> None:
     if edges.empty:
         st.success("The recorded run has no dropped edge above the recorder's threshold.")
         return
-    st.caption(f"{len(edges):,} dropped edges recorded")
+    rec = run.manifest.get("recorder") or {}
+    how = ""
+    if "edge_threshold" in rec:
+        how = (f" (dense weight > {rec['edge_threshold']}, plus each query's top {rec.get('edge_top_n', 0)} "
+               f"above {rec.get('edge_min_weight', 0)})")
+    st.caption(f"{len(edges):,} dropped edges recorded{how}")
 
     c1, c2, c3 = st.columns(3)
     layers = sorted(edges["layer"].unique().tolist())
@@ -137,6 +142,8 @@ def page() -> None:
     with c3:
         sel_rels = st.multiselect("Relations", rels, default=[], key="audit_relations", placeholder="all relations")
         only_rel = st.checkbox("only edges with a spaCy relation", key="audit_only_rel")
+        no_sink = st.checkbox("hide edges to sink tokens", key="audit_no_sink", disabled="key_is_sink" not in edges,
+                              help="keys among the first positions (attention sinks, PAPER.md §6)")
 
     f = edges
     if sel_layers:
@@ -148,6 +155,8 @@ def page() -> None:
         f = f[f["relation"].isin(sel_rels)]
     if only_rel:
         f = f[f["relation"] != NONE_REL]
+    if no_sink and "key_is_sink" in f.columns:
+        f = f[~f["key_is_sink"].astype(bool)]
     st.metric("edges matching the filters", f"{len(f):,}", delta=f"of {len(edges):,}", delta_color="off")
     if f.empty:
         st.warning("No dropped edge matches these filters.")
@@ -174,7 +183,8 @@ def page() -> None:
 
     st.subheader("Dropped edges")
     cols = ["window", "layer", "head", "query_position", "query_token", "key_position", "key_token", "distance",
-            "weight", "relation"] + [c for c in ("query_group", "key_group") if c in f.columns]
+            "weight", "relation"] + [c for c in ("soft_weight", "query_group", "key_group", "key_is_sink")
+                                  if c in f.columns]
     table = f.sort_values("weight", ascending=False)[cols]
     st.dataframe(table, hide_index=True, width="stretch", height=360,
                  column_config={"weight": st.column_config.NumberColumn(format="%.4f")})

@@ -9,6 +9,9 @@ import streamlit as st
 
 import lib
 
+METHOD_NAMES = lib.BALANCE_METHOD_NAMES
+#: Columns that are not a partition of the tokens (they do not sum to 1 over groups).
+NOT_PARTITION = {"query"}
 METHOD_COLS = ("method", "kind", "variant", "normalization", "routing", "source")
 SHARE_COLS = ("share", "load", "group_share", "mass")
 
@@ -31,6 +34,8 @@ def recorded_shares(bal: pd.DataFrame) -> pd.DataFrame | None:
             return None
         out = bal[[layer, group, method, share]].rename(columns={method: "method", share: "share"})
     out = out.rename(columns={layer: "layer_idx", group: "group"})
+    out = out[~out["method"].isin(NOT_PARTITION)]
+    out["method"] = out["method"].map(lambda m: METHOD_NAMES.get(m, m))
     return out.groupby(["layer_idx", "group", "method"], as_index=False)["share"].mean()
 
 
@@ -62,8 +67,8 @@ def page() -> None:
         shares = rec
         source = "recorded balance table"
     else:
-        shares = pd.concat([hard.assign(method="hard"),
-                            lib.softmax_shares(asg, tau).assign(method="softmax (derived from scores)")])
+        shares = pd.concat([hard.assign(method=METHOD_NAMES["hard"]),
+                            lib.softmax_shares(asg, tau).assign(method=METHOD_NAMES["softmax"])])
         source = "derived from the assignments table (hard groups; softmax(scores / tau))"
         if run.has("balance"):
             st.warning("The balance table has a layout this page does not know; showing shares derived from "
@@ -87,6 +92,23 @@ def page() -> None:
     summary.columns = [f"largest share: {c}" for c in summary.columns]
     st.dataframe(summary.reset_index().rename(columns={"layer_idx": "layer"}), hide_index=True,
                  width="stretch")
+    if run.has("balance_layer"):
+        bl = run.table("balance_layer")
+        keys = [c for c in ("layer_idx", "assignment") if c in bl.columns]
+        stats = [c for c in ("soft_largest_share", "hard_largest_share", "soft_entropy", "hard_entropy",
+                             "empty_groups", "marginal_error") if c in bl.columns]
+        if len(keys) == 2 and stats:
+            agg = bl.groupby(keys, as_index=False)[stats].mean()
+            if "hard_entropy" in agg.columns:
+                fig = px.line(agg, x="layer_idx", y="hard_entropy", color="assignment", markers=True,
+                              title="balance per layer: normalized entropy of the hard load (1 = uniform, "
+                                    "0 = one group), mean over windows")
+                fig.update_layout(height=320, margin=dict(l=10, r=10, t=40, b=10), xaxis_title="layer",
+                                  yaxis_range=[0, 1.02])
+                st.plotly_chart(fig, width="stretch")
+            st.caption("per layer and assignment, mean over windows: largest share, entropy / log K, empty "
+                       "groups, Sinkhorn marginal error after the configured iterations")
+            st.dataframe(agg.rename(columns={"layer_idx": "layer"}), hide_index=True, width="stretch")
     if run.has("balance"):
         with st.expander("recorded balance table"):
             st.dataframe(run.table("balance"), hide_index=True, width="stretch")

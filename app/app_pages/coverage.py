@@ -42,6 +42,33 @@ def wmean(g: pd.DataFrame) -> float:
     return float(g["coverage"].mean())
 
 
+CROSSING = {"dense_dropped": "dense mass the hard mask drops", "dense_distant": "dense mass on distant keys (d >= w)",
+            "dense_sink_mass": "dense mass on sink tokens", "dense_sink_dropped": "dense sink mass dropped",
+            "soft_crossing": "Focus-soft mass on distant keys of other groups",
+            "soft_crossing_expected": "Focus-soft mass across soft groups (1 - p_i.p_j)"}
+
+
+def crossing_section(run: lib.RunView) -> None:
+    st.subheader("Crossing mass")
+    if not run.has("crossing"):
+        st.info(f"This run has no **crossing** table (mass across group boundaries); {lib.RECORD_HINT}.")
+        return
+    cr = run.table("crossing")
+    layer = lib.col(cr, "layer_idx", "layer")
+    cols = [c for c in CROSSING if c in cr.columns]
+    if not cols:
+        st.dataframe(cr, hide_index=True)
+        return
+    per_layer = cr.groupby(layer, as_index=False)[cols].mean().rename(columns={layer: "layer"})
+    long = per_layer.melt(id_vars="layer", var_name="metric", value_name="mass")
+    long["metric"] = long["metric"].map(CROSSING)
+    fig = px.line(long, x="layer", y="mass", color="metric", markers=True,
+                  title="mass per query crossing group boundaries, mean over heads and queries")
+    fig.update_layout(height=340, margin=dict(l=10, r=10, t=40, b=10))
+    st.plotly_chart(fig, width="stretch")
+    st.dataframe(per_layer, hide_index=True, width="stretch")
+
+
 def page() -> None:
     run = lib.current_run()
     st.title("Coverage")
@@ -76,6 +103,8 @@ def page() -> None:
     table = per_layer.pivot(index="layer_idx", columns="pattern", values="coverage").reset_index()
     st.dataframe(table.rename(columns={"layer_idx": "layer"}), hide_index=True, width="stretch")
     lib.download_csv(table, f"{run.name}-coverage.csv")
+
+    crossing_section(run)
 
     st.subheader("Coverage against distance")
     dist_name = next((t for t in DIST_TABLES if run.has(t)), None)

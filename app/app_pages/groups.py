@@ -17,15 +17,30 @@ EXAMPLES = 6
 TOP_TOKENS = 12
 
 
-def group_summary(lf: pd.DataFrame, num_groups: int) -> pd.DataFrame:
-    """One row per group of one layer: size, share, label (dominant POS), top tokens."""
+def recorded_labels(run: lib.RunView, layer: int) -> dict[int, str]:
+    """{group: label} from the recorder's group_labels table (Focus groups), if recorded."""
+    if not run.has("group_labels"):
+        return {}
+    gl = run.table("group_labels")
+    if "label" not in gl.columns:
+        return {}
+    sel = gl[gl[lib.col(gl, "layer_idx", "layer")] == layer]
+    if "assignment" in sel.columns:
+        sel = sel[sel["assignment"].astype(str) == "focus"]
+    return {int(g): str(l) for g, l in zip(sel["group"], sel["label"])}
+
+
+def group_summary(lf: pd.DataFrame, num_groups: int, labels: dict[int, str] | None = None) -> pd.DataFrame:
+    """One row per group of one layer: size, share, label (dominant POS: the recorder's
+    group_labels when present), top tokens."""
+    labels = labels or {}
     total = len(lf)
     rows = []
     for g in range(num_groups):
         sub = lf[lf["group"] == g]
         n = len(sub)
         pos = sub["pos"].value_counts(normalize=True)
-        label = ", ".join(f"{p} {v:.0%}" for p, v in pos.head(2).items()) if n else "(empty)"
+        label = labels.get(g) or (", ".join(f"{p} {v:.0%}" for p, v in pos.head(2).items()) if n else "(empty)")
         top = sub["display"].value_counts().head(TOP_TOKENS)
         rows.append({"group": g, "size": n, "share": n / total if total else 0.0, "label": label,
                      "top tokens": "  ".join(f"{t} ({c})" for t, c in top.items()),
@@ -35,8 +50,20 @@ def group_summary(lf: pd.DataFrame, num_groups: int) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def pos_composition(lf: pd.DataFrame) -> go.Figure:
-    comp = lf.groupby(["group", "pos"]).size().rename("tokens").reset_index()
+def pos_composition(lf: pd.DataFrame, run: lib.RunView, layer: int) -> go.Figure:
+    """Stacked POS shares per group: the recorder's pos_contingency when present, else counted
+    from the pos table."""
+    comp = None
+    if run.has("pos_contingency"):
+        pc = run.table("pos_contingency")
+        sel = pc[pc[lib.col(pc, "layer_idx", "layer")] == layer]
+        if "assignment" in sel.columns:
+            sel = sel[sel["assignment"].astype(str) == "focus"]
+        if len(sel) and {"group", "pos", "tokens"} <= set(sel.columns):
+            comp = sel[["group", "pos", "tokens"]].copy()
+            comp["pos"] = comp["pos"].fillna("").replace("", "(none)")
+    if comp is None:
+        comp = lf.groupby(["group", "pos"]).size().rename("tokens").reset_index()
     comp["fraction"] = comp["tokens"] / comp.groupby("group")["tokens"].transform("sum")
     comp["group"] = comp["group"].map(lambda g: f"g{g}")
     order = lib.pos_sorted(comp["pos"])
@@ -63,14 +90,14 @@ def page() -> None:
     layer = st.selectbox("Layer", layers, index=0, key="groups_layer")
     lf = lib.layer_frame(run, layer)
 
-    summary = group_summary(lf, K)
+    summary = group_summary(lf, K, recorded_labels(run, layer))
     st.subheader(f"Layer {layer}: {K} groups over {len(lf):,} tokens")
     st.dataframe(summary, hide_index=True, width="stretch",
                  column_config={"share": st.column_config.ProgressColumn("share", format="percent",
                                                                          min_value=0.0, max_value=1.0),
                                 "mean prob": st.column_config.NumberColumn(format="%.3f"),
                                 "mean margin": st.column_config.NumberColumn(format="%.2f")})
-    st.plotly_chart(pos_composition(lf), width="stretch")
+    st.plotly_chart(pos_composition(lf, run, layer), width="stretch")
 
     st.subheader("Inside each group")
     tokens = run.table("tokens")
@@ -99,6 +126,20 @@ def page() -> None:
                          f'{lib.render_context(tokens, r.window, r.position, color=lib.group_color(g) + "66")}'
                          f"</div>" for r in ex.itertuples(index=False)]
                 st.markdown("**Example contexts**\n\n" + "\n".join(lines), unsafe_allow_html=True)
+
+    if run.has("linguistic_scores"):
+        ls = run.table("linguistic_scores")
+        if {"nmi", "labels"} <= set(ls.columns):
+            ls = ls.rename(columns={"layer_idx": "layer"})
+            ls["groups"] = ls["assignment"].astype(str) if "assignment" in ls.columns else "focus"
+            fig = px.line(ls, x="layer", y="nmi", color="groups", line_dash="labels", markers=True,
+                          hover_data=[c for c in ("homogeneity", "completeness") if c in ls.columns],
+                          title="do groups follow POS / dependency labels? NMI per layer, Focus vs baselines")
+            fig.update_layout(height=320, margin=dict(l=10, r=10, t=40, b=10))
+            st.plotly_chart(fig, width="stretch")
+    else:
+        st.info("This run has no **linguistic_scores** table (NMI of groups vs POS, k-means and random "
+                f"baselines); {lib.RECORD_HINT}.")
 
     st.subheader("Where does a token go?")
     query = st.text_input("Token (exact, case-insensitive; surrounding spaces ignored)", key="groups_query")
