@@ -47,6 +47,11 @@ class FocusConfig:
             gradient is the soft gate's (a straight-through estimator; recipe (c) of issue 9).
         gumbel_noise: scale of Gumbel noise added to the router logits during training
             (Gumbel top-k; with straight_through, trains against sampled hard masks).
+        backend: how hard mode computes attention (PAPER.md §4): "auto" (the two-call
+            decomposition of focus_lab.decomposition with the best kernel present: flash-attn on
+            a GPU, else torch's CPU flash kernel), "torch" or "flash" (force that kernel), or
+            "dense" (the O(T^2) masked reference). All give the same outputs (max abs error
+            <= 1e-5 in fp32); other modes always use the dense reference.
     """
 
     num_groups: int = 4
@@ -65,6 +70,7 @@ class FocusConfig:
     sink_tokens: int = 0
     straight_through: bool = False
     gumbel_noise: float = 0.0
+    backend: str = "auto"
 
     def __post_init__(self) -> None:
         self.validate()
@@ -98,6 +104,8 @@ class FocusConfig:
             bad("sink_tokens", "need an integer >= 0 (0 keeps no sink tokens)")
         if not self.gumbel_noise >= 0:
             bad("gumbel_noise", "need a noise scale >= 0")
+        if self.backend not in ("auto", "dense", "torch", "flash"):
+            bad("backend", "choose one of auto, dense, torch, flash")
         if self.layers is not None:
             if not all(isinstance(i, int) and i >= 0 for i in self.layers):
                 bad("layers", "need a list of layer indices >= 0, or None for all layers")

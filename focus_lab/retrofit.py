@@ -24,6 +24,7 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from .config import FocusConfig
 from .core import Router, Routing, focus_bias, masked_attention, route
+from .decomposition import hard_focus_attention
 from .io import atomic_path
 
 ATTN_NAME = "focus"
@@ -83,7 +84,15 @@ def focus_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, v
         (attn_output (B, Tq, H, D), None).
     Raises:
         NotImplementedError: for logit soft-capping, or for a KV-cache decode step (Tq < Tk)
-            in soft/hard mode.
+            in soft mode.
+        RuntimeError: a hard-mode KV-cache step whose earlier tokens' key groups are unknown.
+
+    Hard mode uses ``decomposition.hard_focus_attention`` (two attention calls + LSE merge,
+    PAPER.md §4) unless ``config.backend == "dense"`` or the mask hides more than causality
+    (padding, a model's own sliding window): then the dense masked reference. With a KV cache,
+    a step's queries see their window plus the earlier keys of their groups: the key groups of
+    the tokens seen so far are kept on the module (``_focus_key_groups``, reset by every
+    forward that starts at position 0, i.e. Tq == Tk), since the router needs hidden states.
     """
     if kwargs.get("softcap") is not None:
         raise NotImplementedError("Focus does not support attention logit soft-capping yet "
@@ -99,18 +108,40 @@ def focus_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, v
     else:
         cfg = router.config
         if cfg.mode in ("soft", "hard"):
-            if Tq != Tk:
+            if Tq != Tk and cfg.mode == "soft":
                 raise NotImplementedError(
-                    "Focus soft/hard attention with a KV cache (decode steps) is not supported yet; "
-                    "call the model with use_cache=False")
+                    "Focus soft attention with a KV cache (decode steps) is not supported; "
+                    "call the model with use_cache=False, or use mode='hard'")
             if h is None:
                 raise RuntimeError("Focus router input was not captured: attach() the model again")
-            token_mask = keep.diagonal(dim1=1, dim2=2) if attention_mask is not None else None
+            token_mask = keep.diagonal(dim1=1, dim2=2, offset=Tk - Tq) if attention_mask is not None else None
             routing = route(router, h, token_mask)
             if router.training and routing.col_potential is not None:
                 router.update_bias(routing.col_potential)
+            if cfg.mode == "hard":  # key groups of every cached token (the router saw them earlier)
+                past = module.__dict__.get("_focus_key_groups") if Tq < Tk else None
+                if Tq < Tk and (past is None or past.shape != (B, Tk - Tq)):
+                    raise RuntimeError(
+                        f"hard-mode KV-cache step with {Tk - Tq} cached tokens, but this layer saw "
+                        f"{None if past is None else tuple(past.shape)} key groups: start generation "
+                        "with a forward from position 0 through the Focus-attached model")
+                kg = routing.key_group if past is None else torch.cat([past, routing.key_group], 1)
+                module.__dict__["_focus_key_groups"] = kg
+                routing = Routing(routing.scores, routing.log_p, routing.col_potential,
+                                  routing.query_groups, kg)
         q_pos = torch.arange(Tk - Tq, Tk, device=query.device)
         k_pos = torch.arange(Tk, device=query.device)
+        needs_grad = torch.is_grad_enabled() and (query.requires_grad or key.requires_grad)
+        if cfg.mode == "hard" and cfg.backend != "dense" and not needs_grad and \
+                (attention_mask is None or bool((keep.sum(-1) == q_pos + 1).all())):
+            out = hard_focus_attention(query, key, value, routing.query_groups, routing.key_group,
+                                       cfg.window, scaling, backend=cfg.backend, sinks=cfg.sink_tokens)
+            observers = module.__dict__.get("_focus_observers", ())
+            if observers:  # they get the same dense mask as on the reference path
+                bias = focus_bias(cfg, routing, q_pos, k_pos, B) & keep
+                for observer in observers:
+                    observer(module, query, key, value, routing, bias, out)
+            return out.transpose(1, 2).contiguous(), None
         fb = focus_bias(cfg, routing, q_pos, k_pos, B)  # (B, Tq, Tk)
         bias = fb & keep if fb.dtype == torch.bool else fb.masked_fill(~keep, float("-inf"))
     out = masked_attention(query, key, value, bias, scaling)  # (B, H, Tq, D)

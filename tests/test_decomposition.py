@@ -194,3 +194,89 @@ def test_errors():
         hard_focus_attention(q, torch.randn(1, 3, 10, 8), torch.randn(1, 3, 10, 8), g[..., None], g, 4)
     with pytest.raises(ValueError, match="long"):
         hard_focus_attention(q, k, v, g[..., None].int(), g, 4)
+
+
+# --------------------------------------------------------------------------------------------
+# the retrofit uses it (mode="hard"), and generation with a KV cache works in hard mode
+
+def _attached(family: str, **cfg):
+    import focus_lab
+    from conftest import FAMILIES
+    m = FAMILIES[family]()
+    focus_lab.attach(m, focus_lab.FocusConfig(**{"num_groups": 4, "top_k": 2, "window": 8,
+                                                 "mode": "hard", **cfg}))
+    return m
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_retrofit_fast_path_equals_dense(family):
+    from focus_lab.retrofit import set_config
+    m = _attached(family, sink_tokens=2)
+    ids = torch.randint(3, 97, (2, 70), generator=torch.Generator().manual_seed(0))
+    calls = []
+    import focus_lab.retrofit as rf
+    orig = rf.hard_focus_attention
+    rf.hard_focus_attention = lambda *a, **k: calls.append(1) or orig(*a, **k)
+    try:
+        with torch.no_grad():
+            fast = m(ids).logits
+            set_config(m, backend="dense")
+            dense = m(ids).logits
+    finally:
+        rf.hard_focus_attention = orig
+    assert calls, "hard mode did not use the decomposition"
+    assert (fast - dense).abs().max().item() <= 1e-5
+
+
+@pytest.mark.parametrize("family,backend", [("llama", "auto"), ("gpt2", "auto"), ("llama", "dense")])
+def test_hard_mode_kv_cache_equals_full_forward(family, backend):
+    """Prefill + chunk + single-token steps through the cache give the full forward's logits."""
+    from transformers import DynamicCache
+    m = _attached(family, backend=backend)
+    ids = torch.randint(3, 97, (1, 48), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        full = m(ids).logits
+        cache = DynamicCache(config=m.config)
+        parts = [m(ids[:, :30], past_key_values=cache, use_cache=True).logits,
+                 m(ids[:, 30:45], past_key_values=cache, use_cache=True).logits]
+        for t in range(45, 48):
+            parts.append(m(ids[:, t:t + 1], past_key_values=cache, use_cache=True).logits)
+        assert (torch.cat(parts, 1) - full).abs().max().item() <= 1e-5
+        gen = m.generate(ids[:, :20], max_new_tokens=4, do_sample=False)
+        again = m(gen).logits[0, 19:-1].argmax(-1)
+    assert torch.equal(again, gen[0, 20:])
+
+
+def test_padding_falls_back_to_dense():
+    from focus_lab.retrofit import set_config
+    m = _attached("llama")
+    ids = torch.randint(3, 97, (2, 40), generator=torch.Generator().manual_seed(2))
+    am = torch.ones(2, 40, dtype=torch.long)
+    am[1, :5] = 0
+    with torch.no_grad():
+        a = m(ids, attention_mask=am).logits
+        set_config(m, backend="dense")
+        b = m(ids, attention_mask=am).logits
+    assert torch.equal(a, b)
+
+
+def test_cache_step_without_prefill_history_raises():
+    from transformers import DynamicCache
+    m = _attached("llama")
+    ids = torch.randint(3, 97, (1, 20))
+    with torch.no_grad():
+        cache = DynamicCache(config=m.config)
+        m(ids, past_key_values=cache, use_cache=True)
+        for _, mod in __import__("focus_lab").retrofit.attention_modules(m):
+            mod.__dict__.pop("_focus_key_groups", None)
+        with pytest.raises(RuntimeError, match="key groups"):
+            m(ids[:, :1], past_key_values=cache, use_cache=True)
+
+
+def test_config_backend_field():
+    from focus_lab import ConfigError, FocusConfig
+    assert FocusConfig().backend == "auto"
+    for b in ("auto", "dense", "torch", "flash"):
+        assert FocusConfig(backend=b).backend == b
+    with pytest.raises(ConfigError, match="backend"):
+        FocusConfig(backend="cuda")
