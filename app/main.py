@@ -14,7 +14,7 @@ import streamlit as st
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import lib  # noqa: E402
 
-st.set_page_config(page_title="focus-lab", page_icon="🔎", layout="wide")
+st.set_page_config(page_title="focus-lab", page_icon=":material/center_focus_strong:", layout="wide")
 
 root = lib.parse_runs_root()
 st.session_state["_runs_root"] = root
@@ -41,12 +41,12 @@ with st.sidebar:
     st.caption(f"runs root: `{root}`")
 
 pages = [
-    st.Page("app_pages/groups.py", title="Groups", icon="🧩", default=True),
-    st.Page("app_pages/overview.py", title="Overview", icon="📋"),
-    st.Page("app_pages/balance.py", title="Balance", icon="⚖️"),
-    st.Page("app_pages/coverage.py", title="Coverage", icon="🎯"),
-    st.Page("app_pages/audit.py", title="Dependency audit", icon="🕸️"),
-    st.Page("app_pages/compare.py", title="Compare", icon="🆚"),
-    st.Page("app_pages/probe.py", title="Live probe", icon="🧪"),
+    st.Page("app_pages/groups.py", title="Groups", icon=":material/category:", default=True),
+    st.Page("app_pages/overview.py", title="Overview", icon=":material/dashboard:"),
+    st.Page("app_pages/balance.py", title="Balance", icon=":material/balance:"),
+    st.Page("app_pages/coverage.py", title="Coverage", icon=":material/track_changes:"),
+    st.Page("app_pages/audit.py", title="Dependency audit", icon=":material/link_off:"),
+    st.Page("app_pages/compare.py", title="Compare", icon=":material/compare_arrows:"),
+    st.Page("app_pages/probe.py", title="Live probe", icon=":material/science:"),
 ]
 st.navigation(pages).run()

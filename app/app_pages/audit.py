@@ -157,17 +157,14 @@ def page() -> None:
         f = f[f["relation"] != NONE_REL]
     if no_sink and "key_is_sink" in f.columns:
         f = f[~f["key_is_sink"].astype(bool)]
-    st.metric("edges matching the filters", f"{len(f):,}", delta=f"of {len(edges):,}", delta_color="off")
     if f.empty:
         st.warning("No dropped edge matches these filters.")
         return
-
-    by_rel = f.groupby("relation").agg(edges=("weight", "size"), mass=("weight", "sum")).reset_index()
-    by_rel = by_rel.sort_values("edges", ascending=False)
-    fig = px.bar(by_rel.head(25), x="relation", y="edges", hover_data=["mass"],
-                 title="dropped edges by spaCy relation (top 25)")
-    fig.update_layout(height=300, margin=dict(l=10, r=10, t=40, b=10))
-    st.plotly_chart(fig, width="stretch")
+    m = st.columns(4)
+    m[0].metric(f"edges matching the filters (of {len(edges):,})", f"{len(f):,}")
+    m[1].metric("dense weight dropped (sum)", f"{f['weight'].sum():.2f}")
+    m[2].metric("median distance", f"{int(f['distance'].median())}")
+    m[3].metric("with a spaCy relation", f"{(f['relation'] != NONE_REL).mean():.0%}")
 
     windows = sorted(f["window"].unique().tolist())
     counts = f["window"].value_counts()
@@ -180,6 +177,13 @@ def page() -> None:
                                                 f"(heaviest first), key ← query"), width="stretch")
     st.markdown(text_html(tokens_w, shown), unsafe_allow_html=True)
     st.caption("orange: keys of dropped edges, blue: their queries, violet: both")
+
+    by_rel = f.groupby("relation").agg(edges=("weight", "size"), mass=("weight", "sum")).reset_index()
+    by_rel = by_rel.sort_values("edges", ascending=False)
+    fig = px.bar(by_rel.head(25), x="relation", y="edges", hover_data=["mass"], log_y=True,
+                 title="dropped edges by spaCy relation (top 25, log scale)")
+    fig.update_layout(height=300, margin=dict(l=10, r=10, t=40, b=10))
+    st.plotly_chart(fig, width="stretch")
 
     st.subheader("Dropped edges")
     cols = ["window", "layer", "head", "query_position", "query_token", "key_position", "key_token", "distance",

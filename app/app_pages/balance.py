@@ -59,7 +59,7 @@ def page() -> None:
                                colorbar=dict(title="share", tickformat=".0%")))
     fig.update_layout(title="hard (top-1) group share per layer (white = 1/K)", xaxis_title="group",
                       yaxis_title="layer", height=min(160 + 18 * len(piv), 760),
-                      margin=dict(l=10, r=10, t=40, b=10), yaxis_autorange="reversed")
+                      margin=dict(l=10, r=10, t=40, b=10), yaxis_autorange="reversed", yaxis_type="category")
     st.plotly_chart(fig, width="stretch")
 
     rec = recorded_shares(run.table("balance")) if run.has("balance") else None
@@ -124,7 +124,7 @@ def page() -> None:
                                colorbar=dict(title="largest", tickformat=".0%")))
     fig.update_layout(title="largest group share per layer over training steps", xaxis_title="step",
                       yaxis_title="layer", height=min(160 + 16 * len(p), 700),
-                      margin=dict(l=10, r=10, t=40, b=10), yaxis_autorange="reversed")
+                      margin=dict(l=10, r=10, t=40, b=10), yaxis_autorange="reversed", yaxis_type="category")
     st.plotly_chart(fig, width="stretch")
     agg = log.groupby("step").agg(largest=("max_group_share", "max"), smallest=("min_group_share", "min"),
                                   mean_largest=("max_group_share", "mean")).reset_index()

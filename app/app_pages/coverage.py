@@ -91,7 +91,7 @@ def page() -> None:
                                colorbar=dict(title="coverage")))
     fig.update_layout(title=f"coverage of dense attention, {pattern} mask (layer x head)", xaxis_title="head",
                       yaxis_title="layer", height=min(180 + 18 * len(piv), 760),
-                      margin=dict(l=10, r=10, t=40, b=10), yaxis_autorange="reversed")
+                      margin=dict(l=10, r=10, t=40, b=10), yaxis_autorange="reversed", yaxis_type="category", xaxis_type="category")
     st.plotly_chart(fig, width="stretch")
 
     per_layer = cov.groupby(["layer_idx", "pattern"]).apply(wmean, include_groups=False).rename(

@@ -158,7 +158,7 @@ def page() -> None:
                             labels=dict(x="group", y="layer", color="occurrences"), text_auto=True,
                             aspect="auto", color_continuous_scale="Blues",
                             title=f"groups of {query.strip()!r} in every layer")
-            fig.update_layout(height=min(120 + 22 * len(tab), 800), margin=dict(l=10, r=10, t=40, b=10))
+            fig.update_layout(height=min(120 + 22 * len(tab), 800), margin=dict(l=10, r=10, t=40, b=10), yaxis_type="category")
             st.plotly_chart(fig, width="stretch")
             st.dataframe(tab.reset_index().rename(columns={"layer_idx": "layer"}), hide_index=True)
 
@@ -183,7 +183,7 @@ def page() -> None:
                                colorbar=dict(title="row share")))
     fig.update_layout(title=f"layer {from_layer} → layer {to_layer} (rows sum to 1; numbers: tokens)",
                       xaxis_title=f"group in layer {to_layer}", yaxis_title=f"group in layer {from_layer}",
-                      height=380, margin=dict(l=10, r=10, t=40, b=10), yaxis_autorange="reversed")
+                      height=380, margin=dict(l=10, r=10, t=40, b=10), yaxis_autorange="reversed", yaxis_type="category")
     st.plotly_chart(fig, width="stretch")
 
     from sklearn.metrics import normalized_mutual_info_score

@@ -1,0 +1,183 @@
+"""Real-browser test of the dashboard: `focus-lab app` on a free port, Debian Chromium driven by
+Playwright, every page visited; no exception element, plotly charts rendered, screenshots saved.
+
+Also a script for the screenshots of a real run (and each page's render time)::
+
+    python tests/test_browser.py --runs runs --run smollm2-austen --out docs/screenshots
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--no-first-run", "--disable-dev-shm-usage"]
+# (url path, title on the page, plotly charts expected at least)
+PAGES = [("groups", "", "Groups", 3), ("overview", "overview", "Overview", 2), ("balance", "balance", "Balance", 2),
+         ("coverage", "coverage", "Coverage", 2), ("audit", "audit", "Dependency audit", 2),
+         ("compare", "compare", "Compare", 1), ("probe", "probe", "Live probe", 1)]
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def dashboard(runs: Path, port: int | None = None, timeout: float = 90.0):
+    """`focus-lab app --runs <runs>` on 127.0.0.1; yields the base URL; always terminated."""
+    port = port or free_port()
+    env = {**os.environ, "STREAMLIT_SERVER_FILE_WATCHER_TYPE": "none", "STREAMLIT_SERVER_RUN_ON_SAVE": "false",
+           "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    log = open(Path(runs).parent / f"streamlit-{port}.log", "w")
+    proc = subprocess.Popen([sys.executable, "-m", "focus_lab", "app", "--runs", str(runs), "--host", "127.0.0.1",
+                             "--port", str(port)], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"the dashboard exited with {proc.returncode}; log: {log.name}")
+            try:
+                with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as r:
+                    if r.read().strip() == b"ok":
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the dashboard did not answer on {url} within {timeout:.0f} s; log: {log.name}")
+            time.sleep(0.3)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+        log.close()
+
+
+def wait_rendered(page, title: str, charts: int, timeout_ms: int = 90_000) -> None:
+    """Until the page's title shows, the script has finished and ``charts`` plotly charts drew."""
+    page.wait_for_selector(f'h1:has-text("{title}")', timeout=timeout_ms)
+    page.wait_for_function(
+        """(n) => !document.querySelector('[data-testid="stStatusWidget"]')
+                  && document.querySelectorAll('.js-plotly-plot .main-svg').length >= n""",
+        arg=charts, timeout=timeout_ms, polling=100)
+    page.wait_for_timeout(300)  # plotly's last layout pass
+
+
+def visit_all(url: str, run: str, out: Path, width: int = 1280, height: int = 800, click_probe: bool = True,
+              full_page: bool = False) -> dict[str, dict]:
+    """Visit every page of the dashboard for ``run``; screenshots into ``out``. Returns
+    {page: {seconds, charts, exceptions, errors}}; seconds from navigation until rendered
+    (the probe page: until the probe's chart rendered after the click, model load included)."""
+    from playwright.sync_api import sync_playwright
+    out.mkdir(parents=True, exist_ok=True)
+    results = {}
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        try:
+            ctx = browser.new_context(viewport={"width": width, "height": height})
+            page = ctx.new_page()
+            page.set_default_timeout(90_000)
+            # warm-up: first load of the app (imports, caches) is not a page's render time
+            page.goto(f"{url}/?run={run}", wait_until="domcontentloaded")
+            wait_rendered(page, "Groups", 1)
+            for name, path, title, charts in PAGES:
+                t0 = time.perf_counter()
+                page.goto(f"{url}/{path}?run={run}", wait_until="domcontentloaded")
+                if name == "probe":
+                    page.wait_for_selector('h1:has-text("Live probe")')
+                    if click_probe:
+                        page.get_by_role("button", name="Run probe").click()
+                        wait_rendered(page, title, charts, timeout_ms=240_000)
+                    else:
+                        wait_rendered(page, title, 0)
+                else:
+                    wait_rendered(page, title, charts)
+                seconds = time.perf_counter() - t0
+                shot = out / f"{name}.png"
+                page.screenshot(path=str(shot), full_page=full_page)
+                results[name] = {
+                    "seconds": round(seconds, 2),
+                    "charts": page.locator(".js-plotly-plot").count(),
+                    "exceptions": page.locator('[data-testid="stException"]').count(),
+                    "errors": [e.inner_text()[:200] for e in page.locator('[data-testid="stAlertContentError"]').all()],
+                    "screenshot": str(shot),
+                }
+        finally:
+            browser.close()
+    return results
+
+
+def _have_browser() -> str | None:
+    if not Path(CHROMIUM).is_file():
+        return f"{CHROMIUM} is missing (apt-get install chromium)"
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        return "playwright is not installed (pip install playwright)"
+    return None
+
+
+@pytest.mark.browser
+@pytest.mark.skipif(_have_browser() is not None, reason=str(_have_browser()))
+def test_every_page_renders_in_chromium(tmp_path):
+    sys.path.insert(0, str(HERE))
+    from run_fixtures import make_tiny_run
+    runs = tmp_path / "runs"
+    make_tiny_run(runs / "tiny")
+    make_tiny_run(runs / "tiny-k2", num_groups=2, top_k=1, seed=1)
+    shots = tmp_path / "screenshots"
+    with dashboard(runs) as url:
+        res = visit_all(url, "tiny", shots)
+    print(json.dumps(res, indent=1))
+    for name, _, _, charts in PAGES:
+        r = res[name]
+        assert r["exceptions"] == 0, (name, r)
+        assert not r["errors"], (name, r)
+        assert r["charts"] >= charts, (name, r)
+        assert (shots / f"{name}.png").stat().st_size > 5_000
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="screenshots and render times of every dashboard page")
+    ap.add_argument("--runs", type=Path, default=REPO / "runs")
+    ap.add_argument("--run", default="smollm2-austen")
+    ap.add_argument("--out", type=Path, default=REPO / "docs" / "screenshots")
+    ap.add_argument("--repeat", type=int, default=1, help="visits per page (render time: the median)")
+    ap.add_argument("--no-probe", action="store_true", help="do not press Run probe (no model load)")
+    a = ap.parse_args(argv)
+    runs = a.runs.resolve()
+    allres: list[dict] = []
+    with dashboard(runs) as url:
+        for i in range(a.repeat):
+            out = a.out if i == 0 else a.out.parent / f".{a.out.name}-{i}"
+            allres.append(visit_all(url, a.run, out, click_probe=not a.no_probe))
+    summary = {}
+    for name in allres[0]:
+        secs = sorted(r[name]["seconds"] for r in allres)
+        summary[name] = {**allres[0][name], "seconds_all": secs, "seconds_median": secs[len(secs) // 2]}
+    print(json.dumps(summary, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
