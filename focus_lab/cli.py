@@ -54,12 +54,18 @@ def _focus_cfg(num_groups, window, top_k, tau, sinkhorn_iters, router_dim, seed)
                        sinkhorn_iters=sinkhorn_iters, router_dim=router_dim, seed=seed)
 
 
-def _load(model_name, corpus, seq_len, heldout_only=False):
-    from .data import load_corpus, make_windows
+def _load(model_name, corpus, seq_len):
+    """(model, tokenizer, corpus, seq_len): seq_len is capped at the model's positions, said once."""
+    from .data import load_corpus
     from .models import load_model
     corp = load_corpus(corpus)
     model, tok = load_model(model_name)
-    return model, tok, corp
+    n_pos = getattr(model.config, "max_position_embeddings", None)
+    if n_pos and seq_len > n_pos:
+        typer.secho(f"note: --seq-len {seq_len} exceeds the model's {n_pos} positions; the text is "
+                    f"split into windows of {n_pos} tokens instead", fg=typer.colors.YELLOW, err=True)
+        seq_len = n_pos
+    return model, tok, corp, seq_len
 
 
 # ------------------------------------------------------------------------------------------
@@ -105,7 +111,7 @@ def train(
         fcfg = fcfg.replace(**{"sink_tokens": sink_tokens, **fchanges})
         tcfg = TrainConfig(steps=steps, seq_len=seq_len, batch_size=batch_size, lr=lr,
                            checkpoint_every=checkpoint_every, seed=seed, **tchanges)
-        m, tok, corp = _load(model, corpus, seq_len)
+        m, tok, corp, seq_len = _load(model, corpus, seq_len)
         windows = make_windows(corp.train, tok, seq_len)
         typer.echo(f"training routers on {len(windows)} windows of {seq_len} tokens "
                    f"({corp.name}: {', '.join(d.name for d in corp.train)})")
@@ -129,11 +135,12 @@ def eval_cmd(
 ):
     """Held-out perplexity: dense, sliding window, Focus soft, Focus hard top-1..K."""
     def run():
+        nonlocal seq_len
         from .data import make_windows
         from .evaluate import evaluate
         from .io import write_parquet
         from .retrofit import load_routers
-        m, tok, corp = _load(model, corpus, seq_len)
+        m, tok, corp, seq_len = _load(model, corpus, seq_len)
         load_routers(m, routers, config_overrides={"assignment": "random"} if random_groups else None)
         windows = make_windows(corp.heldout, tok, seq_len, max_windows=max_windows)
         typer.echo(f"evaluating on {len(windows)} held-out windows of {seq_len} tokens "
@@ -158,11 +165,12 @@ def record(
 ):
     """Record held-out text through Focus (hard mode) into a run directory."""
     def run():
+        nonlocal seq_len
         import pandas as pd
         from .data import make_windows
         from .record import file_sha256, record_run
         from .retrofit import load_routers, set_config
-        m, tok, corp = _load(model, corpus, seq_len)
+        m, tok, corp, seq_len = _load(model, corpus, seq_len)
         load_routers(m, routers)
         set_config(m, mode="hard")
         windows = make_windows(corp.heldout, tok, seq_len, max_windows=max_windows)

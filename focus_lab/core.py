@@ -59,8 +59,14 @@ class Router(nn.Module):
 
     @torch.no_grad()
     def update_bias(self, col_potential: torch.Tensor) -> None:
-        """EMA of Sinkhorn's column potentials. col_potential: (B, K) in logit units."""
+        """EMA of Sinkhorn's column potentials. col_potential: (B, K) in logit units.
+
+        Under torch.distributed the batch mean is averaged over ranks, so every rank keeps the
+        same bias, equal to a single process's on the same global batch."""
         v = col_potential.float().mean(0)
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.all_reduce(v)
+            v = v / torch.distributed.get_world_size()
         v = v - v.mean()
         m = self.config.bias_momentum
         self.group_bias.mul_(1 - m).add_(m * v)
@@ -207,6 +213,11 @@ def route(router: Router, h: torch.Tensor, token_mask: torch.Tensor | None = Non
     """
     cfg = config or router.config
     scores = router(h)  # (B, T, K)
+    if not torch.isfinite(scores).all():
+        raise FloatingPointError(
+            f"router scores of layer {router.layer_idx} contain NaN or inf: the layer's attention input "
+            "is not finite (a half-precision overflow? load the model with dtype=torch.float32) or the "
+            "router weights are corrupted (retrain or reload them)")
     if router.training and cfg.gumbel_noise > 0:  # Gumbel top-k: sample hard assignments
         u = torch.rand_like(scores).clamp(1e-9, 1 - 1e-9)
         scores = scores + cfg.tau * cfg.gumbel_noise * -torch.log(-torch.log(u))

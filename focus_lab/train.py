@@ -79,6 +79,29 @@ def _group_shares(key_group: torch.Tensor, num_groups: int) -> torch.Tensor:
     return counts / counts.sum()
 
 
+def distributed_context() -> tuple[int, int]:
+    """(rank, world_size); initializes torch.distributed when launched by torchrun
+    (gloo on CPU, nccl on GPU). (0, 1) otherwise."""
+    import os
+    import torch.distributed as dist
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return 0, 1
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    return dist.get_rank(), dist.get_world_size()
+
+
+def router_checksum(model) -> str:
+    """sha256 of every router tensor (parameters and group bias), in layer order."""
+    import hashlib
+    h = hashlib.sha256()
+    for i, r in sorted(routers(model).items()):
+        for t in (r.proj, r.centroids, r.group_bias):
+            h.update(t.detach().to("cpu", torch.float32).contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
 def train(model, windows: list, focus_cfg: FocusConfig, train_cfg: TrainConfig, out_dir: str | Path,
           resume: bool = False, progress: bool = True, meta: dict | None = None) -> TrainResult:
     """Train only the routers of ``model`` on ``windows`` (each with ``input_ids: (seq_len,)``).
@@ -91,12 +114,22 @@ def train(model, windows: list, focus_cfg: FocusConfig, train_cfg: TrainConfig, 
         meta: extra provenance (model name, corpus) written into train_config.json.
     Returns:
         TrainResult. Raises FileNotFoundError when ``resume`` finds no checkpoint.
+
+    Distributed: under ``torchrun --nproc_per_node=N`` the model is wrapped in PyTorch's
+    DistributedDataParallel; each rank takes every N-th window of the global batch
+    (``batch_size`` must be a multiple of N), gradients are averaged by DDP, the logged loss is
+    the all-reduced mean, and rank 0 alone writes files. ``ddp.json`` records each rank's
+    router checksum at the end (they must be identical).
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     ckpt = out / "checkpoint"
     if not windows:
         raise ValueError("no training windows: the corpus is shorter than one window; lower --seq-len")
+    rank, world = distributed_context()
+    if train_cfg.batch_size % world:
+        raise ValueError(f"batch_size={train_cfg.batch_size} is not a multiple of the {world} "
+                         "processes; choose a batch size divisible by --nproc_per_node")
     if not is_attached(model):
         attach(model, focus_cfg.replace(mode="soft"))
     else:
@@ -114,8 +147,9 @@ def train(model, windows: list, focus_cfg: FocusConfig, train_cfg: TrainConfig, 
         opt.load_state_dict(state["optimizer"])
         start = int(state["step"])
         log_rows = pd.read_parquet(ckpt / "train_log.parquet").to_dict("records")
-    write_json(out / "train_config.json", {"focus_config": focus_config(model).to_dict(),
-                                           "train_config": train_cfg.to_dict(), "meta": meta or {}})
+    if rank == 0:
+        write_json(out / "train_config.json", {"focus_config": focus_config(model).to_dict(),
+                   "train_config": train_cfg.to_dict(), "meta": meta or {}})
     torch.manual_seed(train_cfg.seed)
     if resume:
         torch.set_rng_state(state["rng"])
@@ -130,11 +164,16 @@ def train(model, windows: list, focus_cfg: FocusConfig, train_cfg: TrainConfig, 
         if routing is not None:
             shares[module.focus_router.layer_idx] = _group_shares(routing.key_group, K)
     remove = add_observer(model, observe)
+    forward = model
+    if world > 1:
+        import torch.distributed as dist
+        from torch.nn.parallel import DistributedDataParallel
+        forward = DistributedDataParallel(model, broadcast_buffers=False)  # group bias synced in update_bias
     n_params = sum(p.numel() for p in params)
     t_start = time.perf_counter()
     tokens_done = 0
     bar = tqdm(range(start, train_cfg.steps), initial=start, total=train_cfg.steps,
-               desc="train routers", disable=not progress, dynamic_ncols=True)
+               desc="train routers", disable=not progress or rank > 0, dynamic_ncols=True)
     try:
         for step in bar:
             t0 = time.perf_counter()
@@ -143,11 +182,15 @@ def train(model, windows: list, focus_cfg: FocusConfig, train_cfg: TrainConfig, 
             step_cfg = schedule_config(base_cfg, train_cfg, step)
             if step_cfg != focus_config(model):
                 set_config(model, **step_cfg.to_dict())
-            ids = batch_for_step(windows, step, train_cfg)
-            loss_t = model(input_ids=ids, labels=ids, use_cache=False).loss
+            ids = batch_for_step(windows, step, train_cfg)[rank::world]  # this rank's share
+            loss_t = forward(input_ids=ids, labels=ids, use_cache=False).loss
             opt.zero_grad(set_to_none=True)
             loss_t.backward()
-            loss = loss_t.item()
+            loss_d = loss_t.detach().clone()
+            if world > 1:
+                dist.all_reduce(loss_d)
+                loss_d /= world
+            loss = loss_d.item()
             opt.step()
             dt = time.perf_counter() - t0
             tokens_done += ids.numel()
@@ -157,7 +200,7 @@ def train(model, windows: list, focus_cfg: FocusConfig, train_cfg: TrainConfig, 
                                  "tokens_per_second": ids.numel() / dt,
                                  "max_group_share": float(s.max()), "min_group_share": float(s.min())})
             bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{ids.numel() / dt:.0f}")
-            if (step + 1) % train_cfg.checkpoint_every == 0 or step + 1 == train_cfg.steps:
+            if rank == 0 and ((step + 1) % train_cfg.checkpoint_every == 0 or step + 1 == train_cfg.steps):
                 _checkpoint(model, opt, step + 1, log_rows, ckpt)
     finally:
         set_config(model, **base_cfg.to_dict())
@@ -167,8 +210,16 @@ def train(model, windows: list, focus_cfg: FocusConfig, train_cfg: TrainConfig, 
     seconds = time.perf_counter() - t_start
     log = pd.DataFrame(log_rows)
     log["schema_version"] = TRAIN_LOG_SCHEMA
-    write_parquet(out / "train_log.parquet", log)
-    save_routers(model, out / "routers.safetensors", extra={"steps": train_cfg.steps, **(meta or {})})
+    if world > 1:
+        sums = [None] * world
+        dist.all_gather_object(sums, router_checksum(model))
+        if rank == 0:
+            write_json(out / "ddp.json", {"world_size": world, "router_checksums": sums,
+                                          "identical": len(set(sums)) == 1})
+        dist.barrier()
+    if rank == 0:
+        write_parquet(out / "train_log.parquet", log)
+        save_routers(model, out / "routers.safetensors", extra={"steps": train_cfg.steps, **(meta or {})})
     per_step = log.groupby("step")["loss"].first()
     return TrainResult(out, train_cfg.steps, float(per_step.iloc[0]), float(per_step.iloc[-1]), seconds,
                        tokens_done / seconds if seconds > 0 else float("nan"), n_params)

