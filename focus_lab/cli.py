@@ -94,7 +94,7 @@ def train(
     resume: bool = typer.Option(False, help="continue from <out>/checkpoint"),
     recipe: Optional[str] = typer.Option(None, help="training recipe (focus_lab/recipes.py): "
                                          "paper, calibrated, straight_through, anneal, hard_phase, sinks, ..."),
-    sink_tokens: int = typer.Option(0, help="first tokens always visible (attention sinks)"),
+    sink_tokens: int = typer.Option(4, help="first tokens always visible (attention sinks); 0 = the paper's pattern"),
 ):
     """Train only the routers (frozen base model) on the corpus's training documents."""
     from .config import TrainConfig
@@ -205,6 +205,13 @@ def app_cmd(runs: Path = typer.Option(Path("runs"), help="runs root folder"),
     os.execv(sys.executable, _app_command(runs, host, port))
 
 
+def _invoke(*args: str) -> None:
+    """Run one of this CLI's commands with typer resolving every default (as from a shell)."""
+    rc = typer.main.get_command(app).main(list(args), prog_name="focus-lab", standalone_mode=False)
+    if isinstance(rc, int) and rc != 0:
+        raise typer.Exit(rc)
+
+
 @app.command()
 def quickstart(
     steps: int = typer.Option(60), full: bool = typer.Option(False, help="full training schedule"),
@@ -213,16 +220,13 @@ def quickstart(
 ):
     """The main job on the embedded defaults: train -> eval -> record -> dashboard."""
     t0 = time.perf_counter()
+    routers = str(Path("checkpoints") / DEFAULT_NAME / "routers.safetensors")
     typer.secho("[1/4] train routers (SmolLM2-135M, Austen: 5 novels train, Persuasion held out)", bold=True)
-    train(model=None, corpus="austen", out=Path("checkpoints") / DEFAULT_NAME, steps=steps, full=full,
-          seq_len=512, batch_size=2, lr=3e-3, checkpoint_every=20, num_groups=4, window=128, top_k=2,
-          tau=0.1, sinkhorn_iters=10, router_dim=16, seed=0, resume=False)
+    _invoke("train", "--steps", str(steps), *(["--full"] if full else []))
     typer.secho("[2/4] evaluate held-out perplexity", bold=True)
-    eval_cmd(routers=Path("checkpoints") / DEFAULT_NAME / "routers.safetensors", model=None,
-             corpus="austen", seq_len=512, max_windows=8, out=None)
+    _invoke("eval", "--routers", routers)
     typer.secho("[3/4] record a run", bold=True)
-    record(routers=Path("checkpoints") / DEFAULT_NAME / "routers.safetensors", model=None,
-           corpus="austen", out=Path("runs") / DEFAULT_NAME, seq_len=512, max_windows=4, pos=True)
+    _invoke("record", "--routers", routers)
     typer.secho(f"main job done in {time.perf_counter() - t0:.0f} s", bold=True)
     if serve:
         typer.secho("[4/4] dashboard", bold=True)
