@@ -45,12 +45,34 @@ from __future__ import annotations
 import math
 import time
 from contextlib import contextmanager
+from contextlib import nullcontext as _nullcontext
 from dataclasses import dataclass
 
 import torch
 
 BACKENDS = ("auto", "torch", "flash")
 _NEG_INF = float("-inf")
+
+# On CPU the bookkeeping (sort, gather, scatter, masks, merge: memory-bound, many small ops)
+# runs on one thread and only the attention kernels use all of torch's threads. Each
+# multi-threaded op waits for every worker thread; on a shared 2-core machine a busy core makes
+# each such op stall, and the decomposition has ~30 of them to dense attention's one (measured
+# at 2K tokens under load: 282 ms -> 140 ms median). Set to False to leave threads alone.
+SERIAL_BOOKKEEPING = True
+_kernel_threads: list[int] = []  # stack: the thread count the kernels get, when serialized
+
+
+@contextmanager
+def _num_threads(n: int):
+    old = torch.get_num_threads()
+    if n == old:
+        yield
+        return
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old)
 
 
 # --------------------------------------------------------------------------------------------
@@ -158,7 +180,8 @@ def _attn_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, *
         mask = None
         if allowed is not None:
             mask = torch.where(allowed, torch.zeros((), dtype=q.dtype), torch.full((), _NEG_INF, dtype=q.dtype))
-        out, lse = _cpu_flash(q, k, v, 0.0, causal, attn_mask=mask, scale=scale)
+        with _num_threads(_kernel_threads[-1] if _kernel_threads else torch.get_num_threads()):
+            out, lse = _cpu_flash(q, k, v, 0.0, causal, attn_mask=mask, scale=scale)
         if allowed is not None:
             empty = ~allowed.any(-1)  # (N|1, 1, L)
             if bool(empty.any()):
@@ -515,6 +538,22 @@ def hard_focus_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Te
         raise ValueError(f"window={window!r}: need an integer >= 1")
     if isinstance(sinks, bool) or not isinstance(sinks, int) or sinks < 0:
         raise ValueError(f"sinks={sinks!r}: need an integer >= 0")
+    serial = SERIAL_BOOKKEEPING and query.device.type == "cpu"
+    if serial:
+        _kernel_threads.append(torch.get_num_threads())
+    try:
+        with _num_threads(1) if serial else _nullcontext():
+            return _hard_focus_attention(query, key, value, query_groups, key_group, window, scaling,
+                                         backend, return_lse, timings, sinks)
+    finally:
+        if serial:
+            _kernel_threads.pop()
+
+
+def _hard_focus_attention(query, key, value, query_groups, key_group, window, scaling, backend,
+                          return_lse, timings, sinks):
+    B, H, Tq, D = query.shape
+    Hkv, Tk = key.shape[1], key.shape[2]
     be = resolve_backend(backend, query.device)
     if Tq == 0 or B == 0:
         out = query.new_zeros(query.shape)
