@@ -24,7 +24,35 @@ REPO = APP_DIR.parent
 if str(REPO) not in sys.path:  # `streamlit run app/main.py` from a checkout without install
     sys.path.insert(0, str(REPO))
 
-from focus_lab.runs import Run, RunError, list_runs  # noqa: E402
+
+
+def _import_runs():
+    """``focus_lab.runs`` without importing the ``focus_lab`` package (whose ``__init__``
+    pulls in torch and transformers, seconds on a cold server): runs.py needs only pandas. It
+    is registered under its own name, so a later ``import focus_lab`` (the live probe) reuses
+    the same module and the same ``RunError`` class."""
+    if "focus_lab" in sys.modules or "focus_lab.runs" in sys.modules:
+        import focus_lab.runs as mod
+        return mod
+    import importlib.util
+    pkg = importlib.util.find_spec("focus_lab")
+    path = Path(next(iter(pkg.submodule_search_locations))) / "runs.py" if pkg else None
+    if path is None or not path.is_file():
+        import focus_lab.runs as mod
+        return mod
+    spec = importlib.util.spec_from_file_location("focus_lab.runs", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["focus_lab.runs"] = mod
+    try:
+        spec.loader.exec_module(mod)
+    except BaseException:
+        del sys.modules["focus_lab.runs"]
+        raise
+    return mod
+
+
+_runs = _import_runs()
+Run, RunError, list_runs = _runs.Run, _runs.RunError, _runs.list_runs
 
 ENV_RUNS = "FOCUS_LAB_RUNS"
 RECORD_HINT = "record it with `focus-lab record` (the recorder's metrics of issue 3)"
@@ -86,7 +114,7 @@ def runs_root() -> Path:
     return st.session_state.get("_runs_root") or parse_runs_root()
 
 
-def _stat_key(p: Path) -> tuple[int, int]:
+def stat_key(p: Path) -> tuple[int, int]:
     try:
         s = p.stat()
         return s.st_mtime_ns, s.st_size
@@ -111,7 +139,7 @@ class RunView:
     def __init__(self, name: str, path: Path):
         self.name = name
         self.path = path
-        self.manifest = _read_manifest(str(path), _stat_key(path / "manifest.json"))
+        self.manifest = _read_manifest(str(path), stat_key(path / "manifest.json"))
 
     def has(self, table: str) -> bool:
         return (self.path / f"{table}.parquet").is_file()
@@ -121,7 +149,7 @@ class RunView:
         return sorted(p.stem for p in self.path.glob("*.parquet"))
 
     def table(self, table: str) -> pd.DataFrame:
-        return _read_table(str(self.path), table, _stat_key(self.path / f"{table}.parquet"))
+        return _read_table(str(self.path), table, stat_key(self.path / f"{table}.parquet"))
 
     @property
     def config(self) -> dict:
@@ -284,4 +312,6 @@ def softmax_shares(asg: pd.DataFrame, tau: float) -> pd.DataFrame:
 
 
 def download_csv(df: pd.DataFrame, name: str, label: str = "Download CSV") -> None:
-    st.download_button(label, df.to_csv(index=False).encode(), file_name=name, mime="text/csv")
+    """A CSV download of ``df``, generated only when clicked."""
+    st.download_button(label, lambda: df.to_csv(index=False).encode(), file_name=name, mime="text/csv",
+                       on_click="ignore")

@@ -14,6 +14,7 @@ import streamlit as st
 import lib
 
 MAX_ARCS = 400
+MAX_ROWS = 2000
 NONE_REL = "(no relation)"
 
 
@@ -40,6 +41,14 @@ def normalize(df: pd.DataFrame, tokens: pd.DataFrame) -> pd.DataFrame:
     out["query_token"] = disp.reindex(pd.MultiIndex.from_arrays([out["window"], out["query_position"]])).to_numpy()
     out["key_token"] = disp.reindex(pd.MultiIndex.from_arrays([out["window"], out["key_position"]])).to_numpy()
     return out
+
+
+@st.cache_data(show_spinner=False, max_entries=4)
+def load_edges(name: str, path: str, key: tuple) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(normalized dropped edges, token frame) of a run; cached by path and file stats."""
+    run = lib.RunView(name, lib.Path(path))
+    tokens = lib.token_frame(run)
+    return normalize(run.table("dropped_edges"), tokens), tokens
 
 
 def arc_figure(edges: pd.DataFrame, tokens_w: pd.DataFrame, title: str) -> go.Figure:
@@ -111,8 +120,7 @@ def page() -> None:
     raw = lib.need_table(run, "dropped_edges", "the dependency audit")
     if raw is None:
         return
-    tokens = lib.token_frame(run)
-    edges = normalize(raw, tokens)
+    edges, tokens = load_edges(run.name, str(run.path), lib.stat_key(run.path / "dropped_edges.parquet"))
     if edges.empty:
         st.success("The recorded run has no dropped edge above the recorder's threshold.")
         return
@@ -190,7 +198,9 @@ def page() -> None:
             "weight", "relation"] + [c for c in ("soft_weight", "query_group", "key_group", "key_is_sink")
                                   if c in f.columns]
     table = f.sort_values("weight", ascending=False)[cols]
-    st.dataframe(table, hide_index=True, width="stretch", height=360,
+    if len(table) > MAX_ROWS:
+        st.caption(f"the {MAX_ROWS:,} heaviest of {len(table):,} edges; the CSV has them all")
+    st.dataframe(table.head(MAX_ROWS), hide_index=True, width="stretch", height=360,
                  column_config={"weight": st.column_config.NumberColumn(format="%.4f")})
     lib.download_csv(table, f"{run.name}-dropped-edges.csv", label=f"Download {len(table):,} edges as CSV")
 

@@ -7,8 +7,6 @@ import plotly.express as px
 import streamlit as st
 
 import lib
-from focus_lab.runs import RunError
-
 
 def flat(d: dict, prefix: str = "") -> dict:
     out = {}
@@ -34,7 +32,7 @@ def page() -> None:
     name_b = c2.selectbox("B", others, index=0, key="compare_b")
     try:
         run_b = lib.open_run(name_b)
-    except RunError as e:
+    except lib.RunError as e:
         st.error(f"Cannot open run **{name_b}**: {e}")
         return
     runs = {"A": run_a, "B": run_b}

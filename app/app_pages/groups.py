@@ -75,6 +75,25 @@ def pos_composition(lf: pd.DataFrame, run: lib.RunView, layer: int) -> go.Figure
     return fig
 
 
+def nmi_score(a: np.ndarray, b: np.ndarray) -> float:
+    """Normalized mutual information ``I(a; b) / mean(H(a), H(b))`` (scikit-learn's default,
+    arithmetic normalization), 1 for identical partitions up to relabelling; 1 when both are
+    constant."""
+    _, ai = np.unique(a, return_inverse=True)
+    _, bi = np.unique(b, return_inverse=True)
+    joint = np.zeros((ai.max() + 1, bi.max() + 1))
+    np.add.at(joint, (ai, bi), 1.0)
+    p = joint / joint.sum()
+    pa, pb = p.sum(1), p.sum(0)
+    nz = p > 0
+    mi = float((p[nz] * np.log(p[nz] / np.outer(pa, pb)[nz])).sum())
+    ha = float(-(pa[pa > 0] * np.log(pa[pa > 0])).sum())
+    hb = float(-(pb[pb > 0] * np.log(pb[pb > 0])).sum())
+    if ha == 0 and hb == 0:
+        return 1.0
+    return max(0.0, mi) / max((ha + hb) / 2, 1e-12)
+
+
 def page() -> None:
     run = lib.current_run()
     st.title("Groups")
@@ -186,10 +205,9 @@ def page() -> None:
                       height=380, margin=dict(l=10, r=10, t=40, b=10), yaxis_autorange="reversed", yaxis_type="category")
     st.plotly_chart(fig, width="stretch")
 
-    from sklearn.metrics import normalized_mutual_info_score
     piv = asg.pivot_table(index=["window", "position"], columns="layer_idx", values="group")
     nmi = [{"layers": f"{l0}→{l1}", "from": l0,
-            "NMI": normalized_mutual_info_score(piv[l0].to_numpy(), piv[l1].to_numpy())}
+            "NMI": nmi_score(piv[l0].to_numpy(), piv[l1].to_numpy())}
            for l0, l1 in zip(layers[:-1], layers[1:])]
     nmi = pd.DataFrame(nmi)
     fig = px.line(nmi, x="from", y="NMI", markers=True, hover_data=["layers"],
