@@ -257,13 +257,17 @@ def focus_bias(config: FocusConfig, routing: Routing | None, q_pos: torch.Tensor
 
 
 def masked_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                     bias: torch.Tensor, scaling: float | None = None) -> torch.Tensor:
+                     bias: torch.Tensor, scaling: float | None = None,
+                     softcap: float | None = None) -> torch.Tensor:
     """Dense O(T^2) reference attention under a mask or additive bias.
 
     Args:
         query: (B, H, Tq, D); key, value: (B, Hkv, Tk, D) with H a multiple of Hkv (GQA);
         bias: (B, Tq, Tk) bool (True = keep) or float (added to logits), shared by heads;
-        scaling: logit scale, default 1/sqrt(D).
+        scaling: logit scale, default 1/sqrt(D);
+        softcap: attention-logit soft-capping (Gemma-2): ``logits = softcap * tanh(logits /
+            softcap)`` on the scaled logits, before the mask or bias is applied. SDPA has no
+            soft-capping, so this path is explicit, in fp32, in chunks of queries.
     Returns:
         (B, H, Tq, D). A query row with no kept key keeps its own diagonal (so padding rows
         stay finite instead of NaN).
@@ -276,10 +280,41 @@ def masked_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
         empty = torch.isinf(bias).all(-1, keepdim=True) & (bias < 0).all(-1, keepdim=True)
         if empty.any():
             bias = bias.masked_fill(empty & _diag_like(bias), 0.0)
+    if softcap is not None:
+        return _softcapped_attention(query, key, value, bias, scaling, float(softcap))
+    if bias.dtype != torch.bool:
         bias = bias.to(query.dtype)
     return F.scaled_dot_product_attention(
         query, key, value, attn_mask=bias[:, None], scale=scaling,
         enable_gqa=query.shape[1] != key.shape[1])  # (B, H, Tq, D)
+
+
+def _softcapped_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                          bias: torch.Tensor, scaling: float | None, softcap: float,
+                          chunk_elements: int = 1 << 22) -> torch.Tensor:
+    """``masked_attention`` with logit soft-capping, in fp32, ``chunk_elements`` logits at a time.
+
+    query: (B, H, Tq, D); key, value: (B, Hkv, Tk, D); bias: (B, Tq, Tk) bool or float.
+    GQA without repeating K/V: queries are viewed as (B, Hkv, H / Hkv, Tq, D).
+    """
+    B, H, Tq, D = query.shape
+    Hkv, Tk = key.shape[1], key.shape[2]
+    scale = scaling if scaling is not None else D ** -0.5
+    q = query.float().view(B, Hkv, H // Hkv, Tq, D)
+    k = key.float()[:, :, None].transpose(-1, -2)  # (B, Hkv, 1, D, Tk)
+    v = value.float()[:, :, None]  # (B, Hkv, 1, Tk, D)
+    step = max(1, chunk_elements // max(1, B * H * Tk))
+    outs = []
+    for s in range(0, Tq, step):
+        logits = (q[:, :, :, s:s + step] @ k) * scale  # (B, Hkv, G, c, Tk)
+        logits = softcap * torch.tanh(logits / softcap)
+        b = bias[:, None, None, s:s + step]  # (B, 1, 1, c, Tk)
+        if b.dtype == torch.bool:
+            logits = logits.masked_fill(~b, float("-inf"))
+        else:
+            logits = logits + b.float()
+        outs.append(torch.softmax(logits, dim=-1) @ v)  # (B, Hkv, G, c, D)
+    return torch.cat(outs, dim=3).reshape(B, H, Tq, D).to(query.dtype)
 
 
 def _diag_like(m: torch.Tensor) -> torch.Tensor:
@@ -291,13 +326,21 @@ def _diag_like(m: torch.Tensor) -> torch.Tensor:
 def distant_pairs_kept(query_groups: torch.Tensor, key_group: torch.Tensor, window: int,
                        sinks: int = 0) -> float:
     """Fraction of distant causal pairs (``i - j >= window``) the hard mask keeps, in [0, 1]
-    (sink pairs count as kept: they are computed).
+    (sink pairs count as kept: they are computed). O(B T K) through per-group prefix counts,
+    equal to counting ``hard_mask`` over the distant pairs.
 
     query_groups: (B, T, k), key_group: (B, T). Returns nan when there is no distant pair.
     """
-    T = key_group.shape[1]
-    pos = torch.arange(T, device=key_group.device)
-    m = hard_mask(query_groups, key_group, window, pos, pos, sinks)  # (B, T, T)
-    distant = causal_mask(pos, pos) & ~local_mask(pos, pos, window)  # (T, T)
-    total = distant.sum() * key_group.shape[0]
-    return float((m & distant).sum() / total) if total > 0 else float("nan")
+    B, T = key_group.shape
+    K = int(max(int(query_groups.max()), int(key_group.max()))) + 1
+    onehot = torch.nn.functional.one_hot(key_group, K).to(torch.int64)  # (B, T, K)
+    before = torch.cat([onehot.new_zeros(B, 1, K), onehot.cumsum(1)], 1)  # (B, T+1, K): keys < t
+    i = torch.arange(T, device=key_group.device)
+    reach = (i - window + 1).clamp(min=0)  # distant keys of query i: j < reach
+    m = reach.clamp(max=sinks)  # distant sink keys: j < m
+    idx = lambda t: t.view(1, T, 1).expand(B, T, K)
+    same = before.gather(1, idx(reach)).gather(2, query_groups).sum(-1)  # (B, T)
+    same_sink = before.gather(1, idx(m)).gather(2, query_groups).sum(-1)  # (B, T)
+    kept = same + (m - same_sink)  # (B, T)
+    total = reach.sum() * B
+    return float(kept.sum() / total) if total > 0 else float("nan")

@@ -44,25 +44,30 @@ def evaluate(model, windows: list, patterns: list[tuple[str, dict]] | None = Non
         DataFrame, one row per pattern: label, mode, top_k, nll (nats/token), perplexity,
         tokens (predicted), distant_pairs_kept (hard modes: fraction of causal pairs with
         i - j >= window that the mask keeps, averaged over routed layers; 1 for dense and soft,
-        0 for window), seconds, tokens_per_second.
+        0 for window), max_group_share (hard modes: largest hard top-1 group's share of tokens,
+        averaged over layers; 1/K is perfect balance), seconds, tokens_per_second.
     The config in force before the call is restored afterwards.
     """
     original = focus_config(model)
     patterns = patterns or standard_patterns(original.num_groups)
     rows = []
     kept: list[float] = []
+    shares: list[float] = []
 
     def observe(module, q, k, v, routing, bias, out):
         cfg = module.focus_router.config
         if cfg.mode == "hard" and routing is not None:
             kept.append(distant_pairs_kept(routing.query_groups, routing.key_group, cfg.window,
-                                             cfg.sink_tokens))
+                                           cfg.sink_tokens))
+            counts = torch.bincount(routing.key_group.reshape(-1), minlength=cfg.num_groups)
+            shares.append(float(counts.max() / counts.sum()))
 
     remove = add_observer(model, observe)
     try:
         for label, changes in patterns:
             cfg = set_config(model, **changes)
             kept.clear()
+            shares.clear()
             nll_sum, n_tok = 0.0, 0
             t0 = time.perf_counter()
             for i in tqdm(range(0, len(windows), batch_size), desc=f"eval {label}",
@@ -83,7 +88,9 @@ def evaluate(model, windows: list, patterns: list[tuple[str, dict]] | None = Non
             rows.append({"label": label, "mode": cfg.mode,
                          "top_k": cfg.top_k if cfg.mode == "hard" else None,
                          "nll": mean, "perplexity": math.exp(mean), "tokens": n_tok,
-                         "distant_pairs_kept": frac, "seconds": dt,
+                         "distant_pairs_kept": frac,
+                         "max_group_share": sum(shares) / len(shares) if shares else float("nan"),
+                         "seconds": dt,
                          "tokens_per_second": n_tok / dt if dt > 0 else float("nan")})
     finally:
         remove()

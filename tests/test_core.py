@@ -119,3 +119,14 @@ def test_masked_attention_equals_manual_softmax_with_gqa():
 def test_invalid_config_names_the_field(field, value):
     with pytest.raises(ConfigError, match=field):
         FocusConfig(**{field: value})
+
+
+@pytest.mark.parametrize("K,k,w,s,T", [(4, 1, 3, 0, 30), (4, 2, 5, 2, 41), (8, 3, 1, 4, 25), (2, 2, 7, 7, 20)])
+def test_distant_pairs_kept_equals_counting_the_mask(K, k, w, s, T):
+    torch.manual_seed(T)
+    qg, kg = hard_assign(torch.randn(2, T, K), 0.1, k)
+    pos = torch.arange(T)
+    distant = (pos[:, None] - pos[None, :]) >= w
+    m = hard_mask(qg, kg, w, pos, pos, sinks=s)
+    want = (m & distant).sum() / (distant.sum() * 2)
+    assert distant_pairs_kept(qg, kg, w, s) == pytest.approx(float(want))
