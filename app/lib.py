@@ -311,6 +311,13 @@ def softmax_shares(asg: pd.DataFrame, tau: float) -> pd.DataFrame:
     return out
 
 
+def layer_xaxis(fig) -> None:
+    """Integer ticks on an x axis of layer indices (plotly would label 0, 0.2, ... for 2 layers)."""
+    xs = [v for tr in fig.data if tr.x is not None for v in np.asarray(tr.x).ravel() if v is not None]
+    n = int(max(xs)) + 1 if len(xs) else 1
+    fig.update_xaxes(tick0=0, dtick=max(1, round(n / 16)))
+
+
 def download_csv(df: pd.DataFrame, name: str, label: str = "Download CSV") -> None:
     """A CSV download of ``df``, generated only when clicked."""
     st.download_button(label, lambda: df.to_csv(index=False).encode(), file_name=name, mime="text/csv",

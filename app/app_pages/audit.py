@@ -169,7 +169,7 @@ def page() -> None:
         st.warning("No dropped edge matches these filters.")
         return
     m = st.columns(4)
-    m[0].metric(f"edges matching the filters (of {len(edges):,})", f"{len(f):,}")
+    m[0].metric("matching edges", f"{len(f):,}", help=f"of {len(edges):,} recorded")
     m[1].metric("dense weight dropped (sum)", f"{f['weight'].sum():.2f}")
     m[2].metric("median distance", f"{int(f['distance'].median())}")
     m[3].metric("with a spaCy relation", f"{(f['relation'] != NONE_REL).mean():.0%}")

@@ -87,6 +87,7 @@ def page() -> None:
         fig.add_hline(y=1.0 / K, line_dash="dot", annotation_text="1/K")
     fig.update_layout(height=360, margin=dict(l=10, r=10, t=40, b=10), yaxis_tickformat=".0%",
                       xaxis_title="layer")
+    lib.layer_xaxis(fig)
     st.plotly_chart(fig, width="stretch")
     summary = largest.pivot(index="layer_idx", columns="method", values="share")
     summary.columns = [f"largest share: {c}" for c in summary.columns]
@@ -105,6 +106,7 @@ def page() -> None:
                                     "0 = one group), mean over windows")
                 fig.update_layout(height=320, margin=dict(l=10, r=10, t=40, b=10), xaxis_title="layer",
                                   yaxis_range=[0, 1.02])
+                lib.layer_xaxis(fig)
                 st.plotly_chart(fig, width="stretch")
             st.caption("per layer and assignment, mean over windows: largest share, entropy / log K, empty "
                        "groups, Sinkhorn marginal error after the configured iterations")

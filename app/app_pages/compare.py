@@ -80,6 +80,7 @@ def page() -> None:
                       title="largest / smallest hard group share per layer")
         fig.update_layout(height=340, margin=dict(l=10, r=10, t=40, b=10), yaxis_tickformat=".0%",
                           xaxis_title="layer")
+        lib.layer_xaxis(fig)
         st.plotly_chart(fig, width="stretch")
 
     covs = []
@@ -97,6 +98,7 @@ def page() -> None:
         st.subheader("Coverage of dense attention (Focus mask)")
         fig = px.line(pd.concat(covs), x="layer_idx", y="coverage", color="run", markers=True)
         fig.update_layout(height=300, margin=dict(l=10, r=10, t=20, b=10), xaxis_title="layer")
+        lib.layer_xaxis(fig)
         st.plotly_chart(fig, width="stretch")
 
 

@@ -65,6 +65,7 @@ def crossing_section(run: lib.RunView) -> None:
     fig = px.line(long, x="layer", y="mass", color="metric", markers=True,
                   title="mass per query crossing group boundaries, mean over heads and queries")
     fig.update_layout(height=340, margin=dict(l=10, r=10, t=40, b=10))
+    lib.layer_xaxis(fig)
     st.plotly_chart(fig, width="stretch")
     st.dataframe(per_layer, hide_index=True, width="stretch")
 
@@ -99,6 +100,7 @@ def page() -> None:
     fig = px.line(per_layer, x="layer_idx", y="coverage", color="pattern", markers=True,
                   title="mean coverage per layer: Focus vs the baselines")
     fig.update_layout(height=320, margin=dict(l=10, r=10, t=40, b=10), xaxis_title="layer")
+    lib.layer_xaxis(fig)
     st.plotly_chart(fig, width="stretch")
     table = per_layer.pivot(index="layer_idx", columns="pattern", values="coverage").reset_index()
     st.dataframe(table.rename(columns={"layer_idx": "layer"}), hide_index=True, width="stretch")

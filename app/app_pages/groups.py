@@ -155,6 +155,7 @@ def page() -> None:
                           hover_data=[c for c in ("homogeneity", "completeness") if c in ls.columns],
                           title="do groups follow POS / dependency labels? NMI per layer, Focus vs baselines")
             fig.update_layout(height=320, margin=dict(l=10, r=10, t=40, b=10))
+            lib.layer_xaxis(fig)
             st.plotly_chart(fig, width="stretch")
     else:
         st.info("This run has no **linguistic_scores** table (NMI of groups vs POS, k-means and random "
@@ -214,6 +215,7 @@ def page() -> None:
                   title="agreement of adjacent layers' groups (NMI; 1 = same partition)")
     fig.update_layout(height=280, margin=dict(l=10, r=10, t=40, b=10), yaxis_range=[0, 1.02],
                       xaxis_title="from layer")
+    lib.layer_xaxis(fig)
     st.plotly_chart(fig, width="stretch")
 
 
