@@ -42,6 +42,10 @@ with st.sidebar:
         st.session_state["_run"] = None
         st.caption(f"No runs below `{root}`.")
     st.caption(f"runs root: `{root}`")
+    addr = st.get_option("server.address")
+    if addr not in ("127.0.0.1", "localhost", "::1"):
+        st.warning("This dashboard listens on all network interfaces; start it with `focus-lab app` "
+                   "(bound to 127.0.0.1) unless you mean to share it.")
 
 pages = [
     st.Page("app_pages/groups.py", title="Groups", icon=":material/category:", default=True),

@@ -81,7 +81,7 @@ def arc_figure(edges: pd.DataFrame, tokens_w: pd.DataFrame, title: str) -> go.Fi
     labels = tokens_w.set_index("position")["display"]
     ticks = sorted(int(p) for p in ends)
     fig.update_layout(title=title, height=430, margin=dict(l=10, r=10, t=40, b=80),
-                      xaxis=dict(title=None, tickvals=ticks, ticktext=[f"{labels.get(p, '?')}" for p in ticks],
+                      xaxis=dict(title=None, tickvals=ticks, ticktext=[html.escape(str(labels.get(p, "?"))) for p in ticks],
                                  tickangle=-60, range=[-1, int(tokens_w["position"].max()) + 1]),
                       yaxis=dict(title="distance / 2", rangemode="tozero"), legend_title_text="relation",
                       hovermode="closest")

@@ -177,7 +177,7 @@ def page() -> None:
             fig = px.imshow(tab.to_numpy(), x=list(tab.columns), y=[str(i) for i in tab.index],
                             labels=dict(x="group", y="layer", color="occurrences"), text_auto=True,
                             aspect="auto", color_continuous_scale="Blues",
-                            title=f"groups of {query.strip()!r} in every layer")
+                            title=f"groups of {html.escape(repr(query.strip()))} in every layer")
             fig.update_layout(height=min(120 + 22 * len(tab), 800), margin=dict(l=10, r=10, t=40, b=10), yaxis_type="category")
             st.plotly_chart(fig, width="stretch")
             st.dataframe(tab.reset_index().rename(columns={"layer_idx": "layer"}), hide_index=True)

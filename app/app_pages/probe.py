@@ -134,7 +134,7 @@ def page() -> None:
                                colorbar=dict(title="group", tickvals=list(range(K)))))
     fig.update_layout(title="group of each token (columns) in every layer (rows)", height=min(200 + 16 * len(piv), 700),
                       margin=dict(l=10, r=10, t=40, b=90), yaxis_autorange="reversed", yaxis_type="category",
-                      xaxis=dict(tickvals=list(piv.columns), ticktext=[disp[p] for p in piv.columns],
+                      xaxis=dict(tickvals=list(piv.columns), ticktext=[html.escape(str(disp[p])) for p in piv.columns],
                                  tickangle=-60))
     st.plotly_chart(fig, width="stretch")
 
