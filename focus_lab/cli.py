@@ -95,6 +95,7 @@ def train(
     recipe: Optional[str] = typer.Option(None, help="training recipe (focus_lab/recipes.py): "
                                          "paper, calibrated, straight_through, anneal, hard_phase, sinks, ..."),
     sink_tokens: int = typer.Option(4, help="first tokens always visible (attention sinks); 0 = the paper's pattern"),
+    device: str = typer.Option("cpu", help="cpu | cuda (under torchrun: cuda:$LOCAL_RANK)"),
 ):
     """Train only the routers (frozen base model) on the corpus's training documents."""
     from .config import TrainConfig
@@ -112,6 +113,9 @@ def train(
         tcfg = TrainConfig(steps=steps, seq_len=seq_len, batch_size=batch_size, lr=lr,
                            checkpoint_every=checkpoint_every, seed=seed, **tchanges)
         m, tok, corp, seq_len = _load(model, corpus, seq_len)
+        if device != "cpu":
+            dev = f"cuda:{os.environ.get('LOCAL_RANK', '0')}" if device == "cuda" else device
+            m.to(dev)
         windows = make_windows(corp.train, tok, seq_len)
         typer.echo(f"training routers on {len(windows)} windows of {seq_len} tokens "
                    f"({corp.name}: {', '.join(d.name for d in corp.train)})")

@@ -165,10 +165,12 @@ def train(model, windows: list, focus_cfg: FocusConfig, train_cfg: TrainConfig, 
             shares[module.focus_router.layer_idx] = _group_shares(routing.key_group, K)
     remove = add_observer(model, observe)
     forward = model
+    device = next(model.parameters()).device
     if world > 1:
         import torch.distributed as dist
         from torch.nn.parallel import DistributedDataParallel
-        forward = DistributedDataParallel(model, broadcast_buffers=False)  # group bias synced in update_bias
+        forward = DistributedDataParallel(model, broadcast_buffers=False,
+                                          device_ids=[device.index] if device.type == "cuda" else None)  # group bias synced in update_bias
     n_params = sum(p.numel() for p in params)
     t_start = time.perf_counter()
     tokens_done = 0
@@ -182,7 +184,7 @@ def train(model, windows: list, focus_cfg: FocusConfig, train_cfg: TrainConfig, 
             step_cfg = schedule_config(base_cfg, train_cfg, step)
             if step_cfg != focus_config(model):
                 set_config(model, **step_cfg.to_dict())
-            ids = batch_for_step(windows, step, train_cfg)[rank::world]  # this rank's share
+            ids = batch_for_step(windows, step, train_cfg)[rank::world].to(device)  # this rank's share
             loss_t = forward(input_ids=ids, labels=ids, use_cache=False).loss
             opt.zero_grad(set_to_none=True)
             loss_t.backward()
