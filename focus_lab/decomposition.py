@@ -408,32 +408,35 @@ def _part_a_flash(qrows, krows, vrows, segs, B, Tq, Tk, scale, timer, outA_flat,
 # part B
 
 def _local_other_groups(qn, kn, vn, query_groups, key_group, window, scale, timer,
-                        block: int | None = None, max_rows: int = 16384):
+                        block: int | None = None, max_rows: int | None = None):
     """Part B: pairs ``0 <= i - j < window`` with ``key_group[j] not in query_groups[i]``.
 
-    qn: (B, Tq, H, D), kn, vn: (B, Tk, Hkv, D) rows layout. Queries go in blocks of ``c``;
-    a block attends the ``c + w - 1`` keys ending at its last query, read as overlapping
-    strided windows of the left-padded keys (no copy); the band, key validity and the
-    other-group condition form the mask. Returns outB (B, Tq, H, D) fp32 and lseB (B, Tq, H)
-    fp32 (-inf where a query has no such pair).
+    qn: (B, Tq, H, D), kn, vn: (B, Tk, Hkv, D) rows layout. Queries go in blocks of ``c``
+    (default ``clamp(w // 4, 32, 256)``); a block attends the ``W = c + w - 1`` keys ending at
+    its last query, read as overlapping strided windows of the keys (no copy, except a small
+    zero-padded one for the first blocks, whose windows start before position 0); the band, key
+    validity and the other-group condition form the mask. Blocks go ``max_rows`` queries per
+    kernel call (CPU: 65536; else 8192, the math path materializes scores).
+    Returns outB (B, Tq, H, D) and lseB (B, Tq, H) fp32 (-inf where a query has no such pair).
     """
     B, Tq, H, D = qn.shape
     Tk, Hkv = kn.shape[1], kn.shape[2]
     P = Tk - Tq
     w = min(window, Tk)
-    c = block or min(max(w // 2, 32), 256)
+    c = block or min(max(w // 4, 32), 256)
     dev = qn.device
-    with timer("gather"):
-        kpad = torch.cat([kn.new_zeros(B, w - 1, Hkv, D), kn], 1)  # row = position + w - 1
-        vpad = torch.cat([vn.new_zeros(B, w - 1, Hkv, D), vn], 1)
-        kgpad = torch.cat([key_group.new_full((B, w - 1), -1), key_group], 1)  # -1: no key
-    outB = qn.new_empty((B, Tq, H, D), dtype=torch.float32)
-    lseB = torch.empty((B, Tq, H), device=dev)
+    max_rows = max_rows or (1 << 16 if dev.type == "cpu" else 8192)
     n_full = Tq // c
+    n_head = min(n_full, max(0, -(-(w - 1 - P) // c)))  # blocks whose window starts before 0
     step = max(1, max_rows // c)
-    pieces = [(s0, min(n_full, s0 + step) - s0, c) for s0 in range(0, n_full, step)]
+    pieces = [(0, n_head, c)] if n_head else []
+    pieces += [(s0, min(n_full, s0 + step) - s0, c) for s0 in range(n_head, n_full, step)]
     if Tq % c:
         pieces.append((n_full, 1, Tq % c))  # the last, shorter block
+    single = B == 1 and len(pieces) == 1
+    if not single:
+        outB = qn.new_empty((B, Tq, H, D), dtype=torch.float32)
+        lseB = torch.empty((B, Tq, H), device=dev)
     bands = {}
     for b in range(B):
         for blk0, n, cc in pieces:
@@ -445,23 +448,36 @@ def _local_other_groups(qn, kn, vn, query_groups, key_group, window, scale, time
                     col = torch.arange(W, device=dev)[None, :]
                     bands[(cc, W)] = (col >= r) & (col <= r + w - 1)  # (cc, W): 0 <= i - j < w
                 band = bands[(cc, W)]
-                span = slice(P + s0, P + s0 + (n - 1) * cc + W)
+                lo = P + s0 - (w - 1)  # position of the first key row of the piece
+                hi = lo + (n - 1) * cc + W
+                if lo >= 0:
+                    ks, vs, kgs = kn[b, lo:hi], vn[b, lo:hi], key_group[b, lo:hi]
+                else:  # zero keys (group -1: invalid) before position 0
+                    pad = -lo
+                    ks = torch.cat([kn.new_zeros(pad, Hkv, D), kn[b, :hi]])
+                    vs = torch.cat([vn.new_zeros(pad, Hkv, D), vn[b, :hi]])
+                    kgs = torch.cat([key_group.new_full((pad,), -1), key_group[b, :hi]])
                 q4 = qn[b, s0:s0 + n * cc].view(n, cc, H, D).transpose(1, 2)  # (n, H, cc, D)
-                k4 = kpad[b, span].unfold(0, W, cc).permute(0, 1, 3, 2)  # (n, Hkv, W, D) view
-                v4 = vpad[b, span].unfold(0, W, cc).permute(0, 1, 3, 2)
-                kgw = kgpad[b, span].unfold(0, W, cc)  # (n, W)
+                k4 = ks.unfold(0, W, cc).permute(0, 1, 3, 2)  # (n, Hkv, W, D) view
+                v4 = vs.unfold(0, W, cc).permute(0, 1, 3, 2)
+                kgw = kgs.unfold(0, W, cc)  # (n, W)
                 qgb = query_groups[b, s0:s0 + n * cc].view(n, cc, -1)  # (n, cc, k)
                 if qgb.shape[-1] == 1:
                     allowed = kgw[:, None, :] != qgb  # (n, cc, W)
                 else:
                     allowed = (kgw[:, None, :, None] != qgb[:, :, None, :]).all(-1)
                 allowed &= band
-                allowed &= (kgw >= 0)[:, None, :]
+                if lo < 0:
+                    allowed &= (kgw >= 0)[:, None, :]
             with timer("attn_B"):
                 o, l = _attn_lse(q4, k4, v4, scale, allowed=allowed[:, None])
+            o = o.transpose(1, 2).reshape(n * cc, H, D)  # no copy: the kernel writes (n, cc, H, D)
+            l = l.transpose(1, 2).reshape(n * cc, H)
+            if single:
+                return o.float().view(1, Tq, H, D), l.view(1, Tq, H)
             with timer("scatter"):
-                outB[b, s0:s0 + n * cc] = o.transpose(1, 2).reshape(n * cc, H, D)
-                lseB[b, s0:s0 + n * cc] = l.transpose(1, 2).reshape(n * cc, H)
+                outB[b, s0:s0 + n * cc] = o
+                lseB[b, s0:s0 + n * cc] = l
     return outB, lseB
 
 
