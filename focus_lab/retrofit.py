@@ -138,6 +138,7 @@ def focus_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, v
     router: Router | None = getattr(module, "focus_router", None)
     h = module.__dict__.pop("_focus_h", None)
     routing: Routing | None = None
+    offset = 0
     if router is None:
         bias = keep
     else:
@@ -155,17 +156,22 @@ def focus_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, v
                 router.update_bias(routing.col_potential)
             if cfg.mode == "hard":  # key groups of every cached token (the router saw them earlier)
                 past = module.__dict__.get("_focus_key_groups") if Tq < Tk else None
-                if Tq < Tk and (past is None or past.shape != (B, Tk - Tq)):
+                if Tq < Tk and (past is None or past.shape[0] != B or past.shape[1] < Tk - Tq):
                     raise RuntimeError(
                         f"hard-mode KV-cache step with {Tk - Tq} cached tokens, but this layer saw "
                         f"{None if past is None else tuple(past.shape)} key groups: start generation "
                         "with a forward from position 0 through the Focus-attached model")
-                kg = routing.key_group if past is None else torch.cat([past, routing.key_group], 1)
-                module.__dict__["_focus_key_groups"] = kg
+                seen = routing.key_group if past is None else torch.cat([past, routing.key_group], 1)
+                module.__dict__["_focus_key_groups"] = seen
+                # a sliding-window cache (Mistral) keeps only the latest keys: its first key sits
+                # at absolute position ``offset``
+                offset = seen.shape[1] - Tk
                 routing = Routing(routing.scores, routing.log_p, routing.col_potential,
-                                  routing.query_groups, kg)
-        q_pos = torch.arange(Tk - Tq, Tk, device=query.device)
-        k_pos = torch.arange(Tk, device=query.device)
+                                  routing.query_groups, seen[:, offset:])
+        # absolute positions (they differ from 0..Tk-1 only under a sliding cache, which then
+        # takes the dense reference below: the decomposition assumes keys start at position 0)
+        q_pos = torch.arange(offset + Tk - Tq, offset + Tk, device=query.device)
+        k_pos = torch.arange(offset, offset + Tk, device=query.device)
         needs_grad = torch.is_grad_enabled() and (query.requires_grad or key.requires_grad)
         if cfg.mode == "hard" and cfg.backend != "dense" and not needs_grad and softcap is None and \
                 (attention_mask is None or bool((keep.sum(-1) == q_pos + 1).all())):

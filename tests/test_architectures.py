@@ -107,6 +107,24 @@ def test_fast_hard_path_equals_dense_reference(family):
     assert torch.allclose(fast, ref, atol=1e-5), (fast - ref).abs().max()
 
 
+@torch.no_grad()
+def test_hard_mode_kv_cache_equals_full_forward(family):
+    """Prefill + chunk + single-token steps through the model's own cache give the full
+    forward's logits (Gemma: sliding-window cache layers for the local layers; Mistral: a
+    sliding cache on the routed layers, so key positions are absolute, sinks included)."""
+    from transformers import DynamicCache
+    model = ALL_FAMILIES[family]()
+    focus_lab.attach(model, FocusConfig(mode="hard", window=6, num_groups=4, top_k=2, sink_tokens=2))
+    ids = _ids(1, batch=1)
+    full = model(ids, use_cache=False).logits
+    cache = DynamicCache(config=model.config)
+    parts = [model(ids[:, :30], past_key_values=cache, use_cache=True).logits,
+             model(ids[:, 30:45], past_key_values=cache, use_cache=True).logits]
+    for t in range(45, T):
+        parts.append(model(ids[:, t:t + 1], past_key_values=cache, use_cache=True).logits)
+    assert (torch.cat(parts, 1) - full).abs().max().item() <= 1e-5
+
+
 def test_training_step_changes_only_routers(family, tmp_path):
     model = ALL_FAMILIES[family]()
     windows = [types.SimpleNamespace(input_ids=w) for w in _ids(5, batch=4, T=32)]
