@@ -57,6 +57,24 @@ class Router(nn.Module):
             h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)  # (B, T, d)
         return (h @ self.proj) @ self.centroids.T  # (B, T, K)
 
+    def assign(self, scores: torch.Tensor, config: FocusConfig, token_mask: torch.Tensor | None = None
+               ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor, torch.Tensor]:
+        """Soft and hard assignments from the scores; ``route`` calls this after ``forward``.
+
+        The one extension point for baselines (``focus_lab.baselines``): a subclass may
+        change how scores become groups (plain softmax, prefix-causal Sinkhorn, MoBA blocks)
+        while the mask rule, the gate and the attention path stay those of this module.
+        Default: Sinkhorn in soft mode or training (PAPER.md §1), ``hard_assign`` always.
+
+        Returns: (log_p (B, T, K) or None, col_potential (B, K) or None,
+        query_groups (B, T, k), key_group (B, T)).
+        """
+        log_p = col = None
+        if config.mode == "soft" or self.training:
+            log_p, col = sinkhorn(scores, config.tau, config.sinkhorn_iters, token_mask)
+        qg, kg = hard_assign(scores, config.tau, config.top_k, self.group_bias)
+        return log_p, col, qg, kg
+
     @torch.no_grad()
     def update_bias(self, col_potential: torch.Tensor) -> None:
         """EMA of Sinkhorn's column potentials. col_potential: (B, K) in logit units.
@@ -221,10 +239,7 @@ def route(router: Router, h: torch.Tensor, token_mask: torch.Tensor | None = Non
     if router.training and cfg.gumbel_noise > 0:  # Gumbel top-k: sample hard assignments
         u = torch.rand_like(scores).clamp(1e-9, 1 - 1e-9)
         scores = scores + cfg.tau * cfg.gumbel_noise * -torch.log(-torch.log(u))
-    log_p = col = None
-    if cfg.mode == "soft" or router.training:
-        log_p, col = sinkhorn(scores, cfg.tau, cfg.sinkhorn_iters, token_mask)
-    qg, kg = hard_assign(scores, cfg.tau, cfg.top_k, router.group_bias)
+    log_p, col, qg, kg = router.assign(scores, cfg, token_mask)
     return Routing(scores, log_p, col, qg, kg)
 
 

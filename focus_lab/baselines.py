@@ -1,0 +1,537 @@
+"""Baselines in the Focus harness (issue 8): one mask rule, one gate, one attention path.
+
+Every baseline is either a FocusConfig (sliding window only, random groups) or a ``core.Router``
+subclass that changes *how scores become groups* through the one extension point
+``Router.assign`` (or how scores are made, ``Router.forward``). The hard mask
+(``core.hard_mask``: window + sinks + same group), the soft gate (``core.soft_gate_bias``),
+the attention path (``retrofit.focus_attention``, the decomposition in hard mode), the
+evaluation (``evaluate.evaluate``) and the recorder (``focus_lab.record``) are those of Focus,
+so the numbers are comparable at matched sparsity (the fraction of distant causal pairs a
+mask keeps, ``core.distant_pairs_kept``, is reported for every hard pattern).
+
+| baseline | what it is | source |
+|---|---|---|
+| ``window`` | local pairs only (+ sink tokens): ``mode="window"`` | Longformer's local attention (Beltagy et al. 2020) |
+| ``window_matched`` | a wider window with as many kept pairs as Focus top-k | equal-sparsity control [ours] |
+| ``random`` | fixed random groups, ``assignment="random"`` | control at equal sparsity |
+| ``kmeans`` | ``KMeansRouter``: scikit-learn k-means on the router inputs, score ``-||x - mu_c||^2`` | issue 8; the recorder's k-means baseline |
+| ``online_kmeans`` | ``OnlineKMeansRouter``: centroids = EMA of assigned router inputs over a pass of training text, no gradient | Routing Transformer (Roy et al. 2021) |
+| ``moba`` | ``MoBARouter``: key group = its block of positions; a query picks its top-k past blocks by ``q . mean(k)`` | MoBA (Lu et al. 2025), training-free |
+| ``lora`` | peft LoRA on q/v at the router's parameter budget, trained like the router | Hu et al. 2021; PAPER.md §5 |
+
+Two more Router subclasses serve the analyses: ``SoftmaxRouter`` (plain softmax over groups
+instead of Sinkhorn: the collapse, PAPER.md §1) and ``PrefixCausalRouter`` (Sinkhorn over the
+prefix ``<= i`` only: the causal variant of the soft gate, PAPER.md §1 [ours]).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+from typing import Callable, Iterable, Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+import torch.nn as nn
+
+from .config import FocusConfig, TrainConfig
+from .core import Router, distant_pairs_kept, hard_assign, sinkhorn
+from .evaluate import evaluate, standard_patterns
+from .retrofit import attach, attention_modules, detach, focus_config, is_attached, load_routers, set_config
+
+__all__ = [
+    "SoftmaxRouter", "PrefixCausalRouter", "KMeansRouter", "OnlineKMeansRouter", "MoBARouter",
+    "prefix_sinkhorn", "swap_routers", "restore_routers", "capture_router_inputs",
+    "fit_kmeans_routers", "fit_online_kmeans_routers", "use_moba", "matched_window_size",
+    "router_parameter_count", "lora_param_count", "lora_rank_for_budget", "train_lora",
+    "evaluate_baselines", "BASELINES",
+]
+
+BASELINES = ("focus", "window", "window_matched", "random", "kmeans", "online_kmeans", "moba")
+
+
+# --------------------------------------------------------------------------------------------
+# router subclasses
+
+def _normalized(h: torch.Tensor, config: FocusConfig) -> torch.Tensor:
+    """The router's own input normalization (``core.Router.forward``): RMS over d_model."""
+    h = h.float()
+    if config.normalize_input:
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)
+    return h
+
+
+class SoftmaxRouter(Router):
+    """Focus router whose soft assignment is a plain softmax over groups, ``P_ig =
+    softmax_g(S_ig / tau)``, with no Sinkhorn balancing (PAPER.md §1: "with plain softmax one
+    group absorbs almost every token"). No column potential, so the group bias stays 0.
+    Hard assignment: ``core.hard_assign`` as for Focus."""
+
+    def assign(self, scores, config, token_mask=None):
+        log_p = None
+        if config.mode == "soft" or self.training:
+            log_p = torch.log_softmax(scores.float() / config.tau, dim=-1)  # (B, T, K)
+        qg, kg = hard_assign(scores, config.tau, config.top_k, self.group_bias)
+        return log_p, None, qg, kg
+
+
+def prefix_sinkhorn(scores: torch.Tensor, tau: float, iters: int, token_mask: torch.Tensor | None = None,
+                    chunk: int = 64) -> torch.Tensor:
+    """Prefix-causal Sinkhorn: row ``i`` of ``core.sinkhorn`` run over the tokens ``j <= i`` only.
+
+    ``P_i = sinkhorn(S[:i+1], tau, N)[i]``: token i's soft groups depend on tokens <= i, so
+    the soft gate has no look-ahead (PAPER.md §1 [ours], the causal leak). Computed with
+    ``core.sinkhorn``'s token mask, ``chunk`` prefixes at a time: O(T^2 K N).
+
+    scores: (B, T, K); token_mask: optional (B, T) bool (padding). Returns log_p (B, T, K).
+    """
+    B, T, K = scores.shape
+    out = scores.new_empty(B, T, K, dtype=torch.float32)
+    pos = torch.arange(T, device=scores.device)
+    for a in range(0, T, chunk):
+        b = min(T, a + chunk)
+        c = b - a
+        s = scores[:, None, :b].expand(B, c, b, K).reshape(B * c, b, K)
+        m = pos[None, :b] <= pos[a:b, None]  # (c, b): prefix of each query
+        m = m[None].expand(B, c, b)
+        if token_mask is not None:
+            m = m & token_mask[:, None, :b]
+        lp, _ = sinkhorn(s, tau, iters, m.reshape(B * c, b))
+        lp = lp.view(B, c, b, K)
+        out[:, a:b] = lp[:, torch.arange(c), pos[a:b]]
+    return out
+
+
+class PrefixCausalRouter(Router):
+    """Focus router whose soft assignment is ``prefix_sinkhorn`` (no look-ahead); the hard
+    assignment is Focus's causal ``core.hard_assign``. Same parameters as ``Router``."""
+
+    def assign(self, scores, config, token_mask=None):
+        log_p = None
+        if config.mode == "soft" or self.training:
+            log_p = prefix_sinkhorn(scores, config.tau, config.sinkhorn_iters, token_mask)
+        qg, kg = hard_assign(scores, config.tau, config.top_k, self.group_bias)
+        return log_p, None, qg, kg
+
+
+class KMeansRouter(Router):
+    """k-means groups: ``S_ig = -||x_i - mu_g||^2`` with ``x`` the router input after the
+    router's RMS normalization and ``mu`` the (K, d_model) buffer ``means`` (fitted by
+    scikit-learn ``KMeans`` in ``fit_kmeans_routers``). Top-1 = nearest centroid, top-k = the k
+    nearest; no training, hard mode (soft mode would apply Sinkhorn to ``-dist / tau``)."""
+
+    def __init__(self, d_model: int, config: FocusConfig, layer_idx: int, means: torch.Tensor | None = None):
+        super().__init__(d_model, config, layer_idx)
+        K = config.num_groups
+        self.register_buffer("means", torch.zeros(K, d_model) if means is None else means.float().clone())
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        x = _normalized(h, self.config)  # (B, T, d)
+        mu = self.means.to(x.device)
+        d2 = x.pow(2).sum(-1, keepdim=True) - 2 * x @ mu.T + mu.pow(2).sum(-1)  # (B, T, K)
+        return -d2
+
+
+class OnlineKMeansRouter(KMeansRouter):
+    """Routing-Transformer-style online k-means (Roy et al. 2021): while ``learning`` is True,
+    every forward assigns each router input to its nearest centroid and moves the centroid
+    ``mu_g <- decay * mu_g + (1 - decay) * mean(x assigned to g)`` (no gradient). Centroids start
+    at K distinct tokens of the first batch (seeded). [ours] squared Euclidean distance on
+    RMS-normalized inputs instead of the paper's dot product on unit vectors (the same order
+    for vectors of equal norm)."""
+
+    def __init__(self, d_model: int, config: FocusConfig, layer_idx: int, decay: float = 0.9):
+        super().__init__(d_model, config, layer_idx)
+        self.decay = float(decay)
+        self.learning = False
+        self.register_buffer("initialized", torch.tensor(False))
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        if self.learning:
+            with torch.no_grad():
+                x = _normalized(h, self.config).reshape(-1, h.shape[-1])  # (N, d)
+                if not bool(self.initialized):
+                    g = torch.Generator().manual_seed(self.config.seed * 1_000_003 + self.layer_idx)
+                    idx = torch.randperm(x.shape[0], generator=g)[: self.means.shape[0]]
+                    self.means[: len(idx)] = x[idx].to(self.means)
+                    self.initialized.fill_(True)
+                d2 = torch.cdist(x, self.means.to(x))  # (N, K)
+                c = d2.argmin(-1)
+                K = self.means.shape[0]
+                sums = torch.zeros(K, x.shape[1], dtype=x.dtype).index_add_(0, c, x)
+                counts = torch.bincount(c, minlength=K).to(x.dtype)
+                hit = counts > 0
+                new = sums[hit] / counts[hit, None]
+                self.means[hit] = self.decay * self.means[hit] + (1 - self.decay) * new.to(self.means)
+        return super().forward(h)
+
+
+class MoBARouter(Router):
+    """MoBA-style block gate (Lu et al. 2025), training-free.
+
+    Keys: token j's group is its block ``floor(j / block_size)`` (so ``num_groups`` must cover
+    ``ceil(T / block_size)`` blocks). Queries: token i scores every block by the similarity of
+    its query to the block's mean key, ``s_ib = mean_h (q_i^h . mean_{j in b} k_j^h) * scale``,
+    with the layer's own ``q_proj`` / ``k_proj`` (before RoPE; GQA: query head h reads kv head
+    h // (H / Hkv)), or of the RMS-normalized router inputs when the layer has no such
+    projections; and keeps its ``top_k`` highest *strictly past* blocks. Its current block is
+    kept through the local window (``block_size <= window`` is required). Blocks at or after
+    the query's own only fill the top-k slots of early queries; the causal mask removes them.
+    """
+
+    def __init__(self, d_model: int, config: FocusConfig, layer_idx: int, block_size: int,
+                 attention: nn.Module | None = None):
+        super().__init__(d_model, config, layer_idx)
+        if block_size > config.window:
+            raise ValueError(f"MoBA block_size={block_size} must be <= window={config.window}: the "
+                             "current block is kept through the local window")
+        self.block_size = int(block_size)
+        self._qk = None
+        if attention is not None and hasattr(attention, "q_proj") and hasattr(attention, "k_proj"):
+            cfg = getattr(attention, "config", None)
+            hd = getattr(attention, "head_dim", None) or (cfg.hidden_size // cfg.num_attention_heads)
+            self._qk = (attention.q_proj, attention.k_proj, int(hd), float(getattr(attention, "scaling", hd ** -0.5)))
+
+    def _blocks(self, T: int, device) -> torch.Tensor:
+        blk = torch.arange(T, device=device) // self.block_size
+        if int(blk[-1]) >= self.config.num_groups:
+            raise ValueError(f"MoBA: {T} tokens make {int(blk[-1]) + 1} blocks of {self.block_size}, more "
+                             f"than num_groups={self.config.num_groups}; use use_moba(..., seq_len={T})")
+        return blk
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        B, T, _ = h.shape
+        K = self.config.num_groups
+        blk = self._blocks(T, h.device)
+        counts = torch.bincount(blk, minlength=K).clamp(min=1).float()  # (K,)
+        if self._qk is not None:
+            q_proj, k_proj, D, scale = self._qk
+            with torch.no_grad():
+                q = q_proj(h).float().view(B, T, -1, D)  # (B, T, H, D)
+                k = k_proj(h).float().view(B, T, -1, D)  # (B, T, Hkv, D)
+            H, Hkv = q.shape[2], k.shape[2]
+            kmean = torch.zeros(B, K, Hkv, D, device=h.device).index_add_(1, blk, k) / counts[None, :, None, None]
+            kmean = kmean.repeat_interleave(H // Hkv, dim=2)  # (B, K, H, D)
+            return torch.einsum("bthd,bkhd->btk", q, kmean) * scale / H  # (B, T, K)
+        x = _normalized(h, self.config)
+        xmean = torch.zeros(B, K, x.shape[-1], device=h.device).index_add_(1, blk, x) / counts[None, :, None]
+        return x @ xmean.transpose(1, 2) / math.sqrt(x.shape[-1])
+
+    def assign(self, scores, config, token_mask=None):
+        if config.mode == "soft" or self.training:
+            raise ValueError("the MoBA baseline is training-free and hard only: use mode='hard'")
+        B, T, K = scores.shape
+        blk = self._blocks(T, scores.device)
+        past = torch.arange(K, device=scores.device)[None, :] < blk[:, None]  # (T, K)
+        s = scores.float().masked_fill(~past, float("-inf"))
+        # ties among -inf (no past block) resolve to any block: the causal mask removes them
+        qg = s.topk(config.top_k, dim=-1).indices  # (B, T, k)
+        return None, None, qg, blk[None].expand(B, T)
+
+
+# --------------------------------------------------------------------------------------------
+# swapping routers in and out of an attached model
+
+def swap_routers(model, factory: Callable[[Router, nn.Module], Router]) -> dict[int, Router]:
+    """Replace every layer's router by ``factory(old_router, attention_module)``; returns the
+    old routers ({layer: Router}) for ``restore_routers``. The new router keeps the old one's
+    training mode and device."""
+    old = {}
+    for i, m in attention_modules(model):
+        r = getattr(m, "focus_router", None)
+        if r is None:
+            continue
+        new = factory(r, m)
+        new.to(r.proj.device)
+        new.train(r.training)
+        old[i] = r
+        m.focus_router = new
+    return old
+
+
+def restore_routers(model, old: dict[int, Router]) -> None:
+    """Put back the routers ``swap_routers`` returned."""
+    for i, m in attention_modules(model):
+        if i in old:
+            m.focus_router = old[i]
+
+
+def _same_weights(cls, **kw):
+    """A factory building ``cls`` with the old router's config and weights."""
+    def make(r: Router, module: nn.Module) -> Router:
+        new = cls(r.proj.shape[0], r.config, r.layer_idx, **kw)
+        new.load_state_dict(r.state_dict(), strict=False)
+        return new
+    return make
+
+
+# --------------------------------------------------------------------------------------------
+# k-means and online k-means
+
+@torch.no_grad()
+def capture_router_inputs(model, windows: Sequence, max_tokens: int | None = None) -> dict[int, np.ndarray]:
+    """Router inputs of every routed layer under the dense model, RMS-normalized as the router
+    normalizes them: {layer: (N, d_model) float32}. A forward pre-hook on each attention module
+    captures its input (the same capture as ``retrofit.attach``); Focus is switched to
+    ``mode="dense"`` for the pass (exactly the pretrained model) and restored."""
+    cfg = focus_config(model)
+    got: dict[int, list] = {}
+    hooks = []
+    for i, m in attention_modules(model):
+        if not hasattr(m, "focus_router"):
+            continue
+
+        def hook(module, args, kwargs, i=i):
+            h = kwargs.get("hidden_states", args[0] if args else None)
+            got.setdefault(i, []).append(_normalized(h, cfg).reshape(-1, h.shape[-1]).cpu())
+        hooks.append(m.register_forward_pre_hook(hook, with_kwargs=True))
+    set_config(model, mode="dense")
+    seen = 0
+    try:
+        for w in windows:
+            model(input_ids=w.input_ids[None], use_cache=False)
+            seen += int(w.input_ids.numel())
+            if max_tokens is not None and seen >= max_tokens:
+                break
+    finally:
+        for h in hooks:
+            h.remove()
+        set_config(model, mode=cfg.mode)
+    return {i: torch.cat(v)[:max_tokens].numpy() for i, v in got.items()}
+
+
+def fit_kmeans_routers(model, windows: Sequence, max_tokens: int | None = 4096, seed: int = 0,
+                       n_init: int = 4) -> dict[int, Router]:
+    """Fit scikit-learn ``KMeans(K, n_init, random_state=seed)`` per layer on the captured router
+    inputs (``capture_router_inputs``) and swap in ``KMeansRouter``s. Returns the old routers."""
+    from sklearn.cluster import KMeans
+    cfg = focus_config(model)
+    x = capture_router_inputs(model, windows, max_tokens)
+    means = {}
+    for i, xi in x.items():
+        km = KMeans(n_clusters=min(cfg.num_groups, len(xi)), n_init=n_init, random_state=seed).fit(xi)
+        mu = torch.zeros(cfg.num_groups, xi.shape[1])
+        mu[: km.cluster_centers_.shape[0]] = torch.from_numpy(km.cluster_centers_).float()
+        means[i] = mu
+
+    def make(r: Router, module: nn.Module) -> Router:
+        return KMeansRouter(r.proj.shape[0], r.config, r.layer_idx, means[r.layer_idx])
+    return swap_routers(model, make)
+
+
+@torch.no_grad()
+def fit_online_kmeans_routers(model, windows: Sequence, decay: float = 0.9, passes: int = 1) -> dict[int, Router]:
+    """Swap in ``OnlineKMeansRouter``s and run ``passes`` over ``windows`` in hard mode with
+    learning on (each layer's centroids follow the inputs routed by the layers below, as in the
+    Routing Transformer); then learning off. Returns the old routers."""
+    old = swap_routers(model, lambda r, m: OnlineKMeansRouter(r.proj.shape[0], r.config, r.layer_idx, decay))
+    cfg = focus_config(model)
+    from .retrofit import routers
+    rs = [r for r in routers(model).values() if isinstance(r, OnlineKMeansRouter)]
+    set_config(model, mode="hard")
+    try:
+        for r in rs:
+            r.learning = True
+        for _ in range(passes):
+            for w in windows:
+                model(input_ids=w.input_ids[None], use_cache=False)
+    finally:
+        for r in rs:
+            r.learning = False
+        set_config(model, mode=cfg.mode)
+    return old
+
+
+# --------------------------------------------------------------------------------------------
+# MoBA
+
+def use_moba(model, config: FocusConfig, seq_len: int, block_size: int | None = None) -> FocusConfig:
+    """Attach Focus to ``model`` (detaching any current routers) with ``MoBARouter``s: blocks of
+    ``block_size`` (default ``min(window, ceil(seq_len / config.num_groups))``) and ``num_groups
+    = ceil(seq_len / block_size)``. Returns the attached config (mode "hard")."""
+    bs = block_size or min(config.window, math.ceil(seq_len / config.num_groups))
+    nb = math.ceil(seq_len / bs)
+    cfg = config.replace(num_groups=nb, top_k=min(config.top_k, nb), mode="hard", assignment="router")
+    if is_attached(model):
+        detach(model)
+    attach(model, cfg)
+    swap_routers(model, lambda r, m: MoBARouter(r.proj.shape[0], r.config, r.layer_idx, bs, attention=m))
+    return focus_config(model)
+
+
+# --------------------------------------------------------------------------------------------
+# matched sparsity
+
+def matched_window_size(kept_fraction: float, seq_len: int, window: int, sinks: int = 0) -> int:
+    """The sliding window ``w'`` whose kept causal pairs (with the same sink rule) equal those of
+    a mask keeping ``kept_fraction`` of the distant pairs ``i - j >= window`` plus all local
+    pairs (``metrics.matched_window``)."""
+    from .metrics import matched_window, window_pairs
+    distant = sum(max(0, i - window + 1) for i in range(seq_len))
+    pairs = window_pairs(seq_len, window, 0) + kept_fraction * distant
+    return int(matched_window(int(round(pairs)), seq_len, sinks))
+
+
+# --------------------------------------------------------------------------------------------
+# LoRA at the router's parameter budget
+
+def router_parameter_count(model, config: FocusConfig | None = None) -> int:
+    """Trainable parameters of Focus routers on ``model``: per routed layer
+    ``d_model * d_g + K * d_g`` (PAPER.md §1; 278,400 for SmolLM2-135M with K = 4, d_g = 16)."""
+    config = config or FocusConfig()
+    d = int(model.config.hidden_size)
+    n = len(attention_modules(model)) if config.layers is None else len(config.layers)
+    return n * (d * config.router_dim + config.num_groups * config.router_dim)
+
+
+def _lora_targets(model, targets: Sequence[str]) -> list[nn.Linear]:
+    mods = [m for name, m in model.named_modules()
+            if isinstance(m, nn.Linear) and name.split(".")[-1] in targets]
+    if not mods:
+        raise ValueError(f"no Linear modules named {list(targets)} in this model")
+    return mods
+
+
+def lora_param_count(model, rank: int, targets: Sequence[str] = ("q_proj", "v_proj")) -> int:
+    """LoRA parameters: ``rank * (in + out)`` per target Linear."""
+    return sum(rank * (m.in_features + m.out_features) for m in _lora_targets(model, targets))
+
+
+def lora_rank_for_budget(model, budget: int, targets: Sequence[str] = ("q_proj", "v_proj")) -> int:
+    """The rank >= 1 whose LoRA parameter count is closest to ``budget``."""
+    per = lora_param_count(model, 1, targets)
+    return max(1, int(round(budget / per)))
+
+
+def train_lora(model, windows: list, train_cfg: TrainConfig, rank: int,
+               targets: Sequence[str] = ("q_proj", "v_proj"), alpha: float | None = None,
+               progress: bool = False) -> tuple[nn.Module, pd.DataFrame]:
+    """Train LoRA adapters (peft) on a plain (non-Focus) model with the router's schedule:
+    the same windows in the same order (``train.batch_for_step``), AdamW, the same warm-up +
+    cosine learning rate (``train._lr_at``), ``train_cfg.steps`` steps.
+
+    Returns (the model with the adapters merged into its weights, a log DataFrame: step, loss,
+    lr, seconds, lora_parameters). ``alpha`` defaults to ``2 * rank``."""
+    from peft import LoraConfig, get_peft_model
+    from .train import _lr_at, batch_for_step
+    torch.manual_seed(train_cfg.seed)
+    pcfg = LoraConfig(r=rank, lora_alpha=alpha or 2 * rank, target_modules=list(targets), lora_dropout=0.0,
+                      bias="none", task_type="CAUSAL_LM")
+    pm = get_peft_model(model, pcfg)
+    params = [p for p in pm.parameters() if p.requires_grad]
+    n_params = sum(p.numel() for p in params)
+    opt = torch.optim.AdamW(params, lr=train_cfg.lr, weight_decay=train_cfg.weight_decay)
+    rows = []
+    pm.eval()  # no dropout anywhere; LoRA weights still get gradients
+    for step in range(train_cfg.steps):
+        t0 = time.perf_counter()
+        for g in opt.param_groups:
+            g["lr"] = _lr_at(step, train_cfg)
+        ids = batch_for_step(windows, step, train_cfg)
+        loss = pm(input_ids=ids, labels=ids, use_cache=False).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        rows.append({"step": step, "loss": float(loss.detach()), "lr": opt.param_groups[0]["lr"],
+                     "seconds": time.perf_counter() - t0, "lora_parameters": n_params})
+        if progress:
+            print(f"lora step {step + 1}/{train_cfg.steps} loss {float(loss):.4f}", flush=True)
+    merged = pm.merge_and_unload()
+    for p in merged.parameters():
+        p.requires_grad_(False)
+    return merged.eval(), pd.DataFrame(rows)
+
+
+# --------------------------------------------------------------------------------------------
+# the harness
+
+def _hard(K: int) -> list[tuple[str, dict]]:
+    return [(f"hard_top{k}", {"mode": "hard", "top_k": k}) for k in range(1, K + 1)]
+
+
+def evaluate_baselines(model, router_file: str | Path | None, fit_windows: Sequence, eval_windows: Sequence,
+                       methods: Iterable[str] = BASELINES, config: FocusConfig | None = None,
+                       log: Callable[[str], None] | None = None) -> pd.DataFrame:
+    """Held-out perplexity of Focus and every baseline on the same windows, one table.
+
+    Args:
+        model: a plain model (Focus not attached; it is detached again at the end).
+        router_file: trained Focus routers (their config is used for every baseline: K, window,
+            top-k range, sink tokens); or None with ``config`` (then "focus" is the untrained router).
+        fit_windows: training-text windows for k-means (fit) and online k-means (one pass).
+        eval_windows: held-out windows, identical for every method.
+        methods: subset of ``BASELINES``.
+    Returns:
+        ``evaluate.evaluate``'s columns plus ``method`` (focus / dense / window / window_matched /
+        random / kmeans / online_kmeans / moba), ``window_size`` and ``speedup`` (tokens/s over
+        the dense pattern's, same run). Dense and window rows come with "focus".
+    """
+    say = log or (lambda s: None)
+    methods = list(methods)
+    if router_file is not None:
+        cfg = load_routers(model, router_file)
+    else:
+        cfg = attach(model, config or FocusConfig())
+        cfg = focus_config(model)
+    K = cfg.num_groups
+    T = int(eval_windows[0].input_ids.shape[0])
+    frames = []
+
+    def run(method, patterns, **extra):
+        t0 = time.perf_counter()
+        df = evaluate(model, list(eval_windows), patterns, progress=False)
+        df.insert(0, "method", method)
+        for k, v in extra.items():
+            df[k] = v
+        frames.append(df)
+        say(f"  {method}: " + ", ".join(f"{r.label}={r.perplexity:.3f}" for r in df.itertuples())
+            + f" ({time.perf_counter() - t0:.0f}s)")
+        return df
+
+    focus_df = None
+    if "focus" in methods or "window_matched" in methods:
+        pats = standard_patterns(K) if "focus" in methods else _hard(K)
+        focus_df = run("focus", pats)
+        focus_df.loc[focus_df["label"] == "dense", "method"] = "dense"
+        focus_df.loc[focus_df["label"] == "window", "method"] = "window"
+    if "window" in methods and (focus_df is None or "window" not in set(focus_df["label"])):
+        run("window", [("window", {"mode": "window"})])
+    if "window_matched" in methods:
+        pats = []
+        for k in range(1, K + 1):
+            frac = float(focus_df.loc[focus_df["label"] == f"hard_top{k}", "distant_pairs_kept"].iloc[0])
+            w = matched_window_size(frac, T, cfg.window, cfg.sink_tokens)
+            pats.append((f"window_matched_top{k}", {"mode": "window", "window": w}))
+        df = run("window_matched", pats)
+        df["window_size"] = [p[1]["window"] for p in pats]
+    if "random" in methods:
+        set_config(model, assignment="random")
+        run("random", _hard(K))
+        set_config(model, assignment=cfg.assignment)
+    if "kmeans" in methods:
+        old = fit_kmeans_routers(model, fit_windows, seed=cfg.seed)
+        run("kmeans", _hard(K))
+        restore_routers(model, old)
+    if "online_kmeans" in methods:
+        old = fit_online_kmeans_routers(model, fit_windows)
+        run("online_kmeans", _hard(K))
+        restore_routers(model, old)
+    if "moba" in methods:
+        mcfg = use_moba(model, cfg, T)
+        from .retrofit import routers
+        run("moba", _hard(mcfg.num_groups), block_size=next(iter(routers(model).values())).block_size)
+    if is_attached(model):
+        detach(model)
+    out = pd.concat(frames, ignore_index=True)
+    if "window_size" not in out:
+        out["window_size"] = np.nan
+    out.loc[out["mode"] == "window", "window_size"] = out.loc[out["mode"] == "window", "window_size"].fillna(cfg.window)
+    dense = out.loc[out["method"] == "dense", "tokens_per_second"]
+    out["speedup"] = out["tokens_per_second"] / float(dense.iloc[0]) if len(dense) else np.nan
+    out["seq_len"] = T
+    out["num_groups"] = K
+    out["window"] = cfg.window
+    out["sink_tokens"] = cfg.sink_tokens
+    return out

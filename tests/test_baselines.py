@@ -1,0 +1,223 @@
+"""Baselines (issue 8) on tiny random models: the Router.assign extension point, softmax and
+prefix-causal Sinkhorn, k-means / online k-means / MoBA routers, matched windows, LoRA budget,
+and the one harness that evaluates them all."""
+
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+import torch
+
+import focus_lab
+from focus_lab import FocusConfig, TrainConfig
+from focus_lab import baselines as BL
+from focus_lab.core import Router, hard_assign, route, sinkhorn
+from focus_lab.metrics import window_pairs
+from focus_lab.retrofit import routers, set_config
+from conftest import tiny_llama
+
+T = 32
+
+
+@dataclass
+class W:
+    input_ids: torch.Tensor
+
+
+def _windows(n=2, T=T, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [W(torch.randint(3, 97, (T,), generator=g)) for _ in range(n)]
+
+
+# ---------------------------------------------------------------- the extension point
+
+def test_default_assign_is_sinkhorn_and_hard_assign():
+    cfg = FocusConfig(num_groups=4, top_k=2, mode="soft")
+    r = Router(16, cfg, 0).eval()
+    r.group_bias.copy_(torch.tensor([0.3, -0.1, 0.0, -0.2]))
+    h = torch.randn(2, 9, 16, generator=torch.Generator().manual_seed(1))
+    out = route(r, h)
+    lp, col = sinkhorn(out.scores, cfg.tau, cfg.sinkhorn_iters)
+    qg, kg = hard_assign(out.scores, cfg.tau, cfg.top_k, r.group_bias)
+    assert torch.equal(out.log_p, lp) and torch.equal(out.col_potential, col)
+    assert torch.equal(out.query_groups, qg) and torch.equal(out.key_group, kg)
+    hard = route(r, h, config=cfg.replace(mode="hard"))
+    assert hard.log_p is None and torch.equal(hard.query_groups, qg)
+
+
+class _OneGroup(Router):
+    def assign(self, scores, config, token_mask=None):
+        B, T, _ = scores.shape
+        z = torch.zeros(B, T, dtype=torch.long)
+        return None, None, z[..., None].expand(B, T, config.top_k), z
+
+
+@torch.no_grad()
+def test_overridden_assign_reaches_the_attention_path():
+    model = tiny_llama()
+    ids = _windows(1)[0].input_ids[None]
+    ref = model(ids).logits
+    focus_lab.attach(model, FocusConfig(mode="hard", window=2, num_groups=4, top_k=1))
+    assert not torch.allclose(model(ids, use_cache=False).logits, ref, atol=1e-4)
+    BL.swap_routers(model, lambda r, m: _OneGroup(r.proj.shape[0], r.config, r.layer_idx))
+    for backend in ("auto", "dense"):  # every token in group 0: nothing is masked
+        set_config(model, backend=backend)
+        assert torch.allclose(model(ids, use_cache=False).logits, ref, atol=1e-5)
+
+
+# ---------------------------------------------------------------- softmax, prefix-causal
+
+def test_softmax_router_is_plain_softmax():
+    cfg = FocusConfig(num_groups=4, mode="soft")
+    r = BL.SoftmaxRouter(16, cfg, 0)
+    h = torch.randn(1, 7, 16)
+    out = route(r, h)
+    assert torch.allclose(out.log_p, torch.log_softmax(out.scores / cfg.tau, -1))
+    assert out.col_potential is None
+
+
+def test_prefix_sinkhorn_rows_equal_sinkhorn_over_the_prefix():
+    g = torch.Generator().manual_seed(3)
+    s = 0.2 * torch.randn(2, 11, 4, generator=g)
+    lp = BL.prefix_sinkhorn(s, 0.1, 5, chunk=4)
+    for i in range(11):
+        ref, _ = sinkhorn(s[:, : i + 1], 0.1, 5)
+        assert torch.allclose(lp[:, i], ref[:, i], atol=1e-5)
+    s2 = s.clone()
+    s2[:, 6:] = torch.randn(2, 5, 4, generator=g)  # later tokens never change earlier rows
+    assert torch.allclose(BL.prefix_sinkhorn(s2, 0.1, 5)[:, :6], lp[:, :6], atol=1e-6)
+
+
+# ---------------------------------------------------------------- k-means, online k-means
+
+def test_kmeans_router_scores_nearest_centroid():
+    cfg = FocusConfig(num_groups=3, top_k=2, normalize_input=False)
+    mu = torch.randn(3, 8, generator=torch.Generator().manual_seed(0))
+    r = BL.KMeansRouter(8, cfg, 0, mu)
+    h = torch.randn(1, 20, 8)
+    s = r(h)
+    d = torch.cdist(h[0], mu) ** 2
+    assert torch.allclose(-s[0], d, atol=1e-4)
+    qg, kg = hard_assign(s, cfg.tau, 2)
+    assert torch.equal(kg[0], d.argmin(-1)) and torch.equal(qg[0], d.topk(2, largest=False).indices)
+
+
+@torch.no_grad()
+def test_fit_kmeans_routers_match_sklearn_on_captured_inputs():
+    from sklearn.cluster import KMeans
+    model = tiny_llama()
+    focus_lab.attach(model, FocusConfig(mode="hard", window=4, num_groups=3, top_k=1))
+    win = _windows(2)
+    x = BL.capture_router_inputs(model, win)
+    assert set(x) == {0, 1} and x[0].shape == (2 * T, 64)
+    BL.fit_kmeans_routers(model, win, seed=0)
+    r = routers(model)[0]
+    assert isinstance(r, BL.KMeansRouter)
+    lab = KMeans(3, n_init=4, random_state=0).fit(x[0]).predict(x[0])
+    ours = r(torch.from_numpy(x[0])[None]).argmax(-1)[0].numpy()  # input already normalized: RMS 1
+    assert np.array_equal(ours, lab)
+
+
+def test_online_kmeans_ema_update():
+    cfg = FocusConfig(num_groups=2, normalize_input=False)
+    r = BL.OnlineKMeansRouter(2, cfg, 0, decay=0.5)
+    r.means.copy_(torch.tensor([[0.0, 0.0], [10.0, 10.0]]))
+    r.initialized.fill_(True)
+    r.learning = True
+    r(torch.tensor([[[1.0, 1.0], [3.0, 1.0], [9.0, 9.0]]]))
+    assert torch.allclose(r.means, torch.tensor([[1.0, 0.5], [9.5, 9.5]]))
+    r.learning = False
+    before = r.means.clone()
+    r(torch.randn(1, 5, 2))
+    assert torch.equal(r.means, before)
+
+
+# ---------------------------------------------------------------- MoBA
+
+@torch.no_grad()
+def test_moba_blocks_are_causal_and_exact():
+    model = tiny_llama()
+    cfg = BL.use_moba(model, FocusConfig(window=8, num_groups=4, top_k=1, sink_tokens=0), seq_len=T)
+    assert cfg.num_groups == 4 and routers(model)[0].block_size == 8
+    ids = _windows(1)[0].input_ids[None]
+    seen = {}
+    focus_lab.retrofit.add_observer(model, lambda m, q, k, v, routing, bias, o: seen.setdefault(m.layer_idx, routing))
+    out = model(ids, use_cache=False).logits
+    rt = seen[0]
+    pos = torch.arange(T)
+    assert torch.equal(rt.key_group[0], pos // 8)
+    blk = pos // 8
+    has_past = blk >= 1
+    assert (rt.query_groups[0, has_past, 0] < blk[has_past]).all()  # a strictly past block
+    set_config(model, backend="dense")
+    assert torch.allclose(model(ids, use_cache=False).logits, out, atol=1e-5)
+    ids2 = ids.clone()
+    ids2[0, 20:] = 5  # later tokens never change earlier outputs
+    out2 = model(ids2, use_cache=False).logits
+    assert torch.allclose(out2[:, :20], out[:, :20], atol=1e-5)
+
+
+def test_moba_rejects_soft_mode_and_large_blocks():
+    with pytest.raises(ValueError, match="block_size"):
+        BL.MoBARouter(16, FocusConfig(window=4), 0, block_size=8)
+    r = BL.MoBARouter(16, FocusConfig(window=8, mode="soft"), 0, block_size=8)
+    with pytest.raises(ValueError, match="hard"):
+        route(r, torch.randn(1, 16, 16))
+
+
+# ---------------------------------------------------------------- matched sparsity, LoRA
+
+@pytest.mark.parametrize("frac", [0.0, 0.25, 0.5, 1.0])
+def test_matched_window_size_has_the_same_pair_count(frac):
+    n, w = 64, 8
+    distant = sum(max(0, i - w + 1) for i in range(n))
+    target = window_pairs(n, w) + frac * distant
+    wm = BL.matched_window_size(frac, n, w)
+    best = min(range(1, n + 1), key=lambda x: (abs(window_pairs(n, x) - target), x))
+    assert wm == best
+    if frac == 0.0:
+        assert wm == w
+    if frac == 1.0:
+        assert wm == n
+
+
+def test_lora_budget_and_training():
+    model = tiny_llama()
+    budget = BL.router_parameter_count(model, FocusConfig(num_groups=4, router_dim=16))
+    assert budget == 2 * (64 * 16 + 4 * 16)
+    r = BL.lora_rank_for_budget(model, budget)
+    per = BL.lora_param_count(model, 1)
+    assert per == 2 * ((64 + 64) + (64 + 32))  # q_proj 64->64, v_proj 64->32 (GQA), 2 layers
+    assert abs(BL.lora_param_count(model, r) - budget) <= per / 2
+    ids = _windows(1)[0].input_ids[None]
+    with torch.no_grad():
+        ref = model(ids).logits
+    merged, log = BL.train_lora(model, _windows(4), TrainConfig(steps=2, seq_len=T, batch_size=1, lr=1e-2,
+                                                                warmup=1), rank=r)
+    assert len(log) == 2 and int(log["lora_parameters"].iloc[0]) == BL.lora_param_count(tiny_llama(), r)
+    assert type(merged).__name__ == "LlamaForCausalLM"
+    assert not any(p.requires_grad for p in merged.parameters())
+    with torch.no_grad():
+        assert not torch.allclose(merged(ids).logits, ref, atol=1e-4)
+
+
+# ---------------------------------------------------------------- the harness
+
+def test_evaluate_baselines_one_table(tmp_path):
+    model = tiny_llama()
+    cfg = FocusConfig(window=8, num_groups=4, top_k=2, sink_tokens=1)
+    df = BL.evaluate_baselines(model, None, _windows(2, seed=1), _windows(2, seed=2), config=cfg)
+    assert set(df["method"]) == {"dense", "window", "focus", "window_matched", "random", "kmeans",
+                                 "online_kmeans", "moba"}
+    assert not focus_lab.retrofit.is_attached(model)
+    hard = df[df["mode"] == "hard"]
+    assert hard["distant_pairs_kept"].between(0, 1).all()
+    for m in ("focus", "random", "kmeans", "online_kmeans", "moba"):
+        assert set(hard[hard.method == m]["top_k"]) == {1, 2, 3, 4}
+    # every method sees the same windows; dense equals the plain model
+    with torch.no_grad():
+        nll = sum(torch.nn.functional.cross_entropy(model(w.input_ids[None]).logits[0, :-1], w.input_ids[1:],
+                                                    reduction="sum") for w in _windows(2, seed=2))
+    assert df.loc[df.method == "dense", "nll"].iloc[0] == pytest.approx(float(nll) / (2 * (T - 1)), rel=1e-5)
+    wm = df[df.method == "window_matched"]
+    assert (wm["window_size"] >= 8).all() and wm["window_size"].is_monotonic_increasing
