@@ -228,25 +228,45 @@ def test_coverage_heatmap_and_table(app, runs_root):
 # ------------------------------------------------------------------------------------------ audit
 
 def test_audit_filters_narrow_the_table(app, runs_root):
+    MAX_ROWS = 2000  # app_pages/audit.py
     edges = read(runs_root, "tiny", "dropped_edges")
     at = app("audit")
-    table = at.dataframe[0].value
-    assert len(table) == len(edges) > 0
-    assert at.metric[0].value == f"{len(edges):,}"
+
+    def shown() -> tuple[int, pd.DataFrame]:
+        assert not at.exception, [e.value for e in at.exception]
+        n = int(at.metric[0].value.replace(",", ""))
+        table = at.dataframe[0].value
+        assert len(table) == min(n, MAX_ROWS)
+        return n, table
+
+    n, table = shown()
+    assert n == len(edges) > 0
+    assert table["weight"].is_monotonic_decreasing  # heaviest first
     assert any("key ← query" in title(f) for f in figures(at))
     cut = float(np.quantile(edges["weight"], 0.75))
     at.number_input(key="audit_weight").set_value(cut).run()
-    assert not at.exception
-    table = at.dataframe[0].value
-    assert len(table) == (edges["weight"] >= cut).sum() < len(edges)
+    n, table = shown()
+    assert n == (edges["weight"] >= cut).sum() < len(edges)
+    assert table["weight"].min() >= cut
     at.multiselect(key="audit_layers").set_value([1]).run()
-    table = at.dataframe[0].value
+    n, table = shown()
     assert set(table["layer"]) == {1}
-    assert len(table) == ((edges["weight"] >= cut) & (edges["layer_idx"] == 1)).sum()
+    assert n == ((edges["weight"] >= cut) & (edges["layer_idx"] == 1)).sum()
     assert at.get("download_button")
-    # relations recorded by spaCy are offered as a filter
+    # relations recorded by spaCy are offered as a filter; picking one keeps only it
     rels = at.multiselect(key="audit_relations").options
     assert "(no relation)" in rels
+    heavy = edges[(edges["weight"] >= cut) & (edges["relation"].fillna("") != "")]
+    if len(heavy):
+        rel = heavy["relation"].value_counts().index[0]
+        assert rel in rels
+        at.multiselect(key="audit_layers").set_value([]).run()
+        at.multiselect(key="audit_relations").set_value([rel]).run()
+        n, table = shown()
+        assert set(table["relation"]) == {rel}
+        assert n == (heavy["relation"] == rel).sum()
+    at.number_input(key="audit_weight").set_value(1.0).run()
+    assert any("No dropped edge matches" in w.value for w in at.warning)
 
 
 # ---------------------------------------------------------------------------------------- compare
