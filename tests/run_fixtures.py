@@ -11,10 +11,8 @@
 * a run directory written by ``focus_lab.record.record_run`` (tokens, assignments, pos when
   spaCy is available) plus an eval table from ``focus_lab.evaluate.evaluate`` and a synthetic
   train_log with the trainer's columns;
-* with ``standins=True``: balance, coverage, coverage_distance and dropped_edges tables computed
-  here from the tiny model's dense attention, in the column layout the dashboard reads, for
-  as long as the recorder (issue 3) does not write them itself. Tables the recorder already
-  wrote are never replaced.
+* the recorder's metric tables (balance, coverage, crossing, dropped_edges, linguistics), as
+  ``record_run`` writes them.
 
 Also ``corrupt_run`` and ``other_schema_run`` for the error-message tests.
 """
@@ -107,100 +105,6 @@ def _spacy_ok() -> bool:
         return False
 
 
-# -------------------------------------------------------------------------------------------
-# stand-in tables (until the recorder writes them)
-
-@torch.no_grad()
-def _dense_attention(model, ids: torch.Tensor) -> list[np.ndarray]:
-    """Per layer (H, T, T) dense softmax attention of the base model (Focus detached)."""
-    out = model(input_ids=ids[None], output_attentions=True, use_cache=False)
-    return [a[0].float().numpy() for a in out.attentions]
-
-
-def _kept_mask(top_k_groups: np.ndarray, group: np.ndarray, window: int) -> np.ndarray:
-    """(T, T) bool: the hard mask of PAPER.md §2 (query in its top-k, key in its top-1 group)."""
-    T = len(group)
-    i = np.arange(T)[:, None]
-    j = np.arange(T)[None, :]
-    causal = j <= i
-    local = (i - j) < window
-    same = (top_k_groups[:, :, None] == group[None, None, :]).any(axis=1)
-    return causal & (local | same)
-
-
-def _standin_tables(base_model, windows, asg: pd.DataFrame, pos: pd.DataFrame | None, tokens: pd.DataFrame,
-                    num_groups: int, window: int, tau: float, threshold: float = 0.045) -> dict[str, pd.DataFrame]:
-    cov_rows, dist_rows, edge_rows, bal_rows = [], [], [], []
-    rng = np.random.default_rng(0)
-    for w_idx, w in enumerate(windows):
-        atts = _dense_attention(base_model, w.input_ids)
-        T = len(w.input_ids)
-        tok_w = tokens[tokens.window == w_idx].sort_values("position")
-        tok_text = tok_w["token"].to_numpy()
-        pos_w = pos[pos.window == w_idx].sort_values("position") if pos is not None else None
-        rel_fn = None
-        if pos_w is not None:
-            try:
-                from focus_lab.linguistics import relations_for_pairs
-                rel_fn = relations_for_pairs
-            except ImportError:
-                rel_fn = None
-        for layer, att in enumerate(atts):
-            a = asg[(asg.window == w_idx) & (asg.layer_idx == layer)].sort_values("position")
-            if a.empty:
-                continue
-            group = a["group"].to_numpy()
-            topk = np.stack(a["top_k_groups"].to_numpy())
-            kept = _kept_mask(topk, group, window)
-            rand_g = rng.integers(0, num_groups, size=T)
-            rand_kept = _kept_mask(rand_g[:, None].repeat(topk.shape[1], 1), rand_g, window)
-            win_kept = _kept_mask(np.full((T, 1), -1), group, window)
-            dist = np.arange(T)[:, None] - np.arange(T)[None, :]
-            for h in range(att.shape[0]):
-                p = att[h]
-                for pattern, m in (("focus", kept), ("window", win_kept), ("random", rand_kept)):
-                    cov = (p * m).sum(-1)
-                    cov_rows.append({"window": w_idx, "layer_idx": layer, "head": h, "pattern": pattern,
-                                     "coverage": float(cov.mean()), "min_coverage": float(cov.min())})
-                    for lo, hi in ((0, window), (window, 2 * window), (2 * window, 4 * window),
-                                   (4 * window, 10 ** 6)):
-                        sel = (dist >= lo) & (dist < hi)
-                        mass = float(p[sel].sum())
-                        if mass <= 0:
-                            continue
-                        dist_rows.append({"window": w_idx, "layer_idx": layer, "head": h, "pattern": pattern,
-                                          "distance_lo": lo, "distance_hi": hi,
-                                          "coverage": float((p * m)[sel].sum()) / mass, "mass": mass})
-                drop = (~kept) & (dist >= window) & (p > threshold)
-                qi, kj = np.nonzero(drop)
-                rels = rel_fn(pos_w.reset_index(drop=True), qi, kj) if (rel_fn and len(qi)) else [None] * len(qi)
-                for q, k, r in zip(qi, kj, rels):
-                    edge_rows.append({"window": w_idx, "layer_idx": layer, "head": h,
-                                      "query_position": int(q), "key_position": int(k),
-                                      "distance": int(q - k), "weight": float(p[q, k]),
-                                      "query_token": str(tok_text[q]), "key_token": str(tok_text[k]),
-                                      "query_group": int(group[q]), "key_group": int(group[k]),
-                                      "relation": r or ""})
-    asg_scores = np.stack(asg["scores"].to_numpy())
-    soft = torch.softmax(torch.from_numpy(asg_scores) / tau, dim=-1).numpy()
-    for layer, idx in asg.groupby("layer_idx").indices.items():
-        hard = np.bincount(asg["group"].to_numpy()[idx], minlength=num_groups) / len(idx)
-        sm = soft[idx].mean(0)
-        for g in range(num_groups):
-            bal_rows.append({"layer_idx": int(layer), "group": g, "hard_share": float(hard[g]),
-                             "soft_share": 1.0 / num_groups, "softmax_share": float(sm[g])})
-    cov = pd.DataFrame(cov_rows)
-    dist = pd.DataFrame(dist_rows)
-    cov = cov.groupby(["layer_idx", "head", "pattern"], as_index=False)[["coverage", "min_coverage"]].mean()
-    dist = dist.groupby(["layer_idx", "head", "pattern", "distance_lo", "distance_hi"], as_index=False)[
-        ["coverage", "mass"]].mean()
-    edges = pd.DataFrame(edge_rows, columns=["window", "layer_idx", "head", "query_position", "key_position",
-                                             "distance", "weight", "query_token", "key_token", "query_group",
-                                             "key_group", "relation"])
-    return {"balance": pd.DataFrame(bal_rows), "coverage": cov, "coverage_distance": dist,
-            "dropped_edges": edges}
-
-
 def _train_log(layers: int, num_groups: int, steps: int = 6) -> pd.DataFrame:
     rows = []
     for s in range(1, steps + 1):
@@ -216,25 +120,26 @@ def _train_log(layers: int, num_groups: int, steps: int = 6) -> pd.DataFrame:
 
 def make_tiny_run(path: str | Path, *, num_groups: int = 4, window: int = 8, top_k: int = 2,
                   layers: int = 2, seq_len: int = 48, with_pos: bool | None = None,
-                  standins: bool = True, with_eval: bool = True, with_train_log: bool = True,
-                  assets: str | Path | None = None, seed: int = 0) -> Path:
+                  with_eval: bool = True, with_train_log: bool = True,
+                  assets: str | Path | None = None, seed: int = 0, standins: bool = False) -> Path:
     """Record a tiny run into ``path`` (created / replaced); returns ``path``.
 
     ``assets`` (default: a hidden sibling ``.<name>-assets``, skipped by ``list_runs``) holds
     the saved tiny model, its tokenizer and the router file the manifest points to.
+    ``standins`` is accepted and ignored (the recorder writes every metric table itself now).
     """
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny matrices: one thread is fastest, and the machine is shared
     try:
-        return _make_tiny_run(Path(path), num_groups, window, top_k, layers, seq_len, with_pos, standins,
+        return _make_tiny_run(Path(path), num_groups, window, top_k, layers, seq_len, with_pos,
                               with_eval, with_train_log, assets, seed)
     finally:
         torch.set_num_threads(threads)
 
 
-def _make_tiny_run(path, num_groups, window, top_k, layers, seq_len, with_pos, standins, with_eval,
-                   with_train_log, assets, seed) -> Path:
-    from focus_lab import FocusConfig, attach, detach, save_routers
+def _make_tiny_run(path, num_groups, window, top_k, layers, seq_len, with_pos, with_eval, with_train_log,
+                   assets, seed) -> Path:
+    from focus_lab import FocusConfig, attach, save_routers
     from focus_lab.models import load_model
     from focus_lab.record import file_sha256, record_run
 
@@ -247,7 +152,6 @@ def _make_tiny_run(path, num_groups, window, top_k, layers, seq_len, with_pos, s
         base.save_pretrained(model_dir)
         tok.save_pretrained(model_dir)
     model, tok = load_model(str(model_dir), verbose=False)
-    model.config._attn_implementation = "eager"
     windows = make_windows(tok, seq_len=seq_len)
     with_pos = _spacy_ok() if with_pos is None else with_pos
 
@@ -266,24 +170,6 @@ def _make_tiny_run(path, num_groups, window, top_k, layers, seq_len, with_pos, s
             "routers": {"path": str(routers_path), "sha256": file_sha256(routers_path)}}
     record_run(model, tok, windows, {DOC: TEXT}, path, meta=meta, with_pos=with_pos,
                extra_tables=extra, progress=False)
-
-    if standins:
-        have = {p.stem for p in path.glob("*.parquet")}
-        want = {"balance", "coverage", "coverage_distance", "dropped_edges"}
-        if want - have:
-            asg = pd.read_parquet(path / "assignments.parquet")
-            tokens = pd.read_parquet(path / "tokens.parquet")
-            pos = pd.read_parquet(path / "pos.parquet") if (path / "pos.parquet").is_file() else None
-            detach(model)
-            model.config._attn_implementation = "eager"
-            tables = _standin_tables(model, windows, asg, pos, tokens, num_groups, window, cfg.tau)
-            for name, df in tables.items():
-                if name not in have:
-                    df.to_parquet(path / f"{name}.parquet", index=False)
-            mf = json.loads((path / "manifest.json").read_text())
-            mf["tables"] = sorted({*mf.get("tables", []), *tables})
-            mf["standin_tables"] = sorted(want - have)
-            (path / "manifest.json").write_text(json.dumps(mf, indent=2, sort_keys=True))
     return path
 
 

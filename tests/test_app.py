@@ -35,7 +35,7 @@ TIMEOUT = 120
 def runs_root(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("runs")
     tiny = make_tiny_run(root / "tiny")
-    make_tiny_run(root / "tiny-k2", num_groups=2, top_k=1, seed=1, standins=False)
+    make_tiny_run(root / "tiny-k2", num_groups=2, top_k=1, seed=1)
     bare = root / "bare"
     shutil.copytree(tiny, bare)
     for t in bare.glob("*.parquet"):
