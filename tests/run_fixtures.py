@@ -121,24 +121,26 @@ def _train_log(layers: int, num_groups: int, steps: int = 6) -> pd.DataFrame:
 def make_tiny_run(path: str | Path, *, num_groups: int = 4, window: int = 8, top_k: int = 2,
                   layers: int = 2, seq_len: int = 48, with_pos: bool | None = None,
                   with_eval: bool = True, with_train_log: bool = True,
-                  assets: str | Path | None = None, seed: int = 0, standins: bool = False) -> Path:
+                  assets: str | Path | None = None, seed: int = 0, patterns: tuple = (),
+                  standins: bool = False) -> Path:
     """Record a tiny run into ``path`` (created / replaced); returns ``path``.
 
     ``assets`` (default: a hidden sibling ``.<name>-assets``, skipped by ``list_runs``) holds
     the saved tiny model, its tokenizer and the router file the manifest points to.
+    ``patterns``: (layer, head) pairs whose full attention maps the recorder keeps.
     ``standins`` is accepted and ignored (the recorder writes every metric table itself now).
     """
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny matrices: one thread is fastest, and the machine is shared
     try:
         return _make_tiny_run(Path(path), num_groups, window, top_k, layers, seq_len, with_pos,
-                              with_eval, with_train_log, assets, seed)
+                              with_eval, with_train_log, assets, seed, patterns)
     finally:
         torch.set_num_threads(threads)
 
 
 def _make_tiny_run(path, num_groups, window, top_k, layers, seq_len, with_pos, with_eval, with_train_log,
-                   assets, seed) -> Path:
+                   assets, seed, patterns=()) -> Path:
     from focus_lab import FocusConfig, attach, save_routers
     from focus_lab.models import load_model
     from focus_lab.record import file_sha256, record_run
@@ -169,7 +171,7 @@ def _make_tiny_run(path, num_groups, window, top_k, layers, seq_len, with_pos, w
     meta = {"corpus": {"name": "tiny", "heldout": [DOC], "train": []},
             "routers": {"path": str(routers_path), "sha256": file_sha256(routers_path)}}
     record_run(model, tok, windows, {DOC: TEXT}, path, meta=meta, with_pos=with_pos,
-               extra_tables=extra, progress=False)
+               extra_tables=extra, progress=False, **({"patterns": list(patterns)} if patterns else {}))
     return path
 
 
@@ -199,6 +201,6 @@ if __name__ == "__main__":  # python tests/run_fixtures.py <runs-root>
     import time
     root = Path(sys.argv[1] if len(sys.argv) > 1 else "tmp/runs")
     t0 = time.perf_counter()
-    make_tiny_run(root / "tiny")
+    make_tiny_run(root / "tiny", patterns=((1, 0),))
     make_tiny_run(root / "tiny-k2", num_groups=2, top_k=1, seed=1)
     print(f"made tiny runs in {root} in {time.perf_counter() - t0:.1f} s")

@@ -34,7 +34,7 @@ TIMEOUT = 120
 @pytest.fixture(scope="session")
 def runs_root(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("runs")
-    tiny = make_tiny_run(root / "tiny")
+    tiny = make_tiny_run(root / "tiny", patterns=((1, 0),))
     make_tiny_run(root / "tiny-k2", num_groups=2, top_k=1, seed=1)
     bare = root / "bare"
     shutil.copytree(tiny, bare)
@@ -176,6 +176,8 @@ def test_missing_tables_are_info_messages(app):
     at = app("overview", run="bare")
     infos = " ".join(i.value for i in at.info)
     assert "no **eval** table" in infos and "no **train_log** table" in infos
+    at = app("coverage", run="tiny-k2")
+    assert any("no **patterns** table" in i.value for i in at.info)
     for page, table in (("coverage", "coverage"), ("audit", "dropped_edges")):
         at = app(page, run="bare")
         assert any(f"no **{table}** table" in i.value for i in at.info), [i.value for i in at.info]
@@ -223,6 +225,17 @@ def test_coverage_heatmap_and_table(app, runs_root):
     heat = next(f for f in figures(at) if "layer x head" in title(f))
     assert "window mask" in title(heat)
     assert any("distance" in title(f) for f in figures(at))
+    crossing = read(runs_root, "tiny", "crossing")
+    table = at.dataframe[1].value.set_index("layer")
+    assert np.allclose(table["dense_dropped"], crossing.groupby("layer_idx")["dense_dropped"].mean())
+    # the recorded full map of layer 1 head 0: dense weights where the recorder kept them
+    pat = read(runs_root, "tiny", "patterns")
+    sel = pat[(pat.layer_idx == 1) & (pat["head"] == 0) & (pat.window == pat.window.min())]
+    dense = next(f for f in figures(at) if title(f) == "dense attention P")
+    z = decode(dense["data"][0]["z"])
+    r = sel.iloc[len(sel) // 2]
+    assert z[int(r.query_position), int(r.key_position)] == pytest.approx(r.dense_weight)
+    assert any(title(f) == "dense mass the hard mask drops" for f in figures(at))
 
 
 # ------------------------------------------------------------------------------------------ audit

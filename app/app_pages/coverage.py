@@ -70,6 +70,44 @@ def crossing_section(run: lib.RunView) -> None:
     st.dataframe(per_layer, hide_index=True, width="stretch")
 
 
+def patterns_section(run: lib.RunView) -> None:
+    """Full dense attention maps and the hard mask for the (layer, head) pairs the recorder was
+    asked to keep (``patterns`` table)."""
+    st.subheader("Recorded attention maps")
+    if not run.has("patterns"):
+        st.info("This run has no **patterns** table (full T x T maps for chosen layers and heads); record "
+                "them with the recorder's `patterns` option.")
+        return
+    pt = run.table("patterns")
+    if pt.empty or not {"layer_idx", "head", "query_position", "key_position", "dense_weight", "kept"} <= set(pt):
+        st.info("The patterns table is empty.")
+        return
+    if "window" not in pt.columns:
+        pt = pt.assign(window=0)
+    combos = pt[["layer_idx", "head", "window"]].drop_duplicates().sort_values(["layer_idx", "head", "window"])
+    options = [tuple(int(v) for v in r) for r in combos.itertuples(index=False)]
+    pick = st.selectbox("layer, head, window", options, key="coverage_pattern_pick",
+                        format_func=lambda o: f"layer {o[0]}, head {o[1]}, window {o[2]}")
+    sel = pt[(pt["layer_idx"] == pick[0]) & (pt["head"] == pick[1]) & (pt["window"] == pick[2])]
+    T = int(max(sel["query_position"].max(), sel["key_position"].max())) + 1
+    dense = np.full((T, T), np.nan)
+    dropped = np.full((T, T), np.nan)
+    qi, kj = sel["query_position"].to_numpy(), sel["key_position"].to_numpy()
+    w = sel["dense_weight"].to_numpy(dtype=float)
+    kept = sel["kept"].to_numpy().astype(bool)
+    dense[qi, kj] = w
+    dropped[qi, kj] = np.where(kept, 0.0, w)
+    c1, c2 = st.columns(2)
+    for col_, z, name in ((c1, dense, "dense attention P"), (c2, dropped, "dense mass the hard mask drops")):
+        fig = go.Figure(go.Heatmap(z=z, colorscale="Magma", zmin=0, zmax=float(np.nanquantile(w, 0.99)) or 1.0,
+                                   hovertemplate="query %{y}, key %{x}: %{z:.4f}<extra></extra>"))
+        fig.update_layout(title=name, height=420, margin=dict(l=10, r=10, t=40, b=10), xaxis_title="key",
+                          yaxis_title="query", yaxis_autorange="reversed")
+        col_.plotly_chart(fig, width="stretch")
+    st.caption(f"{kept.mean():.1%} of the recorded pairs kept; dropped dense mass per query "
+               f"{np.nansum(dropped) / max(1, len(np.unique(qi))):.3f}")
+
+
 def page() -> None:
     run = lib.current_run()
     st.title("Coverage")
@@ -133,6 +171,7 @@ def page() -> None:
         fig.add_vline(x=w, line_dash="dot", annotation_text=f"window w={w}")
     fig.update_layout(height=340, margin=dict(l=10, r=10, t=40, b=10), xaxis_title="distance (bucket start)")
     st.plotly_chart(fig, width="stretch")
+    patterns_section(run)
 
 
 lib.guarded(page)
