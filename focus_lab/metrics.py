@@ -18,6 +18,7 @@ heads, ``i`` a query position, ``j`` a key position, ``d = i - j`` their distanc
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import Sequence
@@ -31,7 +32,7 @@ from . import core
 __all__ = [
     "ASSIGNMENT_KINDS", "COVERAGE_PATTERNS", "assignment_distributions", "top1_margin",
     "group_shares", "normalized_entropy", "marginal_error", "balance_stats", "attention_scale",
-    "expand_kv", "dense_logits", "kept_pairs", "window_pairs", "matched_window",
+    "expand_kv", "kept_pairs", "window_pairs", "matched_window",
     "distance_edges", "AttentionMetrics", "attention_metrics", "contingency", "cluster_scores",
     "dominant_labels", "kmeans_groups", "random_groups",
 ]
@@ -158,43 +159,34 @@ def expand_kv(key: torch.Tensor, num_heads: int, heads: Sequence[int] | None = N
     return key[:, idx // (num_heads // hkv)]
 
 
-def dense_logits(query: torch.Tensor, key: torch.Tensor, scale: float, q_pos: torch.Tensor,
-                 k_pos: torch.Tensor) -> torch.Tensor:
-    """``scale * q_i . k_j`` with ``-inf`` where ``j > i``. query: (B, H, Tq, D), key:
-    (B, H, Tk, D) (kv already expanded), positions (Tq,), (Tk,) -> (B, H, Tq, Tk) float32."""
-    logits = torch.matmul(query.float(), key.float().transpose(-1, -2)) * scale
-    return logits.masked_fill_(~core.causal_mask(q_pos, k_pos), float("-inf"))
-
-
-def kept_pairs(query_groups: torch.Tensor, key_group: torch.Tensor, window: int) -> torch.Tensor:
-    """``sum_{i,j} M_ij`` per batch element, without building the (T, T) mask:
-    ``sum_i min(i + 1, w) + sum_{i >= w} sum_{g in G_k(i)} #{j <= i - w : g(j) = g}``.
-    query_groups: (B, T, k) distinct groups per row; key_group: (B, T) -> (B,) long."""
+def kept_pairs(query_groups: torch.Tensor, key_group: torch.Tensor, window: int, sinks: int = 0,
+               rows: int = 1024) -> torch.Tensor:
+    """``sum_{i,j} M_ij`` per batch element, ``M = core.hard_mask(..., sinks)``, built ``rows``
+    queries at a time. query_groups: (B, T, k); key_group: (B, T) -> (B,) long."""
     B, T = key_group.shape
-    K = int(max(int(key_group.max()), int(query_groups.max()))) + 1 if T else 1
-    onehot = torch.nn.functional.one_hot(key_group, K)  # (B, T, K)
-    counts = onehot.cumsum(1)  # (B, T, K): #{j <= t : g(j) = g}
-    local = window_pairs(T, window)
-    if T <= window:
-        return torch.full((B,), local, dtype=torch.long)
-    before = counts[:, : T - window]  # row t = i - w for i = w..T-1
-    far = before.gather(2, query_groups[:, window:]).sum((1, 2))
-    return far + local
+    pos = torch.arange(T, device=key_group.device)
+    total = torch.zeros(B, dtype=torch.long)
+    for a in range(0, T, rows):
+        b = min(T, a + rows)
+        m = core.hard_mask(query_groups[:, a:b], key_group[:, :b], window, pos[a:b], pos[:b], sinks)
+        total += m.sum((1, 2)).cpu()
+    return total
 
 
-def window_pairs(seq: int, window: int) -> int:
-    """Causal pairs with ``d < w`` among ``seq`` tokens: ``sum_i min(i + 1, w)``."""
+def window_pairs(seq: int, window: int, sinks: int = 0) -> int:
+    """Pairs of ``core.local_mask(window, sinks)`` among ``seq`` tokens: the local pairs
+    ``sum_i min(i + 1, w)`` plus the sink pairs beyond the window ``sum_{j < s} max(0, seq - j - w)``."""
     w = min(window, seq)
-    return w * (w + 1) // 2 + (seq - w) * w
+    local = w * (w + 1) // 2 + (seq - w) * w
+    return local + sum(max(0, seq - j - window) for j in range(min(sinks, seq)))
 
 
-def matched_window(pairs: int, seq: int) -> int:
-    """The sliding window ``w'`` in 1..seq whose pair count ``window_pairs(seq, w')`` is closest to
-    ``pairs`` (ties to the smaller): the window-only mask at the sparsity of another mask."""
-    cand = torch.arange(1, seq + 1)
-    w = torch.minimum(cand, torch.tensor(seq))
-    counts = w * (w + 1) // 2 + (seq - w) * w
-    return int(cand[(counts - int(pairs)).abs().argmin()])
+def matched_window(pairs: int, seq: int, sinks: int = 0) -> int:
+    """The sliding window ``w'`` in 1..seq whose pair count ``window_pairs(seq, w', sinks)`` is
+    closest to ``pairs`` (ties to the smaller): the window-only mask at another mask's sparsity."""
+    counts = [window_pairs(seq, w, sinks) for w in range(1, seq + 1)]
+    diff = [abs(c - int(pairs)) for c in counts]
+    return 1 + diff.index(min(diff))
 
 
 def distance_edges(seq: int, window: int) -> list[int]:
@@ -213,32 +205,38 @@ def distance_edges(seq: int, window: int) -> list[int]:
 class AttentionMetrics:
     """One layer's attention metrics for one forward (``attention_metrics``).
 
+    Masks ``X`` compared (``COVERAGE_PATTERNS``), all built by ``core`` with the config's sink
+    rule ``s`` (``FocusConfig.sink_tokens``, 0 = none): ``focus`` = the hard mask M;
+    ``window`` = ``core.local_mask(w, s)`` (sliding window only); ``window_matched`` =
+    ``core.local_mask(w', s)`` with ``w' = matched_window(sum M, T, s)`` (the window-only mask
+    at M's pair count); ``random`` = the hard mask of ``random_groups`` (same K and k).
+    Gated pairs: causal pairs outside ``core.local_mask(w, s)`` (where groups decide; with
+    s = 0 these are the distant pairs ``d >= w``).
+
     Per query (``(B, Hs, T)`` float32, Hs = recorded heads), keys of ``per_query``:
 
-    * ``coverage_<pattern>`` for each of ``COVERAGE_PATTERNS``: ``sum_j P_ij X_ij``, X the
-      pattern's mask: ``focus`` = M, ``window`` = ``[0 <= d < w]``, ``window_matched`` =
-      ``[0 <= d < w']`` with ``w' = matched_window(sum M, T)`` (the same pair count as M),
-      ``random`` = the hard mask of ``random_groups`` (same K, k). Coverage is
-      ``1 - TV(P, P restricted to X and renormalized)``.
+    * ``coverage_<pattern>``: ``sum_j P_ij X_ij`` (= 1 - TV between P and P restricted to X
+      and renormalized).
     * ``dropped``: ``sum_j P_ij (1 - M_ij)``: the dense mass the hard mask drops
       (``coverage_focus + dropped = 1``).
-    * ``dense_distant``: ``sum_{d >= w} P_ij``.
-    * ``sink_mass``: ``sum_{j < n_sink} P_ij``; ``sink_dropped``: ``sum_{j < n_sink} P_ij (1 - M_ij)``.
-    * ``soft_distant``: ``sum_{d >= w} S_ij``.
-    * ``soft_crossing``: ``sum_{d >= w} S_ij [g(j) not in G_k(i)]``: the Focus soft model's mass
-      on distant keys of other (hard) groups, i.e. what hard inference removes from it.
-    * ``soft_crossing_expected``: ``sum_{d >= w} S_ij (1 - p_i . p_j)``: the same with soft
-      (Sinkhorn) groups: the probability-weighted mass across groups (0 when K = 1).
+    * ``dense_distant``: ``sum_{gated j} P_ij`` (= 1 - coverage_window).
+    * ``sink_mass``: ``sum_{j < n_sink} P_ij``; ``sink_dropped``: ``sum_{j < n_sink} P_ij (1 - M_ij)``
+      (n_sink = ``sink_positions``, a reporting choice independent of the mask's rule).
+    * ``soft_distant``: ``sum_{gated j} S_ij``.
+    * ``soft_crossing``: ``sum_j S_ij (1 - M_ij)``: the Focus soft model's mass on gated keys
+      outside the query's hard groups, i.e. what hard inference removes from it.
+    * ``soft_crossing_expected``: ``sum_{gated j} S_ij (1 - p_i . p_j)``: the same with soft
+      (Sinkhorn) groups, the probability that the pair's groups differ (0 when K = 1).
 
-    Per distance bucket ``[lo, hi)`` (``edges``), sums over queries, ``(B, Hs, nb)``:
-    ``bucket_mass`` = ``sum_i sum_{lo <= d < hi} P_ij`` and ``bucket_kept[pattern]`` the same
+    Per distance bucket ``[lo, hi)`` (``edges_distance``), sums over queries, ``(B, Hs, nb)``:
+    ``bucket_mass = sum_i sum_{lo <= d < hi} P_ij`` and ``bucket_kept[pattern]`` the same
     times ``X_ij``.
 
-    ``pairs``: ``{pattern: (B,) kept causal pairs}`` and ``"causal"``, ``"local"`` totals.
+    ``pairs``: ``{pattern: (B,) kept causal pairs}`` and ``"causal"`` (all causal pairs).
     ``edges``: the dropped-dependency audit, 1-D tensors ``batch, head, query, key, weight
-    (P_ij), soft_weight (S_ij, nan when crossing is off)``: pairs with ``M_ij = 0`` and
+    (P_ij), soft_weight (S_ij, nan without log_p)``: pairs with ``M_ij = 0`` and
     ``P_ij > edge_threshold``, plus each query's ``edge_top_n`` largest dropped ``P_ij`` above
-    ``edge_min_weight``. ``patterns``: ``{head: {"dense": (B, T, T), "soft": (B, T, T),
+    ``edge_min_weight``. ``patterns``: ``{head: {"dense", "soft": (B, T, T) float,
     "kept": (B, T, T) bool}}`` for requested heads only.
     """
 
@@ -252,148 +250,173 @@ class AttentionMetrics:
     patterns: dict[int, dict[str, torch.Tensor]] = field(default_factory=dict)
 
 
-def _beyond(cum: torch.Tensor, q_pos: torch.Tensor, dist: torch.Tensor) -> torch.Tensor:
-    """Mass at distance >= d from a key-cumsum: ``cum[..., i - d]`` (0 where ``i - d < 0``).
-    cum: (B, H, c, Tk); q_pos: (c,); dist: (B, nd) -> (B, H, c, nd)."""
-    B, H, c, _ = cum.shape
-    idx = q_pos[None, :, None] - dist[:, None, :]  # (B, c, nd)
-    valid = idx >= 0
-    g = cum.gather(-1, idx.clamp(min=0)[:, None].expand(B, H, c, idx.shape[-1]))
-    return g * valid[:, None]
+
+# the classes of a pair for attention_metrics' one-pass histogram: bits (keep, rkeep, wm, win, sink)
+_BITS = ("keep", "rkeep", "wm", "win", "sink")
+_SELECT_NAMES = ("dense", "focus", "random", "window_matched", "window", "dropped", "dense_distant",
+                 "sink_mass", "sink_dropped")
+
+
+def _selection() -> torch.Tensor:
+    """(32, n_sel) 0/1: which of the 32 bit combinations each selected sum adds up."""
+    rules = {"dense": {}, "focus": {"keep": 1}, "random": {"rkeep": 1}, "window_matched": {"wm": 1},
+             "window": {"win": 1}, "dropped": {"keep": 0}, "dense_distant": {"win": 0},
+             "sink_mass": {"sink": 1}, "sink_dropped": {"sink": 1, "keep": 0}}
+    sel = torch.zeros(32, len(_SELECT_NAMES))
+    for x in range(32):
+        bit = {n: (x >> i) & 1 for i, n in enumerate(_BITS)}
+        for s, name in enumerate(_SELECT_NAMES):
+            sel[x, s] = float(all(bit[k] == v for k, v in rules[name].items()))
+    return sel
+
+
+_SELECT = _selection()
+
+
+@functools.lru_cache(maxsize=4)
+def _static_pairs(T: int, window: int, sinks: int, n_sink: int, device: str) -> dict[str, torch.Tensor]:
+    """Pair tables that depend on positions only (shared by layers and windows): distance,
+    the static part of the class code (bucket + window and sink bits), non-causal, gated."""
+    pos = torch.arange(T, device=device)
+    d = pos[:, None] - pos[None, :]  # (T, T)
+    edges = torch.tensor(distance_edges(T, window)[1:-1], dtype=torch.long, device=device)
+    nb = len(edges) + 1
+    bucket = torch.bucketize(d.clamp(min=0), edges, right=True)
+    local = core.local_mask(pos, pos, window, sinks)
+    sink_pos = (pos < n_sink)[None, :].expand(T, T)
+    code = bucket + nb * (8 * local.long() + 16 * sink_pos.long())
+    causal = core.causal_mask(pos, pos)
+    sinkrule = (pos < sinks)[None, :] & causal  # the mask's own sink pairs (FocusConfig.sink_tokens)
+    return {"pos": pos, "dist": d, "code": code, "noncausal": ~causal, "sinkrule": sinkrule,
+            "gated": (causal & ~local).float(), "diag": d == 0}
 
 
 @torch.no_grad()
 def attention_metrics(query: torch.Tensor, key: torch.Tensor, scale: float,
                       query_groups: torch.Tensor, key_group: torch.Tensor, window: int, *,
-                      random_query_groups: torch.Tensor | None = None,
+                      sinks: int = 0, random_query_groups: torch.Tensor | None = None,
                       random_key_group: torch.Tensor | None = None,
                       log_p: torch.Tensor | None = None, eps: float = 1e-6,
-                      sink_tokens: int = 4, edge_threshold: float | None = None,
+                      sink_positions: int = 4, edge_threshold: float | None = None,
                       edge_top_n: int = 0, edge_min_weight: float = 0.0,
-                      pattern_heads: Sequence[int] = (), chunk_elements: int = 1 << 21
+                      pattern_heads: Sequence[int] = (), chunk_elements: int = 1 << 23,
+                      model_mask: torch.Tensor | None = None, softcap: float | None = None
                       ) -> AttentionMetrics:
-    """All attention metrics of one layer, in chunks of queries (memory ``O(H c T)``).
+    """All attention metrics of one layer, in chunks of queries (memory ``O(B Hs c T)``).
 
     Args:
         query: (B, Hs, T, D) queries of the recorded heads; key: (B, Hs, T, D), kv heads
             already expanded (``expand_kv``); scale: the layer's logit scale.
         query_groups (B, T, k), key_group (B, T): the hard Focus assignment (``core.Routing``).
+        window: w; sinks: the mask's sink rule (``FocusConfig.sink_tokens``).
         random_query_groups, random_key_group: the random baseline (``random_groups``); when
             None, ``coverage_random`` is not computed.
         log_p: (B, T, K) Sinkhorn log probabilities; when None the soft metrics are skipped.
-        sink_tokens: n_sink, the first positions counted as attention sinks (PAPER.md §6).
+        sink_positions: n_sink, the first key positions reported as attention sinks (PAPER.md §6).
         edge_threshold / edge_top_n / edge_min_weight: the dropped-edge audit (off when
             edge_threshold is None and edge_top_n == 0).
         pattern_heads: indices into the recorded heads whose full (T, T) maps are kept.
-        chunk_elements: bound on ``B * Hs * c * T`` per chunk.
+        chunk_elements: bound on ``B * Hs * c * T`` per chunk of c queries.
+        model_mask: (B, T, T) bool, the model's own mask when it hides more than causality (a
+            sliding window, padding): P is then the model's attention under it. Pair counts
+            (density, the matched window) ignore it.
+        softcap: the model's attention-logit soft-capping ``c tanh(x / c)`` (Gemma-2), or None.
     Returns:
         AttentionMetrics (definitions there).
     """
     B, H, T, _ = query.shape
     dev = query.device
-    pos = torch.arange(T, device=dev)
     edges_d = distance_edges(T, window)
     nb = len(edges_d) - 1
-    pairs = {"focus": kept_pairs(query_groups, key_group, window),
-             "window": torch.full((B,), window_pairs(T, window), dtype=torch.long),
-             "causal": torch.full((B,), T * (T + 1) // 2, dtype=torch.long)}
-    pairs["local"] = pairs["window"]
-    wm = torch.tensor([matched_window(int(p), T) for p in pairs["focus"]], dtype=torch.long)
-    pairs["window_matched"] = torch.tensor([window_pairs(T, int(x)) for x in wm], dtype=torch.long)
     with_random = random_query_groups is not None
-    if with_random:
-        pairs["random"] = kept_pairs(random_query_groups, random_key_group, window)
     with_soft = log_p is not None
+    pairs = {"focus": kept_pairs(query_groups, key_group, window, sinks),
+             "window": torch.full((B,), window_pairs(T, window, sinks), dtype=torch.long),
+             "causal": torch.full((B,), T * (T + 1) // 2, dtype=torch.long)}
+    wm = [matched_window(int(p), T, sinks) for p in pairs["focus"]]
+    pairs["window_matched"] = torch.tensor([window_pairs(T, x, sinks) for x in wm], dtype=torch.long)
+    if with_random:
+        pairs["random"] = kept_pairs(random_query_groups, random_key_group, window, sinks)
     p_soft = log_p.float().exp() if with_soft else None
     want_edges = edge_threshold is not None or edge_top_n > 0
     thr = float("inf") if edge_threshold is None else float(edge_threshold)
     min_w = min(edge_min_weight, thr)
+    ns = max(0, int(sink_positions))
+    st = _static_pairs(T, window, sinks, ns, str(dev))
+    wm_t = torch.tensor(wm, device=dev)[:, None, None]
+    qs = query.float() * scale  # the scale folded into the queries
+    kf = key.float()
 
-    # distances to read from the key-cumsums: bucket edges, min(hi, w'), w', w
-    e = torch.tensor(edges_d, dtype=torch.long)
-    his = torch.minimum(e[1:][None, :], wm[:, None])  # (B, nb)
-    dist = torch.cat([e[None].expand(B, -1), his, wm[:, None],
-                      torch.full((B, 1), window, dtype=torch.long)], 1).to(dev)  # (B, nd)
-    i_wm, i_w = 2 * nb + 1, 2 * nb + 2  # columns of w' and w in ``dist``
-
-    names = ["coverage_focus", "coverage_window", "coverage_window_matched", "dropped",
-             "dense_distant", "sink_mass", "sink_dropped"]
-    if with_random:
-        names.append("coverage_random")
-    if with_soft:
-        names += ["soft_distant", "soft_crossing", "soft_crossing_expected"]
-    per_query = {n: torch.zeros(B, H, T) for n in names}
-    bucket_mass = torch.zeros(B, H, nb)
-    kept_names = ["focus", "window", "window_matched"] + (["random"] if with_random else [])
-    bucket_kept = {n: torch.zeros(B, H, nb) for n in kept_names}
+    pattern_names = ["focus", "window", "window_matched"] + (["random"] if with_random else [])
+    pq_all = torch.zeros(B, H, T, len(_SELECT_NAMES))
+    bucket_all = torch.zeros(B, H, len(_SELECT_NAMES), nb)
+    soft_all = torch.zeros(B, H, T, 3) if with_soft else None
     edge_parts: list[tuple] = []
     pat = {h: {"dense": torch.zeros(B, T, T), "kept": torch.zeros(B, T, T, dtype=torch.bool),
                **({"soft": torch.zeros(B, T, T)} if with_soft else {})} for h in pattern_heads}
-    lo_lt_wm = (e[:-1][None, :] < wm[:, None]).to(dev)  # (B, nb)
-    local_bucket = (e[1:] <= window).to(dev)  # (nb,) buckets inside the window
-    ns = max(0, int(sink_tokens))
-
     c = max(1, min(T, chunk_elements // max(1, B * H * T)))
+    c = -(-T // -(-T // c))  # equal chunks
     for a in range(0, T, c):
         b = min(T, a + c)
-        q_pos, k_pos = pos[a:b], pos[:b]
-        logits = dense_logits(query[:, :, a:b], key[:, :, :b], scale, q_pos, k_pos)  # (B,H,c,b)
+        q_pos, k_pos = st["pos"][a:b], st["pos"][:b]
+        logits = torch.matmul(qs[:, :, a:b], kf[:, :, :b].transpose(-1, -2))  # (B, H, c, b)
+        if softcap is not None:
+            logits = torch.tanh(logits / softcap).mul_(softcap)
+        logits.masked_fill_(st["noncausal"][a:b, :b], float("-inf"))
+        if model_mask is not None:
+            allowed = model_mask[:, a:b, :b] | st["diag"][a:b, :b]  # a row keeps at least itself
+            logits.masked_fill_(~allowed[:, None], float("-inf"))
         P = torch.softmax(logits, dim=-1)
-        keep = core.hard_mask(query_groups[:, a:b], key_group[:, :b], window, q_pos, k_pos)  # (B,c,b)
-        Pk = P * keep[:, None]
-        cum_p, cum_k = P.cumsum(-1), Pk.cumsum(-1)
-        bp, bk = _beyond(cum_p, q_pos, dist), _beyond(cum_k, q_pos, dist)  # (B,H,c,nd)
-        total = bp[..., 0]
-        pq = per_query
-        pq["coverage_focus"][:, :, a:b] = bk[..., 0]
-        pq["coverage_window"][:, :, a:b] = total - bp[..., i_w]
-        pq["coverage_window_matched"][:, :, a:b] = total - bp[..., i_wm]
-        pq["dense_distant"][:, :, a:b] = bp[..., i_w]
-        D = P - Pk  # dropped dense mass per pair
-        pq["dropped"][:, :, a:b] = D.sum(-1)
-        if ns > 0:
-            s = min(ns, b)
-            pq["sink_mass"][:, :, a:b] = cum_p[..., s - 1]
-            pq["sink_dropped"][:, :, a:b] = cum_p[..., s - 1] - cum_k[..., s - 1]
-        bucket_mass += (bp[..., :nb] - bp[..., 1:nb + 1]).sum(2)
-        bucket_kept["focus"] += (bk[..., :nb] - bk[..., 1:nb + 1]).sum(2)
-        bucket_kept["window"] += (bp[..., :nb] - bp[..., 1:nb + 1]).sum(2) * local_bucket
-        bucket_kept["window_matched"] += ((bp[..., :nb] - bp[..., nb + 1:2 * nb + 1])
-                                          * lo_lt_wm[:, None, None]).sum(2)
+        keep = core.hard_mask(query_groups[:, a:b], key_group[:, :b], window, q_pos, k_pos, sinks)
+        # Each pair's class: distance bucket + nb * (keep + 2 rkeep + 4 wm + 8 win + 16 sink);
+        # one scatter-add over P gives each query's mass per class (_SELECT sums classes).
+        code = st["code"][a:b, :b] + keep * nb
+        code = code + (((st["dist"][a:b, :b] < wm_t) | st["sinkrule"][a:b, :b]) * (4 * nb))
         if with_random:
-            rkeep = core.hard_mask(random_query_groups[:, a:b], random_key_group[:, :b], window,
-                                   q_pos, k_pos)
-            cum_r = (P * rkeep[:, None]).cumsum(-1)
-            br = _beyond(cum_r, q_pos, dist[:, : nb + 1])
-            pq["coverage_random"][:, :, a:b] = br[..., 0]
-            bucket_kept["random"] += (br[..., :nb] - br[..., 1:nb + 1]).sum(2)
-        S = None
-        if with_soft:
-            bias = core.soft_gate_bias(log_p[:, a:b], log_p[:, :b], window, q_pos, k_pos, eps)
-            S = torch.softmax(logits + bias[:, None], dim=-1)
-            distant = core.causal_mask(q_pos, k_pos) & ~core.local_mask(q_pos, k_pos, window)
-            Sd = S * distant
-            agree = p_soft[:, a:b] @ p_soft[:, :b].transpose(1, 2)  # (B, c, b) = p_i . p_j
-            sd = Sd.sum(-1)
-            pq["soft_distant"][:, :, a:b] = sd
-            pq["soft_crossing"][:, :, a:b] = (Sd * ~keep[:, None]).sum(-1)
-            pq["soft_crossing_expected"][:, :, a:b] = (Sd * (1 - agree)[:, None]).sum(-1)
-        if want_edges:
-            sel = D > thr
-            if edge_top_n > 0:
-                vals, idx = D.topk(min(edge_top_n, b), dim=-1)
-                sel |= torch.zeros_like(sel).scatter_(-1, idx, vals > min_w)
-            nz = sel.nonzero()  # (n, 4): batch, head, query - a, key
-            if nz.numel():
-                bi, hi, qi, kj = nz.unbind(1)
-                w = D[bi, hi, qi, kj]
-                sw = S[bi, hi, qi, kj] if S is not None else torch.full_like(w, float("nan"))
-                edge_parts.append((bi, hi, qi + a, kj, w, sw))
+            code = code + core.hard_mask(random_query_groups[:, a:b], random_key_group[:, :b], window,
+                                         q_pos, k_pos, sinks) * (2 * nb)
+        hist = torch.zeros(B, H, b - a, nb << 5).scatter_add_(
+            -1, code[:, None].expand(B, H, b - a, b), P).view(B, H, b - a, 32, nb)
+        sel = torch.einsum("bhcxn,xs->bhcsn", hist, _SELECT.to(dev))  # (B, H, c, n_sel, nb)
+        pq_all[:, :, a:b] = sel.sum(-1)
+        bucket_all += sel.sum(2)
         for h in pattern_heads:
             pat[h]["dense"][:, a:b, :b] = P[:, h]
             pat[h]["kept"][:, a:b, :b] = keep
-            if S is not None:
+        S = None
+        if with_soft:
+            bias = core.soft_gate_bias(log_p[:, a:b], log_p[:, :b], window, q_pos, k_pos, eps, sinks)
+            S = torch.softmax(logits.add_(bias[:, None]), dim=-1)
+            agree = p_soft[:, a:b] @ p_soft[:, :b].transpose(1, 2)  # (B, c, b) = p_i . p_j
+            gated = st["gated"][a:b, :b]
+            W = torch.stack([gated.expand(B, -1, -1), (~keep).float(), gated * (1 - agree)], -1)
+            soft_all[:, :, a:b] = torch.matmul(S.transpose(1, 2), W).transpose(1, 2)  # (B, H, c, 3)
+            for h in pattern_heads:
                 pat[h]["soft"][:, a:b, :b] = S[:, h]
+        del logits
+        if want_edges:
+            D = P.masked_fill_(keep[:, None], 0.0)  # in place: P is not needed any more
+            nz = (D > thr).nonzero()  # (n, 4): batch, head, query - a, key
+            found = [nz.unbind(1)] if nz.numel() else []
+            if edge_top_n > 0:  # each query's heaviest dropped pairs not already above thr
+                vals, idx = D.topk(min(edge_top_n, b), dim=-1)
+                extra = ((vals > min_w) & (vals <= thr)).nonzero()  # (n, 4): batch, head, query, rank
+                if extra.numel():
+                    eb, eh, eq, er = extra.unbind(1)
+                    found.append((eb, eh, eq, idx[eb, eh, eq, er]))
+            for bi, hi, qi, kj in found:
+                w = D[bi, hi, qi, kj]
+                sw = S[bi, hi, qi, kj] if S is not None else torch.full_like(w, float("nan"))
+                edge_parts.append((bi, hi, qi + a, kj, w, sw))
+    col = {n: i for i, n in enumerate(_SELECT_NAMES)}
+    per_query = {f"coverage_{n}": pq_all[..., col[n]] for n in pattern_names}
+    for n in ("dropped", "dense_distant", "sink_mass", "sink_dropped"):
+        per_query[n] = pq_all[..., col[n]]
+    if with_soft:
+        for i, n in enumerate(("soft_distant", "soft_crossing", "soft_crossing_expected")):
+            per_query[n] = soft_all[..., i]
+    bucket_mass = bucket_all[:, :, col["dense"]]
+    bucket_kept = {n: bucket_all[:, :, col[n]] for n in pattern_names}
     edges = {}
     if want_edges:
         cols = ("batch", "head", "query", "key", "weight", "soft_weight")
@@ -402,7 +425,8 @@ def attention_metrics(query: torch.Tensor, key: torch.Tensor, scale: float,
         else:
             edges = {n: torch.zeros(0, dtype=torch.float32 if n.endswith("weight") else torch.long)
                      for n in cols}
-    return AttentionMetrics(per_query, edges_d, bucket_mass, bucket_kept, pairs, wm, edges, pat)
+    return AttentionMetrics(per_query, edges_d, bucket_mass, bucket_kept, pairs,
+                            torch.tensor(wm, dtype=torch.long), edges, pat)
 
 
 # ---------------------------------------------------------------------------------------------

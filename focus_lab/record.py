@@ -38,7 +38,7 @@ from tqdm.auto import tqdm
 
 from . import core, metrics as M
 from .io import atomic_path
-from .retrofit import add_observer, attention_modules, focus_config, model_identity
+from .retrofit import _keep_from_hf_mask, add_observer, attention_modules, focus_config, model_identity
 from .runs import MANIFEST, SCHEMA_VERSION
 
 PACKAGES = ("torch", "transformers", "spacy", "pandas", "pyarrow", "scikit-learn", "streamlit", "focus-lab")
@@ -83,7 +83,9 @@ class RecordOptions:
         edge_threshold: dropped-edge audit: keep dropped pairs with dense weight above this.
         edge_top_n: also keep each query's n heaviest dropped pairs ...
         edge_min_weight: ... when their weight exceeds this.
-        sink_tokens: the first positions counted as attention sinks (PAPER.md §6).
+        sink_positions: the first key positions reported as attention sinks (sink metrics and
+            ``key_is_sink``; PAPER.md §6). Independent of the mask's own rule
+            ``FocusConfig.sink_tokens``, which every mask of the recorder follows.
         per_query: write the per-query tables (coverage_query, crossing_query).
         chunk_elements: bound on batch x heads x queries x keys per chunk of dense attention.
     """
@@ -95,9 +97,9 @@ class RecordOptions:
     edge_threshold: float = 0.05
     edge_top_n: int = 1
     edge_min_weight: float = 0.01
-    sink_tokens: int = 4
+    sink_positions: int = 4
     per_query: bool = True
-    chunk_elements: int = 1 << 21
+    chunk_elements: int = 1 << 23
 
     def validate(self) -> "RecordOptions":
         self.metrics = tuple(dict.fromkeys(self.metrics))
@@ -146,19 +148,18 @@ class Recording:
         self.seq_lens: dict[int, int] = {}
         self._seen: dict[int, int] = {}  # layer -> sequences observed so far
         self._h: dict[int, torch.Tensor] = {}
-        self._asg: list[dict] = []
-        self._bal_rows: list[dict] = []
-        self._bal_pool: dict[int, dict] = {}
+        self._routes: list[dict] = []
+        self._random: dict[tuple, tuple] = {}
         self._att: list[dict] = []
         self._edges: list[dict] = []
         self._patterns: list[dict] = []
-        self._ling: dict[int, list] = {}
         self.matched_windows: dict[tuple[int, int], int] = {}
 
     # ---------------------------------------------------------------- hooks
     def _capture(self, layer: int):
         def hook(module, args, kwargs):
-            self._h[layer] = kwargs.get("hidden_states", args[0] if args else None)
+            self._h[layer] = (kwargs.get("hidden_states", args[0] if args else None),
+                              kwargs.get("attention_mask"))
         return hook
 
     @torch.no_grad()
@@ -167,7 +168,7 @@ class Recording:
         if router is None or router.layer_idx not in self.modules:
             return
         layer = router.layer_idx
-        h = self._h.pop(layer, None)
+        h, hf_mask = self._h.pop(layer, (None, None))
         B, H, T, D = query.shape
         if key.shape[2] != T:  # a decode step: nothing to audit
             return
@@ -181,57 +182,31 @@ class Recording:
         self.num_windows = max(self.num_windows, base + B)
         for b in range(B):
             self.seq_lens[base + b] = T
-        opts = self.options
-        want = set(opts.metrics)
-        scores = routing.scores.detach().float().cpu()
-        qg, kg = routing.query_groups.cpu(), routing.key_group.cpu()
-        gbias = router.group_bias.detach().float().cpu()
-        dists = None
-        if want & {"assignments", "balance"}:
-            dists = M.assignment_distributions(scores, cfg.tau, cfg.sinkhorn_iters, gbias)
-        if "assignments" in want:
-            q_sink = dists["sinkhorn"][0]
-            self._asg.append({"base": base, "layer": layer, "scores": scores.numpy(),
-                              "query_groups": qg.numpy(), "key_group": kg.numpy(),
-                              "prob": q_sink.gather(2, kg[..., None])[..., 0].numpy(),
-                              "margin": M.top1_margin(scores, cfg.tau, gbias).numpy()})
-        if "balance" in want:
-            self._balance(layer, base, dists, qg, cfg.num_groups)
+        want = set(self.options.metrics)
+        qg, kg = routing.query_groups.detach().cpu(), routing.key_group.detach().cpu()
+        # O(T K) per layer: kept as is, reduced in tables() (assignments, balance, linguistics)
+        self._routes.append({"base": base, "layer": layer, "scores": routing.scores.detach().float().cpu(),
+                             "query_groups": qg, "key_group": kg,
+                             "group_bias": router.group_bias.detach().float().cpu().clone(),
+                             "h": h.detach().to(torch.float16).cpu() if "linguistics" in want and h is not None
+                             else None, "cfg": cfg})
         if want & _ATTENTION_METRICS:
-            self._attention(module, layer, base, query, key, routing, cfg, qg, kg)
-        if "linguistics" in want:
-            rq, rk = M.random_groups(B, T, cfg, layer)
-            x = None
-            if h is not None:
-                x = h.detach().float()
-                if cfg.normalize_input:  # the router's own input normalization (core.Router)
-                    x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
-                x = x.to(torch.float16).cpu().numpy()
-            self._ling.setdefault(layer, []).append({"base": base, "key_group": kg.numpy(),
-                                                     "random": rk.numpy(), "h": x})
+            self._attention(module, layer, base, query, key, routing, cfg, qg, kg, hf_mask)
 
-    def _balance(self, layer, base, dists, qg, K) -> None:
-        pool = self._bal_pool.setdefault(layer, {
-            "tokens": 0, "query": np.zeros(K), **{f"soft_{k}": np.zeros(K) for k in M.ASSIGNMENT_KINDS},
-            **{f"hard_{k}": np.zeros(K) for k in M.ASSIGNMENT_KINDS}})
-        B, T = qg.shape[:2]
-        pool["tokens"] += B * T
-        pool["query"] += torch.nn.functional.one_hot(qg, K).sum((0, 1, 2)).numpy()
-        for kind, (q, g) in dists.items():
-            pool[f"soft_{kind}"] += q.sum((0, 1)).double().numpy()
-            pool[f"hard_{kind}"] += np.bincount(g.reshape(-1).numpy(), minlength=K)
-            for b in range(B):
-                self._bal_rows.append({"window": base + b, "layer_idx": layer, "assignment": kind,
-                                       "tokens": T, **M.balance_stats(q[b], g[b], K)})
+    def _random_groups(self, B, T, cfg, layer):
+        key = (B, T, layer, cfg.seed, cfg.num_groups, cfg.top_k, cfg.tau)
+        if key not in self._random:
+            self._random[key] = M.random_groups(B, T, cfg, layer)
+        return self._random[key]
 
-    def _attention(self, module, layer, base, query, key, routing, cfg, qg, kg) -> None:
+    def _attention(self, module, layer, base, query, key, routing, cfg, qg, kg, hf_mask=None) -> None:
         opts = self.options
         want = set(opts.metrics)
         B, H, T, D = query.shape
         heads = self.heads
-        q = query[:, heads].detach()
-        k = M.expand_kv(key.detach(), H, heads)
-        rq, rk = M.random_groups(B, T, cfg, layer) if "coverage" in want else (None, None)
+        q = query.detach() if len(heads) == H else query[:, heads].detach()
+        k = M.expand_kv(key.detach(), H, None if len(heads) == H else heads)
+        rq, rk = self._random_groups(B, T, cfg, layer) if "coverage" in want else (None, None)
         log_p = None
         if "crossing" in want:
             log_p = routing.log_p if routing.log_p is not None else \
@@ -239,13 +214,19 @@ class Recording:
             log_p = log_p.detach().float()
         edges_on = "dropped_edges" in want
         ph = [heads.index(hh) for (l, hh) in opts.patterns if l == layer]
+        model_mask = None
+        if hf_mask is not None:  # the model's own mask (sliding window, padding), if it hides more
+            keep = _keep_from_hf_mask(hf_mask, B, T, T, query.device)
+            if not bool((keep.sum(-1) == torch.arange(1, T + 1, device=query.device)).all()):
+                model_mask = keep
         res = M.attention_metrics(
             q, k, M.attention_scale(module, D), routing.query_groups, routing.key_group, cfg.window,
-            random_query_groups=rq, random_key_group=rk, log_p=log_p, eps=cfg.eps,
-            sink_tokens=opts.sink_tokens,
+            sinks=cfg.sink_tokens, random_query_groups=rq, random_key_group=rk, log_p=log_p,
+            eps=cfg.eps, sink_positions=opts.sink_positions,
             edge_threshold=opts.edge_threshold if edges_on else None,
             edge_top_n=opts.edge_top_n if edges_on else 0, edge_min_weight=opts.edge_min_weight,
-            pattern_heads=ph, chunk_elements=opts.chunk_elements)
+            pattern_heads=ph, chunk_elements=opts.chunk_elements, model_mask=model_mask,
+            softcap=getattr(module, "attn_logit_softcapping", None))
         for b in range(B):
             self.matched_windows[(base + b, layer)] = int(res.matched_window[b])
         self._att.append({"base": base, "layer": layer, "T": T, "window": cfg.window,
@@ -266,7 +247,7 @@ class Recording:
                 "distance": (qi - kj).astype(np.int32), "weight": e["weight"].numpy().astype(np.float32),
                 "soft_weight": e["soft_weight"].numpy().astype(np.float32),
                 "query_group": qgn[bi, qi, 0].astype(np.int16), "key_group": kgn[bi, kj].astype(np.int16),
-                "key_is_sink": kj < opts.sink_tokens})
+                "key_is_sink": kj < opts.sink_positions})
         for hidx, maps in res.patterns.items():
             self._patterns.append({"base": base, "layer": layer, "head": heads[hidx],
                                    **{n: t.numpy() for n, t in maps.items()}})
@@ -296,24 +277,31 @@ class Recording:
             out["dropped_edges"] = self._edges_table(tokens, pos)
         if self._patterns:
             out["patterns"] = self._patterns_table()
-        if "linguistics" in want and pos is not None and self._ling:
+        if "linguistics" in want and pos is not None and self._routes:
             out.update(self._linguistics_tables(tokens, pos))
         return out
 
+    def _routes_sorted(self) -> list[dict]:
+        return sorted(self._routes, key=lambda r: (r["base"], r["layer"]))
+
     def _assignments_table(self) -> pd.DataFrame:
         frames = []
-        for r in sorted(self._asg, key=lambda r: (r["base"], r["layer"])):
-            B, T, _ = r["scores"].shape
+        for r in self._routes_sorted():
+            cfg, scores, kg = r["cfg"], r["scores"], r["key_group"]
+            prob = M.assignment_distributions(scores, cfg.tau, cfg.sinkhorn_iters, r["group_bias"])["sinkhorn"][0]
+            prob = prob.gather(2, kg[..., None])[..., 0].numpy()
+            margin = M.top1_margin(scores, cfg.tau, r["group_bias"]).numpy()
+            B, T, _ = scores.shape
             for b in range(B):
                 frames.append(pd.DataFrame({
                     "window": np.full(T, r["base"] + b, dtype=np.int32),
                     "position": np.arange(T, dtype=np.int32),
                     "layer_idx": np.full(T, r["layer"], dtype=np.int16),
-                    "group": r["key_group"][b].astype(np.int16),
-                    "top_k_groups": list(r["query_groups"][b].astype(np.int16)),
-                    "prob": r["prob"][b].astype(np.float32),
-                    "margin": r["margin"][b].astype(np.float32),
-                    "scores": list(r["scores"][b].astype(np.float32)),
+                    "group": kg[b].numpy().astype(np.int16),
+                    "top_k_groups": list(r["query_groups"][b].numpy().astype(np.int16)),
+                    "prob": prob[b].astype(np.float32),
+                    "margin": margin[b].astype(np.float32),
+                    "scores": list(scores[b].numpy().astype(np.float32)),
                 }))
         if not frames:
             return pd.DataFrame(columns=["window", "position", "layer_idx", "group", "top_k_groups",
@@ -322,11 +310,28 @@ class Recording:
             ["window", "layer_idx", "position"], kind="stable").reset_index(drop=True)
 
     def _balance_tables(self) -> dict[str, pd.DataFrame]:
+        pools: dict[int, dict] = {}
+        rows_layer = []
+        for r in self._routes_sorted():
+            cfg, layer, qg = r["cfg"], r["layer"], r["query_groups"]
+            K = cfg.num_groups
+            dists = M.assignment_distributions(r["scores"], cfg.tau, cfg.sinkhorn_iters, r["group_bias"])
+            pool = pools.setdefault(layer, {"tokens": 0, "query": np.zeros(K),
+                                            **{f"soft_{k}": np.zeros(K) for k in M.ASSIGNMENT_KINDS},
+                                            **{f"hard_{k}": np.zeros(K) for k in M.ASSIGNMENT_KINDS}})
+            B, T = qg.shape[:2]
+            pool["tokens"] += B * T
+            pool["query"] += torch.nn.functional.one_hot(qg, K).sum((0, 1, 2)).numpy()
+            for kind, (q, g) in dists.items():
+                pool[f"soft_{kind}"] += q.sum((0, 1)).double().numpy()
+                pool[f"hard_{kind}"] += np.bincount(g.reshape(-1).numpy(), minlength=K)
+                for b in range(B):
+                    rows_layer.append({"window": r["base"] + b, "layer_idx": layer, "assignment": kind,
+                                       "tokens": T, **M.balance_stats(q[b], g[b], K)})
         rows = []
-        for layer, p in sorted(self._bal_pool.items()):
+        for layer, p in sorted(pools.items()):
             n = max(p["tokens"], 1)
-            K = len(p["query"])
-            for g in range(K):
+            for g in range(len(p["query"])):
                 rows.append({"layer_idx": layer, "group": g,
                              "hard_share": p["hard_causal"][g] / n, "soft_share": p["soft_sinkhorn"][g] / n,
                              "softmax_share": p["soft_softmax"][g] / n,
@@ -335,7 +340,7 @@ class Recording:
                              "query_share": p["query"][g] / n, "tokens": int(p["hard_causal"][g])})
         bal = pd.DataFrame(rows, columns=["layer_idx", "group", "hard_share", "soft_share", "softmax_share",
                                           "sinkhorn_hard_share", "softmax_hard_share", "query_share", "tokens"])
-        layer = pd.DataFrame(self._bal_rows, columns=[
+        layer = pd.DataFrame(rows_layer, columns=[
             "window", "layer_idx", "assignment", "tokens", "soft_largest_share", "hard_largest_share",
             "soft_entropy", "hard_entropy", "empty_groups", "marginal_error"])
         layer = layer.sort_values(["window", "layer_idx", "assignment"], kind="stable").reset_index(drop=True)
@@ -385,7 +390,7 @@ class Recording:
             pc = {l: d for l, d in pairs.items()}
             agg["density"] = agg["layer_idx"].map(lambda l: pc[l][p] / pc[l]["causal"])
             agg["distant_density"] = agg["layer_idx"].map(
-                lambda l: (pc[l][p] - pc[l]["local"]) / max(pc[l]["causal"] - pc[l]["local"], 1))
+                lambda l: (pc[l][p] - pc[l]["window"]) / max(pc[l]["causal"] - pc[l]["window"], 1))
             agg["window_width"] = agg["layer_idx"].map(
                 lambda l: float(np.mean(pc[l]["_matched"])) if p == "window_matched" else float(self.config.window))
             rows.append(agg)
@@ -501,18 +506,24 @@ class Recording:
         p = pos.set_index(["window", "position"])
         cont, scores, labels = [], [], []
         tok = tokens.set_index(["window", "position"])["token"] if tokens is not None else None
-        for layer, parts in sorted(self._ling.items()):
-            parts = sorted(parts, key=lambda r: r["base"])
+        by_layer: dict[int, list] = {}
+        for r in self._routes_sorted():
+            by_layer.setdefault(r["layer"], []).append(r)
+        for layer, parts in sorted(by_layer.items()):
             win, position, focus, rand, hs = [], [], [], [], []
             for r in parts:
                 B, T = r["key_group"].shape
+                _, rk = self._random_groups(B, T, r["cfg"], layer)
                 for b in range(B):
                     win.append(np.full(T, r["base"] + b))
                     position.append(np.arange(T))
-                    focus.append(r["key_group"][b])
-                    rand.append(r["random"][b])
+                    focus.append(r["key_group"][b].numpy())
+                    rand.append(rk[b].numpy())
                     if r["h"] is not None:
-                        hs.append(r["h"][b])
+                        x = r["h"][b].float()
+                        if r["cfg"].normalize_input:  # the router's own input normalization (core.Router)
+                            x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+                        hs.append(x.numpy())
             idx = pd.MultiIndex.from_arrays([np.concatenate(win), np.concatenate(position)])
             assignments = {"focus": np.concatenate(focus), "random": np.concatenate(rand)}
             if hs and len(hs) == len(win):
@@ -581,7 +592,7 @@ def record(model, metrics: Sequence[str] = ALL_METRICS, layers: Sequence[int] | 
         layers: layers to record (default every routed layer); heads: query heads (default all).
         patterns: (layer, head) pairs whose full T x T maps are kept (``patterns`` table).
         **options: further ``RecordOptions`` fields (edge_threshold, edge_top_n, edge_min_weight,
-            sink_tokens, per_query, chunk_elements).
+            sink_positions, per_query, chunk_elements).
     Yields:
         a ``Recording``; call ``.tables()`` after the forwards.
 

@@ -9,7 +9,9 @@ Layout::
     <run>/pos.parquet          one row per (window, position): spaCy labels joined by offsets
     <run>/eval.parquet         optional: held-out perplexity table
     <run>/train_log.parquet    optional: per-step training log
-    (+ tables added by the recorder: balance, coverage, dropped_edges, ...)
+    (+ the recorder's tables: balance, balance_layer, coverage, coverage_query,
+       coverage_distance, crossing, crossing_query, dropped_edges, patterns, pos_contingency,
+       linguistic_scores, group_labels; ``SCHEMA`` below lists every column)
 
 A run directory is written under a temporary name and renamed when complete, so a reader
 never sees half a run.
@@ -26,6 +28,44 @@ import pandas as pd
 
 SCHEMA_VERSION = 1
 MANIFEST = "manifest.json"
+
+#: Every table of schema v1 and its columns, in order (described in docs/run_schema.md; the
+#: tests check the recorder writes exactly these and that the document describes each one).
+#: Adding a table or a column is compatible; renaming or removing one needs a new version.
+SCHEMA: dict[str, tuple[str, ...]] = {
+    "tokens": ("window", "position", "doc", "token_id", "token", "char_start", "char_end"),
+    "pos": ("window", "position", "word_index", "word", "pos", "tag", "dep", "lemma", "head_word_index",
+            "head_position", "ent_type", "ent_iob", "ent_index", "sent_index"),
+    "assignments": ("window", "position", "layer_idx", "group", "top_k_groups", "prob", "margin", "scores"),
+    "balance": ("layer_idx", "group", "hard_share", "soft_share", "softmax_share", "sinkhorn_hard_share",
+                "softmax_hard_share", "query_share", "tokens"),
+    "balance_layer": ("window", "layer_idx", "assignment", "tokens", "soft_largest_share",
+                      "hard_largest_share", "soft_entropy", "hard_entropy", "empty_groups", "marginal_error"),
+    "coverage": ("layer_idx", "head", "pattern", "coverage", "min_coverage", "p10_coverage",
+                 "coverage_distant_queries", "density", "distant_density", "window_width", "queries"),
+    "coverage_query": ("window", "layer_idx", "head", "position", "pattern", "coverage"),
+    "coverage_distance": ("layer_idx", "head", "pattern", "distance_lo", "distance_hi", "coverage", "mass",
+                          "kept_mass", "queries"),
+    "crossing": ("layer_idx", "head", "dense_dropped", "dense_distant", "dense_sink_mass",
+                 "dense_sink_dropped", "soft_distant", "soft_crossing", "soft_crossing_expected",
+                 "dense_dropped_distant_queries", "soft_crossing_distant_queries", "queries"),
+    "crossing_query": ("window", "layer_idx", "head", "position", "dense_dropped", "dense_distant",
+                       "dense_sink_mass", "dense_sink_dropped", "soft_distant", "soft_crossing",
+                       "soft_crossing_expected"),
+    "dropped_edges": ("window", "layer_idx", "head", "query_position", "key_position", "distance", "weight",
+                      "soft_weight", "query_group", "key_group", "key_is_sink", "query_token", "key_token",
+                      "relation"),
+    "patterns": ("window", "layer_idx", "head", "query_position", "key_position", "dense_weight",
+                 "soft_weight", "kept"),
+    "pos_contingency": ("layer_idx", "assignment", "group", "pos", "tokens", "share_of_group",
+                        "share_of_pos", "lift"),
+    "linguistic_scores": ("layer_idx", "assignment", "labels", "nmi", "homogeneity", "completeness",
+                          "tokens", "groups_used"),
+    "group_labels": ("layer_idx", "assignment", "group", "tokens", "share", "label", "top_pos",
+                     "top_pos_share", "top_dep", "top_dep_share", "top_tokens"),
+    "eval": (),  # written by focus_lab.evaluate (copied in by ``focus-lab record``)
+    "train_log": (),  # written by focus_lab.train (copied in by ``focus-lab record``)
+}
 
 
 class RunError(ValueError):

@@ -1,0 +1,323 @@
+"""The recorder: hooks, exactness, per-layer reductions against brute force, run directories."""
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+import focus_lab
+from focus_lab import FocusConfig, core, metrics as M
+from focus_lab.record import ALL_METRICS, assignments_for_window, record, record_run
+from focus_lab.retrofit import add_observer, attention_modules
+from focus_lab.runs import SCHEMA, Run, RunError
+from conftest import ALL_FAMILIES, tiny_gemma2, tiny_gpt2, tiny_llama, tiny_mistral
+
+T = 40
+
+
+@pytest.fixture(params=["llama", "gpt2"])
+def small_model(request):
+    """GQA + RoPE (llama) and MHA + Conv1D + its own scaling (gpt2): enough for the recorder's
+    own logic; every family is covered by test_recorded_logits_are_identical."""
+    return {"llama": tiny_llama, "gpt2": tiny_gpt2}[request.param]()
+
+
+def _ids(seed=0, batch=2, T=T):
+    return torch.randint(3, 97, (batch, T), generator=torch.Generator().manual_seed(seed))
+
+
+def _hook_state(model):
+    return [(len(m._forward_pre_hooks), len(m._forward_hooks), len(m.__dict__.get("_focus_observers", [])))
+            for _, m in attention_modules(model)] + [(len(model._forward_pre_hooks), len(model._forward_hooks), 0)]
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("family,mode", [(f, "hard") for f in sorted(ALL_FAMILIES)]
+                         + [(f, m) for f in ("llama", "gpt2") for m in ("soft", "dense")])
+def test_recorded_logits_are_identical(family, mode):
+    model = ALL_FAMILIES[family]()
+    focus_lab.attach(model, FocusConfig(mode=mode, window=6, num_groups=4, top_k=2))
+    ids = _ids()
+    ref = model(ids, use_cache=False).logits
+    routed = sorted(focus_lab.routers(model))
+    with focus_lab.record(model, patterns=[(routed[-1], 0)]) as rec:
+        inside = model(ids, use_cache=False).logits
+    after = model(ids, use_cache=False).logits
+    assert torch.equal(inside, ref) and torch.equal(after, ref)
+    t = rec.tables()
+    assert rec.num_windows == 2 and set(t) >= {"assignments", "coverage", "crossing", "patterns"}
+    assert set(t["coverage"]["layer_idx"]) == set(routed)
+
+
+@torch.no_grad()
+def test_hooks_are_removed_on_exit_and_on_exception(small_model, monkeypatch):
+    focus_lab.attach(small_model, FocusConfig(mode="hard", window=6))
+    before = _hook_state(small_model)
+    with focus_lab.record(small_model) as rec:
+        assert _hook_state(small_model) != before
+        small_model(_ids(), use_cache=False)
+    assert _hook_state(small_model) == before
+    with pytest.raises(KeyError):
+        with focus_lab.record(small_model):
+            small_model(_ids(), use_cache=False)
+            raise KeyError("boom")
+    assert _hook_state(small_model) == before
+    # an exception raised by the recorder itself, mid-forward, also leaves nothing behind
+    def boom(*a, **k):
+        raise RuntimeError("metric failed")
+    monkeypatch.setattr(M, "attention_metrics", boom)
+    with pytest.raises(RuntimeError, match="metric failed"):
+        with focus_lab.record(small_model):
+            small_model(_ids(), use_cache=False)
+    assert _hook_state(small_model) == before
+    focus_lab.detach(small_model)
+
+
+def test_record_requires_focus_and_checks_its_arguments(small_model):
+    with pytest.raises(ValueError, match="not attached"):
+        with focus_lab.record(small_model):
+            pass
+    focus_lab.attach(small_model, FocusConfig(layers=[1]))
+    with pytest.raises(ValueError, match="no router"):
+        with focus_lab.record(small_model, layers=[0]):
+            pass
+    with pytest.raises(ValueError, match="unknown metrics"):
+        with focus_lab.record(small_model, metrics=["nope"]):
+            pass
+    with pytest.raises(ValueError, match="heads"):
+        with focus_lab.record(small_model, heads=[99]):
+            pass
+    with pytest.raises(ValueError, match="pattern"):
+        with focus_lab.record(small_model, patterns=[(0, 0)]):
+            pass
+
+
+@torch.no_grad()
+def test_recorder_matches_brute_force_on_the_model(small_model):
+    """Per-query coverage / dropped mass of the recorder against dense attention computed
+    here from the captured queries and keys, one pair at a time."""
+    w = 5
+    focus_lab.attach(small_model, FocusConfig(mode="hard", window=w, num_groups=3, top_k=1))
+    ids = _ids(batch=1, T=24)
+    seen = {}
+
+    def grab(module, q, k, v, routing, bias, out):
+        seen[module.focus_router.layer_idx] = (module, q.clone(), k.clone(), routing)
+
+    remove = add_observer(small_model, grab)
+    with focus_lab.record(small_model, heads=[0, 3], metrics=["coverage", "crossing", "balance"]) as rec:
+        small_model(ids, use_cache=False)
+    remove()
+    tabs = rec.tables()
+    cq = tabs["coverage_query"]
+    cr = tabs["crossing_query"]
+    H = small_model.config.num_attention_heads
+    for layer, (module, q, k, routing) in seen.items():
+        kk = k.repeat_interleave(H // k.shape[1], dim=1)
+        scale = module.scaling if getattr(module, "scaling", None) is not None else q.shape[-1] ** -0.5
+        qg, kg = routing.query_groups[0], routing.key_group[0]
+        for h in (0, 3):
+            for i in range(24):
+                logits = torch.tensor([float(q[0, h, i] @ kk[0, h, j]) * scale for j in range(i + 1)],
+                                      dtype=torch.float64)
+                p = torch.softmax(logits, 0)
+                keep = [(i - j < w) or int(kg[j]) in qg[i].tolist() for j in range(i + 1)]
+                cov = float(sum(p[j] for j in range(i + 1) if keep[j]))
+                row = cq[(cq.layer_idx == layer) & (cq["head"] == h) & (cq.position == i) & (cq.pattern == "focus")]
+                assert float(row.coverage.iloc[0]) == pytest.approx(cov, abs=1e-5)
+                drop = cr[(cr.layer_idx == layer) & (cr["head"] == h) & (cr.position == i)].dense_dropped.iloc[0]
+                assert float(drop) == pytest.approx(1 - cov, abs=1e-5)
+    assert set(tabs["coverage"]["head"]) == {0, 3}
+    # balance: the causal hard shares are the key groups the mask used
+    bal = tabs["balance"]
+    for layer, (_, _, _, routing) in seen.items():
+        counts = np.bincount(routing.key_group[0].numpy(), minlength=3) / 24
+        got = bal[bal.layer_idx == layer].sort_values("group").hard_share.to_numpy()
+        assert np.allclose(got, counts)
+
+
+@torch.no_grad()
+def test_window_covering_everything_and_one_group(small_model):
+    focus_lab.attach(small_model, FocusConfig(mode="hard", window=T, num_groups=4, top_k=1))
+    with focus_lab.record(small_model, metrics=["coverage", "dropped_edges"], edge_threshold=0.0) as rec:
+        small_model(_ids(), use_cache=False)
+    t = rec.tables()
+    assert np.allclose(t["coverage_query"]["coverage"], 1, atol=1e-5)
+    assert len(t["dropped_edges"]) == 0
+    focus_lab.detach(small_model)
+    focus_lab.attach(small_model, FocusConfig(mode="hard", window=3, num_groups=1, top_k=1))
+    with focus_lab.record(small_model, metrics=["crossing"]) as rec:
+        small_model(_ids(), use_cache=False)
+    c = rec.tables()["crossing_query"]
+    assert np.allclose(c["soft_crossing"], 0) and np.allclose(c["soft_crossing_expected"], 0, atol=1e-6)
+    assert np.allclose(c["dense_dropped"], 0, atol=1e-6) and c["soft_distant"].max() > 0
+
+
+@torch.no_grad()
+def test_patterns_and_layer_selection(small_model):
+    focus_lab.attach(small_model, FocusConfig(mode="hard", window=4))
+    with focus_lab.record(small_model, layers=[1], patterns=[(1, 2)]) as rec:
+        small_model(_ids(batch=1), use_cache=False)
+    t = rec.tables()
+    assert set(t["assignments"]["layer_idx"]) == {1} and set(t["coverage"]["layer_idx"]) == {1}
+    pat = t["patterns"]
+    assert set(zip(pat.layer_idx, pat["head"])) == {(1, 2)} and len(pat) == T * (T + 1) // 2
+    rows = pat.groupby("query_position").dense_weight.sum()
+    assert np.allclose(rows, 1, atol=1e-5)
+    kept = pat[pat.kept].groupby("query_position").dense_weight.sum().reindex(range(T), fill_value=0)
+    cq = t["coverage_query"]
+    cov = cq[(cq["head"] == 2) & (cq.pattern == "focus")].sort_values("position").coverage.to_numpy()
+    assert np.allclose(kept.to_numpy(), cov, atol=1e-5)
+
+
+@torch.no_grad()
+def test_assignments_for_window_keeps_its_columns(small_model):
+    focus_lab.attach(small_model, FocusConfig(mode="hard", window=4))
+    a = assignments_for_window(small_model, _ids(batch=1)[0])
+    assert list(a.columns) == ["position", "layer_idx", "group", "top_k_groups", "prob", "margin", "scores"]
+    assert len(a) == 2 * T
+
+
+# ------------------------------------------------------------------ run directories
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    from run_fixtures import make_tiny_run
+    path = tmp_path_factory.mktemp("runs") / "tiny"
+    return make_tiny_run(path, standins=False, with_eval=False)
+
+
+def test_run_has_every_documented_table_and_column(tiny_run):
+    run = Run.open(tiny_run)
+    mf = run.manifest
+    assert mf["recorder"]["metrics"] == list(ALL_METRICS)
+    with_pos = run.has("pos")
+    for name, cols in SCHEMA.items():
+        optional = name in ("eval", "train_log", "patterns") or (
+            not with_pos and name in ("pos", "pos_contingency", "linguistic_scores", "group_labels"))
+        if not run.has(name):
+            assert optional, f"table {name} missing"
+            continue
+        if cols:  # eval / train_log are other modules' tables
+            assert list(run.table(name).columns) == list(cols), name
+    for name in run.tables:
+        assert name in SCHEMA, f"undocumented table {name}"
+
+
+def test_docs_describe_every_table_and_column():
+    from pathlib import Path
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "run_schema.md").read_text()
+    sections = doc.split("\n### ")
+    for name, cols in SCHEMA.items():
+        sec = [s for s in sections if s.startswith(f"`{name}`")]
+        if not cols:
+            continue
+        assert sec, f"docs/run_schema.md has no section for {name}"
+        for c in cols:
+            assert f"`{c}`" in sec[0], f"docs: column {c} of {name} is not described"
+
+
+def test_run_tables_are_consistent(tiny_run):
+    run = Run.open(tiny_run)
+    cov = run.coverage
+    assert set(cov.pattern) == set(M.COVERAGE_PATTERNS)
+    assert (cov.coverage <= 1 + 1e-5).all() and (cov.min_coverage >= 0).all()
+    cq = run.coverage_query
+    cr = run.crossing_query
+    f = cq[cq.pattern == "focus"].merge(cr, on=["window", "layer_idx", "head", "position"])
+    assert np.allclose(f.coverage + f.dense_dropped, 1, atol=1e-5)
+    # the distance buckets add up to the per-query masses
+    cd = run.coverage_distance
+    tot = cd[cd.pattern == "focus"].groupby(["layer_idx", "head"]).mass.sum()
+    assert np.allclose(tot, 1, atol=1e-4)
+    kept = cd[cd.pattern == "focus"].groupby(["layer_idx", "head"]).kept_mass.sum()
+    mean_cov = cov[cov.pattern == "focus"].set_index(["layer_idx", "head"]).coverage
+    assert np.allclose(kept.sort_index(), mean_cov.sort_index(), atol=1e-4)
+    # window-matched masks keep about as many pairs as Focus
+    dens = cov.groupby(["layer_idx", "pattern"]).density.first().unstack()
+    assert np.allclose(dens["window_matched"], dens["focus"], atol=0.05)
+    # dropped edges: dropped by the hard mask, beyond the window, tokens filled
+    e = run.dropped_edges
+    asg = run.assignments
+    w = run.config["window"]
+    assert len(e) and (e.distance >= w).all() and (e.weight > 0).all()
+    g = asg.set_index(["window", "layer_idx", "position"])
+    top = g["top_k_groups"].reindex(pd.MultiIndex.from_arrays([e.window, e.layer_idx, e.query_position]))
+    kg = g["group"].reindex(pd.MultiIndex.from_arrays([e.window, e.layer_idx, e.key_position])).to_numpy()
+    assert all(int(k) not in list(t) for k, t in zip(kg, top))
+    assert (e.key_group.to_numpy() == kg).all()
+    tok = run.tokens.set_index(["window", "position"]).token
+    assert (e.key_token.to_numpy() == tok.reindex(pd.MultiIndex.from_arrays([e.window, e.key_position])).to_numpy()).all()
+    bl = run.balance_layer
+    assert set(bl.assignment) == set(M.ASSIGNMENT_KINDS)
+    assert (bl[bl.assignment == "sinkhorn"].marginal_error < 0.5).all()
+
+
+def test_linguistics_tables(tiny_run):
+    run = Run.open(tiny_run)
+    if not run.has("pos"):
+        pytest.skip("spaCy pipeline not installed")
+    s = run.linguistic_scores
+    assert set(s.assignment) == {"focus", "kmeans", "random"} and set(s.labels) == {"pos", "dep"}
+    assert s[["nmi", "homogeneity", "completeness"]].apply(lambda c: c.between(0, 1)).all().all()
+    ct = run.pos_contingency
+    pos = run.pos
+    aligned = int((pos.pos != "").sum())
+    sums = ct.groupby(["layer_idx", "assignment"]).tokens.sum()
+    assert (sums == aligned).all()
+    # NMI recomputed from the tables themselves
+    asg = run.assignments.merge(pos, on=["window", "position"])
+    a0 = asg[(asg.layer_idx == 0) & (asg.pos != "")]
+    want = M.cluster_scores(a0.group.to_numpy(), a0.pos.to_numpy())["nmi"]
+    got = s[(s.layer_idx == 0) & (s.assignment == "focus") & (s.labels == "pos")].nmi.iloc[0]
+    assert got == pytest.approx(want, abs=1e-5)
+    gl = run.group_labels
+    assert len(gl) == run.config["num_groups"] * 3 * run.num_layers
+    e = run.dropped_edges
+    assert e.relation.map(lambda r: isinstance(r, str)).all()
+
+
+def test_open_checks_the_schema_version(tiny_run, tmp_path):
+    import shutil
+    other = tmp_path / "old"
+    shutil.copytree(tiny_run, other)
+    mf = json.loads((other / "manifest.json").read_text())
+    mf["schema_version"] = 0
+    (other / "manifest.json").write_text(json.dumps(mf))
+    with pytest.raises(RunError, match="schema version 0"):
+        Run.open(other)
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("family", ["mistral", "gemma2"])
+def test_dense_reference_follows_the_models_own_mask_and_softcap(family):
+    """Mistral's own sliding window (8 < T) and Gemma-2's logit soft-capping reach the dense
+    reference: the recorded dense map equals the model's own attention (eager, brute force)."""
+    model = tiny_mistral(sliding_window=8) if family == "mistral" else tiny_gemma2()
+    focus_lab.attach(model, FocusConfig(mode="dense", window=4, num_groups=2, top_k=1))
+    layer = sorted(focus_lab.routers(model))[-1]
+    seen = {}
+
+    def grab(module, q, k, v, routing, bias, out):
+        if getattr(module, "focus_router", None) is not None:
+            seen[module.focus_router.layer_idx] = (module, q.clone(), k.clone(), bias.clone())
+
+    remove = add_observer(model, grab)
+    with focus_lab.record(model, metrics=["coverage"], patterns=[(layer, 1)]) as rec:
+        model(_ids(batch=1, T=24), use_cache=False)
+    remove()
+    module, q, k, keep = seen[layer]
+    kk = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+    logits = (q[0, 1] @ kk[0, 1].T) * module.scaling
+    cap = getattr(module, "attn_logit_softcapping", None)
+    if cap is not None:
+        logits = cap * torch.tanh(logits / cap)
+    want = torch.softmax(logits.masked_fill(~keep[0], float("-inf")), -1)
+    if family == "mistral":
+        assert not bool(keep[0].tril().all())  # the model's window hides old keys
+    pat = rec.tables()["patterns"]
+    got = torch.zeros(24, 24)
+    got[pat.query_position.to_numpy(), pat.key_position.to_numpy()] = torch.tensor(pat.dense_weight.to_numpy().copy())
+    assert torch.allclose(got, want, atol=1e-5)
