@@ -74,7 +74,7 @@ def trained_groups(path: Path, n: int, k: int, layer: int | None) -> tuple[torch
     Returns (query_groups (1, n, k), key_group (1, n), K)."""
     from focus_lab.core import hard_assign
 
-    rec = torch.load(path, weights_only=True)
+    rec = torch.load(path, weights_only=False)
     layers = sorted(rec["scores"])
     li = layer if layer is not None else layers[len(layers) // 2]
     s = rec["scores"][li].float()  # (T, K)
@@ -86,15 +86,20 @@ def trained_groups(path: Path, n: int, k: int, layer: int | None) -> tuple[torch
 
 @torch.no_grad()
 def make_groups(router_path: str, out: Path, tokens: int, corpus: str) -> None:
-    """Run the embedded model with a trained router on held-out text (hard mode, top-1) and
-    save every layer's router scores: {"scores": {layer: (T, K)}, "group_bias": {layer: (K,)},
-    "tau": float, "router": path}."""
+    """Run the embedded model with a trained router (a router file, or "init:K" for a fresh,
+    untrained one) on held-out text (hard mode, top-1) and save every layer's router scores:
+    {"scores": {layer: (T, K)}, "group_bias": {layer: (K,)}, "tau": float, "router": path}."""
     from focus_lab.data import load_corpus, make_windows
     from focus_lab.models import load_model
     from focus_lab.retrofit import load_routers, routers
 
+    import focus_lab
+
     model, tok = load_model()
-    load_routers(model, router_path, {"mode": "hard", "top_k": 1})
+    if router_path.startswith("init:"):  # an untrained router: initial weights, K groups
+        focus_lab.attach(model, focus_lab.FocusConfig(num_groups=int(router_path[5:]), top_k=1, mode="hard"))
+    else:
+        load_routers(model, router_path, {"mode": "hard", "top_k": 1})
     corpus_ = load_corpus(corpus)
     win = make_windows(corpus_.heldout, tok, tokens, max_windows=1)[0]
     scores: dict[int, torch.Tensor] = {}
@@ -140,9 +145,13 @@ def kernel_bench(args) -> pd.DataFrame:
         for K, k in configs:
             groups[(K, k, "balanced")] = balanced_groups(n, K, k, seed=n * 100 + K * 10 + k)
         if args.groups:
+            label = "router-init" if str(torch.load(args.groups, weights_only=False)["router"]).startswith("init:") \
+                else "trained"
             for k in args.ks:
                 qg, kg, Kt = trained_groups(Path(args.groups), n, k, args.groups_layer)
-                groups[(Kt, k, "trained")] = (qg, kg)
+                groups[(Kt, k, label)] = (qg, kg)
+        if n >= args.large_from:  # the largest sizes: fewer configs
+            groups = {key: g for key, g in groups.items() if (key[0], key[1]) in args.large_configs}
         # skip dense when its extrapolated time exceeds the cap (then no ratio at this n)
         run_dense = n <= args.dense_max_n
         if dense_hist and run_dense:
@@ -157,7 +166,8 @@ def kernel_bench(args) -> pd.DataFrame:
         t_focus: dict = {key: [] for key in groups}
         ph: dict = {key: {p: [] for p in PHASES} for key in groups}
         load0 = os.getloadavg()[0]
-        for r in range(args.repeats):
+        repeats = args.large_repeats if n >= args.large_from else args.repeats
+        for r in range(repeats):
             if run_dense:
                 t_dense.append(_timed(_dense, q, k_, v))
             for key, (qg, kg) in groups.items():
@@ -165,7 +175,7 @@ def kernel_bench(args) -> pd.DataFrame:
                 t_focus[key].append(_timed(hard_focus_attention, q, k_, v, qg, kg, w, timings=tim))
                 for p in PHASES:
                     ph[key][p].append(tim.get(p, 0.0))
-            print(f"  n={n} repeat {r + 1}/{args.repeats}: dense "
+            print(f"  n={n} repeat {r + 1}/{repeats}: dense "
                   f"{t_dense[-1] if t_dense else float('nan'):.3f}s, focus "
                   + ", ".join(f"K{K}k{k}{'' if g == 'balanced' else '-' + g}={t_focus[(K, k, g)][-1]:.3f}s"
                               for K, k, g in groups), flush=True)
@@ -337,6 +347,12 @@ def main(argv=None) -> int:
     ap.add_argument("--Ks", type=lambda s: [int(x) for x in s.split(",")], default=[4, 8])
     ap.add_argument("--ks", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2])
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--large-from", type=int, default=65536,
+                    help="from this n on, only --large-configs and --large-repeats")
+    ap.add_argument("--large-repeats", type=int, default=1)
+    ap.add_argument("--large-configs", default=[(8, 1), (4, 1)],
+                    type=lambda s: [tuple(int(x) for x in c.split(":")) for c in s.split(",")],
+                    help="K:k pairs run at the largest sizes (default 8:1,4:1)")
     ap.add_argument("--window", type=int, default=128)
     ap.add_argument("--heads", type=int, default=9, help="query heads (SmolLM2-135M: 9)")
     ap.add_argument("--kv-heads", type=int, default=3, help="KV heads (SmolLM2-135M: 3)")

@@ -305,20 +305,31 @@ def _buckets(segs: list[Segment], waste: float = 1.2) -> list[list[Segment]]:
     return out
 
 
+def _merge2(o1, l1, o2, l2):
+    """LSE merge of two partial attentions over disjoint key sets, fp32.
+    o: (..., L, H, D) rows, l: (..., L, H); an empty part has l = -inf (l1 must be finite)."""
+    m = torch.maximum(l1, l2)
+    w1, w2 = torch.exp(l1 - m), torch.exp(l2 - m)
+    den = w1 + w2
+    o = o1.float() * (w1 / den)[..., None] + o2.float() * (w2 / den)[..., None]
+    return o, m + torch.log(den)
+
+
 def _stair_attn(qrows, krows, vrows, sg: Segment, Tq: int, Tk: int, scale: float,
-                outA_flat, lseA_flat, nrows: int, chunk: int = 512) -> None:
+                outA_flat, lseA_flat, nrows: int, chunk: int | None = None) -> None:
     """A "stair" / "bottom_right" segment: query m attends keys ``0 .. counts[m]-1`` of its
-    group (counts nondecreasing). Queries go in chunks; a chunk attends only the key prefix
-    its last query needs, with an explicit mask unless all its queries see the same prefix.
-    Writes rows of outA_flat / lseA_flat ((k*nrows, H, D) / (k*nrows, H))."""
-    H, D = qrows.shape[1], qrows.shape[2]
-    Hkv = krows.shape[1]
+    group (counts nondecreasing). Queries go in chunks; within a chunk every query sees the
+    prefix ``[0, cmin)`` (one unmasked call) and the rest ``[cmin, cmax)`` needs a small
+    explicit mask (a second call); the two merge by LSE. Writes rows of outA_flat / lseA_flat
+    ((k*nrows, H, D) / (k*nrows, H))."""
     kidx = sg.k_idx + sg.b * Tk
     ks = krows.index_select(0, kidx)[None].transpose(1, 2)  # (1, Hkv, Lk, D)
     vs = vrows.index_select(0, kidx)[None].transpose(1, 2)
     counts = sg.counts
     cl = counts.tolist()
     Lq = len(cl)
+    # chunk: the masked tails cost ~chunk/2 wasted keys per query; fewer calls for long segments
+    chunk = chunk or min(max(Lq // 4, 256), 1024)
     for a in range(0, Lq, chunk):
         e = min(a + chunk, Lq)
         cmin, cmax = cl[a], cl[e - 1]
@@ -326,14 +337,19 @@ def _stair_attn(qrows, krows, vrows, sg: Segment, Tq: int, Tk: int, scale: float
             continue
         qi = sg.q_idx[a:e] + sg.b * Tq
         qs = qrows.index_select(0, qi)[None].transpose(1, 2)  # (1, H, L, D)
-        allowed = None
-        if cmin != cmax:
-            cols = torch.arange(cmax, device=qrows.device)
-            allowed = (cols[None, :] < counts[a:e, None])[None, None]  # (1, 1, L, cmax)
-        o, l = _attn_lse(qs, ks[:, :, :cmax], vs[:, :, :cmax], scale, allowed=allowed)
+        o = l = None
+        if cmin > 0:  # the prefix every query of the chunk sees
+            o, l = _attn_lse(qs, ks[:, :, :cmin], vs[:, :, :cmin], scale)
+            o, l = o[0].transpose(0, 1), l[0].transpose(0, 1)  # (L, H, D), (L, H)
+        if cmax > cmin:
+            cols = torch.arange(cmin, cmax, device=qrows.device)
+            allowed = (cols[None, :] < counts[a:e, None])[None, None]  # (1, 1, L, cmax - cmin)
+            o2, l2 = _attn_lse(qs, ks[:, :, cmin:cmax], vs[:, :, cmin:cmax], scale, allowed=allowed)
+            o2, l2 = o2[0].transpose(0, 1), l2[0].transpose(0, 1)
+            o, l = (o2, l2) if o is None else _merge2(o, l, o2, l2)
         dst = qi + sg.slot * nrows
-        outA_flat.index_copy_(0, dst, o[0].transpose(0, 1).float())
-        lseA_flat.index_copy_(0, dst, l[0].transpose(0, 1))
+        outA_flat.index_copy_(0, dst, o.float())
+        lseA_flat.index_copy_(0, dst, l)
 
 
 def _part_a_torch(qrows, krows, vrows, segs, B, Tq, Tk, scale, timer, outA_flat, lseA_flat):
