@@ -166,17 +166,58 @@ def record(
     out: Path = typer.Option(Path("runs") / DEFAULT_NAME, help="run directory to write"),
     seq_len: int = typer.Option(512), max_windows: int = typer.Option(4),
     pos: bool = typer.Option(True, help="join spaCy POS / dependency labels"),
+    mode: str = typer.Option("dense", help="attention mode of the recorded forward: dense (the "
+                             "pretrained model's own attention, audited against the Focus masks), "
+                             "hard or soft (the Focus model's)"),
+    metrics: str = typer.Option("all", help="comma list of assignments, balance, coverage, crossing, "
+                                "dropped_edges, linguistics; or 'all'"),
+    layers: Optional[str] = typer.Option(None, help="layers to record, e.g. '0,5,10-12' (default: all)"),
+    heads: Optional[str] = typer.Option(None, help="query heads to record, e.g. '0-3' (default: all)"),
+    pattern: Optional[list[str]] = typer.Option(None, help="LAYER:HEAD whose full T x T maps are "
+                                                "kept (repeatable)"),
+    edge_threshold: float = typer.Option(0.05, help="dropped-edge audit: dense weight above which a "
+                                         "dropped edge is kept"),
+    edge_top_n: int = typer.Option(1, help="also keep each query's n heaviest dropped edges ..."),
+    edge_min_weight: float = typer.Option(0.01, help="... when their weight exceeds this"),
+    sink_positions: int = typer.Option(4, help="first key positions reported as attention sinks"),
+    per_query: bool = typer.Option(True, help="write the per-query tables (coverage_query, crossing_query)"),
 ):
-    """Record held-out text through Focus (hard mode) into a run directory."""
+    """Record held-out text through Focus into a run directory (schema: docs/run_schema.md)."""
+    def ints(spec):
+        if spec is None:
+            return None
+        out_ = []
+        for part in spec.replace(" ", "").split(","):
+            if not part:
+                continue
+            try:
+                lo, _, hi = part.partition("-")
+                out_ += list(range(int(lo), int(hi) + 1)) if hi else [int(lo)]
+            except ValueError:
+                _fail(f"cannot read {spec!r} as a list of integers like '0,3,5-7'")
+        return out_
+
     def run():
         nonlocal seq_len
         import pandas as pd
         from .data import make_windows
-        from .record import file_sha256, record_run
+        from .record import ALL_METRICS, file_sha256, record_run
         from .retrofit import load_routers, set_config
+        chosen = ALL_METRICS if metrics.strip() == "all" else tuple(x.strip() for x in metrics.split(",") if x.strip())
+        bad = [x for x in chosen if x not in ALL_METRICS]
+        if bad:
+            _fail(f"unknown metrics {bad}; choose from {', '.join(ALL_METRICS)} or 'all'")
+        if mode not in ("dense", "hard", "soft"):
+            _fail(f"--mode {mode!r}: choose dense, hard or soft")
+        pats = []
+        for p in pattern or []:
+            lh = ints(p.replace(":", ","))
+            if len(lh) != 2:
+                _fail(f"--pattern {p!r}: write LAYER:HEAD, e.g. 3:0")
+            pats.append((lh[0], lh[1]))
         m, tok, corp, seq_len = _load(model, corpus, seq_len)
         load_routers(m, routers)
-        set_config(m, mode="hard")
+        set_config(m, mode=mode)
         windows = make_windows(corp.heldout, tok, seq_len, max_windows=max_windows)
         extra = {}
         for name in ("eval", "train_log"):
@@ -186,8 +227,16 @@ def record(
         meta = {"corpus": {"name": corp.name, "heldout": [d.name for d in corp.heldout],
                            "train": [d.name for d in corp.train]},
                 "routers": {"path": str(routers), "sha256": file_sha256(routers)}}
-        record_run(m, tok, windows, {d.name: d.text for d in corp.heldout}, out, meta=meta,
-                   with_pos=pos, extra_tables=extra)
+        typer.echo(f"recording {len(windows)} held-out windows of {seq_len} tokens in {mode} mode "
+                   f"(metrics: {', '.join(chosen)})")
+        try:
+            record_run(m, tok, windows, {d.name: d.text for d in corp.heldout}, out, meta=meta,
+                       with_pos=pos, extra_tables=extra, metrics=chosen, layers=ints(layers),
+                       heads=ints(heads), patterns=pats, edge_threshold=edge_threshold,
+                       edge_top_n=edge_top_n, edge_min_weight=edge_min_weight,
+                       sink_positions=sink_positions, per_query=per_query)
+        except ValueError as e:  # bad layers / heads / patterns: one clear line
+            _fail(str(e))
         typer.echo(f"recorded {len(windows)} windows into {out}")
         return out
     return _guard(run)
@@ -235,6 +284,29 @@ def quickstart(
     if serve:
         typer.secho("[4/4] dashboard", bold=True)
         app_cmd(runs=Path("runs"), host="127.0.0.1", port=port)
+
+
+@app.command()
+def figures(
+    quick: bool = typer.Option(False, help="tiny random model and built-in texts (minutes; what the test runs)"),
+    out: Optional[Path] = typer.Option(None, help="output folder (default figures/, or figures/quick with --quick)"),
+    only: Optional[list[str]] = typer.Option(None, help="run only these experiments (others are read from the cache)"),
+    threads: int = typer.Option(1, help="torch threads (1 is polite on a shared CPU)"),
+    png: bool = typer.Option(True, help="also write PNG files (kaleido + Chromium)"),
+    update_readme: bool = typer.Option(False, help="write the reproduction table into README.md's Reproduction section"),
+    routers: Optional[Path] = typer.Option(None, help="router file (default checkpoints/smollm2-austen/routers.safetensors)"),
+):
+    """Regenerate every paper figure and the reproduction table (cached, resumable experiments)."""
+    from .figures import run_figures
+
+    def run():
+        res = run_figures(out, quick=quick, only=only, threads=threads, png=png, update_readme=update_readme,
+                          routers=routers)
+        failed = [r["name"] for r in res["records"] if r["status"].startswith("failed")]
+        typer.echo(f"wrote {len(res['records'])} outputs to {res['out']} (README.md lists them)"
+                   + (f"; failed: {', '.join(failed)}" if failed else ""))
+        return res
+    return _guard(run)
 
 
 def main() -> None:

@@ -321,3 +321,27 @@ def test_dense_reference_follows_the_models_own_mask_and_softcap(family):
     got = torch.zeros(24, 24)
     got[pat.query_position.to_numpy(), pat.key_position.to_numpy()] = torch.tensor(pat.dense_weight.to_numpy().copy())
     assert torch.allclose(got, want, atol=1e-5)
+
+
+def test_cli_record_flags(tiny_run, tmp_path):
+    """``focus-lab record`` with layer / head / metric / threshold / pattern flags."""
+    from typer.testing import CliRunner
+    from focus_lab.cli import app
+    from run_fixtures import TEXT
+    assets = tiny_run.parent / f".{tiny_run.name}-assets"
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text((TEXT + "\n") * 12)
+    out = tmp_path / "run"
+    args = ["record", "--model", str(assets / "model"), "--routers", str(assets / "routers.safetensors"),
+            "--corpus", str(corpus), "--out", str(out), "--seq-len", "48", "--max-windows", "2",
+            "--layers", "1", "--heads", "0-2", "--pattern", "1:2", "--metrics", "coverage,dropped_edges",
+            "--edge-threshold", "0.2", "--edge-top-n", "0", "--no-per-query", "--no-pos"]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    run = Run.open(out)
+    assert set(run.tables) == {"tokens", "coverage", "coverage_distance", "dropped_edges", "patterns"}
+    assert set(run.coverage.layer_idx) == {1} and set(run.coverage["head"]) == {0, 1, 2}
+    assert run.manifest["recorder"]["mode"] == "dense" and run.manifest["recorder"]["edge_threshold"] == 0.2
+    assert (run.dropped_edges.weight > 0.2).all()
+    bad = CliRunner().invoke(app, args[:-1] + ["--layers", "9"])
+    assert bad.exit_code == 2 and "no router" in bad.output
