@@ -114,7 +114,14 @@ def visit_all(url: str, run: str, out: Path, width: int = 1280, height: int = 80
                     wait_rendered(page, title, charts)
                 seconds = time.perf_counter() - t0
                 shot = out / f"{name}.png"
-                page.screenshot(path=str(shot), full_page=full_page)
+                if full_page:  # streamlit scrolls inside its main container: grow the viewport instead
+                    h = page.evaluate("""() => { const m = document.querySelector('[data-testid="stMain"]');
+                                                  return m ? m.scrollHeight : document.body.scrollHeight; }""")
+                    page.set_viewport_size({"width": width, "height": int(min(max(h, height), 8000))})
+                    page.wait_for_timeout(800)
+                page.screenshot(path=str(shot))
+                if full_page:
+                    page.set_viewport_size({"width": width, "height": height})
                 results[name] = {
                     "seconds": round(seconds, 2),
                     "charts": page.locator(".js-plotly-plot").count(),
@@ -164,13 +171,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=REPO / "docs" / "screenshots")
     ap.add_argument("--repeat", type=int, default=1, help="visits per page (render time: the median)")
     ap.add_argument("--no-probe", action="store_true", help="do not press Run probe (no model load)")
+    ap.add_argument("--full-page", action="store_true", help="screenshots of the whole page, not the viewport")
     a = ap.parse_args(argv)
     runs = a.runs.resolve()
     allres: list[dict] = []
     with dashboard(runs) as url:
         for i in range(a.repeat):
             out = a.out if i == 0 else a.out.parent / f".{a.out.name}-{i}"
-            allres.append(visit_all(url, a.run, out, click_probe=not a.no_probe))
+            allres.append(visit_all(url, a.run, out, click_probe=not a.no_probe, full_page=a.full_page))
     summary = {}
     for name in allres[0]:
         secs = sorted(r[name]["seconds"] for r in allres)

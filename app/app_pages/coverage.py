@@ -99,10 +99,10 @@ def patterns_section(run: lib.RunView) -> None:
     dropped[qi, kj] = np.where(kept, 0.0, w)
     c1, c2 = st.columns(2)
     for col_, z, name in ((c1, dense, "dense attention P"), (c2, dropped, "dense mass the hard mask drops")):
-        fig = go.Figure(go.Heatmap(z=z, colorscale="Magma", zmin=0, zmax=float(np.nanquantile(w, 0.99)) or 1.0,
+        fig = go.Figure(go.Heatmap(z=z, colorscale="YlOrRd", zmin=0, zmax=float(np.nanquantile(w, 0.99)) or 1.0,
                                    hovertemplate="query %{y}, key %{x}: %{z:.4f}<extra></extra>"))
         fig.update_layout(title=name, height=420, margin=dict(l=10, r=10, t=40, b=10), xaxis_title="key",
-                          yaxis_title="query", yaxis_autorange="reversed")
+                          yaxis_title="query", yaxis_autorange="reversed", plot_bgcolor="#e8e8e8")
         col_.plotly_chart(fig, width="stretch")
     st.caption(f"{kept.mean():.1%} of the recorded pairs kept; dropped dense mass per query "
                f"{np.nansum(dropped) / max(1, len(np.unique(qi))):.3f}")
