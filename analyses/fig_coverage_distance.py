@@ -1,0 +1,70 @@
+"""Figure 6: coverage of the dense model's attention by distance, Focus vs baselines.
+
+For each distance bucket ``[lo, hi)``, the share of the dense (pretrained) attention mass that
+each hard mask keeps: ``sum kept_mass / sum mass`` over layers, heads, queries and windows (the
+recorder's ``coverage_distance`` tables; PAPER.md §6, the reviewers' question). Focus, sliding
+window, window at matched sparsity and random groups come from the Focus run; k-means, online
+k-means and MoBA from their own runs (``data/runs/<method>``). Right: where the dense mass lies.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from focus_lab.figures import METHOD_COLORS, METHOD_NAMES, RECORD_METHODS  # noqa: E402
+
+TITLE = "Coverage of dense attention mass vs distance: Focus vs baselines"
+DATA = ("records",)
+PATTERN_METHOD = {"focus": "focus", "window": "window", "window_matched": "window_matched", "random": "random"}
+
+
+def coverage_by_distance(data_dir: Path) -> pd.DataFrame:
+    """method, bucket, distance_lo, distance_hi, coverage, mass_share (dense mass in the bucket)."""
+    from focus_lab.runs import Run
+    rows = []
+    for method in RECORD_METHODS:
+        path = Path(data_dir) / "runs" / method
+        if not (path / "manifest.json").is_file():
+            continue
+        cd = Run.open(path).table("coverage_distance")
+        pats = cd["pattern"].unique() if method == "focus" else ["focus"]
+        for p in pats:
+            sub = cd[cd["pattern"] == p]
+            g = sub.groupby(["distance_lo", "distance_hi"])[["kept_mass", "mass"]].sum().reset_index()
+            total = g["mass"].sum()
+            for r in g.itertuples():
+                rows.append({"method": PATTERN_METHOD.get(p, p) if method == "focus" else method,
+                             "bucket": f"[{r.distance_lo}, {r.distance_hi})", "distance_lo": r.distance_lo,
+                             "distance_hi": r.distance_hi, "coverage": r.kept_mass / r.mass if r.mass > 0 else float("nan"),
+                             "mass_share": r.mass / total if total > 0 else float("nan")})
+    if not rows:
+        raise FileNotFoundError(f"{Path(data_dir) / 'runs'} has no recorded runs: run `focus-lab figures` "
+                                "(experiment 'records')")
+    return pd.DataFrame(rows).sort_values(["method", "distance_lo"])
+
+
+def make_figure(data_dir: Path):
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    df = coverage_by_distance(data_dir)
+    fig = make_subplots(rows=1, cols=2, column_widths=[0.7, 0.3],
+                        subplot_titles=("dense attention mass kept by the hard mask", "dense mass by distance"))
+    order = list(dict.fromkeys(df.sort_values("distance_lo")["bucket"]))
+    for method, part in df.groupby("method", sort=False):
+        part = part.set_index("bucket").reindex(order).reset_index()
+        fig.add_trace(go.Scatter(x=part["bucket"], y=part["coverage"], mode="lines+markers",
+                                 name=METHOD_NAMES.get(method, method),
+                                 line=dict(color=METHOD_COLORS.get(method, "#555"))), row=1, col=1)
+    m = df[df["method"] == "focus"].set_index("bucket").reindex(order)
+    fig.add_trace(go.Bar(x=order, y=m["mass_share"], name="dense mass share", marker_color="#444",
+                         showlegend=False), row=1, col=2)
+    fig.update_yaxes(title="coverage", range=[0, 1.02], row=1, col=1)
+    fig.update_yaxes(title="share of dense mass", row=1, col=2)
+    fig.update_xaxes(title="distance i - j (tokens)")
+    fig.update_layout(title=TITLE, template="plotly_white", width=1400, height=550)
+    return fig

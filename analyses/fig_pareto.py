@@ -1,0 +1,71 @@
+"""Figure 1: quality-speed Pareto frontier of the retrofits.
+
+Held-out perplexity (Austen, Persuasion) of every pattern of ``baselines.evaluate_baselines``
+against (left) the measured end-to-end speedup: tokens/s over the dense pattern's in the same
+run, at the evaluation length, and (right) the fraction of distant causal pairs the mask keeps
+(the compute that remains; the speedup a kernel could reach is about its inverse at long
+contexts). The black line is the Pareto frontier. When the benchmark's end-to-end table exists
+(``bench_attention/e2e.csv``), its hard-Focus points at 4K/8K tokens are added on the left.
+Window patterns go through the dense masked reference, so their measured speed is not what a
+sliding-window kernel would give.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from focus_lab.figures import METHOD_COLORS, METHOD_NAMES, bench_dir, pareto_front, read  # noqa: E402
+
+TITLE = "Quality vs speed of the retrofits (held-out PPL vs measured speedup and pairs kept)"
+DATA = ("baselines",)
+
+
+def make_figure(data_dir: Path):
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    df = read(data_dir, "baselines")
+    T = int(df["seq_len"].iloc[0])
+    fig = make_subplots(rows=1, cols=2, subplot_titles=(
+        f"PPL vs measured speedup (tokens/s / dense, T={T})", "PPL vs fraction of distant pairs kept"))
+    for method, part in df.groupby("method", sort=False):
+        lab = part["label"].str.replace("hard_", "").str.replace("window_matched_", "")
+        hover = [f"{METHOD_NAMES.get(method, method)} {l}: PPL {p:.3f}, kept {k:.2f}, x{s:.2f}"
+                 for l, p, k, s in zip(lab, part.perplexity, part.distant_pairs_kept, part.speedup)]
+        style = dict(color=METHOD_COLORS.get(method, "#555"), size=9)
+        for col, x in ((1, part["speedup"]), (2, part["distant_pairs_kept"])):
+            fig.add_trace(go.Scatter(x=x, y=part["perplexity"], mode="markers+text", text=lab,
+                                     textposition="top center", marker=style, hovertext=hover,
+                                     hoverinfo="text", name=METHOD_NAMES.get(method, method),
+                                     legendgroup=method, showlegend=col == 1), row=1, col=col)
+    for col, x, larger in ((1, df["speedup"], True), (2, df["distant_pairs_kept"], False)):
+        f = pareto_front(x.to_numpy(), df["perplexity"].to_numpy(), larger)
+        fig.add_trace(go.Scatter(x=x.to_numpy()[f], y=df["perplexity"].to_numpy()[f], mode="lines",
+                                 line=dict(color="black", width=1, dash="dot"), name="Pareto frontier",
+                                 showlegend=col == 1, legendgroup="front"), row=1, col=col)
+    b = bench_dir(Path(data_dir).parent)
+    if b is not None and (b / "e2e.csv").is_file():
+        e = pd.read_csv(b / "e2e.csv")
+        e = e[e["attention"] == "hard"]
+        fig.add_trace(go.Scatter(x=e["speedup_vs_dense"], y=e["perplexity"], mode="markers+text",
+                                 text=[f"T={t}" for t in e["tokens"]], textposition="bottom center",
+                                 marker=dict(symbol="diamond", size=11, color=METHOD_COLORS["focus"]),
+                                 name="Focus hard, benchmark end-to-end (longer T)"), row=1, col=1)
+    dense = df[df["method"] == "dense"]["perplexity"]
+    if len(dense):
+        for col in (1, 2):
+            fig.add_hline(y=float(dense.iloc[0]), line=dict(color="gray", dash="dash"), row=1, col=col)
+    fig.add_vline(x=1.0, line=dict(color="gray", dash="dash"), row=1, col=1)
+    fig.update_xaxes(title="speedup over dense (measured)", row=1, col=1)
+    fig.update_xaxes(title="distant causal pairs kept (fraction)", row=1, col=2)
+    fig.update_yaxes(title="held-out perplexity", row=1, col=1)
+    fig.update_layout(title=TITLE, template="plotly_white", width=1400, height=600)
+    return fig
+
+
+if __name__ == "__main__":
+    make_figure(Path(sys.argv[1] if len(sys.argv) > 1 else "figures/data")).write_html("fig_pareto.html")

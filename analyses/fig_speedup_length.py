@@ -1,0 +1,49 @@
+"""Figure 2: speedup of hard Focus (two attention calls + LSE merge) over dense causal SDPA vs
+sequence length, from the benchmark's own table (``analyses/bench_attention.py``, issue 4):
+``bench_attention/kernel.csv`` next to ``data/`` when present, else ``data/bench_attention/``.
+Dashed: the ideal ``1 / (k/K + 2w/n)``. Right: the benchmark's end-to-end table when it exists.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from focus_lab.figures import bench_dir, read  # noqa: E402
+
+TITLE = "Speedup of the decomposition over dense attention vs sequence length (CPU)"
+DATA = ("bench",)
+
+
+def make_figure(data_dir: Path):
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    b = bench_dir(Path(data_dir).parent)
+    df = pd.read_csv(b / "kernel.csv") if b is not None else read(data_dir, "bench")
+    e2e = pd.read_csv(b / "e2e.csv") if b is not None and (b / "e2e.csv").is_file() else None
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("kernel: dense SDPA time / Focus time",
+                                                        "end to end (embedded model): tokens/s vs dense"))
+    palette = ["#d62728", "#1f77b4", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b"]
+    for i, ((K, k, g), part) in enumerate(df.groupby(["K", "k", "groups"])):
+        c = palette[i % len(palette)]
+        name = f"K={K} k={k}" + ("" if g == "balanced" else f" ({g} groups)")
+        fig.add_trace(go.Scatter(x=part["n"], y=part["speedup"], mode="lines+markers", name=name,
+                                 line=dict(color=c, dash="solid" if g == "balanced" else "dot")), row=1, col=1)
+        fig.add_trace(go.Scatter(x=part["n"], y=part["ideal_speedup"], mode="lines", name=f"ideal {name}",
+                                 line=dict(color=c, dash="dash", width=1), showlegend=False), row=1, col=1)
+    fig.add_hline(y=1, line=dict(color="gray", dash="dash"), row=1, col=1)
+    if e2e is not None:
+        h = e2e[e2e["attention"] == "hard"]
+        fig.add_trace(go.Bar(x=[str(t) for t in h["tokens"]], y=h["speedup_vs_dense"], name="end to end, hard Focus",
+                             marker_color="#d62728"), row=1, col=2)
+        fig.add_hline(y=1, line=dict(color="gray", dash="dash"), row=1, col=2)
+    fig.update_xaxes(type="log", title="tokens n", row=1, col=1)
+    fig.update_yaxes(type="log", title="speedup", row=1, col=1)
+    fig.update_xaxes(title="context tokens", row=1, col=2)
+    src = df["source"].iloc[0] if "source" in df else str(b)
+    fig.update_layout(title=f"{TITLE}<br><sup>source: {src}</sup>", template="plotly_white", width=1300, height=550)
+    return fig

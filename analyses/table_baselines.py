@@ -1,0 +1,48 @@
+"""Table: Focus and every baseline on held-out Austen, one row per (method, pattern):
+perplexity, change vs dense, fraction of distant causal pairs kept, largest hard group's share,
+measured tokens/s and speedup over dense in the same run (``data/baselines``)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from focus_lab.figures import METHOD_NAMES, read  # noqa: E402
+
+TITLE = "Baselines at matched sparsity (held-out Austen)"
+DATA = ("baselines",)
+
+
+def make_table(data_dir: Path) -> pd.DataFrame:
+    df = read(data_dir, "baselines")
+    dense = float(df.loc[df["method"] == "dense", "perplexity"].iloc[0])
+    out = pd.DataFrame({
+        "method": df["method"].map(lambda m: METHOD_NAMES.get(m, m)),
+        "pattern": df["label"],
+        "perplexity": df["perplexity"],
+        "vs dense": (df["perplexity"] / dense - 1),
+        "distant pairs kept": df["distant_pairs_kept"],
+        "largest group": df["max_group_share"],
+        "window": df["window_size"],
+        "tokens/s": df["tokens_per_second"],
+        "speedup": df["speedup"],
+    })
+    return out
+
+
+def to_markdown(df: pd.DataFrame) -> str:
+    fmt = {"perplexity": "{:.3f}", "vs dense": "{:+.1%}", "distant pairs kept": "{:.3f}", "largest group": "{:.3f}",
+           "window": "{:.0f}", "tokens/s": "{:.0f}", "speedup": "{:.2f}"}
+    head = "| " + " | ".join(df.columns) + " |\n|" + "|".join("---" if c in ("method", "pattern") else "---:"
+                                                          for c in df.columns) + "|\n"
+    lines = []
+    for _, r in df.iterrows():
+        cells = []
+        for c in df.columns:
+            v = r[c]
+            cells.append("-" if isinstance(v, float) and pd.isna(v) else fmt.get(c, "{}").format(v))
+        lines.append("| " + " | ".join(cells) + " |")
+    return head + "\n".join(lines) + "\n"

@@ -1,0 +1,299 @@
+"""The reproduction table: each claim of the paper (PAPER.md §5, plus the §1-§4 notes we can
+test), our measured number, the setting, and a verdict: **holds**, **does not hold**, or **not
+testable here** (and why). Every number is read from the cached experiment results under
+``data/`` (``focus-lab figures``); the verdict rules are written next to each claim below, so
+that a rerun with other data re-decides them. Models and data here: SmolLM2-135M-Instruct
+(Llama family, 30 layers), router-only training on five Austen novels, held-out *Persuasion*;
+CPU only, short schedules, few windows: differences of about 1% are within noise."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from focus_lab.figures import bench_dir, read  # noqa: E402
+
+TITLE = "Reproduction of the paper's claims"
+DATA = ("router", "baselines", "collapse", "ablation", "transfer_domain", "lora", "transfer_length",
+        "causal_leak", "records", "bench")
+
+HOLDS, FAILS, NT = "holds", "does not hold", "not testable here"
+
+
+def _pct(a: float, b: float) -> str:
+    return f"{(a / b - 1):+.1%}"
+
+
+class _Ctx:
+    def __init__(self, data_dir: Path):
+        self.d = Path(data_dir)
+        self._c = {}
+
+    def __call__(self, name):
+        if name not in self._c:
+            self._c[name] = read(self.d, name)
+        return self._c[name]
+
+    def ppl(self, method, label):
+        b = self("baselines")
+        r = b[(b["method"] == method) & (b["label"] == label)]
+        return float(r["perplexity"].iloc[0])
+
+    @property
+    def k(self):
+        return max(1, int(self("baselines")["num_groups"].iloc[0]) // 2)
+
+    @property
+    def setting(self):
+        b = self("baselines")
+        r = b.iloc[0]
+        router = self("router").iloc[0]
+        steps = router.get("steps")
+        model = {"smollm2-135m-instruct": "SmolLM2-135M"}.get(str(router.get("model")), str(router.get("model")))
+        return (f"{model}, router-only ({'' if steps is None or pd.isna(steps) else f'{int(steps)} steps, '}"
+                f"K={int(r.num_groups)}, w={int(r.window)}, {int(r.sink_tokens)} sink tokens), held-out Austen, "
+                f"{int(b['tokens'].iloc[0] / (r.seq_len - 1))} x {int(r.seq_len)} tokens")
+
+
+def _ablation_setting(d: Path) -> str:
+    import json
+    p = Path(d) / "ablation.json"
+    st = json.loads(p.read_text()).get("settings", {}) if p.is_file() else {}
+    b = read(d, "ablation")
+    b = b[b["axis"] == "base"].iloc[0]
+    return (f"one axis at a time around the base (K, w, tau, N) = ({int(b.num_groups)}, {int(b.window)}, {b.tau:g}, "
+            f"{int(b.sinkhorn_iters)}); "
+            f"{st.get('ablation_steps', '?')} steps of 1 x {st.get('ablation_seq_len', '?')} tokens from one init, "
+            f"{st.get('ablation_eval_windows', '?')} eval windows")
+
+
+def _claims(c: _Ctx) -> list:
+    """[(claim, paper, fn)]: fn() -> (ours, setting, verdict)."""
+    out = []
+
+    def add(claim, paper):
+        def deco(fn):
+            out.append((claim, paper, fn))
+            return fn
+        return deco
+
+    @add("GPT-2 124M on PG-19, full fine-tune: Focus vs full attention PPL [abstract]", "30.3 vs 31.4")
+    def _():
+        s, d = c.ppl("focus", "soft"), c.ppl("dense", "dense")
+        return (f"analogue, router-only: soft {s:.2f} vs dense {d:.2f} ({_pct(s, d)})", c.setting,
+                f"{NT}: no GPT-2/PG-19 here and full fine-tuning is out of a 2-core CPU's reach")
+
+    @add("7B from scratch, 2B tokens: Focus vs full [abstract]", "13.82 vs 13.89")
+    def _():
+        return "-", "-", f"{NT}: pretraining a 7B model needs a GPU cluster"
+
+    @add("Pretrained model, top-k inference: Focus PPL below the dense baseline [abstract]", "41.3 vs 42.8 (GPT-2)")
+    def _():
+        h, d = c.ppl("focus", f"hard_top{c.k}"), c.ppl("dense", "dense")
+        h1 = c.ppl("focus", "hard_top1")
+        return (f"hard top-{c.k}: {h:.2f} vs dense {d:.2f} ({_pct(h, d)}); top-1 {h1:.2f} ({_pct(h1, d)})",
+                c.setting, HOLDS if h <= d else FAILS)
+
+    @add("Top-k inference is 2x faster [abstract]", "2x")
+    def _():
+        b = c("baselines")
+        sp = float(b.loc[(b.method == "focus") & (b.label == f"hard_top{c.k}"), "speedup"].iloc[0])
+        T = int(b["seq_len"].iloc[0])
+        txt = f"end to end at {T} tokens: x{sp:.2f}"
+        best = sp
+        bd = bench_dir(c.d.parent)
+        if bd is not None and (bd / "e2e.csv").is_file():
+            e = pd.read_csv(bd / "e2e.csv")
+            e = e[e.attention == "hard"]
+            txt += "; benchmark end to end " + ", ".join(f"{int(t)}: x{s:.2f} (K={int(K)} k={int(k)})"
+                                                         for t, s, K, k in zip(e.tokens, e.speedup_vs_dense, e.K, e.k))
+            best = max(best, float(e.speedup_vs_dense.max()))
+        return txt, "CPU, 1 torch thread, hard mode through the decomposition", HOLDS if best >= 2 else \
+            f"{FAILS} at these lengths on CPU"
+
+    @add("Decomposition: two FlashAttention calls, 8.6x at 1M tokens (K=8) [abstract]", "8.6x")
+    def _():
+        bd = bench_dir(c.d.parent)
+        k = pd.read_csv(bd / "kernel.csv") if bd is not None else c("bench")
+        sub = k[(k.K == 8) & (k.k == 1) & (k.groups == "balanced") & k.speedup.notna()]
+        if not len(sub):
+            return "no K=8 k=1 rows in the benchmark", "-", NT
+        r = sub.sort_values("n").iloc[-1]
+        return (f"K=8 k=1 at n={int(r.n):,}: x{r.speedup:.2f} (ideal x{r.ideal_speedup:.2f})",
+                "CPU kernel benchmark (analyses/bench_attention.py), balanced groups",
+                f"{NT} at 1M tokens (dense attention at 1M is infeasible on this CPU); "
+                + ("trend consistent" if r.speedup >= 0.5 * r.ideal_speedup else "below half the ideal at the largest n"))
+
+    @add("No speedup at <= 4K tokens (sort + gather overhead) [notes]", "<= 1x at 4K (H100)")
+    def _():
+        bd = bench_dir(c.d.parent)
+        k = pd.read_csv(bd / "kernel.csv") if bd is not None else c("bench")
+        sub = k[(k.n == 4096) & (k.groups == "balanced")]
+        if not len(sub):
+            return "no 4K rows in the benchmark", "-", NT
+        txt = ", ".join(f"K={int(r.K)} k={int(r.k)}: x{r.speedup:.2f}" for r in sub.itertuples())
+        return (f"kernel at 4096 tokens: {txt}", "CPU kernel benchmark", HOLDS if sub.speedup.max() <= 1.1 else
+                f"{FAILS} on CPU (the overhead is small next to CPU attention)")
+
+    @add("Centroid-only parameters [abstract]", "148K (GPT-2 124M)")
+    def _():
+        gpt2 = 12 * (768 * 16 + 4 * 16)
+        r = c("router").iloc[0]
+        return (f"12 x (768 x 16 + 4 x 16) = {gpt2:,} for GPT-2 (K=4, d_g=16); SmolLM2-135M: {int(r.router_parameters):,}",
+                "parameter count of core.Router", HOLDS if abs(gpt2 - 148_000) < 1000 else FAILS)
+
+    @add("Mistral 7B, top-2: PPL cost [notes]", "+0.7")
+    def _():
+        h, d = c.ppl("focus", f"hard_top{c.k}"), c.ppl("dense", "dense")
+        return (f"analogue on SmolLM2: hard top-{c.k} {h - d:+.2f} PPL ({_pct(h, d)})", c.setting,
+                f"{NT}: no 7B model on this CPU")
+
+    @add("Retrofit baselines (Longformer-style window, Performer, Routing Transformer) lose to Focus [notes]",
+         "Performer +75.6 PPL; Focus best")
+    def _():
+        k = c.k
+        f = c.ppl("focus", f"hard_top{k}")
+        w = c.ppl("window", "window")
+        b = c("baselines")
+        parts = [f"Focus top-{k} {f:.2f}", f"window {w:.2f}"]
+        others = {}
+        for m in ("window_matched", "online_kmeans", "kmeans", "random", "moba"):
+            lab = f"window_matched_top{k}" if m == "window_matched" else f"hard_top{k}"
+            r = b[(b.method == m) & (b.label == lab)]
+            if len(r):
+                others[m] = float(r.perplexity.iloc[0])
+                parts.append(f"{m} {others[m]:.2f}")
+        beaten = [m for m, v in others.items() if v < f] + (["window"] if w < f else [])
+        verdict = HOLDS if not beaten else f"{FAILS}: {', '.join(beaten)} at least as good"
+        return ("; ".join(parts) + " (Performer not implemented)", c.setting + f"; all at top-{k} / matched pairs", verdict)
+
+    @add("Token-selection baselines (SparQ, MagicPIG) lose 5-10 PPL; Focus gains 6.6 [notes]", "-5..-10 vs +6.6")
+    def _():
+        b = c("baselines")
+        r = b[(b.method == "moba") & (b.label == f"hard_top{c.k}")]
+        d = c.ppl("dense", "dense")
+        mo = f"MoBA block gate top-{c.k}: {float(r.perplexity.iloc[0]):.2f} ({_pct(float(r.perplexity.iloc[0]), d)})" \
+            if len(r) else "-"
+        return mo, c.setting, f"{NT}: SparQ / MagicPIG are not implemented; MoBA (block selection) is the nearest here"
+
+    @add("LoRA at equal budget lowers benchmarks at every LR and rank; Focus keeps TruthfulQA [abstract]",
+         "LoRA worse, Focus unchanged")
+    def _():
+        lora = c("lora")
+        td = c("transfer_domain")
+        parts, lora_worse, focus_better = [], [], []
+        for corpus in ("shakespeare", "python-docs"):
+            base = float(td[(td.corpus == corpus) & (td.label == "dense")].perplexity.iloc[0])
+            lo = float(lora[lora.corpus == corpus].perplexity.iloc[0])
+            fh = float(td[(td.corpus == corpus) & (td.method == "focus") & (td.label == f"hard_top{c.k}")].perplexity.iloc[0])
+            fs = float(td[(td.corpus == corpus) & (td.label == "soft")].perplexity.iloc[0])
+            parts.append(f"{corpus}: LoRA {_pct(lo, base)}, Focus soft {_pct(fs, base)}, hard top-{c.k} {_pct(fh, base)}")
+            lora_worse.append(lo > base)
+            focus_better.append(min(fs, fh) <= lo)
+        d = c.ppl("dense", "dense")
+        la = float(lora[lora.corpus == "austen"].perplexity.iloc[0])
+        parts.insert(0, f"Austen (domain): LoRA {la:.2f} ({_pct(la, d)}), Focus soft {_pct(c.ppl('focus', 'soft'), d)}")
+        r = lora.iloc[0]
+        verdict = HOLDS if all(lora_worse) and all(focus_better) else FAILS
+        return ("; ".join(parts) + " (general-text PPL vs base)",
+                f"LoRA r={int(r['rank'])} on q/v ({int(r.lora_parameters):,} params vs router {int(r.router_parameters):,}), "
+                f"{int(r.steps)} steps, lr {r.lr}, one LR only; PPL as the benchmark proxy",
+                verdict + " (PPL proxy; benchmarks not testable here)")
+
+    @add("Works on GPT-2, Mistral, Qwen2.5, OLMo-2, Gemma-2, LLaMA-2 [notes]", "6 architectures")
+    def _():
+        return ("attach/detach exact and hard = dense reference on tiny random configs of GPT-2, Llama, Mistral, "
+                "Qwen2, OLMo-2, Gemma-2, Gemma-3 (tests/test_architectures.py); quality measured on SmolLM2 only",
+                "unit tests on tiny configs", f"{NT} for quality (no such weights here); mechanics hold")
+
+    @add("Groups discover linguistic categories without supervision [abstract]", "qualitative")
+    def _():
+        from focus_lab.runs import Run
+        run = Run.open(c.d / "runs" / "focus")
+        sc = run.table("linguistic_scores")
+        m = sc[sc.labels == "pos"].groupby("assignment")["nmi"].mean()
+        best = sc[(sc.labels == "pos") & (sc.assignment == "focus")].sort_values("nmi").iloc[-1]
+        txt = (f"mean NMI(groups, POS) over layers: Focus {m.get('focus', np.nan):.3f}, k-means {m.get('kmeans', np.nan):.3f}, "
+               f"random {m.get('random', np.nan):.3f}; best Focus layer {int(best.layer_idx)}: {best.nmi:.3f}")
+        ok = m.get("focus", 0) > m.get("random", 0) + 0.05
+        return (txt, f"{run.manifest.get('windows')} recorded windows x {run.manifest.get('seq_len')} tokens, spaCy coarse POS",
+                (HOLDS if ok else FAILS) + (" (k-means on the same inputs does better)" if m.get("kmeans", 0) > m.get("focus", 0) else ""))
+
+    @add("Plain softmax collapses (one group takes almost every token); Sinkhorn stays balanced [notes, PAPER.md §1]",
+         "99.4% vs 15.9% (K=8)")
+    def _():
+        df = c("collapse")
+        last = df[df.step == df.step.max()].groupby("gate")["argmax_largest_share"].mean()
+        K = int(df.num_groups.iloc[0])
+        sm, sk = float(last.get("softmax", np.nan)), float(last.get("sinkhorn", np.nan))
+        ok = sm >= 0.5 and sk <= 2 / K
+        return (f"largest group after {int(df.step.max()) + 1} steps: softmax {sm:.1%}, Sinkhorn {sk:.1%} (1/K = {1 / K:.1%})",
+                f"K={K}, {int(df.step.max()) + 1} training steps from the same init, mean over layers",
+                HOLDS if ok else (f"{FAILS} at this short schedule" if sm < 0.5 else FAILS))
+
+    @add("16 settings of K, w, tau, Sinkhorn iterations move fine-tuned PPL by only 0.6 [notes, Table 9]", "0.6 PPL")
+    def _():
+        df = c("ablation")
+        rows = df[df["mode"] != "dense"]
+        soft = rows[rows["mode"] == "soft"].perplexity
+        hard = rows[rows["mode"] == "hard"].perplexity
+        rng_s, rng_h = soft.max() - soft.min(), hard.max() - hard.min()
+        return (f"range over {rows.setting.nunique()} settings: soft {rng_s:.2f} PPL, hard top-K/2 {rng_h:.2f} PPL "
+                f"(soft {soft.min():.2f}..{soft.max():.2f})",
+                _ablation_setting(c.d), HOLDS if rng_s <= 0.6 else FAILS)
+
+    @add("Centroids trained at T=1024 transfer to T=8192 [notes]", "transfer")
+    def _():
+        t = c("transfer_length")
+        k = c.k
+        parts, gaps = [], {}
+        b = c("baselines")
+        T0 = int(b.seq_len.iloc[0])
+        gaps[T0] = c.ppl("focus", f"hard_top{k}") / c.ppl("dense", "dense") - 1
+        for T, part in t.groupby("seq_len"):
+            d = float(part[part.label == "dense"].perplexity.iloc[0])
+            h = float(part[(part.method == "focus") & (part.label == f"hard_top{k}")].perplexity.iloc[0])
+            gaps[int(T)] = h / d - 1
+        parts = [f"{T}: {g:+.1%}" for T, g in sorted(gaps.items())]
+        Tmax = max(gaps)
+        ok = gaps[Tmax] <= gaps[T0] + 0.01
+        return (f"hard top-{k} vs dense at each length: " + ", ".join(parts), f"trained at {T0}, "
+                f"{int(t.tokens.iloc[0] / (t.seq_len.iloc[0] - 1))} window(s) per longer length", HOLDS if ok else FAILS)
+
+    @add("The soft gate's Sinkhorn looks ahead; hard inference must be causal [PAPER.md §1 ours]", "(a project question)")
+    def _():
+        df = c("causal_leak").set_index("variant")["perplexity"]
+        full, pre = df["soft, Sinkhorn over the window"], df["soft, prefix-causal Sinkhorn"]
+        hard = df[f"hard causal top{c.k}"]
+        return (f"soft whole-window {full:.2f}, soft prefix-causal {pre:.2f}, hard causal top-{c.k} {hard:.2f}, "
+                f"dense {df['dense']:.2f}", c.setting,
+                "the look-ahead flatters soft PPL by " + _pct(pre, full).lstrip("+") if pre > full else
+                "no measurable leak (prefix-causal soft is as good)")
+
+    return out
+
+
+def make_table(data_dir: Path) -> pd.DataFrame:
+    c = _Ctx(data_dir)
+    rows = []
+    for claim, paper, fn in _claims(c):
+        try:
+            ours, setting, verdict = fn()
+        except FileNotFoundError as e:
+            ours, setting, verdict = f"not measured yet ({Path(str(e).split(' is missing')[0]).name} missing)", "-", "pending"
+        except (KeyError, IndexError, ValueError) as e:
+            ours, setting, verdict = f"not measured ({type(e).__name__}: {e})", "-", "pending"
+        rows.append({"claim": claim, "paper": paper, "ours": ours, "setting": setting, "verdict": verdict})
+    return pd.DataFrame(rows)
+
+
+def to_markdown(df: pd.DataFrame) -> str:
+    esc = lambda s: str(s).replace("|", "\\|").replace("\n", " ")
+    lines = ["| claim | paper | ours | setting | verdict |", "|---|---|---|---|---|"]
+    for r in df.itertuples():
+        lines.append(f"| {esc(r.claim)} | {esc(r.paper)} | {esc(r.ours)} | {esc(r.setting)} | **{esc(r.verdict)}** |")
+    return "\n".join(lines) + "\n"

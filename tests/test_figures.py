@@ -1,0 +1,79 @@
+"""`focus-lab figures --quick`: every figure and table is generated from the cached experiments
+on a tiny random model, the README lists them, and a second run is served from the cache."""
+
+import json
+import re
+import os
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from focus_lab import figures as F
+from focus_lab.cli import app
+
+
+@pytest.fixture(scope="module")
+def quick(tmp_path_factory):
+    out = tmp_path_factory.mktemp("figures")
+    res = CliRunner().invoke(app, ["figures", "--quick", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    return out, res.output
+
+
+def test_every_output_exists_and_is_listed(quick):
+    out, log = quick
+    readme = (out / "README.md").read_text()
+    png_ok = any((out / f"{o.name}.png").is_file() for o in F.FIGURES)
+    for o in F.FIGURES:
+        is_table = F.load_analysis(o.module).__dict__.get("make_table") is not None
+        files = [out / f"{o.name}.md"] if is_table else [out / f"{o.name}.html"]
+        if png_ok and not is_table:
+            files.append(out / f"{o.name}.png")
+        for f in files:
+            assert f.is_file() and f.stat().st_size > 0, f
+            assert f.name in readme, f"{f.name} not listed in README.md"
+        assert "no data yet" not in files[0].read_text(errors="ignore")[:100000], f"{o.name} rendered without data"
+    assert "failed" not in log
+    html = (out / "fig01_pareto.html").read_text()
+    assert "Plotly.newPlot" in html and not re.search(r"<script[^>]+src=\"http", html)  # self-contained
+
+
+def test_experiments_cached_with_settings(quick):
+    out, _ = quick
+    for e in F.EXPERIMENTS:
+        assert (out / "data" / f"{e.name}.parquet").is_file(), e.name
+        meta = json.loads((out / "data" / f"{e.name}.json").read_text())
+        assert meta["settings"]["name"] == "quick" and meta["seconds"] >= 0
+    base = pd.read_parquet(out / "data" / "baselines.parquet")
+    assert {"focus", "dense", "window", "window_matched", "random", "kmeans", "online_kmeans", "moba"} <= set(base.method)
+    leak = pd.read_parquet(out / "data" / "causal_leak.parquet")
+    assert "soft, prefix-causal Sinkhorn" in set(leak.variant)
+    rep = (out / "table_reproduction.md").read_text()
+    assert rep.count("\n| ") >= 15 and "pending" not in rep
+
+
+def test_rerun_is_served_from_cache(quick):
+    out, _ = quick
+    stamp = {p: p.stat().st_mtime for p in (out / "data").glob("*.parquet")}
+    res = F.run_figures(out, quick=True, png=False, log=lambda m: None)
+    assert all(v["status"] == "cached" for v in res["status"].values())
+    assert {p: p.stat().st_mtime for p in (out / "data").glob("*.parquet")} == stamp
+
+
+def test_readme_section_update(tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text("# x\n\n## Other\n\ntext\n")
+    F.update_readme_section(readme, "| a |\n|---|\n| 1 |")
+    F.update_readme_section(readme, "| a |\n|---|\n| 2 |")
+    t = readme.read_text()
+    assert t.count("## Reproduction") == 1 and "| 2 |" in t and "| 1 |" not in t and "## Other" in t
+
+
+def test_pareto_front():
+    import numpy as np
+    x = np.array([1.0, 2.0, 3.0, 4.0])
+    y = np.array([5.0, 4.0, 4.5, 3.0])
+    assert list(F.pareto_front(x, y, larger_x_better=False)) == [0, 1, 3]
+    assert list(F.pareto_front(x, y, larger_x_better=True)) == [3]
