@@ -151,7 +151,8 @@ def kernel_bench(args) -> pd.DataFrame:
                 qg, kg, Kt = trained_groups(Path(args.groups), n, k, args.groups_layer)
                 groups[(Kt, k, label)] = (qg, kg)
         if n >= args.large_from:  # the largest sizes: fewer configs
-            groups = {key: g for key, g in groups.items() if (key[0], key[1]) in args.large_configs}
+            groups = {key: g for key, g in groups.items()
+                      if (key[0], key[1]) in args.large_configs and key[2] == "balanced"}
         # skip dense when its extrapolated time exceeds the cap (then no ratio at this n)
         run_dense = n <= args.dense_max_n
         if dense_hist and run_dense:
@@ -352,7 +353,7 @@ def main(argv=None) -> int:
     ap.add_argument("--large-repeats", type=int, default=1)
     ap.add_argument("--large-configs", default=[(8, 1), (4, 1)],
                     type=lambda s: [tuple(int(x) for x in c.split(":")) for c in s.split(",")],
-                    help="K:k pairs run at the largest sizes (default 8:1,4:1)")
+                    help="K:k pairs run (balanced groups only) at the largest sizes (default 8:1,4:1)")
     ap.add_argument("--window", type=int, default=128)
     ap.add_argument("--heads", type=int, default=9, help="query heads (SmolLM2-135M: 9)")
     ap.add_argument("--kv-heads", type=int, default=3, help="KV heads (SmolLM2-135M: 3)")

@@ -1,43 +1,60 @@
 """Hard Focus attention as two standard attention calls merged by log-sum-exp (PAPER.md §4).
 
-The hard mask of ``core.hard_mask`` (PAPER.md §2),
+The hard mask of ``core.hard_mask`` (PAPER.md §2, plus the project's sink tokens, §6),
 
-    M(i, j) = [j <= i] and (g(j) in G_k(i) or i - j < w),
+    M(i, j) = [j <= i] and (g(j) in G_k(i) or i - j < w or j < sinks),
 
-splits into two disjoint sets of pairs:
+splits into disjoint sets of pairs, each computed by an ordinary attention kernel that also
+returns the logsumexp (LSE) of its logits:
 
-A. same-group causal pairs: ``g(j) in G_k(i)`` and ``j <= i``. Tokens are stably sorted by
-   (group, position); each group is a variable-length segment attended with causality on the
-   original positions. A query that joins k groups appears in k segments (one per slot of its
-   top-k); a key lives in one group only (its top-1), so no pair is counted twice. Cost
-   O(k n^2 / K) for balanced groups.
-B. local pairs in other groups: ``0 <= i - j < w`` and ``g(j) not in G_k(i)``, computed blockwise
-   (chunks of queries against their previous ``w - 1`` keys and the chunk). Cost O(n w).
+A. same-group causal pairs: ``g(j) in G_k(i)`` and ``j <= i``. Keys are stably sorted by
+   (group, position), which keeps causal order inside a group; for each slot s of the queries'
+   top-k, queries are sorted the same way by their s-th group. Each (batch row, slot, group)
+   is a variable-length segment ("plan_segments"). Slot 1 of ``core.hard_assign`` (the key's
+   own group) gives square causal segments: they are padded to a common length in buckets
+   (at most 20% padding work) and run as ONE batched causal kernel call per bucket. Slots
+   2..k (and KV-cache steps) give "staircase" segments (query m sees the first ``counts[m]``
+   keys of the group), batched across segments and run in query chunks: an unmasked call for
+   the key prefix all queries of the chunk see plus a masked call for the rest.
+   A key lives in exactly one group and repeated query groups count once, so no pair is
+   counted twice. Cost O(k n^2 / K) for balanced groups.
+B. local pairs in other groups: ``0 <= i - j < w`` and ``g(j) not in G_k(i)``: query blocks
+   of c tokens against the ``c + w - 1`` keys ending at the block, read as overlapping strided
+   windows of K/V (no copy), with the band and group condition as the mask. Cost O(n (c + w)).
+C. (only with ``sinks > 0``) sink pairs ``j < sinks`` outside the window and in other groups:
+   one call against the first ``sinks`` keys.
 
-The k + 1 partial results are merged in fp32 by their log-sum-exp:
-``o = sum_p e^{lse_p} o_p / sum_p e^{lse_p}`` (an empty part has ``lse = -inf`` and weight 0).
-Every query keeps its own diagonal pair, so the merged lse is always finite.
+The partial results are merged in fp32: ``o = sum_p e^{lse_p} o_p / sum_p e^{lse_p}``; an
+empty part has ``lse = -inf`` and weight 0. Every query keeps its own diagonal pair (in A when
+its key group is among its query groups, else in B), so the merged lse is always finite.
 
 Backends (``backend=``):
     "torch": torch's fused CPU flash-attention kernel
-        ``aten._scaled_dot_product_flash_attention_for_cpu`` (returns the logsumexp; GQA without
-        repeating K/V; an additive float mask is allowed). On other devices "torch" falls back to
-        an exact chunked math implementation (correct, not fast; untested on GPU here).
-    "flash": flash-attn's ``flash_attn_varlen_func(..., return_attn_probs=True)`` (its softmax
-        LSE) for the causal segments of part A, packed into one varlen call, GQA native. Needs
-        a CUDA device and the optional ``flash-attn`` package (``pip install focus-lab[gpu]``).
-        UNTESTED: no GPU and no flash-attn were available when this was written. Staircase
-        segments (top-k slots > 1, KV-cache steps) and part B use the math path on the GPU.
+        ``aten._scaled_dot_product_flash_attention_for_cpu`` (returns (out, logsumexp); accepts
+        GQA directly, so K/V are never repeated per query head; accepts any strides and an
+        additive float mask; a fully masked row comes back as out 0 / lse 0 and is fixed to
+        lse -inf here). On other devices "torch" uses an exact chunked math implementation
+        (correct, not fast; untested on a GPU here).
+    "flash": flash-attn's ``flash_attn_varlen_func(..., causal=True, return_attn_probs=True)``
+        (its softmax LSE) for every causal segment of part A packed into ONE varlen call, GQA
+        native. Needs a CUDA device and the optional ``flash-attn`` package
+        (``pip install 'focus-lab[gpu]'``). UNTESTED: no GPU and no flash-attn were available
+        when this was written. Staircase segments and part B use the math path there.
     "auto": "flash" on CUDA when flash-attn imports, else "torch".
 
-FlexAttention (``torch.nn.attention.flex_attention``) was measured as an alternative and
-rejected: in torch 2.13 compiled CPU FlexAttention refuses ``return_lse`` ("torch.compile on
-CPU only supports inference and `return_lse` is not supported yet"), and eager FlexAttention
+FlexAttention (``torch.nn.attention.flex_attention``) was tried and rejected for CPU: in
+torch 2.13 compiled CPU FlexAttention refuses ``return_lse`` ("torch.compile on CPU only
+supports inference and `return_lse` is not supported yet"), and eager FlexAttention
 materializes the full score matrix.
+
+Threads: on CPU, ``SERIAL_BOOKKEEPING`` (default True) runs everything but the attention
+kernels on one thread by toggling ``torch.set_num_threads`` (process-global), so do not call
+this from several Python threads at once on CPU with it enabled.
 
 Shapes: B batch, H query heads, Hkv key/value heads (H a multiple of Hkv), Tq queries,
 Tk keys (Tq <= Tk; query i sits at position ``Tk - Tq + i``), D head_dim, k = top_k.
-Intended for inference (hard mode); gradients are not supported.
+Intended for inference (hard mode); gradients are not supported (the retrofit falls back to
+the dense reference when autograd needs them).
 """
 
 from __future__ import annotations
@@ -315,46 +332,73 @@ def _merge2(o1, l1, o2, l2):
     return o, m + torch.log(den)
 
 
-def _stair_attn(qrows, krows, vrows, sg: Segment, Tq: int, Tk: int, scale: float,
-                outA_flat, lseA_flat, nrows: int, chunk: int | None = None) -> None:
-    """A "stair" / "bottom_right" segment: query m attends keys ``0 .. counts[m]-1`` of its
-    group (counts nondecreasing). Queries go in chunks; within a chunk every query sees the
-    prefix ``[0, cmin)`` (one unmasked call) and the rest ``[cmin, cmax)`` needs a small
-    explicit mask (a second call); the two merge by LSE. Writes rows of outA_flat / lseA_flat
-    ((k*nrows, H, D) / (k*nrows, H))."""
-    kidx = sg.k_idx + sg.b * Tk
-    ks = krows.index_select(0, kidx)[None].transpose(1, 2)  # (1, Hkv, Lk, D)
-    vs = vrows.index_select(0, kidx)[None].transpose(1, 2)
-    counts = sg.counts
-    cl = counts.tolist()
-    Lq = len(cl)
-    # chunk: the masked tails cost ~chunk/2 wasted keys per query; fewer calls for long segments
+def _stairs(qrows, krows, vrows, segs: list[Segment], Tq: int, Tk: int, scale: float,
+            outA_flat, lseA_flat, nrows: int, timer, chunk: int | None = None) -> None:
+    """All "stair" / "bottom_right" segments at once: query m of a segment attends keys
+    ``0 .. counts[m]-1`` of its group (counts nondecreasing).
+
+    Segments are sorted by length and padded into (N, L, ...) batches (their keys once, their
+    queries per chunk). Queries go in chunks of ``chunk`` rows (default ``clamp(Lq_max / 4,
+    256, 1024)``); per chunk, the key prefix every active query sees is one unmasked batched
+    call and the rest one masked batched call; the two merge by LSE. So the number of kernel
+    calls is ~2 Lq_max / chunk, whatever the number of segments. Writes rows of outA_flat /
+    lseA_flat ((k*nrows, H, D) / (k*nrows, H)); padding rows go to the dummy row ``nrows-1``.
+    """
+    if not segs:
+        return
+    H, D = qrows.shape[1], qrows.shape[2]
+    Hkv = krows.shape[1]
+    dev = qrows.device
+    segs = sorted(segs, key=lambda sg: -sg.q_idx.numel())  # active segments form a prefix
+    N = len(segs)
+    lq = [sg.q_idx.numel() for sg in segs]
+    Lq, Lk = lq[0], max(sg.k_idx.numel() for sg in segs)
+    with timer("gather"):
+        kidx = torch.zeros(N, Lk, dtype=torch.long, device=dev)
+        qsrc = torch.zeros(N, Lq, dtype=torch.long, device=dev)
+        dst = torch.full((N, Lq), nrows - 1, dtype=torch.long, device=dev)
+        cnt = torch.zeros(N, Lq, dtype=torch.long, device=dev)
+        for i, sg in enumerate(segs):
+            n, m = lq[i], sg.k_idx.numel()
+            kidx[i, :m] = sg.k_idx + sg.b * Tk
+            qsrc[i, :n] = sg.q_idx + sg.b * Tq
+            dst[i, :n] = sg.q_idx + sg.b * Tq + sg.slot * nrows
+            cnt[i, :n] = sg.counts
+            cnt[i, n:] = sg.counts[-1]  # padding rows: never lower the common prefix
+        kp = krows.index_select(0, kidx.view(-1)).view(N, Lk, Hkv, D)
+        vp = vrows.index_select(0, kidx.view(-1)).view(N, Lk, Hkv, D)
     chunk = chunk or min(max(Lq // 4, 256), 1024)
     for a in range(0, Lq, chunk):
         e = min(a + chunk, Lq)
-        cmin, cmax = cl[a], cl[e - 1]
-        if cmax == 0:
+        n = sum(1 for x in lq if x > a)  # segments with rows in this chunk
+        L = e - a
+        c = cnt[:n, a:e]  # (n, L)
+        pmin, tmax = int(c[:, 0].min()), int(c[:, -1].max())
+        if tmax == 0:
             continue
-        qi = sg.q_idx[a:e] + sg.b * Tq
-        qs = qrows.index_select(0, qi)[None].transpose(1, 2)  # (1, H, L, D)
-        o = l = None
-        if cmin > 0:  # the prefix every query of the chunk sees
-            o, l = _attn_lse(qs, ks[:, :, :cmin], vs[:, :, :cmin], scale)
-            o, l = o[0].transpose(0, 1), l[0].transpose(0, 1)  # (L, H, D), (L, H)
-        if cmax > cmin:
-            cols = torch.arange(cmin, cmax, device=qrows.device)
-            allowed = (cols[None, :] < counts[a:e, None])[None, None]  # (1, 1, L, cmax - cmin)
-            o2, l2 = _attn_lse(qs, ks[:, :, cmin:cmax], vs[:, :, cmin:cmax], scale, allowed=allowed)
-            o2, l2 = o2[0].transpose(0, 1), l2[0].transpose(0, 1)
-            o, l = (o2, l2) if o is None else _merge2(o, l, o2, l2)
-        dst = qi + sg.slot * nrows
-        outA_flat.index_copy_(0, dst, o.float())
-        lseA_flat.index_copy_(0, dst, l)
+        with timer("gather"):
+            qs = qrows.index_select(0, qsrc[:n, a:e].reshape(-1)).view(n, L, H, D).transpose(1, 2)
+        with timer("attn_A"):
+            o = l = None
+            if pmin > 0:  # the prefix every query of the chunk sees
+                o, l = _attn_lse(qs, kp[:n, :pmin].transpose(1, 2), vp[:n, :pmin].transpose(1, 2), scale)
+                o, l = o.transpose(1, 2), l.transpose(1, 2)  # (n, L, H, D), (n, L, H)
+            if tmax > pmin:
+                cols = torch.arange(pmin, tmax, device=dev)
+                allowed = (cols < c[:, :, None])[:, None]  # (n, 1, L, tmax - pmin)
+                o2, l2 = _attn_lse(qs, kp[:n, pmin:tmax].transpose(1, 2), vp[:n, pmin:tmax].transpose(1, 2),
+                                   scale, allowed=allowed)
+                o2, l2 = o2.transpose(1, 2), l2.transpose(1, 2)
+                o, l = (o2, l2) if o is None else _merge2(o, l, o2, l2)
+        with timer("scatter"):
+            d = dst[:n, a:e].reshape(-1)
+            outA_flat.index_copy_(0, d, o.reshape(n * L, H, D).float())
+            lseA_flat.index_copy_(0, d, l.reshape(n * L, H))
 
 
 def _part_a_torch(qrows, krows, vrows, segs, B, Tq, Tk, scale, timer, outA_flat, lseA_flat):
     """Part A with the CPU flash kernel (math elsewhere): causal segments padded into buckets,
-    one kernel call per bucket; staircase segments one by one."""
+    one kernel call per bucket; staircase segments batched per query chunk (``_stairs``)."""
     H, D = qrows.shape[1], qrows.shape[2]
     Hkv = krows.shape[1]
     nrows = B * Tq + 1  # + a dummy row that receives the padding
@@ -378,10 +422,8 @@ def _part_a_torch(qrows, krows, vrows, segs, B, Tq, Tk, scale, timer, outA_flat,
         with timer("scatter"):
             outA_flat.index_copy_(0, dst.view(-1), o.transpose(1, 2).reshape(N * L, H, D).float())
             lseA_flat.index_copy_(0, dst.view(-1), lse.transpose(1, 2).reshape(N * L, H))
-    for sg in segs:
-        if sg.kind != "causal":
-            with timer("attn_A"):
-                _stair_attn(qrows, krows, vrows, sg, Tq, Tk, scale, outA_flat, lseA_flat, nrows)
+    _stairs(qrows, krows, vrows, [s for s in segs if s.kind != "causal"], Tq, Tk, scale,
+            outA_flat, lseA_flat, nrows, timer)
 
 
 def _part_a_flash(qrows, krows, vrows, segs, B, Tq, Tk, scale, timer, outA_flat, lseA_flat):
@@ -414,10 +456,8 @@ def _part_a_flash(qrows, krows, vrows, segs, B, Tq, Tk, scale, timer, outA_flat,
         with timer("scatter"):
             outA_flat.index_copy_(0, dst, o.float())
             lseA_flat.index_copy_(0, dst, lse.float().transpose(0, 1))  # lse: (H, total)
-    for sg in segs:
-        if sg.kind not in ("causal", "bottom_right"):
-            with timer("attn_A"):
-                _stair_attn(qrows, krows, vrows, sg, Tq, Tk, scale, outA_flat, lseA_flat, nrows)
+    _stairs(qrows, krows, vrows, [s for s in segs if s.kind not in ("causal", "bottom_right")],
+            Tq, Tk, scale, outA_flat, lseA_flat, nrows, timer)
 
 
 # --------------------------------------------------------------------------------------------
