@@ -61,12 +61,13 @@ def page() -> None:
         if len(dense):
             show["vs dense"] = show["perplexity"] / float(dense.iloc[0]) - 1.0
         cols = [c for c in ("label", "mode", "top_k", "perplexity", "vs dense", "nll", "distant_pairs_kept",
-                            "tokens", "tokens_per_second", "seconds") if c in show.columns]
+                            "max_group_share", "tokens", "tokens_per_second", "seconds") if c in show.columns]
         st.dataframe(show[cols], hide_index=True, width="stretch",
                      column_config={"perplexity": st.column_config.NumberColumn(format="%.3f"),
                                     "vs dense": st.column_config.NumberColumn(format="percent"),
                                     "nll": st.column_config.NumberColumn(format="%.4f"),
                                     "distant_pairs_kept": st.column_config.NumberColumn(format="%.3f"),
+                                    "max_group_share": st.column_config.NumberColumn(format="percent"),
                                     "tokens_per_second": st.column_config.NumberColumn(format="%.0f"),
                                     "seconds": st.column_config.NumberColumn(format="%.2f")})
         fig = px.bar(show, x="label", y="perplexity", color="mode", text_auto=".2f",
