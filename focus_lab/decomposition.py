@@ -115,15 +115,23 @@ def available_backends(device: torch.device | str = "cpu") -> list[str]:
     return out
 
 
-def resolve_backend(backend: str, device: torch.device) -> str:
-    """Map "auto" to a concrete backend; raises ValueError for an unknown or unusable one."""
+def resolve_backend(backend: str, device: torch.device, dtype: torch.dtype = torch.float32) -> str:
+    """Map "auto" to a concrete backend; raises ValueError for an unknown or unusable one.
+
+    "auto" picks "flash" only on CUDA, with flash-attn installed and fp16/bf16 inputs (the only
+    dtypes flash-attn takes); fp32 stays on "torch" (exact fp32)."""
     if backend not in BACKENDS:
         raise ValueError(f"backend={backend!r} is unknown; choose one of {', '.join(BACKENDS)}")
+    half = dtype in (torch.float16, torch.bfloat16)
     if backend == "auto":
-        return "flash" if device.type == "cuda" and flash_attn_available() else "torch"
-    if backend == "flash" and not (device.type == "cuda" and flash_attn_available()):
-        raise ValueError("backend='flash' needs a CUDA device and the flash-attn package "
-                         "(pip install 'focus-lab[gpu]'); use backend='torch' or 'auto'")
+        return "flash" if device.type == "cuda" and half and flash_attn_available() else "torch"
+    if backend == "flash":
+        if not (device.type == "cuda" and flash_attn_available()):
+            raise ValueError("backend='flash' needs a CUDA device and the flash-attn package "
+                             "(pip install 'focus-lab[gpu]'); use backend='torch' or 'auto'")
+        if not half:
+            raise ValueError(f"backend='flash' needs float16/bfloat16 inputs, got {dtype}; "
+                             "use backend='torch' for fp32")
     return backend
 
 
@@ -160,29 +168,41 @@ _cpu_flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 
 
 def _math_attn_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor | None,
-                   scale: float, causal: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                   scale: float, causal: bool = False, max_scores: int = 1 << 26
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
     """Exact attention with its logsumexp by explicit scores (any device), fp32.
 
     q: (N, H, L, D); k, v: (N, Hkv, S, D); allowed: bool broadcastable to (N, 1, L, S) or None;
-    causal: top-left causal (key n <= query m). Returns out (N, H, L, D) fp32 (0 on rows with
+    causal: top-left causal (key n <= query m). Queries go in chunks so that at most
+    ``max_scores`` scores (256 MB) exist at once. Returns out (N, H, L, D) fp32 (0 on rows with
     no allowed key) and lse (N, H, L) fp32 (-inf on such rows).
     """
     N, H, L, D = q.shape
     Hkv, S = k.shape[1], k.shape[2]
     g = H // Hkv
-    qf = q.float().reshape(N, Hkv, g * L, D)
-    s = (qf @ k.float().transpose(-1, -2)).mul_(scale).view(N, Hkv, g, L, S)
-    keep = allowed
-    if causal:
-        c = torch.ones(L, S, dtype=torch.bool, device=q.device).tril()
-        keep = c if keep is None else keep & c
-    if keep is not None:
-        keep = keep.view(keep.shape[0], 1, 1, L, S) if keep.dim() == 4 else keep
-        s = s.masked_fill(~keep, _NEG_INF)
-    lse = torch.logsumexp(s, dim=-1)  # (N, Hkv, g, L)
-    p = torch.exp(s - torch.where(torch.isinf(lse), 0.0, lse)[..., None])
-    out = (p.view(N, Hkv, g * L, S) @ v.float()).view(N, H, L, D)
-    return out, lse.view(N, H, L)
+    kf = k.float().transpose(-1, -2)  # (N, Hkv, D, S)
+    vf = v.float()
+    out = torch.empty(N, H, L, D, device=q.device)
+    lse = torch.empty(N, H, L, device=q.device)
+    step = max(1, max_scores // max(1, N * H * S))
+    for a in range(0, L, step):
+        e = min(a + step, L)
+        qf = q[:, :, a:e].float().reshape(N, Hkv, g * (e - a), D)
+        s = (qf @ kf).mul_(scale).view(N, Hkv, g, e - a, S)
+        keep = None
+        if allowed is not None:
+            keep = allowed[..., a:e, :] if allowed.shape[-2] == L else allowed
+            keep = keep.reshape(keep.shape[0], 1, 1, keep.shape[-2], S)
+        if causal:
+            c = (torch.arange(S, device=q.device)[None, :] <= torch.arange(a, e, device=q.device)[:, None])
+            keep = c if keep is None else keep & c
+        if keep is not None:
+            s = s.masked_fill(~keep, _NEG_INF)
+        l = torch.logsumexp(s, dim=-1)  # (N, Hkv, g, e - a)
+        p = torch.exp(s - torch.where(torch.isinf(l), 0.0, l)[..., None])
+        out[:, :, a:e] = (p.view(N, Hkv, g * (e - a), S) @ vf).view(N, H, e - a, D)
+        lse[:, :, a:e] = l.view(N, H, e - a)
+    return out, lse
 
 
 def _attn_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, *,
@@ -626,7 +646,7 @@ def _hard_focus_attention(query, key, value, query_groups, key_group, window, sc
                           return_lse, timings, sinks):
     B, H, Tq, D = query.shape
     Hkv, Tk = key.shape[1], key.shape[2]
-    be = resolve_backend(backend, query.device)
+    be = resolve_backend(backend, query.device, query.dtype)
     if Tq == 0 or B == 0:
         out = query.new_zeros(query.shape)
         return (out, query.new_zeros((B, H, Tq), dtype=torch.float32)) if return_lse else out

@@ -124,6 +124,31 @@ def test_causal(backend, c, cut):
     assert torch.allclose(out[:, :, :t0], out2[:, :, :t0], atol=1e-6, rtol=0)
 
 
+@settings(max_examples=30, deadline=None)
+@given(c=cases())
+def test_math_path_equals_reference(c):
+    """The device-generic math primitive (the "torch" backend off CPU, e.g. a GPU without
+    flash-attn) through the whole decomposition, with tiny score chunks."""
+    import focus_lab.decomposition as dm
+
+    gen = torch.Generator().manual_seed(c["seed"])
+    qg, kg = make_groups(gen, c["B"], c["T"], c["K"], c["k"], c["pattern"])
+    q, k, v = rand_qkv(gen, c["B"], c["H"], c["Hkv"], c["Tq"], c["T"], c["D"])
+    qg = qg[:, c["T"] - c["Tq"]:]
+    orig = dm._attn_lse
+    dm._attn_lse = lambda q, k, v, scale, causal=False, allowed=None: dm._math_attn_lse(
+        q, k, v, allowed, scale, causal, max_scores=4096)
+    try:
+        out = dm.hard_focus_attention(q, k, v, qg, kg, c["window"], sinks=c["sinks"])
+    finally:
+        dm._attn_lse = orig
+    ref = reference_hard_attention(q, k, v, qg, kg, c["window"], sinks=c["sinks"])
+    err = (out - ref).abs().max().item()
+    _worst["err"] = max(_worst["err"], err)
+    _worst["cases"] += 1
+    assert err <= TOL, f"max abs error {err:.2e} > {TOL} for {c}"
+
+
 def test_report_worst_error():
     """Prints the sweep's size and worst error (run with -s); runs after the sweep in file order."""
     print(f"\nexactness sweep: {_worst['cases']} cases, worst max abs error {_worst['err']:.2e}")
@@ -183,7 +208,7 @@ def test_errors():
     with pytest.raises(ValueError, match="backend"):
         hard_focus_attention(q, k, v, g[..., None], g, 4, backend="nope")
     with pytest.raises(ValueError, match="flash"):
-        hard_focus_attention(q, k, v, g[..., None], g, 4, backend="flash")  # no GPU here
+        hard_focus_attention(q, k, v, g[..., None], g, 4, backend="flash")  # no GPU / fp32
     with pytest.raises(ValueError, match="window"):
         hard_focus_attention(q, k, v, g[..., None], g, 0)
     with pytest.raises(ValueError, match=">= 0"):
