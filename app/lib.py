@@ -192,11 +192,19 @@ def current_run() -> RunView:
 
 
 def guarded(page: Callable[[], None]) -> None:
-    """Run a page body; a RunError (a corrupted or missing table) becomes an error message."""
+    """Run a page body; a RunError (a corrupted or missing table) becomes its message, and any
+    other error while reading a run (an unexpected table layout) a short message naming the
+    run, with the traceback in the server log only."""
     try:
         page()
     except RunError as e:
         st.error(str(e))
+    except Exception as e:  # streamlit's stop/rerun are BaseExceptions and pass through
+        import logging
+        logging.getLogger("focus_lab.app").exception("page failed")
+        st.error(f"This page cannot show run **{selected_run_name()}**: {type(e).__name__}: {e}. The run may "
+                 "be incomplete or written by another version of focus-lab; record it again (details in the "
+                 "server log).")
 
 
 def need_table(run: RunView, table: str, what: str) -> pd.DataFrame | None:
