@@ -35,11 +35,14 @@ def make_figure(data_dir: Path):
 
     df = length_table(data_dir)
     fig = make_subplots(rows=1, cols=2, subplot_titles=("PPL / dense PPL at the same length", "perplexity"))
-    for pattern, part in df.groupby("pattern", sort=False):
+    palette = ["#222222", "#7f7f7f", "#ff9896", "#d62728", "#8c0000", "#1f77b4", "#2ca02c", "#9467bd"]
+    for i, (pattern, part) in enumerate(df.groupby("pattern", sort=False)):
         for col, y in ((1, "ppl_vs_dense"), (2, "perplexity")):
             fig.add_trace(go.Scatter(x=part["seq_len"], y=part[y], mode="lines+markers", name=pattern,
+                                     line=dict(color=palette[i % len(palette)]),
                                      legendgroup=pattern, showlegend=col == 1), row=1, col=col)
-    fig.add_vline(x=512, line=dict(color="gray", dash="dot"), annotation_text="training length")
+    t0 = int(read(data_dir, "baselines")["seq_len"].iloc[0])
+    fig.add_vline(x=t0, line=dict(color="gray", dash="dot"), annotation_text=f"router training length ({t0})")
     fig.update_xaxes(type="log", title="evaluation length (tokens)", tickvals=sorted(df["seq_len"].unique()))
     fig.update_layout(title=TITLE, template="plotly_white", width=1300, height=520)
     return fig

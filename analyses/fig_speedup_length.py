@@ -41,6 +41,9 @@ def make_figure(data_dir: Path):
         fig.add_trace(go.Bar(x=[str(t) for t in h["tokens"]], y=h["speedup_vs_dense"], name="end to end, hard Focus",
                              marker_color="#d62728"), row=1, col=2)
         fig.add_hline(y=1, line=dict(color="gray", dash="dash"), row=1, col=2)
+    else:
+        fig.add_annotation(text="no end-to-end table (bench_attention/e2e.csv) yet", showarrow=False,
+                           xref="x2 domain", yref="y2 domain", x=0.5, y=0.5)
     fig.update_xaxes(type="log", title="tokens n", row=1, col=1)
     fig.update_yaxes(type="log", title="speedup", row=1, col=1)
     fig.update_xaxes(title="context tokens", row=1, col=2)
