@@ -122,7 +122,7 @@ def train(
         res = train_fn(m, windows, fcfg, tcfg, out, resume=resume,
                        meta={"model": m.config._name_or_path, "corpus": corp.name, "recipe": recipe})
         typer.echo(f"trained {res.router_parameters} router parameters for {res.steps} steps in "
-                   f"{res.seconds:.0f} s ({res.tokens_per_second:.0f} tokens/s); loss "
+                   f"{res.seconds:.0f} s ({res.tokens_per_second:.0f} tokens/s); mean loss of the first/last 5 steps "
                    f"{res.first_loss:.4f} -> {res.last_loss:.4f} nats/token; routers: "
                    f"{out / 'routers.safetensors'}")
         return res

@@ -32,8 +32,8 @@ class TrainResult:
 
     out_dir: Path
     steps: int
-    first_loss: float
-    last_loss: float
+    first_loss: float  # mean loss of the first 5 steps (nats/token)
+    last_loss: float  # mean loss of the last 5 steps (nats/token)
     seconds: float
     tokens_per_second: float
     router_parameters: int
@@ -223,7 +223,8 @@ def train(model, windows: list, focus_cfg: FocusConfig, train_cfg: TrainConfig, 
         write_parquet(out / "train_log.parquet", log)
         save_routers(model, out / "routers.safetensors", extra={"steps": train_cfg.steps, **(meta or {})})
     per_step = log.groupby("step")["loss"].first()
-    return TrainResult(out, train_cfg.steps, float(per_step.iloc[0]), float(per_step.iloc[-1]), seconds,
+    n = min(5, len(per_step))  # single-batch losses are noisy: average the first and last n steps
+    return TrainResult(out, train_cfg.steps, float(per_step.iloc[:n].mean()), float(per_step.iloc[-n:].mean()), seconds,
                        tokens_done / seconds if seconds > 0 else float("nan"), n_params)
 
 
