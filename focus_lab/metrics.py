@@ -225,8 +225,9 @@ class AttentionMetrics:
     * ``soft_distant``: ``sum_{gated j} S_ij``.
     * ``soft_crossing``: ``sum_j S_ij (1 - M_ij)``: the Focus soft model's mass on gated keys
       outside the query's hard groups, i.e. what hard inference removes from it.
-    * ``soft_crossing_expected``: ``sum_{gated j} S_ij (1 - p_i . p_j)``: the same with soft
-      (Sinkhorn) groups, the probability that the pair's groups differ (0 when K = 1).
+    * ``soft_crossing_expected``: ``sum_{gated j} S_ij (1 - max(p_i . p_j, eps))``: the same with
+      soft (Sinkhorn) groups, the probability that the pair's groups differ (0 when K = 1; the
+      agreement floored at eps as in the gate).
 
     Per distance bucket ``[lo, hi)`` (``edges_distance``), sums over queries, ``(B, Hs, nb)``:
     ``bucket_mass = sum_i sum_{lo <= d < hi} P_ij`` and ``bucket_kept[pattern]`` the same
@@ -300,8 +301,8 @@ def attention_metrics(query: torch.Tensor, key: torch.Tensor, scale: float,
                       sink_positions: int = 4, edge_threshold: float | None = None,
                       edge_top_n: int = 0, edge_min_weight: float = 0.0,
                       pattern_heads: Sequence[int] = (), chunk_elements: int = 1 << 23,
-                      model_mask: torch.Tensor | None = None, softcap: float | None = None
-                      ) -> AttentionMetrics:
+                      model_mask: torch.Tensor | None = None, softcap: float | None = None,
+                      cache: dict | None = None) -> AttentionMetrics:
     """All attention metrics of one layer, in chunks of queries (memory ``O(B Hs c T)``).
 
     Args:
@@ -321,6 +322,7 @@ def attention_metrics(query: torch.Tensor, key: torch.Tensor, scale: float,
             sliding window, padding): P is then the model's attention under it. Pair counts
             (density, the matched window) ignore it.
         softcap: the model's attention-logit soft-capping ``c tanh(x / c)`` (Gemma-2), or None.
+        cache: a dict kept by the caller across calls of one layer (the random mask is reused).
     Returns:
         AttentionMetrics (definitions there).
     """
@@ -330,19 +332,28 @@ def attention_metrics(query: torch.Tensor, key: torch.Tensor, scale: float,
     nb = len(edges_d) - 1
     with_random = random_query_groups is not None
     with_soft = log_p is not None
-    pairs = {"focus": kept_pairs(query_groups, key_group, window, sinks),
+    ns = max(0, int(sink_positions))
+    st = _static_pairs(T, window, sinks, ns, str(dev))
+    pos = st["pos"]
+    keep_all = core.hard_mask(query_groups, key_group, window, pos, pos, sinks)  # (B, T, T)
+    pairs = {"focus": keep_all.sum((1, 2)).cpu(),
              "window": torch.full((B,), window_pairs(T, window, sinks), dtype=torch.long),
              "causal": torch.full((B,), T * (T + 1) // 2, dtype=torch.long)}
     wm = [matched_window(int(p), T, sinks) for p in pairs["focus"]]
     pairs["window_matched"] = torch.tensor([window_pairs(T, x, sinks) for x in wm], dtype=torch.long)
+    rkeep_all = None
     if with_random:
-        pairs["random"] = kept_pairs(random_query_groups, random_key_group, window, sinks)
-    p_soft = log_p.float().exp() if with_soft else None
+        ck = ("random", T, window, sinks)
+        hit = cache.get(ck) if cache is not None else None
+        if hit is None or not (torch.equal(hit[0], random_query_groups) and torch.equal(hit[1], random_key_group)):
+            rk = core.hard_mask(random_query_groups, random_key_group, window, pos, pos, sinks)
+            hit = (random_query_groups, random_key_group, rk, rk.sum((1, 2)).cpu())
+            if cache is not None:
+                cache[ck] = hit
+        rkeep_all, pairs["random"] = hit[2], hit[3]
     want_edges = edge_threshold is not None or edge_top_n > 0
     thr = float("inf") if edge_threshold is None else float(edge_threshold)
     min_w = min(edge_min_weight, thr)
-    ns = max(0, int(sink_positions))
-    st = _static_pairs(T, window, sinks, ns, str(dev))
     wm_t = torch.tensor(wm, device=dev)[:, None, None]
     qs = query.float() * scale  # the scale folded into the queries
     kf = key.float()
@@ -358,7 +369,7 @@ def attention_metrics(query: torch.Tensor, key: torch.Tensor, scale: float,
     c = -(-T // -(-T // c))  # equal chunks
     for a in range(0, T, c):
         b = min(T, a + c)
-        q_pos, k_pos = st["pos"][a:b], st["pos"][:b]
+        q_pos, k_pos = pos[a:b], pos[:b]
         logits = torch.matmul(qs[:, :, a:b], kf[:, :, :b].transpose(-1, -2))  # (B, H, c, b)
         if softcap is not None:
             logits = torch.tanh(logits / softcap).mul_(softcap)
@@ -367,46 +378,59 @@ def attention_metrics(query: torch.Tensor, key: torch.Tensor, scale: float,
             allowed = model_mask[:, a:b, :b] | st["diag"][a:b, :b]  # a row keeps at least itself
             logits.masked_fill_(~allowed[:, None], float("-inf"))
         P = torch.softmax(logits, dim=-1)
-        keep = core.hard_mask(query_groups[:, a:b], key_group[:, :b], window, q_pos, k_pos, sinks)
+        del logits
+        keep = keep_all[:, a:b, :b]
         # Each pair's class: distance bucket + nb * (keep + 2 rkeep + 4 wm + 8 win + 16 sink);
         # one scatter-add over P gives each query's mass per class (_SELECT sums classes).
         code = st["code"][a:b, :b] + keep * nb
-        code = code + (((st["dist"][a:b, :b] < wm_t) | st["sinkrule"][a:b, :b]) * (4 * nb))
+        code += ((st["dist"][a:b, :b] < wm_t) | st["sinkrule"][a:b, :b]) * (4 * nb)
         if with_random:
-            code = code + core.hard_mask(random_query_groups[:, a:b], random_key_group[:, :b], window,
-                                         q_pos, k_pos, sinks) * (2 * nb)
+            code += rkeep_all[:, a:b, :b] * (2 * nb)
         hist = torch.zeros(B, H, b - a, nb << 5).scatter_add_(
             -1, code[:, None].expand(B, H, b - a, b), P).view(B, H, b - a, 32, nb)
         sel = torch.einsum("bhcxn,xs->bhcsn", hist, _SELECT.to(dev))  # (B, H, c, n_sel, nb)
         pq_all[:, :, a:b] = sel.sum(-1)
         bucket_all += sel.sum(2)
+        G = Z = None
+        if with_soft:
+            # S = softmax(logits + bias) = P G / Z with G = exp(bias) (core's gate: 1 local,
+            # max(p_i . p_j, eps) gated, 0 non-causal) and Z_i = sum_j P_ij G_ij: every soft
+            # reduction is a weighted row sum of P, one matmul for all of them.
+            G = core.soft_gate_bias(log_p[:, a:b], log_p[:, :b], window, q_pos, k_pos, eps, sinks).exp_()
+            gated = st["gated"][a:b, :b]
+            Gg = G * gated
+            W = torch.stack([G, Gg, G * ~keep, Gg * (1 - G)], -1)  # (B, c, b, 4)
+            red = torch.matmul(P.transpose(1, 2), W).transpose(1, 2)  # (B, H, c, 4)
+            Z = red[..., 0]
+            soft_all[:, :, a:b] = red[..., 1:] / Z[..., None]
         for h in pattern_heads:
             pat[h]["dense"][:, a:b, :b] = P[:, h]
             pat[h]["kept"][:, a:b, :b] = keep
-        S = None
-        if with_soft:
-            bias = core.soft_gate_bias(log_p[:, a:b], log_p[:, :b], window, q_pos, k_pos, eps, sinks)
-            S = torch.softmax(logits.add_(bias[:, None]), dim=-1)
-            agree = p_soft[:, a:b] @ p_soft[:, :b].transpose(1, 2)  # (B, c, b) = p_i . p_j
-            gated = st["gated"][a:b, :b]
-            W = torch.stack([gated.expand(B, -1, -1), (~keep).float(), gated * (1 - agree)], -1)
-            soft_all[:, :, a:b] = torch.matmul(S.transpose(1, 2), W).transpose(1, 2)  # (B, H, c, 3)
-            for h in pattern_heads:
-                pat[h]["soft"][:, a:b, :b] = S[:, h]
-        del logits
+            if with_soft:
+                pat[h]["soft"][:, a:b, :b] = P[:, h] * G / Z[:, h, :, None]
         if want_edges:
             D = P.masked_fill_(keep[:, None], 0.0)  # in place: P is not needed any more
-            nz = (D > thr).nonzero()  # (n, 4): batch, head, query - a, key
-            found = [nz.unbind(1)] if nz.numel() else []
-            if edge_top_n > 0:  # each query's heaviest dropped pairs not already above thr
+            if edge_top_n == 1:
+                vals, idx = D.max(dim=-1, keepdim=True)
+            elif edge_top_n > 1:
                 vals, idx = D.topk(min(edge_top_n, b), dim=-1)
+            else:
+                vals, idx = D.amax(dim=-1, keepdim=True), None
+            found = []
+            rows = (vals[..., 0] > thr).nonzero()  # rows holding at least one edge above thr
+            if rows.numel():
+                rb, rh, rq = rows.unbind(1)
+                hit = (D[rb, rh, rq] > thr).nonzero()  # (n, 2): row, key
+                r, kj = hit.unbind(1)
+                found.append((rb[r], rh[r], rq[r], kj))
+            if idx is not None:  # each query's heaviest dropped pairs not already above thr
                 extra = ((vals > min_w) & (vals <= thr)).nonzero()  # (n, 4): batch, head, query, rank
                 if extra.numel():
                     eb, eh, eq, er = extra.unbind(1)
                     found.append((eb, eh, eq, idx[eb, eh, eq, er]))
             for bi, hi, qi, kj in found:
                 w = D[bi, hi, qi, kj]
-                sw = S[bi, hi, qi, kj] if S is not None else torch.full_like(w, float("nan"))
+                sw = w * G[bi, qi, kj] / Z[bi, hi, qi] if with_soft else torch.full_like(w, float("nan"))
                 edge_parts.append((bi, hi, qi + a, kj, w, sw))
     col = {n: i for i, n in enumerate(_SELECT_NAMES)}
     per_query = {f"coverage_{n}": pq_all[..., col[n]] for n in pattern_names}

@@ -150,6 +150,7 @@ class Recording:
         self._h: dict[int, torch.Tensor] = {}
         self._routes: list[dict] = []
         self._random: dict[tuple, tuple] = {}
+        self._layer_cache: dict[int, dict] = {}
         self._att: list[dict] = []
         self._edges: list[dict] = []
         self._patterns: list[dict] = []
@@ -226,7 +227,8 @@ class Recording:
             edge_threshold=opts.edge_threshold if edges_on else None,
             edge_top_n=opts.edge_top_n if edges_on else 0, edge_min_weight=opts.edge_min_weight,
             pattern_heads=ph, chunk_elements=opts.chunk_elements, model_mask=model_mask,
-            softcap=getattr(module, "attn_logit_softcapping", None))
+            softcap=getattr(module, "attn_logit_softcapping", None),
+            cache=self._layer_cache.setdefault(layer, {}))
         for b in range(B):
             self.matched_windows[(base + b, layer)] = int(res.matched_window[b])
         self._att.append({"base": base, "layer": layer, "T": T, "window": cfg.window,

@@ -213,6 +213,11 @@ def test_attention_metrics_against_brute_force(chunk, sinks):
         assert np.array_equal(res.patterns[1]["kept"][b].numpy(), m)
         assert int(res.pairs["focus"][b]) == m.sum() and int(res.pairs["random"][b]) == mr.sum()
     assert got_edges == want_edges and want_edges
+    soft = {bb: bf_soft(q[bb].double().numpy(), key[bb].double().numpy(), scale, log_p[bb].exp().double().numpy(),
+                        w, 1e-6, sinks) for bb in range(B)}
+    for bb, hh, ii, jj, sw in zip(res.edges["batch"].tolist(), res.edges["head"].tolist(), res.edges["query"].tolist(),
+                                  res.edges["key"].tolist(), res.edges["soft_weight"].tolist()):
+        assert sw == pytest.approx(soft[bb][hh, ii, jj], abs=1e-6)
     w_ = res.edges["weight"].numpy()
     assert (w_ > 0).all()
 
