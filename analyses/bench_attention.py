@@ -12,7 +12,10 @@ other processes hits both sides alike. The decomposition's phases are timed sepa
 attention calls ``attn_A`` (same-group) and ``attn_B`` (local other-group).
 
 End-to-end part: held-out perplexity and tokens/s of the embedded model at 4K and 8K tokens of
-context, dense (the model's own SDPA attention) vs hard Focus (the decomposition).
+context, dense (the model's own SDPA attention) vs hard Focus (the decomposition) with the
+router (``--router``; an untrained one when no router file exists) and with random groups
+(``assignment="random"``: balanced by construction, the speed a balanced router would get; its
+perplexity is a control, not a result).
 
 Outputs under ``--out`` (default figures/bench_attention/): kernel.csv, kernel.parquet,
 kernel.md, e2e.csv, e2e.md, bench_attention.html (+ .png via kaleido), env.json.
@@ -263,23 +266,28 @@ def end_to_end(args) -> pd.DataFrame | None:
     for T in args.e2e_sizes:
         windows = make_windows(corpus.heldout, tok, T, max_windows=args.e2e_windows)
         res = {}
-        for label in ("dense", "hard"):
+        labels = [x for x in ["dense", "hard"] + (["hard-random-groups"] if args.e2e_random else [])
+                  if x in args.e2e_labels]
+        for label in labels:
             if label == "dense":  # the model's own attention (SDPA, is_causal)
                 model.set_attn_implementation(model._focus_state["attn_implementation"])
-            else:
+            else:  # hard Focus through the decomposition; random groups: the balanced control
                 model.set_attn_implementation("focus")
-                set_config(model, mode="hard", backend="auto")
+                set_config(model, mode="hard", backend="auto",
+                           assignment="random" if label == "hard-random-groups" else cfg.assignment)
             ppl, tps, dt = _ppl_and_speed(model, windows)
             res[label] = (ppl, tps, dt)
             rows.append({"tokens": T, "windows": len(windows), "attention": label, "perplexity": ppl,
                          "tokens_per_s": tps, "seconds": dt, "router": router_label,
                          "K": cfg.num_groups, "k": cfg.top_k, "window": cfg.window,
                          "corpus": f"{args.corpus} (held out)", "loadavg": os.getloadavg()[0]})
-            print(f"  T={T} {label:>5}: ppl {ppl:8.3f}  {tps:7.1f} tok/s  ({dt:.1f}s)", flush=True)
+            print(f"  T={T} {label:>18}: ppl {ppl:8.3f}  {tps:7.1f} tok/s  ({dt:.1f}s)", flush=True)
         model.set_attn_implementation("focus")
+        set_config(model, assignment=cfg.assignment)
     df = pd.DataFrame(rows)
     dense_tps = df[df.attention == "dense"].set_index("tokens")["tokens_per_s"]
-    df["speedup_vs_dense"] = df.apply(lambda r: r.tokens_per_s / dense_tps[r.tokens], axis=1)
+    df["speedup_vs_dense"] = df.apply(
+        lambda r: r.tokens_per_s / dense_tps[r.tokens] if r.tokens in dense_tps else float("nan"), axis=1)
     return df
 
 
@@ -315,13 +323,14 @@ def plot(df: pd.DataFrame, out: Path, title: str) -> None:
     d = df.drop_duplicates("n")
     fig.add_trace(go.Scatter(x=d.n, y=d.dense_s, name="dense causal SDPA", mode="lines+markers",
                              line=dict(color="black", width=3)), row=1, col=1)
+    palette = {(4, 1): "#1f77b4", (4, 2): "#17becf", (8, 1): "#d62728", (8, 2): "#ff7f0e"}
     for (K, k, g), part in df.groupby(["K", "k", "groups"]):
         name = f"Focus K={K} k={k}" + ("" if g == "balanced" else f" ({g} groups)")
-        dash = "solid" if g == "balanced" else "dot"
+        line = dict(dash="solid" if g == "balanced" else "dot", color=palette.get((K, k)))
         fig.add_trace(go.Scatter(x=part.n, y=part.focus_s, name=name, mode="lines+markers",
-                                 line=dict(dash=dash), legendgroup=name), row=1, col=1)
+                                 line=line, legendgroup=name), row=1, col=1)
         fig.add_trace(go.Scatter(x=part.n, y=part.speedup, name=name, mode="lines+markers",
-                                 line=dict(dash=dash), legendgroup=name, showlegend=False), row=1, col=2)
+                                 line=line, legendgroup=name, showlegend=False), row=1, col=2)
     fig.add_hline(y=1, line=dict(color="gray", dash="dash"), row=1, col=2)
     fig.add_hline(y=6, line=dict(color="red", dash="dot"), row=1, col=2,
                   annotation_text="goal K=8 k=1 @32K: 6x", annotation_position="top left")
@@ -333,6 +342,12 @@ def plot(df: pd.DataFrame, out: Path, title: str) -> None:
         fig.write_image(out / "bench_attention.png", scale=1.5)
     except Exception as e:  # kaleido / Chromium missing
         print(f"PNG not written ({e}); the HTML is")
+
+
+def _title(args, env) -> str:
+    la = env.get("loadavg_start", [float("nan")])[0]
+    return (f"Hard Focus (two calls + LSE merge) vs dense causal SDPA, CPU ({env['threads']} threads, "
+            f"load avg {la:.1f} at start), H={args.heads}/{args.kv_heads}, D={args.head_dim}, w={args.window}, fp32")
 
 
 def main(argv=None) -> int:
@@ -377,7 +392,16 @@ def main(argv=None) -> int:
     ap.add_argument("--router", type=str, default="auto",
                     help="router file for end-to-end ('auto': checkpoints/smollm2-austen if present)")
     ap.add_argument("--corpus", type=str, default="austen")
+    ap.add_argument("--e2e-labels", type=lambda s: s.split(","), default=["dense", "hard", "hard-random-groups"],
+                    help="end-to-end rows to run (dense, hard, hard-random-groups)")
+    ap.add_argument("--no-e2e-random", dest="e2e_random", action="store_false",
+                    help="skip the end-to-end row with random balanced groups (assignment='random')")
+    ap.add_argument("--replot", action="store_true", help="only redraw the plot from --out/kernel.csv")
     args = ap.parse_args(argv)
+    if args.replot:
+        env = json.loads((args.out / "env.json").read_text())
+        plot(pd.read_csv(args.out / "kernel.csv"), args.out, _title(args, env))
+        return 0
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -404,9 +428,7 @@ def main(argv=None) -> int:
         md = to_markdown(df, KERNEL_COLS, KERNEL_FMT)
         (args.out / "kernel.md").write_text(md)
         print("\n" + md)
-        plot(df, args.out, f"Hard Focus (two calls + LSE merge) vs dense causal SDPA, CPU "
-                           f"({env['threads']} threads), H={args.heads}/{args.kv_heads}, D={args.head_dim}, "
-                           f"w={args.window}, fp32")
+        plot(df, args.out, _title(args, env))
     if not args.no_e2e:
         e2e = end_to_end(args)
         if e2e is not None:

@@ -48,8 +48,9 @@ supports inference and `return_lse` is not supported yet"), and eager FlexAttent
 materializes the full score matrix.
 
 Threads: on CPU, ``SERIAL_BOOKKEEPING`` (default True) runs everything but the attention
-kernels on one thread by toggling ``torch.set_num_threads`` (process-global), so do not call
-this from several Python threads at once on CPU with it enabled.
+kernels on one thread for problems up to ``SERIAL_MAX_ELEMENTS`` query elements, by toggling
+``torch.set_num_threads`` (process-global), so do not call this from several Python threads at
+once on CPU with it enabled.
 
 Shapes: B batch, H query heads, Hkv key/value heads (H a multiple of Hkv), Tq queries,
 Tk keys (Tq <= Tk; query i sits at position ``Tk - Tq + i``), D head_dim, k = top_k.
@@ -74,8 +75,11 @@ _NEG_INF = float("-inf")
 # runs on one thread and only the attention kernels use all of torch's threads. Each
 # multi-threaded op waits for every worker thread; on a shared 2-core machine a busy core makes
 # each such op stall, and the decomposition has ~30 of them to dense attention's one (measured
-# at 2K tokens under load: 282 ms -> 140 ms median). Set to False to leave threads alone.
+# at 2K tokens under load: 282 ms -> 140 ms median). Only below SERIAL_MAX_ELEMENTS query
+# elements: large copies (75 MB at 32K tokens) are worth the threads even with stalls.
+# Set SERIAL_BOOKKEEPING = False to leave threads alone.
 SERIAL_BOOKKEEPING = True
+SERIAL_MAX_ELEMENTS = 1 << 23
 _kernel_threads: list[int] = []  # stack: the thread count the kernels get, when serialized
 
 
@@ -630,7 +634,7 @@ def hard_focus_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Te
         raise ValueError(f"window={window!r}: need an integer >= 1")
     if isinstance(sinks, bool) or not isinstance(sinks, int) or sinks < 0:
         raise ValueError(f"sinks={sinks!r}: need an integer >= 0")
-    serial = SERIAL_BOOKKEEPING and query.device.type == "cpu"
+    serial = SERIAL_BOOKKEEPING and query.device.type == "cpu" and query.numel() <= SERIAL_MAX_ELEMENTS
     if serial:
         _kernel_threads.append(torch.get_num_threads())
     try:
