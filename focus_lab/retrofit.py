@@ -446,8 +446,11 @@ def load_routers(model: nn.Module, path: str | Path, config_overrides: dict | No
 
 def add_observer(model: nn.Module, fn: Callable, layers: list[int] | None = None) -> Callable[[], None]:
     """Call ``fn(module, query, key, value, routing, bias, out)`` after each Focus attention
-    call of the selected layers. Returns a function that removes the observer."""
-    mods = [(i, m) for i, m in attention_modules(model) if layers is None or i in layers]
+    call of the selected layers (default: the routed layers, those with a ``focus_router``;
+    a listed layer without one is observed with ``routing=None``, e.g. Gemma's sliding layers).
+    Returns a function that removes the observer."""
+    mods = [(i, m) for i, m in attention_modules(model)
+            if (hasattr(m, "focus_router") if layers is None else i in layers)]
     for _, m in mods:
         m.__dict__.setdefault("_focus_observers", []).append(fn)
 

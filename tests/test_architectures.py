@@ -164,6 +164,17 @@ def test_recording_covers_the_routed_layers(family):
 
 
 @torch.no_grad()
+def test_evaluate_runs_every_pattern(family):
+    """focus_lab.evaluate's observers see the routed layers only (Gemma: not the sliding ones)."""
+    from focus_lab.evaluate import evaluate
+    model = ALL_FAMILIES[family]()
+    focus_lab.attach(model, FocusConfig(window=T, num_groups=2, top_k=1))
+    df = evaluate(model, [types.SimpleNamespace(input_ids=w) for w in _ids(6)], progress=False)
+    assert list(df["label"]) == ["dense", "window", "soft", "hard_top1", "hard_top2"]
+    assert df["perplexity"].max() - df["perplexity"].min() < 1e-3  # nothing is masked at w = T
+
+
+@torch.no_grad()
 def test_router_file_round_trip(family, tmp_path):
     model = ALL_FAMILIES[family]()
     focus_lab.attach(model, FocusConfig(mode="hard", window=4, num_groups=3, top_k=1, seed=3))
