@@ -205,12 +205,24 @@ def guarded(page: Callable[[], None]) -> None:
         st.error(f"This page cannot show run **{selected_run_name()}**: {type(e).__name__}: {e}. The run may "
                  "be incomplete or written by another version of focus-lab; record it again (details in the "
                  "server log).")
+    finally:  # a marker the browser test waits for: the page script has run to its end
+        st.markdown('<span class="fl-page-done"></span>', unsafe_allow_html=True)
+
+
+HOW_TO_RECORD = {
+    "eval": "run `focus-lab eval --routers <file>` (it writes eval.parquet next to the routers), then "
+            "`focus-lab record` with the same `--routers`",
+    "train_log": "train the routers with `focus-lab train` (it writes train_log.parquet next to them), then "
+                 "`focus-lab record` with the same `--routers`",
+    "pos": "record it with spaCy labels: `focus-lab record --pos`",
+}
 
 
 def need_table(run: RunView, table: str, what: str) -> pd.DataFrame | None:
     """The table, or None after an info message naming how to record it."""
     if not run.has(table):
-        st.info(f"This run has no **{table}** table, so {what} cannot be shown; {RECORD_HINT}. "
+        how = HOW_TO_RECORD.get(table, RECORD_HINT)
+        st.info(f"This run has no **{table}** table, so {what} cannot be shown; {how}. "
                 f"It has: {', '.join(run.tables) or 'no tables'}.")
         return None
     return run.table(table)

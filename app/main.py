@@ -17,7 +17,8 @@ import lib  # noqa: E402
 st.set_page_config(page_title="focus-lab", page_icon=":material/center_focus_strong:", layout="wide")
 
 st.markdown("<style>.block-container{padding-top:2.2rem;padding-bottom:2rem}"
-            "h1{font-size:2.1rem !important;padding-top:0 !important}</style>", unsafe_allow_html=True)
+            "h1{font-size:2.1rem !important;padding-top:0 !important}"
+            '[data-testid="stAppDeployButton"]{display:none}</style>', unsafe_allow_html=True)
 
 root = lib.parse_runs_root()
 st.session_state["_runs_root"] = root
