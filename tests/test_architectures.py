@@ -169,7 +169,7 @@ def test_evaluate_runs_every_pattern(family):
     from focus_lab.evaluate import evaluate
     model = ALL_FAMILIES[family]()
     focus_lab.attach(model, FocusConfig(window=T, num_groups=2, top_k=1))
-    df = evaluate(model, [types.SimpleNamespace(input_ids=w) for w in _ids(6)], progress=False)
+    df = evaluate(model, [types.SimpleNamespace(input_ids=w) for w in _ids(6, batch=1)], progress=False)
     assert list(df["label"]) == ["dense", "window", "soft", "hard_top1", "hard_top2"]
     assert df["perplexity"].max() - df["perplexity"].min() < 1e-3  # nothing is masked at w = T
 
