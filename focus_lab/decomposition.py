@@ -48,7 +48,7 @@ supports inference and `return_lse` is not supported yet"), and eager FlexAttent
 materializes the full score matrix.
 
 Threads: on CPU, ``SERIAL_BOOKKEEPING`` (default True) runs everything but the attention
-kernels on one thread for problems up to ``SERIAL_MAX_ELEMENTS`` query elements, by toggling
+kernels on one thread (optionally only up to ``SERIAL_MAX_ELEMENTS`` query elements), by toggling
 ``torch.set_num_threads`` (process-global), so do not call this from several Python threads at
 once on CPU with it enabled.
 
@@ -75,11 +75,12 @@ _NEG_INF = float("-inf")
 # runs on one thread and only the attention kernels use all of torch's threads. Each
 # multi-threaded op waits for every worker thread; on a shared 2-core machine a busy core makes
 # each such op stall, and the decomposition has ~30 of them to dense attention's one (measured
-# at 2K tokens under load: 282 ms -> 140 ms median). Only below SERIAL_MAX_ELEMENTS query
-# elements: large copies (75 MB at 32K tokens) are worth the threads even with stalls.
-# Set SERIAL_BOOKKEEPING = False to leave threads alone.
+# at 2K tokens under load: 282 ms -> 140 ms median; at 32K tokens the bookkeeping took
+# 0.46 s serial vs 0.73 s with 2 threads, load average ~9). SERIAL_MAX_ELEMENTS (query
+# elements, None = no limit) restricts it to small problems. SERIAL_BOOKKEEPING = False
+# leaves threads alone.
 SERIAL_BOOKKEEPING = True
-SERIAL_MAX_ELEMENTS = 1 << 23
+SERIAL_MAX_ELEMENTS: int | None = None
 _kernel_threads: list[int] = []  # stack: the thread count the kernels get, when serialized
 
 
@@ -634,7 +635,8 @@ def hard_focus_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Te
         raise ValueError(f"window={window!r}: need an integer >= 1")
     if isinstance(sinks, bool) or not isinstance(sinks, int) or sinks < 0:
         raise ValueError(f"sinks={sinks!r}: need an integer >= 0")
-    serial = SERIAL_BOOKKEEPING and query.device.type == "cpu" and query.numel() <= SERIAL_MAX_ELEMENTS
+    serial = SERIAL_BOOKKEEPING and query.device.type == "cpu" and \
+        (SERIAL_MAX_ELEMENTS is None or query.numel() <= SERIAL_MAX_ELEMENTS)
     if serial:
         _kernel_threads.append(torch.get_num_threads())
     try:
@@ -669,8 +671,16 @@ def _hard_focus_attention(query, key, value, query_groups, key_group, window, sc
     with timer("plan"):
         segs = plan_segments(query_groups, key_group)
     nrows = B * Tq + 1
-    outA = query.new_zeros((k * nrows, H, D), dtype=torch.float32)
-    lseA = torch.full((k * nrows, H), _NEG_INF, device=query.device)
+    # every row gets written when top-1 slots are causal segments covering all queries (k = 1
+    # from hard_assign): then skip zero-filling the buffers (a full pass over q-sized memory)
+    full = k == 1 and all(sg.kind == "causal" for sg in segs) and \
+        sum(sg.q_idx.numel() for sg in segs) == B * Tq
+    if full:
+        outA = query.new_empty((nrows, H, D), dtype=torch.float32)
+        lseA = torch.empty((nrows, H), device=query.device)
+    else:
+        outA = query.new_zeros((k * nrows, H, D), dtype=torch.float32)
+        lseA = torch.full((k * nrows, H), _NEG_INF, device=query.device)
     part_a = _part_a_flash if be == "flash" else _part_a_torch
     part_a(qn.view(B * Tq, H, D), kn.view(B * Tk, Hkv, D), vn.view(B * Tk, Hkv, D), segs,
            B, Tq, Tk, scale, timer, outA, lseA)
