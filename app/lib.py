@@ -25,13 +25,14 @@ if str(REPO) not in sys.path:  # `streamlit run app/main.py` from a checkout wit
     sys.path.insert(0, str(REPO))
 
 
-
 def _import_runs():
     """``focus_lab.runs`` without importing the ``focus_lab`` package (whose ``__init__``
     pulls in torch and transformers, seconds on a cold server): runs.py needs only pandas. It
     is registered under its own name, so a later ``import focus_lab`` (the live probe) reuses
     the same module and the same ``RunError`` class."""
-    if "focus_lab" in sys.modules or "focus_lab.runs" in sys.modules:
+    if "focus_lab.runs" in sys.modules:
+        return sys.modules["focus_lab.runs"]
+    if "focus_lab" in sys.modules:
         import focus_lab.runs as mod
         return mod
     import importlib.util
