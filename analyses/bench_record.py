@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -51,27 +52,39 @@ def main() -> None:
     results = []
     for T in args.lengths:
         ids = make_windows(corp.heldout, tok, T, max_windows=1)[0].input_ids[None]
-        plain, recorded, tables = [], [], []
+        plain, recorded, tables, plain_cpu, recorded_cpu, ratios = [], [], [], [], [], []
         with torch.no_grad():
             model(input_ids=ids, use_cache=False)  # warm-up
+            with focus_lab.record(model, metrics=ALL_METRICS):
+                model(input_ids=ids, use_cache=False)
             for _ in range(args.reps):
-                t0 = time.perf_counter()
+                c0, t0 = time.process_time(), time.perf_counter()
                 model(input_ids=ids, use_cache=False)
                 plain.append(time.perf_counter() - t0)
-                t0 = time.perf_counter()
+                plain_cpu.append(time.process_time() - c0)
+                c0, t0 = time.process_time(), time.perf_counter()
                 with focus_lab.record(model, metrics=ALL_METRICS) as rec:
                     model(input_ids=ids, use_cache=False)
                 recorded.append(time.perf_counter() - t0)
+                recorded_cpu.append(time.process_time() - c0)
+                ratios.append(recorded[-1] / plain[-1])
                 t0 = time.perf_counter()
                 rec.tables()
                 tables.append(time.perf_counter() - t0)
-        row = {"seq_len": T, "plain_s": statistics.median(plain), "recorded_s": statistics.median(recorded),
-               "tables_s": statistics.median(tables), "reps": args.reps,
-               "plain_all": plain, "recorded_all": recorded}
+        med = statistics.median
+        row = {"seq_len": T, "plain_s": med(plain), "recorded_s": med(recorded), "tables_s": med(tables),
+               "plain_cpu_s": med(plain_cpu), "recorded_cpu_s": med(recorded_cpu), "reps": args.reps,
+               "plain_all": plain, "recorded_all": recorded, "pair_ratios": ratios,
+               "load_avg": list(os.getloadavg())}
         row["ratio"] = row["recorded_s"] / row["plain_s"]
+        row["median_pair_ratio"] = med(ratios)
+        row["cpu_ratio"] = row["recorded_cpu_s"] / row["plain_cpu_s"]
         results.append(row)
-        print(f"T={T:5d}  plain {row['plain_s']:.3f} s  recorded {row['recorded_s']:.3f} s  "
-              f"ratio {row['ratio']:.2f}x  (tables() {row['tables_s']:.3f} s once per run)", flush=True)
+        print(f"T={T:5d}  plain {row['plain_s']:.3f} s  recorded {row['recorded_s']:.3f} s  wall ratio "
+              f"{row['ratio']:.2f}x (median of pairs {row['median_pair_ratio']:.2f}x)  CPU time "
+              f"{row['plain_cpu_s']:.2f} / {row['recorded_cpu_s']:.2f} s = {row['cpu_ratio']:.2f}x  "
+              f"(tables() {row['tables_s']:.2f} s once per run; load avg {row['load_avg'][0]:.1f} "
+              f"on {os.cpu_count()} cores)", flush=True)
     info = {"model": "smollm2-135m-instruct", "routers": source, "mode": args.mode,
             "threads": args.threads, "metrics": list(ALL_METRICS), "results": results}
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -285,7 +285,7 @@ def _static_pairs(T: int, window: int, sinks: int, n_sink: int, device: str) -> 
     bucket = torch.bucketize(d.clamp(min=0), edges, right=True)
     local = core.local_mask(pos, pos, window, sinks)
     sink_pos = (pos < n_sink)[None, :].expand(T, T)
-    code = bucket + nb * (8 * local.long() + 16 * sink_pos.long())
+    code = 32 * bucket + 8 * local.long() + 16 * sink_pos.long()  # + keep + 2 rkeep + 4 wm per layer
     causal = core.causal_mask(pos, pos)
     sinkrule = (pos < sinks)[None, :] & causal  # the mask's own sink pairs (FocusConfig.sink_tokens)
     return {"pos": pos, "dist": d, "code": code, "noncausal": ~causal, "sinkrule": sinkrule,
@@ -380,17 +380,17 @@ def attention_metrics(query: torch.Tensor, key: torch.Tensor, scale: float,
         P = torch.softmax(logits, dim=-1)
         del logits
         keep = keep_all[:, a:b, :b]
-        # Each pair's class: distance bucket + nb * (keep + 2 rkeep + 4 wm + 8 win + 16 sink);
+        # Each pair's class: 32 * distance bucket + (keep + 2 rkeep + 4 wm + 8 win + 16 sink);
         # one scatter-add over P gives each query's mass per class (_SELECT sums classes).
-        code = st["code"][a:b, :b] + keep * nb
-        code += ((st["dist"][a:b, :b] < wm_t) | st["sinkrule"][a:b, :b]) * (4 * nb)
+        code = st["code"][a:b, :b] + keep
+        code += ((st["dist"][a:b, :b] < wm_t) | st["sinkrule"][a:b, :b]) * 4
         if with_random:
-            code += rkeep_all[:, a:b, :b] * (2 * nb)
+            code += rkeep_all[:, a:b, :b] * 2
         hist = torch.zeros(B, H, b - a, nb << 5).scatter_add_(
-            -1, code[:, None].expand(B, H, b - a, b), P).view(B, H, b - a, 32, nb)
-        sel = torch.einsum("bhcxn,xs->bhcsn", hist, _SELECT.to(dev))  # (B, H, c, n_sel, nb)
-        pq_all[:, :, a:b] = sel.sum(-1)
-        bucket_all += sel.sum(2)
+            -1, code[:, None].expand(B, H, b - a, b), P).view(B, H, b - a, nb, 32)
+        sel = torch.matmul(hist, _SELECT.to(dev))  # (B, H, c, nb, n_sel)
+        pq_all[:, :, a:b] = sel.sum(-2)
+        bucket_all += sel.sum(2).transpose(-1, -2)
         G = Z = None
         if with_soft:
             # S = softmax(logits + bias) = P G / Z with G = exp(bias) (core's gate: 1 local,
@@ -399,8 +399,8 @@ def attention_metrics(query: torch.Tensor, key: torch.Tensor, scale: float,
             G = core.soft_gate_bias(log_p[:, a:b], log_p[:, :b], window, q_pos, k_pos, eps, sinks).exp_()
             gated = st["gated"][a:b, :b]
             Gg = G * gated
-            W = torch.stack([G, Gg, G * ~keep, Gg * (1 - G)], -1)  # (B, c, b, 4)
-            red = torch.matmul(P.transpose(1, 2), W).transpose(1, 2)  # (B, H, c, 4)
+            W = torch.stack([G, Gg, G * ~keep, Gg * (1 - G)], 2)  # (B, c, 4, b)
+            red = torch.matmul(P.transpose(1, 2), W.transpose(-1, -2)).transpose(1, 2)  # (B, H, c, 4)
             Z = red[..., 0]
             soft_all[:, :, a:b] = red[..., 1:] / Z[..., None]
         for h in pattern_heads:

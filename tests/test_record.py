@@ -319,7 +319,8 @@ def test_dense_reference_follows_the_models_own_mask_and_softcap(family):
         assert not bool(keep[0].tril().all())  # the model's window hides old keys
     pat = rec.tables()["patterns"]
     got = torch.zeros(24, 24)
-    got[pat.query_position.to_numpy(), pat.key_position.to_numpy()] = torch.tensor(pat.dense_weight.to_numpy().copy())
+    qi, kj = (torch.from_numpy(np.array(pat[c], dtype=np.int64)) for c in ("query_position", "key_position"))
+    got[qi, kj] = torch.from_numpy(np.array(pat.dense_weight, dtype=np.float32))
     assert torch.allclose(got, want, atol=1e-5)
 
 
@@ -345,3 +346,51 @@ def test_cli_record_flags(tiny_run, tmp_path):
     assert (run.dropped_edges.weight > 0.2).all()
     bad = CliRunner().invoke(app, args[:-1] + ["--layers", "9"])
     assert bad.exit_code == 2 and "no router" in bad.output
+
+
+# ------------------------------------------------------------------ relation direction (property)
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_WORDS = ["Anne", "Elliot", "walked", "to", "the", "house", "letter", "she", "wrote", "a", "long", "and",
+          "captain", "Mr.", "smiled", ",", ".", ";", "!", "n't", "'s", "\u00e9t\u00e9", "caf\u00e9", "\u00a0",
+          "  ", "\n", "Lady Russell", "Kellynch", "walks", "walking"]
+
+
+@pytest.fixture(scope="module")
+def nlp():
+    try:
+        from focus_lab.linguistics import load_spacy
+        return load_spacy()
+    except Exception:
+        pytest.skip("spaCy pipeline not installed")
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                 HealthCheck.function_scoped_fixture])
+@given(words=st.lists(st.sampled_from(_WORDS), min_size=2, max_size=25), data=st.data())
+def test_dropped_edge_relations_read_both_ways(nlp, words, data):
+    """The audit's relation of key j to query i mirrors that of i to j: ``head:d`` one way is
+    ``child:d`` the other; same_word / same_entity / same_lemma are symmetric."""
+    from focus_lab.linguistics import pos_table, relations_for_pairs
+    text = " ".join(words)
+    # model-like tokens: every 1-4 characters, leading spaces attached (byte-level BPE style)
+    cuts, i = [0], 0
+    while i < len(text):
+        i = min(len(text), i + data.draw(st.integers(1, 4)))
+        cuts.append(i)
+    offsets = np.array(list(zip(cuts, cuts[1:])), dtype=np.int64)
+    pos = pos_table(text, offsets, nlp=nlp)
+    n = len(pos)
+    qi = np.repeat(np.arange(n), n)
+    kj = np.tile(np.arange(n), n)
+    fwd = relations_for_pairs(pos, qi, kj)
+    back = relations_for_pairs(pos, kj, qi)
+    flip = {"head": "child", "child": "head"}
+    for f, b in zip(fwd, back):
+        assert (f is None) == (b is None)
+        if f is None:
+            continue
+        kind, _, dep = f.partition(":")
+        assert b == (f"{flip[kind]}:{dep}" if kind in flip else f)
