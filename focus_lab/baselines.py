@@ -44,7 +44,7 @@ from .retrofit import attach, attention_modules, detach, focus_config, is_attach
 __all__ = [
     "SoftmaxRouter", "PrefixCausalRouter", "KMeansRouter", "OnlineKMeansRouter", "MoBARouter",
     "prefix_sinkhorn", "swap_routers", "restore_routers", "capture_router_inputs",
-    "fit_kmeans_routers", "fit_online_kmeans_routers", "use_moba", "matched_window_size",
+    "fit_kmeans_routers", "fit_online_kmeans_routers", "use_moba", "matched_window_size", "window_distant_kept",
     "router_parameter_count", "lora_param_count", "lora_rank_for_budget", "train_lora",
     "evaluate_baselines", "BASELINES",
 ]
@@ -364,6 +364,18 @@ def use_moba(model, config: FocusConfig, seq_len: int, block_size: int | None = 
 # --------------------------------------------------------------------------------------------
 # matched sparsity
 
+def window_distant_kept(seq_len: int, window: int, wider: int, sinks: int = 0) -> float:
+    """Fraction of the distant causal pairs ``i - j >= window`` that a sliding window of
+    ``wider >= window`` tokens (plus ``sinks`` sink tokens) keeps: ``(window_pairs(T, wider, s) -
+    window_pairs(T, window, 0)) / #distant`` (``metrics.window_pairs``). For ``wider == window``
+    only the sink pairs count, as in ``evaluate``."""
+    from .metrics import window_pairs
+    distant = sum(max(0, i - window + 1) for i in range(seq_len))
+    if distant == 0:
+        return float("nan")
+    return (window_pairs(seq_len, max(wider, window), sinks) - window_pairs(seq_len, window, 0)) / distant
+
+
 def matched_window_size(kept_fraction: float, seq_len: int, window: int, sinks: int = 0) -> int:
     """The sliding window ``w'`` whose kept causal pairs (with the same sink rule) equal those of
     a mask keeping ``kept_fraction`` of the distant pairs ``i - j >= window`` plus all local
@@ -506,6 +518,9 @@ def evaluate_baselines(model, router_file: str | Path | None, fit_windows: Seque
             pats.append((f"window_matched_top{k}", {"mode": "window", "window": w}))
         df = run("window_matched", pats)
         df["window_size"] = [p[1]["window"] for p in pats]
+        # evaluate() counts "distant" from the pattern's own (wider) window; re-express it from the
+        # Focus window, like every other row
+        df["distant_pairs_kept"] = [window_distant_kept(T, cfg.window, p[1]["window"], cfg.sink_tokens) for p in pats]
     if "random" in methods:
         set_config(model, assignment="random")
         run("random", _hard(K))

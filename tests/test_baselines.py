@@ -181,6 +181,19 @@ def test_matched_window_size_has_the_same_pair_count(frac):
         assert wm == n
 
 
+def test_window_distant_kept_brute_force():
+    from focus_lab.core import local_mask
+    n, w, s = 40, 6, 2
+    pos = torch.arange(n)
+    d = pos[:, None] - pos[None, :]
+    distant = d >= w
+    for wider in (6, 9, 17, 40):
+        keep = local_mask(pos, pos, wider, s) & distant
+        assert BL.window_distant_kept(n, w, wider, s) == pytest.approx(float(keep.sum() / distant.sum()))
+    frac = BL.window_distant_kept(n, w, 17)
+    assert BL.matched_window_size(frac, n, w) == 17
+
+
 def test_lora_budget_and_training():
     model = tiny_llama()
     budget = BL.router_parameter_count(model, FocusConfig(num_groups=4, router_dim=16))
@@ -221,3 +234,5 @@ def test_evaluate_baselines_one_table(tmp_path):
     assert df.loc[df.method == "dense", "nll"].iloc[0] == pytest.approx(float(nll) / (2 * (T - 1)), rel=1e-5)
     wm = df[df.method == "window_matched"]
     assert (wm["window_size"] >= 8).all() and wm["window_size"].is_monotonic_increasing
+    focus_kept = hard[hard.method == "focus"].set_index("top_k")["distant_pairs_kept"]
+    assert np.allclose(wm["distant_pairs_kept"].to_numpy(), focus_kept.sort_index().to_numpy(), atol=0.05)
