@@ -50,6 +50,24 @@ ALL_METRICS = ("assignments", "balance", "coverage", "crossing", "dropped_edges"
 _ATTENTION_METRICS = {"coverage", "crossing", "dropped_edges"}
 
 
+@contextlib.contextmanager
+def _torch_threads(n: int):
+    """Run small-tensor work (O(T K) routing statistics, pandas tables) on ``n`` torch threads.
+
+    On a shared machine a parallel reduction over a few thousand numbers can wait tens of
+    milliseconds for a descheduled worker thread (1000x its work); one thread never waits.
+    """
+    old = torch.get_num_threads()
+    if old == n:
+        yield
+        return
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old)
+
+
 def package_versions() -> dict[str, str]:
     out = {"python": platform.python_version()}
     for p in PACKAGES:
@@ -207,11 +225,15 @@ class Recording:
         heads = self.heads
         q = query.detach() if len(heads) == H else query[:, heads].detach()
         k = M.expand_kv(key.detach(), H, None if len(heads) == H else heads)
-        rq, rk = self._random_groups(B, T, cfg, layer) if "coverage" in want else (None, None)
+        with _torch_threads(1):
+            rq, rk = self._random_groups(B, T, cfg, layer) if "coverage" in want else (None, None)
         log_p = None
         if "crossing" in want:
-            log_p = routing.log_p if routing.log_p is not None else \
-                core.sinkhorn(routing.scores, cfg.tau, cfg.sinkhorn_iters)[0]
+            if routing.log_p is not None:
+                log_p = routing.log_p
+            else:
+                with _torch_threads(1):
+                    log_p = core.sinkhorn(routing.scores, cfg.tau, cfg.sinkhorn_iters)[0]
             log_p = log_p.detach().float()
         edges_on = "dropped_edges" in want
         ph = [heads.index(hh) for (l, hh) in opts.patterns if l == layer]
@@ -265,6 +287,10 @@ class Recording:
             pos: optional pos table (``window, position`` + ``linguistics.pos_table`` columns):
                 needed for the linguistics tables and the relation of dropped edges.
         """
+        with _torch_threads(1):
+            return self._tables(tokens, pos)
+
+    def _tables(self, tokens, pos) -> dict[str, pd.DataFrame]:
         out: dict[str, pd.DataFrame] = {}
         want = set(self.options.metrics)
         if "assignments" in want:
@@ -286,11 +312,19 @@ class Recording:
     def _routes_sorted(self) -> list[dict]:
         return sorted(self._routes, key=lambda r: (r["base"], r["layer"]))
 
+    @staticmethod
+    def _dists(r: dict) -> dict:
+        """``metrics.assignment_distributions`` of one routing record, computed once."""
+        if "dists" not in r:
+            cfg = r["cfg"]
+            r["dists"] = M.assignment_distributions(r["scores"], cfg.tau, cfg.sinkhorn_iters, r["group_bias"])
+        return r["dists"]
+
     def _assignments_table(self) -> pd.DataFrame:
         frames = []
         for r in self._routes_sorted():
             cfg, scores, kg = r["cfg"], r["scores"], r["key_group"]
-            prob = M.assignment_distributions(scores, cfg.tau, cfg.sinkhorn_iters, r["group_bias"])["sinkhorn"][0]
+            prob = self._dists(r)["sinkhorn"][0]
             prob = prob.gather(2, kg[..., None])[..., 0].numpy()
             margin = M.top1_margin(scores, cfg.tau, r["group_bias"]).numpy()
             B, T, _ = scores.shape
@@ -317,7 +351,7 @@ class Recording:
         for r in self._routes_sorted():
             cfg, layer, qg = r["cfg"], r["layer"], r["query_groups"]
             K = cfg.num_groups
-            dists = M.assignment_distributions(r["scores"], cfg.tau, cfg.sinkhorn_iters, r["group_bias"])
+            dists = self._dists(r)
             pool = pools.setdefault(layer, {"tokens": 0, "query": np.zeros(K),
                                             **{f"soft_{k}": np.zeros(K) for k in M.ASSIGNMENT_KINDS},
                                             **{f"hard_{k}": np.zeros(K) for k in M.ASSIGNMENT_KINDS}})
