@@ -274,22 +274,38 @@ def _selection() -> torch.Tensor:
 _SELECT = _selection()
 
 
-@functools.lru_cache(maxsize=4)
-def _static_pairs(T: int, window: int, sinks: int, n_sink: int, device: str) -> dict[str, torch.Tensor]:
-    """Pair tables that depend on positions only (shared by layers and windows): distance,
-    the static part of the class code (bucket + window and sink bits), non-causal, gated."""
-    pos = torch.arange(T, device=device)
-    d = pos[:, None] - pos[None, :]  # (T, T)
+_WHOLE_MAX = 2048  # longest window whose T x T tables and masks are built whole
+
+
+def _pair_rows(T: int, window: int, sinks: int, n_sink: int, device: str, a: int, b: int
+               ) -> dict[str, torch.Tensor]:
+    """Pair tables of queries a..b-1 against keys 0..b-1 that depend on positions only: the
+    static part of each pair's class code (32 * distance bucket + 8 [window] + 16 [j < n_sink]),
+    the distance, non-causal pairs, the mask's own sink pairs, gated pairs, the diagonal.
+    Whole T x T tables are cached (compact dtypes) for T <= _WHOLE_MAX, else built per chunk."""
+    if T <= _WHOLE_MAX:
+        full = _pair_tables(T, window, sinks, n_sink, device)
+        return {k: v[a:b, :b] for k, v in full.items()}
+    return _pair_table_rows(T, window, sinks, n_sink, device, a, b)
+
+
+@functools.lru_cache(maxsize=2)
+def _pair_tables(T: int, window: int, sinks: int, n_sink: int, device: str) -> dict[str, torch.Tensor]:
+    return _pair_table_rows(T, window, sinks, n_sink, device, 0, T)
+
+
+def _pair_table_rows(T, window, sinks, n_sink, device, a, b) -> dict[str, torch.Tensor]:
+    q_pos = torch.arange(a, b, device=device)
+    k_pos = torch.arange(b, device=device)
+    d = q_pos[:, None] - k_pos[None, :]  # (c, b)
     edges = torch.tensor(distance_edges(T, window)[1:-1], dtype=torch.long, device=device)
-    nb = len(edges) + 1
     bucket = torch.bucketize(d.clamp(min=0), edges, right=True)
-    local = core.local_mask(pos, pos, window, sinks)
-    sink_pos = (pos < n_sink)[None, :].expand(T, T)
-    code = 32 * bucket + 8 * local.long() + 16 * sink_pos.long()  # + keep + 2 rkeep + 4 wm per layer
-    causal = core.causal_mask(pos, pos)
-    sinkrule = (pos < sinks)[None, :] & causal  # the mask's own sink pairs (FocusConfig.sink_tokens)
-    return {"pos": pos, "dist": d, "code": code, "noncausal": ~causal, "sinkrule": sinkrule,
-            "gated": (causal & ~local).float(), "diag": d == 0}
+    local = core.local_mask(q_pos, k_pos, window, sinks)
+    causal = core.causal_mask(q_pos, k_pos)
+    code = 32 * bucket + 8 * local + 16 * (k_pos < n_sink)[None, :]  # + keep + 2 rkeep + 4 wm per layer
+    return {"code": code.to(torch.int16), "dist": d.to(torch.int16 if T < 32768 else torch.int32),
+            "noncausal": ~causal, "sinkrule": (k_pos < sinks)[None, :] & causal,
+            "gated": causal & ~local, "diag": d == 0}
 
 
 @torch.no_grad()
@@ -333,10 +349,10 @@ def attention_metrics(query: torch.Tensor, key: torch.Tensor, scale: float,
     with_random = random_query_groups is not None
     with_soft = log_p is not None
     ns = max(0, int(sink_positions))
-    st = _static_pairs(T, window, sinks, ns, str(dev))
-    pos = st["pos"]
-    keep_all = core.hard_mask(query_groups, key_group, window, pos, pos, sinks)  # (B, T, T)
-    pairs = {"focus": keep_all.sum((1, 2)).cpu(),
+    pos = torch.arange(T, device=dev)
+    whole = T <= _WHOLE_MAX  # build the (B, T, T) masks once per layer; longer: per chunk of queries
+    keep_all = core.hard_mask(query_groups, key_group, window, pos, pos, sinks) if whole else None
+    pairs = {"focus": keep_all.sum((1, 2)).cpu() if whole else kept_pairs(query_groups, key_group, window, sinks),
              "window": torch.full((B,), window_pairs(T, window, sinks), dtype=torch.long),
              "causal": torch.full((B,), T * (T + 1) // 2, dtype=torch.long)}
     wm = [matched_window(int(p), T, sinks) for p in pairs["focus"]]
@@ -346,9 +362,10 @@ def attention_metrics(query: torch.Tensor, key: torch.Tensor, scale: float,
         ck = ("random", T, window, sinks)
         hit = cache.get(ck) if cache is not None else None
         if hit is None or not (torch.equal(hit[0], random_query_groups) and torch.equal(hit[1], random_key_group)):
-            rk = core.hard_mask(random_query_groups, random_key_group, window, pos, pos, sinks)
-            hit = (random_query_groups, random_key_group, rk, rk.sum((1, 2)).cpu())
-            if cache is not None:
+            rk = core.hard_mask(random_query_groups, random_key_group, window, pos, pos, sinks) if whole else None
+            n = rk.sum((1, 2)).cpu() if whole else kept_pairs(random_query_groups, random_key_group, window, sinks)
+            hit = (random_query_groups, random_key_group, rk, n)
+            if cache is not None and T <= 1024:  # at most T^2 bits per layer kept across windows
                 cache[ck] = hit
         rkeep_all, pairs["random"] = hit[2], hit[3]
     want_edges = edge_threshold is not None or edge_top_n > 0
@@ -370,22 +387,26 @@ def attention_metrics(query: torch.Tensor, key: torch.Tensor, scale: float,
     for a in range(0, T, c):
         b = min(T, a + c)
         q_pos, k_pos = pos[a:b], pos[:b]
+        st = _pair_rows(T, window, sinks, ns, str(dev), a, b)
         logits = torch.matmul(qs[:, :, a:b], kf[:, :, :b].transpose(-1, -2))  # (B, H, c, b)
         if softcap is not None:
             logits = torch.tanh(logits / softcap).mul_(softcap)
-        logits.masked_fill_(st["noncausal"][a:b, :b], float("-inf"))
+        logits.masked_fill_(st["noncausal"], float("-inf"))
         if model_mask is not None:
-            allowed = model_mask[:, a:b, :b] | st["diag"][a:b, :b]  # a row keeps at least itself
+            allowed = model_mask[:, a:b, :b] | st["diag"]  # a row keeps at least itself
             logits.masked_fill_(~allowed[:, None], float("-inf"))
         P = torch.softmax(logits, dim=-1)
         del logits
-        keep = keep_all[:, a:b, :b]
+        keep = keep_all[:, a:b, :b] if whole else \
+            core.hard_mask(query_groups[:, a:b], key_group[:, :b], window, q_pos, k_pos, sinks)
         # Each pair's class: 32 * distance bucket + (keep + 2 rkeep + 4 wm + 8 win + 16 sink);
         # one scatter-add over P gives each query's mass per class (_SELECT sums classes).
-        code = st["code"][a:b, :b] + keep
-        code += ((st["dist"][a:b, :b] < wm_t) | st["sinkrule"][a:b, :b]) * 4
+        code = st["code"].long() + keep
+        code += ((st["dist"] < wm_t) | st["sinkrule"]) * 4
         if with_random:
-            code += rkeep_all[:, a:b, :b] * 2
+            rkeep = rkeep_all[:, a:b, :b] if whole else core.hard_mask(
+                random_query_groups[:, a:b], random_key_group[:, :b], window, q_pos, k_pos, sinks)
+            code += rkeep * 2
         hist = torch.zeros(B, H, b - a, nb << 5).scatter_add_(
             -1, code[:, None].expand(B, H, b - a, b), P).view(B, H, b - a, nb, 32)
         sel = torch.matmul(hist, _SELECT.to(dev))  # (B, H, c, nb, n_sel)
@@ -397,7 +418,7 @@ def attention_metrics(query: torch.Tensor, key: torch.Tensor, scale: float,
             # max(p_i . p_j, eps) gated, 0 non-causal) and Z_i = sum_j P_ij G_ij: every soft
             # reduction is a weighted row sum of P, one matmul for all of them.
             G = core.soft_gate_bias(log_p[:, a:b], log_p[:, :b], window, q_pos, k_pos, eps, sinks).exp_()
-            gated = st["gated"][a:b, :b]
+            gated = st["gated"].float()
             Gg = G * gated
             W = torch.stack([G, Gg, G * ~keep, Gg * (1 - G)], 2)  # (B, c, 4, b)
             red = torch.matmul(P.transpose(1, 2), W.transpose(-1, -2)).transpose(1, 2)  # (B, H, c, 4)

@@ -275,3 +275,24 @@ def test_kmeans_groups_separate_obvious_clusters():
     x = np.concatenate([rng.normal(0, 0.1, (20, 5)), rng.normal(5, 0.1, (20, 5))])
     lab = M.kmeans_groups(x, 2, seed=0)
     assert len(set(lab[:20])) == 1 and len(set(lab[20:])) == 1 and lab[0] != lab[-1]
+
+
+def test_long_windows_take_the_per_chunk_path(monkeypatch):
+    """Above _WHOLE_MAX tokens the pair tables and masks are built per chunk: same numbers."""
+    B, H, T, D, K, w = 1, 2, 60, 4, 3, 7
+    q, key = _qk(B, H, T, D, seed=9)
+    scores = torch.randn(B, T, K, generator=torch.Generator().manual_seed(2))
+    qg, kg = core.hard_assign(scores, 0.1, 1)
+    rq, rk = M.random_groups(B, T, FocusConfig(num_groups=K, top_k=1, window=w), layer_idx=1)
+    kw = dict(sinks=2, random_query_groups=rq, random_key_group=rk, log_p=core.sinkhorn(scores, 0.1, 10)[0],
+              edge_threshold=0.05, edge_top_n=2, chunk_elements=300)
+    a = M.attention_metrics(q, key, 0.5, qg, kg, w, **kw)
+    monkeypatch.setattr(M, "_WHOLE_MAX", 10)
+    b = M.attention_metrics(q, key, 0.5, qg, kg, w, **kw)
+    for n in a.per_query:
+        assert torch.allclose(a.per_query[n], b.per_query[n], atol=1e-6), n
+    for n in a.pairs:
+        assert torch.equal(a.pairs[n], b.pairs[n]), n
+    for n in a.bucket_kept:
+        assert torch.allclose(a.bucket_kept[n], b.bucket_kept[n], atol=1e-5), n
+    assert all(torch.equal(a.edges[n], b.edges[n]) for n in ("query", "key"))
