@@ -128,8 +128,10 @@ def _read_manifest(path: str, key: tuple) -> dict:
     return Run.open(path).manifest
 
 
-@st.cache_data(show_spinner=False, max_entries=128)
+@st.cache_resource(show_spinner=False, max_entries=48)
 def _read_table(path: str, name: str, key: tuple) -> pd.DataFrame:
+    """A run table, shared (not copied) between reruns and sessions: pages treat tables as
+    read-only (cache_data would unpickle a copy per use, ~0.1 s for the assignments table)."""
     return Run.open(path).table(name)
 
 

@@ -162,9 +162,10 @@ def test_overview_shows_manifest_eval_and_training(app, runs_root):
     ev = read(runs_root, "tiny", "eval")
     log = read(runs_root, "tiny", "train_log")
     at = app("overview")
-    fields = at.dataframe[0].value.set_index("field")["value"]
+    fields = at.dataframe[-1].value.set_index("field")["value"]
     assert fields["groups K / window w / top-k"] == "4 / 8 / 2"
-    table = at.dataframe[1].value
+    assert [m.value for m in at.metric][:4] == ["2", "4", "2", "8"]
+    table = at.dataframe[0].value
     assert table["label"].tolist() == ev["label"].tolist()
     assert table["label"].tolist()[:3] == ["dense", "window", "soft"]
     assert np.allclose(table["perplexity"], ev["perplexity"])

@@ -75,12 +75,14 @@ def dashboard(runs: Path, port: int | None = None, timeout: float = 90.0):
 
 
 def wait_rendered(page, title: str, charts: int, timeout_ms: int = 90_000) -> None:
-    """Until the page's title shows, the script has finished and ``charts`` plotly charts drew."""
+    """Until the page's title shows, the script has finished (lib.guarded's end marker, no status
+    widget), no element is still a loading skeleton, and ``charts`` plotly charts drew."""
     page.wait_for_selector(f'h1:has-text("{title}")', timeout=timeout_ms)
     page.wait_for_function(
         """(n) => {
              if (!document.querySelector('.fl-page-done')) return false;  // lib.guarded's end marker
              if (document.querySelector('[data-testid="stStatusWidget"]')) return false;
+             if (document.querySelector('[data-testid="stSkeleton"]')) return false;  // lazy elements loading
              const cs = [...document.querySelectorAll('[data-testid="stPlotlyChart"]')];
              return cs.length >= n && cs.every(c => c.querySelector('.js-plotly-plot .main-svg'));
            }""",
@@ -182,18 +184,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=1, help="visits per page (render time: the median)")
     ap.add_argument("--no-probe", action="store_true", help="do not press Run probe (no model load)")
     ap.add_argument("--full-page", action="store_true", help="screenshots of the whole page, not the viewport")
+    ap.add_argument("--palette", action="store_true", help="shrink the PNGs to 256 colours (needs Pillow)")
     a = ap.parse_args(argv)
     runs = a.runs.resolve()
     allres: list[dict] = []
     with dashboard(runs) as url:
         for i in range(a.repeat):
-            out = a.out if i == 0 else a.out.parent / f".{a.out.name}-{i}"
+            out = a.out if i == 0 else Path(tempfile.mkdtemp(prefix="focus-lab-shots-"))
             allres.append(visit_all(url, a.run, out, click_probe=not a.no_probe, full_page=a.full_page,
                                     expect_charts=False))
     summary = {}
     for name in allres[0]:
-        secs = sorted(r[name]["seconds"] for r in allres)
-        summary[name] = {**allres[0][name], "seconds_all": secs, "seconds_median": secs[len(secs) // 2]}
+        secs = [r[name]["seconds"] for r in allres]  # in visit order (the first probe loads the model)
+        summary[name] = {**allres[0][name], "seconds_all": secs, "seconds_median": sorted(secs)[len(secs) // 2]}
+    if a.palette:
+        from PIL import Image
+        for png in a.out.glob("*.png"):
+            Image.open(png).convert("RGB").quantize(256, dither=Image.Dither.NONE).save(png, optimize=True)
     print(json.dumps(summary, indent=1))
     return 0
 

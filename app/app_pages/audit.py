@@ -43,7 +43,7 @@ def normalize(df: pd.DataFrame, tokens: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-@st.cache_data(show_spinner=False, max_entries=4)
+@st.cache_resource(show_spinner=False, max_entries=4)  # shared, read-only (see lib._read_table)
 def load_edges(name: str, path: str, key: tuple) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(normalized dropped edges, token frame) of a run; cached by path and file stats."""
     run = lib.RunView(name, lib.Path(path))
@@ -170,9 +170,9 @@ def page() -> None:
         return
     m = st.columns(4)
     m[0].metric("matching edges", f"{len(f):,}", help=f"of {len(edges):,} recorded")
-    m[1].metric("dense weight dropped (sum)", f"{f['weight'].sum():.2f}")
+    m[1].metric("median dense weight", f"{f['weight'].median():.3f}")
     m[2].metric("median distance", f"{int(f['distance'].median())}")
-    m[3].metric("with a spaCy relation", f"{(f['relation'] != NONE_REL).mean():.0%}")
+    m[3].metric("with a spaCy relation", f"{(f['relation'] != NONE_REL).mean():.1%}")
 
     windows = sorted(f["window"].unique().tolist())
     counts = f["window"].value_counts()

@@ -43,9 +43,9 @@ def page() -> None:
             if (k.startswith(("focus_config.", "model.", "corpus.", "routers.")) or k in ("windows", "seq_len"))]
     cfg = pd.DataFrame({"field": keys, f"A: {run_a.name}": [str(fa.get(k, "")) for k in keys],
                         f"B: {run_b.name}": [str(fb.get(k, "")) for k in keys]})
-    cfg["differs"] = cfg.iloc[:, 1] != cfg.iloc[:, 2]
+    differs = cfg.iloc[:, 1] != cfg.iloc[:, 2]
     only_diff = st.checkbox("only fields that differ", value=True, key="compare_only_diff")
-    st.dataframe(cfg[cfg["differs"]] if only_diff else cfg, hide_index=True, width="stretch")
+    st.dataframe(cfg[differs] if only_diff else cfg.assign(differs=differs), hide_index=True, width="stretch")
 
     st.subheader("Held-out perplexity")
     evs = []

@@ -120,6 +120,7 @@ def page() -> None:
 
     st.subheader("Inside each group")
     tokens = run.table("tokens")
+    token_counts = lf["display"].value_counts()
     tabs = st.tabs([f"group {g} ({n})" for g, n in zip(summary["group"], summary["size"])])
     for g, tab in zip(summary["group"], tabs):
         with tab:
@@ -129,11 +130,12 @@ def page() -> None:
                 continue
             c1, c2 = st.columns([1, 2])
             with c1:
-                top = sub.groupby("display").agg(count=("display", "size"),
-                                                 pos=("pos", lambda s: s.mode().iat[0])).sort_values(
-                    "count", ascending=False).head(TOP_TOKENS).reset_index()
-                top = top.rename(columns={"display": "token"})
-                top["share of token"] = top["count"] / top["token"].map(lf["display"].value_counts())
+                counts = sub["display"].value_counts().head(TOP_TOKENS)
+                pairs = sub[sub["display"].isin(counts.index)].groupby(["display", "pos"]).size()
+                main_pos = pairs.sort_values().reset_index().drop_duplicates("display", keep="last")
+                top = pd.DataFrame({"token": counts.index, "count": counts.to_numpy(),
+                                    "pos": counts.index.map(main_pos.set_index("display")["pos"])})
+                top["share of token"] = top["count"] / top["token"].map(token_counts)
                 st.dataframe(top, hide_index=True, width="stretch",
                              column_config={"share of token": st.column_config.NumberColumn(format="%.2f")})
                 st.caption("share of token: fraction of that token's occurrences that land in this group")

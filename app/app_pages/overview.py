@@ -44,14 +44,16 @@ def page() -> None:
     st.caption(f"run **{run.name}** · `{run.path}`")
     mf = run.manifest
     cfg = run.config
-    c = st.columns(4)
-    c[0].metric("model", str((mf.get("model") or {}).get("name", "?")).split("/")[-1] or "?")
+    model = mf.get("model") if isinstance(mf.get("model"), dict) else {}
+    st.markdown(f"model **{model.get('name', '?')}** ({model.get('model_type', '?')}) · corpus "
+                f"**{(mf.get('corpus') or {}).get('name', '?') if isinstance(mf.get('corpus'), dict) else '?'}** · "
+                f"held out: {', '.join(map(str, mf.get('documents', []))) or '?'} · recorded {mf.get('created', '?')}")
+    c = st.columns(5)
+    c[0].metric("layers", model.get("num_layers", "?"))
     c[1].metric("groups K", cfg.get("num_groups", "?"))
-    c[2].metric("window w", cfg.get("window", "?"))
-    c[3].metric("tokens recorded", f"{int(mf.get('windows', 0)) * int(mf.get('seq_len', 0)):,}")
-    st.dataframe(manifest_summary(mf), hide_index=True, width="stretch")
-    with st.expander("full manifest (JSON)"):
-        st.code(json.dumps(mf, indent=2, sort_keys=True, default=str), language="json")
+    c[2].metric("top-k", cfg.get("top_k", "?"))
+    c[3].metric("window w", cfg.get("window", "?"))
+    c[4].metric("tokens recorded", f"{int(mf.get('windows', 0)) * int(mf.get('seq_len', 0)):,}")
 
     st.subheader("Held-out perplexity")
     ev = lib.need_table(run, "eval", "the perplexity table")
@@ -105,6 +107,11 @@ def page() -> None:
         first, last = per_step.iloc[0], per_step.iloc[-1]
         st.caption(f"{int(last['step'])} steps; loss {first['loss']:.4f} → {last['loss']:.4f}; largest group "
                    f"share (any layer) at the last step {last['max_group_share']:.1%}")
+
+    st.subheader("Run manifest")
+    st.dataframe(manifest_summary(mf), hide_index=True, width="stretch")
+    with st.expander("full manifest (JSON)"):
+        st.code(json.dumps(mf, indent=2, sort_keys=True, default=str), language="json")
 
 
 lib.guarded(page)
