@@ -50,7 +50,8 @@ def make_figure(data_dir: Path):
     b = bench_dir(Path(data_dir).parent)
     if b is not None and (b / "e2e.csv").is_file():
         e = pd.read_csv(b / "e2e.csv")
-        e = e[e["attention"] == "hard"]
+        # only a trained router's PPL belongs on this plot (the benchmark may use untrained weights)
+        e = e[(e["attention"] == "hard") & ~e["router"].astype(str).str.startswith("untrained")]
         fig.add_trace(go.Scatter(x=e["speedup_vs_dense"], y=e["perplexity"], mode="markers+text",
                                  text=[f"T={t}" for t in e["tokens"]], textposition="bottom center",
                                  marker=dict(symbol="diamond", size=11, color=METHOD_COLORS["focus"]),

@@ -109,8 +109,9 @@ def _claims(c: _Ctx) -> list:
         if bd is not None and (bd / "e2e.csv").is_file():
             e = pd.read_csv(bd / "e2e.csv")
             e = e[e.attention == "hard"]
-            txt += "; benchmark end to end " + ", ".join(f"{int(t)}: x{s:.2f} (K={int(K)} k={int(k)})"
-                                                         for t, s, K, k in zip(e.tokens, e.speedup_vs_dense, e.K, e.k))
+            txt += "; benchmark end to end " + ", ".join(
+                f"{int(t)}: x{s:.2f} (K={int(K)} k={int(k)}{', untrained router' if str(r).startswith('untrained') else ''})"
+                for t, s, K, k, r in zip(e.tokens, e.speedup_vs_dense, e.K, e.k, e.router))
             best = max(best, float(e.speedup_vs_dense.max()))
         return txt, "CPU, 1 torch thread, hard mode through the decomposition", HOLDS if best >= 2 else \
             f"{FAILS} at these lengths on CPU"
