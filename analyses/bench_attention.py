@@ -263,25 +263,37 @@ def end_to_end(args) -> pd.DataFrame | None:
           flush=True)
     corpus = load_corpus(args.corpus)
     rows = []
+
+    def use(label: str) -> None:
+        if label == "dense":  # the model's own attention (SDPA, is_causal)
+            model.set_attn_implementation(model._focus_state["attn_implementation"])
+        else:  # hard Focus through the decomposition; random groups: the balanced control
+            model.set_attn_implementation("focus")
+            set_config(model, mode="hard", backend="auto",
+                       assignment="random" if label == "hard-random-groups" else cfg.assignment)
+
     for T in args.e2e_sizes:
         windows = make_windows(corpus.heldout, tok, T, max_windows=args.e2e_windows)
-        res = {}
         labels = [x for x in ["dense", "hard"] + (["hard-random-groups"] if args.e2e_random else [])
                   if x in args.e2e_labels]
+        secs: dict[str, list[float]] = {x: [] for x in labels}
+        ppl: dict[str, float] = {}
+        # ABBA order over repeats, so slow drifts of the machine's load hit every label alike
+        for r in range(args.e2e_repeats):
+            for label in (labels if r % 2 == 0 else labels[::-1]):
+                use(label)
+                p, tps, dt = _ppl_and_speed(model, windows)
+                ppl[label] = p
+                secs[label].append(dt)
+                print(f"  T={T} {label:>18} (repeat {r + 1}): ppl {p:8.3f}  {tps:7.1f} tok/s  ({dt:.1f}s)",
+                      flush=True)
+        ntok = sum(w.input_ids.numel() for w in windows)
         for label in labels:
-            if label == "dense":  # the model's own attention (SDPA, is_causal)
-                model.set_attn_implementation(model._focus_state["attn_implementation"])
-            else:  # hard Focus through the decomposition; random groups: the balanced control
-                model.set_attn_implementation("focus")
-                set_config(model, mode="hard", backend="auto",
-                           assignment="random" if label == "hard-random-groups" else cfg.assignment)
-            ppl, tps, dt = _ppl_and_speed(model, windows)
-            res[label] = (ppl, tps, dt)
-            rows.append({"tokens": T, "windows": len(windows), "attention": label, "perplexity": ppl,
-                         "tokens_per_s": tps, "seconds": dt, "router": router_label,
-                         "K": cfg.num_groups, "k": cfg.top_k, "window": cfg.window,
+            dt = statistics.median(secs[label])
+            rows.append({"tokens": T, "windows": len(windows), "attention": label, "perplexity": ppl[label],
+                         "tokens_per_s": ntok / dt, "seconds": dt, "repeats": len(secs[label]),
+                         "router": router_label, "K": cfg.num_groups, "k": cfg.top_k, "window": cfg.window,
                          "corpus": f"{args.corpus} (held out)", "loadavg": os.getloadavg()[0]})
-            print(f"  T={T} {label:>18}: ppl {ppl:8.3f}  {tps:7.1f} tok/s  ({dt:.1f}s)", flush=True)
         model.set_attn_implementation("focus")
         set_config(model, assignment=cfg.assignment)
     df = pd.DataFrame(rows)
@@ -387,6 +399,8 @@ def main(argv=None) -> int:
     ap.add_argument("--no-e2e", action="store_true")
     ap.add_argument("--e2e-sizes", type=lambda s: [int(x) for x in s.split(",")], default=[4096, 8192])
     ap.add_argument("--e2e-windows", type=int, default=2)
+    ap.add_argument("--e2e-repeats", type=int, default=2,
+                    help="forwards per label and size, in ABBA order; the median time is reported")
     ap.add_argument("--e2e-K", type=int, default=8, help="groups of the untrained router")
     ap.add_argument("--e2e-top-k", type=int, default=1)
     ap.add_argument("--router", type=str, default="auto",
@@ -434,7 +448,7 @@ def main(argv=None) -> int:
         if e2e is not None:
             e2e.to_csv(args.out / "e2e.csv", index=False)
             cols = ["tokens", "windows", "attention", "perplexity", "tokens_per_s", "speedup_vs_dense",
-                    "seconds", "K", "k", "router", "loadavg"]
+                    "seconds", "repeats", "K", "k", "router", "loadavg"]
             md = to_markdown(e2e, cols, {"perplexity": "{:.3f}", "tokens_per_s": "{:.1f}",
                                          "speedup_vs_dense": "{:.2f}", "seconds": "{:.1f}",
                                          "loadavg": "{:.1f}"})
