@@ -671,6 +671,20 @@ def tokenize_document(doc: Document | str, tokenizer) -> tuple[np.ndarray, np.nd
     return np.concatenate(ids_parts), np.concatenate(off_parts)
 
 
+def bos_token_to_prepend(tokenizer) -> int | None:
+    """The BOS id when the tokenizer adds one by default (Gemma, Llama-2), else None (GPT-2,
+    SmolLM2): windows then start with it, as the model's own inputs do. A BOS token has the
+    empty character span (0, 0), which aligns to no word."""
+    bos = getattr(tokenizer, "bos_token_id", None)
+    if bos is None:
+        return None
+    try:
+        ids = tokenizer("a").input_ids
+    except Exception:  # noqa: BLE001 - a tokenizer that cannot encode plain text adds nothing
+        return None
+    return int(bos) if ids and ids[0] == bos else None
+
+
 def make_windows(docs: Sequence[Document], tokenizer, seq_len: int, max_windows: int | None = None,
                  stride: int | None = None) -> list[Window]:
     """Cut documents into windows of ``seq_len`` consecutive tokens.
@@ -679,7 +693,8 @@ def make_windows(docs: Sequence[Document], tokenizer, seq_len: int, max_windows:
     to ``seq_len``: non-overlapping), in document order; a final partial window is dropped, so
     a document shorter than ``seq_len`` tokens yields none. With ``max_windows`` (< the total
     count ``N``), the windows of indices ``floor(i * N / max_windows)``, ``i = 0..max_windows-1``
-    are kept: spread evenly over all documents, deterministic.
+    are kept: spread evenly over all documents, deterministic. When the tokenizer adds a BOS
+    token by default (``bos_token_to_prepend``), every window is BOS + ``seq_len - 1`` text tokens.
 
     Raises:
         CorpusError: ``seq_len``/``stride``/``max_windows`` not positive, or no window at all
@@ -687,21 +702,27 @@ def make_windows(docs: Sequence[Document], tokenizer, seq_len: int, max_windows:
     """
     if not isinstance(seq_len, (int, np.integer)) or seq_len < 1:
         raise CorpusError(f"seq_len must be a positive integer, got {seq_len!r}")
-    stride = seq_len if stride is None else stride
-    if not isinstance(stride, (int, np.integer)) or stride < 1:
+    if stride is not None and (not isinstance(stride, (int, np.integer)) or stride < 1):
         raise CorpusError(f"stride must be a positive integer, got {stride!r}")
     if max_windows is not None and (not isinstance(max_windows, (int, np.integer)) or max_windows < 1):
         raise CorpusError(f"max_windows must be a positive integer or None, got {max_windows!r}")
     windows: list[Window] = []
     longest = 0
+    bos = bos_token_to_prepend(tokenizer)
+    body = seq_len - (bos is not None)  # text tokens per window
+    if body < 1:
+        raise CorpusError(f"seq_len={seq_len} leaves no room for text after the BOS token; raise --seq-len")
+    step = body if stride is None else stride
     for doc in docs:
         ids, offs = tokenize_document(doc, tokenizer)
         longest = max(longest, len(ids))
         ids_t = torch.from_numpy(ids)
-        for start in range(0, len(ids) - seq_len + 1, stride):
-            windows.append(Window(doc.name, len(windows), start,
-                                  ids_t[start:start + seq_len].clone(),
-                                  offs[start:start + seq_len].copy()))
+        for start in range(0, len(ids) - body + 1, step):
+            w_ids, w_offs = ids_t[start:start + body].clone(), offs[start:start + body].copy()
+            if bos is not None:  # every window starts with BOS, as the model's own inputs do
+                w_ids = torch.cat([w_ids.new_tensor([bos]), w_ids])
+                w_offs = np.concatenate([np.zeros((1, 2), np.int64), w_offs])
+            windows.append(Window(doc.name, len(windows), start, w_ids, w_offs))
     if not windows:
         names = ", ".join(d.name for d in docs) or "(no documents)"
         raise CorpusError(f"no window of {seq_len} tokens fits: the longest text ({names}) has "

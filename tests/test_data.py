@@ -477,3 +477,24 @@ def test_shuffled_is_a_deterministic_permutation(tokenizer):
     g = torch.Generator().manual_seed(3 * 1_000_003)
     assert [w.index for w in one] == torch.randperm(len(windows), generator=g).tolist()
     assert [w.index for w in windows] == list(range(len(windows)))  # input untouched
+
+
+def test_windows_start_with_bos_when_the_tokenizer_adds_one():
+    from tokenizers import processors
+    from run_fixtures import make_tokenizer
+    from focus_lab.data import bos_token_to_prepend
+    tok = make_tokenizer()
+    assert bos_token_to_prepend(tok) is None
+    plain = make_windows([Document("d", "The house was silent. " * 40)], tok, 16)
+    tok._tokenizer.post_processor = processors.TemplateProcessing(
+        single="<s> $A", special_tokens=[("<s>", tok.convert_tokens_to_ids("<s>"))])
+    bos = tok.convert_tokens_to_ids("<s>")
+    assert bos_token_to_prepend(tok) == bos
+    ws = make_windows([Document("d", "The house was silent. " * 40)], tok, 16)
+    assert all(len(w.input_ids) == 16 and int(w.input_ids[0]) == bos for w in ws)
+    assert all(tuple(w.offsets[0]) == (0, 0) for w in ws)
+    # the text tokens continue across windows without a gap: 15 per window
+    text_ids = torch.cat([w.input_ids[1:] for w in ws])
+    ids, _ = tokenize_document(Document("d", "The house was silent. " * 40), tok)
+    assert torch.equal(text_ids, torch.from_numpy(ids[:len(text_ids)]))
+    assert len(plain) * 16 <= len(ids) < len(ws) * 15 + 15
