@@ -4,7 +4,9 @@ For each distance bucket ``[lo, hi)``, the share of the dense (pretrained) atten
 each hard mask keeps: ``sum kept_mass / sum mass`` over layers, heads, queries and windows (the
 recorder's ``coverage_distance`` tables; PAPER.md §6, the reviewers' question). Focus, sliding
 window, window at matched sparsity and random groups come from the Focus run; k-means, online
-k-means and MoBA from their own runs (``data/runs/<method>``). Right: where the dense mass lies.
+k-means and MoBA from their own runs (``data/runs/<method>``), MoBA at the top-k whose pairs kept
+match Focus's. Sink tokens (kept by every mask here) carry much of the far mass. Right: where the
+dense mass lies.
 """
 
 from __future__ import annotations
@@ -30,7 +32,9 @@ def coverage_by_distance(data_dir: Path) -> pd.DataFrame:
         path = Path(data_dir) / "runs" / method
         if not (path / "manifest.json").is_file():
             continue
-        cd = Run.open(path).table("coverage_distance")
+        run = Run.open(path)
+        cd = run.table("coverage_distance")
+        k = run.manifest.get("focus_config", {}).get("top_k")
         pats = cd["pattern"].unique() if method == "focus" else ["focus"]
         for p in pats:
             sub = cd[cd["pattern"] == p]
@@ -38,6 +42,7 @@ def coverage_by_distance(data_dir: Path) -> pd.DataFrame:
             total = g["mass"].sum()
             for r in g.itertuples():
                 rows.append({"method": PATTERN_METHOD.get(p, p) if method == "focus" else method,
+                             "top_k": k if p in ("focus", "random") else None,
                              "bucket": f"[{r.distance_lo}, {r.distance_hi})", "distance_lo": r.distance_lo,
                              "distance_hi": r.distance_hi, "coverage": r.kept_mass / r.mass if r.mass > 0 else float("nan"),
                              "mass_share": r.mass / total if total > 0 else float("nan")})
@@ -57,8 +62,9 @@ def make_figure(data_dir: Path):
     order = list(dict.fromkeys(df.sort_values("distance_lo")["bucket"]))
     for method, part in df.groupby("method", sort=False):
         part = part.set_index("bucket").reindex(order).reset_index()
-        fig.add_trace(go.Scatter(x=part["bucket"], y=part["coverage"], mode="lines+markers",
-                                 name=METHOD_NAMES.get(method, method),
+        k = part["top_k"].dropna()
+        name = METHOD_NAMES.get(method, method) + (f", top-{int(k.iloc[0])}" if len(k) else "")
+        fig.add_trace(go.Scatter(x=part["bucket"], y=part["coverage"], mode="lines+markers", name=name,
                                  line=dict(color=METHOD_COLORS.get(method, "#555"))), row=1, col=1)
     m = df[df["method"] == "focus"].set_index("bucket").reindex(order)
     fig.add_trace(go.Bar(x=order, y=m["mass_share"], name="dense mass share", marker_color="#444",

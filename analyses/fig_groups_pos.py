@@ -57,6 +57,7 @@ def make_figure(data_dir: Path):
     fig.update_layout(title=f"{TITLE}<br><sup>mean NMI over layers: {sub}; {run.manifest.get('windows')} windows "
                             f"of {run.manifest.get('seq_len')} tokens</sup>",
                       coloraxis=dict(colorscale="Viridis", colorbar=dict(title="share", len=0.5, y=0.78)),
+                      legend=dict(orientation="h", x=0, y=0.44, xanchor="left", yanchor="bottom"),
                       template="plotly_white", width=1500, height=850)
     fig.update_xaxes(title="layer", row=2, col=1)
     fig.update_yaxes(title="NMI", row=2, col=1)

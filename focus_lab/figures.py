@@ -541,10 +541,29 @@ def exp_causal_leak(ctx: Context) -> pd.DataFrame:
 RECORD_METHODS = ("focus", "kmeans", "online_kmeans", "moba")
 
 
+def _moba_matched_k(ctx: Context, moba_cfg: FocusConfig) -> int | None:
+    """The MoBA top-k whose fraction of distant pairs kept (``data/baselines``) is closest to the
+    Focus router's at its own top-k: MoBA's blocks are position-based, so its kept fraction
+    at a given k differs from Focus's (matched sparsity)."""
+    p = ctx.data / "baselines.parquet"
+    if not p.is_file():
+        return None
+    from .retrofit import read_router_file
+    k_focus = read_router_file(ctx.routers())[0].top_k
+    b = pd.read_parquet(p)
+    f = b[(b.method == "focus") & (b.label == f"hard_top{k_focus}")]["distant_pairs_kept"]
+    m = b[b.method == "moba"]
+    if not len(f) or not len(m):
+        return None
+    best = m.iloc[(m["distant_pairs_kept"] - float(f.iloc[0])).abs().argsort().iloc[0]]
+    return int(min(best["top_k"], moba_cfg.num_groups))
+
+
 def exp_records(ctx: Context) -> pd.DataFrame:
     """Recorded runs (``record.record_run``, hard mode at the router's top-k) of Focus (every
     metric but the edge audit, with spaCy POS) and of the k-means, online k-means and MoBA
-    baselines (coverage), under ``data/runs/<method>``. The Focus run also holds the recorder's
+    baselines (coverage), under ``data/runs/<method>``; all at the router's top-k except MoBA, at
+    the top-k whose pairs kept match Focus's (``_moba_matched_k``). The Focus run also holds the recorder's
     window, matched-window and random-group coverage and the k-means / random NMI."""
     from .baselines import fit_kmeans_routers, fit_online_kmeans_routers, use_moba
     from .record import record_run
@@ -572,6 +591,9 @@ def exp_records(ctx: Context) -> pd.DataFrame:
                 fit_online_kmeans_routers(model, ctx.windows("austen", "train", s.seq_len, s.fit_windows))
             elif method == "moba":
                 cfg = use_moba(model, cfg, s.seq_len)
+                k = _moba_matched_k(ctx, cfg)
+                if k is not None:
+                    set_config(model, top_k=k)
             set_config(model, mode="hard")
             metrics = ("assignments", "balance", "coverage", "crossing", "linguistics") if method == "focus" \
                 else ("coverage",)
