@@ -79,7 +79,7 @@ def prepare(corpus: str = typer.Argument("austen", help="austen | shakespeare | 
 
 @app.command()
 def train(
-    model: Optional[str] = typer.Option(None, help="HF id or local path; default: embedded SmolLM2-135M"),
+    model: Optional[str] = typer.Option(None, help="gemma3-270m, an HF id or a local path; default: embedded SmolLM2-135M"),
     corpus: str = typer.Option("austen", help="corpus name or a local text file / folder"),
     out: Path = typer.Option(Path("checkpoints") / DEFAULT_NAME, help="training directory"),
     steps: int = typer.Option(60, help="optimizer steps (short schedule; --full for the long one)"),
