@@ -111,6 +111,11 @@ def available_runs(root: Path) -> list[str]:
     return out
 
 
+def newest_run(root: Path, names: list[str]) -> str:
+    """The run whose manifest was written last (the default pick)."""
+    return max(names, key=lambda n: stat_key(Path(root) / n / "manifest.json")[0])
+
+
 def runs_root() -> Path:
     return st.session_state.get("_runs_root") or parse_runs_root()
 

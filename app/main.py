@@ -33,7 +33,7 @@ with st.sidebar:
         if "run_picker" not in st.session_state or st.session_state["run_picker"] not in names:
             if wanted is not None and wanted not in names:
                 st.warning(f"Run {wanted!r} is not a run below the runs root; showing {names[0]!r}.")
-            st.session_state["run_picker"] = wanted if wanted in names else names[0]
+            st.session_state["run_picker"] = wanted if wanted in names else lib.newest_run(root, names)
         picked = st.selectbox("Run", names, key="run_picker",
                               help=f"run directories below {root}")
         st.session_state["_run"] = picked

@@ -73,7 +73,7 @@ def arc_figure(edges: pd.DataFrame, tokens_w: pd.DataFrame, title: str) -> go.Fi
                       f"weight {r.weight:.3f}<br>{html.escape(rel)}")
         color = "#9e9e9e" if rel == NONE_REL else palette[n % len(palette)]
         opacity = 0.35 if rel == NONE_REL else 0.8
-        fig.add_trace(go.Scattergl(x=xs, y=ys, mode="lines", line=dict(color=color, width=1.2), opacity=opacity,
+        fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", line=dict(color=color, width=1.2), opacity=opacity,
                                    name=rel, legendgroup=rel, hoverinfo="skip"))
         fig.add_trace(go.Scatter(x=mx, y=my, mode="markers", marker=dict(color=color, size=5), name=rel,
                                  legendgroup=rel, showlegend=False, hovertext=mt, hoverinfo="text"))
