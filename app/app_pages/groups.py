@@ -65,9 +65,10 @@ def pos_composition(lf: pd.DataFrame, run: lib.RunView, layer: int) -> go.Figure
     if comp is None:
         comp = lf.groupby(["group", "pos"]).size().rename("tokens").reset_index()
     comp["fraction"] = comp["tokens"] / comp.groupby("group")["tokens"].transform("sum")
+    groups = [f"g{g}" for g in sorted(comp["group"].unique())]
     comp["group"] = comp["group"].map(lambda g: f"g{g}")
     order = lib.pos_sorted(comp["pos"])
-    fig = px.bar(comp, x="group", y="fraction", color="pos", category_orders={"pos": order},
+    fig = px.bar(comp, x="group", y="fraction", color="pos", category_orders={"pos": order, "group": groups},
                  color_discrete_map=lib.POS_COLORS, hover_data=["tokens"],
                  title="POS composition of each group")
     fig.update_layout(height=360, margin=dict(l=10, r=10, t=40, b=10), yaxis_tickformat=".0%",
