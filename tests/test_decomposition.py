@@ -25,6 +25,16 @@ PATTERNS = ("router", "all_same", "empty_groups", "single_token", "arbitrary")
 _worst = {"err": 0.0, "cases": 0}
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny problems: one thread avoids OpenMP barrier stalls on a shared 2-core machine
+    (the sweep runs ~3x faster); restored afterwards."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 def make_groups(gen: torch.Generator, B: int, T: int, K: int, k: int, pattern: str):
     """(query_groups (B, T, k), key_group (B, T)) for one group pattern.
 
@@ -79,7 +89,7 @@ def cases(draw):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(c=cases())
 def test_equals_dense_reference(backend, c):
     gen = torch.Generator().manual_seed(c["seed"])
@@ -104,7 +114,7 @@ def test_equals_dense_reference(backend, c):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=30, deadline=None)
 @given(c=cases(), cut=st.floats(0.0, 1.0))
 def test_causal(backend, c, cut):
     """Changing the q/k/v and groups of tokens at positions >= t0 never changes earlier outputs."""
@@ -124,7 +134,7 @@ def test_causal(backend, c, cut):
     assert torch.allclose(out[:, :, :t0], out2[:, :, :t0], atol=1e-6, rtol=0)
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=40, deadline=None)
 @given(c=cases())
 def test_math_path_equals_reference(c):
     """The device-generic math primitive (the "torch" backend off CPU, e.g. a GPU without
