@@ -224,6 +224,23 @@ def _claims(c: _Ctx) -> list:
                 f"{int(r.steps)} steps, lr {r.lr}, one LR only; PPL as the benchmark proxy",
                 verdict + " (PPL proxy; benchmarks not testable here)")
 
+    @add("Centroid-only training improves domain perplexity with zero downstream degradation [abstract, PAPER.md §3]",
+         "domain PPL down, general text unchanged")
+    def _():
+        d, s_ = c.ppl("dense", "dense"), c.ppl("focus", "soft")
+        td = c("transfer_domain")
+        gen = []
+        for corpus in ("shakespeare", "python-docs"):
+            base = float(td[(td.corpus == corpus) & (td.label == "dense")].perplexity.iloc[0])
+            fs = float(td[(td.corpus == corpus) & (td.label == "soft")].perplexity.iloc[0])
+            gen.append((corpus, fs / base - 1))
+        txt = (f"held-out Austen: soft {s_:.2f} vs dense {d:.2f} ({_pct(s_, d)}); general text, soft vs dense: "
+               + ", ".join(f"{cp} {g:+.1%}" for cp, g in gen))
+        verdict = HOLDS if s_ < d and all(g <= 0.005 for _, g in gen) else \
+            (f"{FAILS}: the router does not lower domain PPL" if s_ >= d else f"{FAILS}: general text degrades")
+        return (txt, c.setting + " (the dense pattern, i.e. the routers switched off, is the base model exactly)",
+                verdict)
+
     @add("Works on GPT-2, Mistral, Qwen2.5, OLMo-2, Gemma-2, LLaMA-2 [notes]", "6 architectures")
     def _():
         return ("attach/detach exact and hard = dense reference on tiny random configs of GPT-2, Llama, Mistral, "
