@@ -43,7 +43,7 @@ def test_train_eval_record_open_on_embedded_model(tmp_path):
     assert len(tok) == 192 and tok.doc.unique().tolist() == ["persuasion"]
     asg = run.assignments
     assert len(asg) == 192 * 30 and asg.group.between(0, 3).all()
-    assert run.manifest["focus_config"]["mode"] == "hard"
+    assert run.manifest["focus_config"]["mode"] == "dense"  # record audits the dense model by default
     assert run.manifest["model"]["num_layers"] == 30
     pos = run.token_frame()
     assert (pos.pos != "").mean() > 0.5  # most tokens belong to a spaCy word
