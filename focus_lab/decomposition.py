@@ -85,7 +85,12 @@ _kernel_threads: list[int] = []  # stack: the thread count the kernels get, when
 
 
 @contextmanager
-def _num_threads(n: int):
+def torch_threads(n: int):
+    """Run the enclosed work on ``n`` torch threads, then restore the previous count.
+
+    On a shared machine a parallel op over small tensors can wait tens of milliseconds for a
+    descheduled worker thread; one thread never waits. Process-global: not thread-safe.
+    """
     old = torch.get_num_threads()
     if n == old:
         yield
@@ -222,7 +227,7 @@ def _attn_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, *
         mask = None
         if allowed is not None:
             mask = torch.where(allowed, torch.zeros((), dtype=q.dtype), torch.full((), _NEG_INF, dtype=q.dtype))
-        with _num_threads(_kernel_threads[-1] if _kernel_threads else torch.get_num_threads()):
+        with torch_threads(_kernel_threads[-1] if _kernel_threads else torch.get_num_threads()):
             out, lse = _cpu_flash(q, k, v, 0.0, causal, attn_mask=mask, scale=scale)
         if allowed is not None:
             empty = ~allowed.any(-1)  # (N|1, 1, L)
@@ -640,7 +645,7 @@ def hard_focus_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Te
     if serial:
         _kernel_threads.append(torch.get_num_threads())
     try:
-        with _num_threads(1) if serial else _nullcontext():
+        with torch_threads(1) if serial else _nullcontext():
             return _hard_focus_attention(query, key, value, query_groups, key_group, window, scaling,
                                          backend, return_lse, timings, sinks)
     finally:

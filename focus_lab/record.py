@@ -38,6 +38,7 @@ from tqdm.auto import tqdm
 
 from . import core, metrics as M
 from .io import atomic_path
+from .decomposition import torch_threads
 from .retrofit import _keep_from_hf_mask, add_observer, attention_modules, focus_config, model_identity
 from .runs import MANIFEST, SCHEMA_VERSION
 
@@ -48,24 +49,6 @@ PACKAGES = ("torch", "transformers", "spacy", "pandas", "pyarrow", "scikit-learn
 #: captures the router input for the k-means baseline.
 ALL_METRICS = ("assignments", "balance", "coverage", "crossing", "dropped_edges", "linguistics")
 _ATTENTION_METRICS = {"coverage", "crossing", "dropped_edges"}
-
-
-@contextlib.contextmanager
-def _torch_threads(n: int):
-    """Run small-tensor work (O(T K) routing statistics, pandas tables) on ``n`` torch threads.
-
-    On a shared machine a parallel reduction over a few thousand numbers can wait tens of
-    milliseconds for a descheduled worker thread (1000x its work); one thread never waits.
-    """
-    old = torch.get_num_threads()
-    if old == n:
-        yield
-        return
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(old)
 
 
 def package_versions() -> dict[str, str]:
@@ -225,14 +208,14 @@ class Recording:
         heads = self.heads
         q = query.detach() if len(heads) == H else query[:, heads].detach()
         k = M.expand_kv(key.detach(), H, None if len(heads) == H else heads)
-        with _torch_threads(1):
+        with torch_threads(1):
             rq, rk = self._random_groups(B, T, cfg, layer) if "coverage" in want else (None, None)
         log_p = None
         if "crossing" in want:
             if routing.log_p is not None:
                 log_p = routing.log_p
             else:
-                with _torch_threads(1):
+                with torch_threads(1):
                     log_p = core.sinkhorn(routing.scores, cfg.tau, cfg.sinkhorn_iters)[0]
             log_p = log_p.detach().float()
         edges_on = "dropped_edges" in want
@@ -287,7 +270,7 @@ class Recording:
             pos: optional pos table (``window, position`` + ``linguistics.pos_table`` columns):
                 needed for the linguistics tables and the relation of dropped edges.
         """
-        with _torch_threads(1):
+        with torch_threads(1):
             return self._tables(tokens, pos)
 
     def _tables(self, tokens, pos) -> dict[str, pd.DataFrame]:
