@@ -155,6 +155,10 @@ class TrainConfig:
         hard_phase: fraction of the final steps trained against sampled hard masks
             (straight-through + Gumbel top-k with noise ``hard_phase_noise``; recipe (e)).
         hard_phase_noise: Gumbel noise scale during the hard phase.
+        objective: "lm" (the paper: next-token loss through the soft gate, PAPER.md §3) or
+            "coverage" ([ours]: each layer's router alone learns to keep the dense model's
+            distant attention mass in shared groups, ``core.coverage_loss``, from dense
+            forwards without backpropagating through the model).
     """
 
     steps: int = 60
@@ -168,7 +172,12 @@ class TrainConfig:
     tau_final: float | None = None
     hard_phase: float = 0.0
     hard_phase_noise: float = 1.0
+    objective: str = "lm"
     extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.objective not in ("lm", "coverage"):
+            raise ConfigError(f"TrainConfig.objective={self.objective!r}: choose 'lm' or 'coverage'")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

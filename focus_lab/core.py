@@ -202,6 +202,37 @@ def soft_gate_bias(log_p_q: torch.Tensor, log_p_k: torch.Tensor, window: int,
     return gate.masked_fill(~causal_mask(q_pos, k_pos), float("-inf"))
 
 
+def coverage_loss(attn: torch.Tensor, log_p: torch.Tensor, window: int, sinks: int = 0) -> torch.Tensor:
+    """Coverage objective of router training (``TrainConfig.objective == "coverage"``, [ours]).
+
+    ``1 - sum_{i,j far} A_ij P_i.P_j / sum_{i,j far} A_ij``: the share of the dense model's
+    attention mass on distant pairs (``i - j >= window``, not a sink key) that the soft gate
+    would drop. ``P_i.P_j`` is the probability that i and j share a group (the soft gate of
+    ``soft_gate_bias``), so minimizing it teaches the router to put a query and the distant
+    keys it attends to in the same group, which is what the hard mask keeps (PAPER.md §2);
+    Sinkhorn's balance in ``log_p`` keeps the trivial one-group answer out of reach.
+
+    Args:
+        attn: (B, T, T) dense attention probabilities (rows sum to 1 over causal keys),
+            averaged over the layer's heads; treated as a constant.
+        log_p: (B, T, K) log Sinkhorn assignment probabilities (``sinkhorn``).
+        window: w in tokens; sinks: keys at positions < sinks are always kept (excluded).
+    Returns:
+        () float32 loss in [0, 1] (a fraction of attention mass, not nats); 0 when no distant
+        pair carries mass.
+    """
+    T = attn.shape[-1]
+    pos = torch.arange(T, device=attn.device)
+    far = causal_mask(pos, pos) & ~local_mask(pos, pos, window, sinks)  # (T, T)
+    target = attn.float() * far  # (B, T, T) dense mass on distant pairs
+    p = log_p.exp()  # (B, T, K)
+    kept = ((p @ p.transpose(1, 2)) * target).sum()  # P_i . P_j weighted by the dense mass
+    total = target.sum()
+    if float(total) <= 0:
+        return kept * 0.0
+    return 1.0 - kept / total
+
+
 @dataclass
 class Routing:
     """What a layer's router decided for one forward (all tensors for the keys' tokens).

@@ -159,6 +159,18 @@ def expand_kv(key: torch.Tensor, num_heads: int, heads: Sequence[int] | None = N
     return key[:, idx // (num_heads // hkv)]
 
 
+def head_mean_attention(query: torch.Tensor, key: torch.Tensor, scale: float) -> torch.Tensor:
+    """Dense causal attention probabilities averaged over heads (what a layer's shared router
+    sees: PAPER.md §1, one router per layer). query: (B, H, T, D); key: (B, Hkv, T, D) with H a
+    multiple of Hkv (GQA) -> (B, T, T) float32, each row summing to 1 over its causal keys."""
+    B, H, T, _ = query.shape
+    k = expand_kv(key, H).float()  # (B, H, T, D)
+    logits = (query.float() @ k.transpose(-1, -2)) * scale  # (B, H, T, T)
+    pos = torch.arange(T, device=query.device)
+    logits = logits.masked_fill(~core.causal_mask(pos, pos), float("-inf"))
+    return torch.softmax(logits, dim=-1).mean(1)  # (B, T, T)
+
+
 def kept_pairs(query_groups: torch.Tensor, key_group: torch.Tensor, window: int, sinks: int = 0,
                rows: int = 1024) -> torch.Tensor:
     """``sum_{i,j} M_ij`` per batch element, ``M = core.hard_mask(..., sinks)``, built ``rows``

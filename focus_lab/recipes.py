@@ -14,6 +14,7 @@ Each recipe is a named set of FocusConfig and TrainConfig changes, so ``focus-la
 | sinks | calibrated + the first 4 tokens always visible | attention sinks (StreamingLLM, Xiao et al. 2023); PAPER.md §6 |
 | sinks_straight_through | sinks + straight_through | both |
 | random_sinks | random groups + sinks, no training (control at equal sparsity) | control |
+| coverage | sinks + the coverage objective: each router learns, from dense forwards only, to put a query and the distant keys its layer attends to in one group (``core.coverage_loss``) | the recorder showed hard top-k PPL tracks the dense attention mass the mask drops (PAPER.md §6); a direct, per-layer target for it needs no backward pass through the model [ours] |
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ RECIPES: dict[str, tuple[dict, dict]] = {
     "sinks": ({"sink_tokens": 4}, {}),
     "sinks_straight_through": ({"sink_tokens": 4, "straight_through": True}, {}),
     "random_sinks": ({"sink_tokens": 4, "assignment": "random"}, {}),
+    "coverage": ({"sink_tokens": 4}, {"objective": "coverage"}),
 }
 
 

@@ -185,10 +185,18 @@ def train(model, windows: list, focus_cfg: FocusConfig, train_cfg: TrainConfig, 
             if step_cfg != focus_config(model):
                 set_config(model, **step_cfg.to_dict())
             ids = batch_for_step(windows, step, train_cfg)[rank::world].to(device)  # this rank's share
-            loss_t = forward(input_ids=ids, labels=ids, use_cache=False).loss
             opt.zero_grad(set_to_none=True)
-            loss_t.backward()
-            loss_d = loss_t.detach().clone()
+            if train_cfg.objective == "coverage":
+                loss_d = coverage_step(model, ids, step_cfg, shares)
+                if world > 1:  # the model is not run through DDP here: average by hand
+                    for p in params:
+                        if p.grad is not None:
+                            dist.all_reduce(p.grad)
+                            p.grad /= world
+            else:
+                loss_t = forward(input_ids=ids, labels=ids, use_cache=False).loss
+                loss_t.backward()
+                loss_d = loss_t.detach().clone()
             if world > 1:
                 dist.all_reduce(loss_d)
                 loss_d /= world
@@ -226,6 +234,66 @@ def train(model, windows: list, focus_cfg: FocusConfig, train_cfg: TrainConfig, 
     n = min(5, len(per_step))  # single-batch losses are noisy: average the first and last n steps
     return TrainResult(out, train_cfg.steps, float(per_step.iloc[:n].mean()), float(per_step.iloc[-n:].mean()), seconds,
                        tokens_done / seconds if seconds > 0 else float("nan"), n_params)
+
+
+def coverage_step(model, ids: torch.Tensor, config: FocusConfig, shares: dict | None = None) -> torch.Tensor:
+    """Gradients of the coverage objective (``TrainConfig.objective == "coverage"``, [ours]).
+
+    One dense forward of the frozen model under ``torch.no_grad`` (mode "dense"); at each
+    routed layer the router input ``h: (B, T, d)`` and the layer's head-mean dense attention
+    ``(B, T, T)`` (``metrics.head_mean_attention``) give ``core.coverage_loss``, which is
+    backpropagated into that layer's router alone (routers are independent: no gradient
+    flows through the model). The routers' group bias follows Sinkhorn's column potentials
+    as in LM training. Memory: one layer's ``(B, H, T, T)`` scores at a time.
+
+    Args:
+        model: Focus-attached causal LM; ids: (B, T) input ids; config: the FocusConfig in
+            force (tau, sinkhorn_iters, window, sink_tokens); shares: optional dict filled with
+            each layer's (K,) hard top-1 group shares.
+    Returns:
+        () mean coverage loss over layers (fraction of distant dense mass dropped by the soft gate).
+    """
+    from .core import coverage_loss, hard_assign, sinkhorn
+    from .metrics import attention_scale, head_mean_attention
+    from .retrofit import attention_modules
+
+    inputs: dict[int, torch.Tensor] = {}
+    losses: list[torch.Tensor] = []
+
+    def capture(module, args, kwargs):
+        inputs[module.focus_router.layer_idx] = kwargs.get("hidden_states", args[0] if args else None)
+
+    def observe(module, q, k, v, routing, bias, out):
+        r = module.focus_router
+        h = inputs.pop(r.layer_idx).detach()
+        attn = head_mean_attention(q, k, attention_scale(module, q.shape[-1]))  # (B, T, T)
+        with torch.enable_grad():
+            scores = r(h)  # (B, T, K)
+            log_p, col = sinkhorn(scores, config.tau, config.sinkhorn_iters)
+            loss = coverage_loss(attn, log_p, config.window, config.sink_tokens)
+            loss.backward()
+        r.update_bias(col)
+        losses.append(loss.detach())
+        if shares is not None:
+            _, kg = hard_assign(scores.detach(), config.tau, 1, r.group_bias)
+            shares[r.layer_idx] = _group_shares(kg, config.num_groups)
+
+    mods = [m for _, m in attention_modules(model) if hasattr(m, "focus_router")]
+    hooks = [m.register_forward_pre_hook(capture, with_kwargs=True) for m in mods]
+    remove = add_observer(model, observe)
+    old = focus_config(model)
+    try:
+        set_config(model, mode="dense")
+        with torch.no_grad():
+            model(input_ids=ids, use_cache=False)
+    finally:
+        set_config(model, **old.to_dict())
+        remove()
+        for hk in hooks:
+            hk.remove()
+    if not losses:
+        raise RuntimeError("coverage objective: no routed layer ran (is Focus attached?)")
+    return torch.stack(losses).mean()
 
 
 def _checkpoint(model, opt, step: int, log_rows: list, ckpt: Path) -> None:

@@ -71,3 +71,60 @@ def test_every_recipe_builds_valid_configs(name):
 def test_unknown_recipe_lists_names():
     with pytest.raises(focus_lab.ConfigError, match="paper"):
         recipe("nope")
+
+
+def test_coverage_loss_matches_pair_by_pair_definition():
+    from focus_lab.core import coverage_loss
+    torch.manual_seed(0)
+    B, T, K, w, s = 2, 12, 3, 3, 1
+    attn = torch.softmax(torch.randn(B, T, T).masked_fill(torch.ones(T, T).triu(1).bool(), float("-inf")), -1)
+    log_p = torch.log_softmax(torch.randn(B, T, K), -1)
+    p = log_p.exp()
+    kept = total = 0.0
+    for b, i, j in itertools.product(range(B), range(T), range(T)):
+        if j <= i and i - j >= w and j >= s:  # distant, not a sink
+            total += float(attn[b, i, j])
+            kept += float(attn[b, i, j]) * float((p[b, i] * p[b, j]).sum())
+    assert float(coverage_loss(attn, log_p, w, s)) == pytest.approx(1 - kept / total, abs=1e-6)
+    # a shared one-hot group keeps everything; disjoint one-hot groups keep nothing
+    same = torch.log(torch.eye(K)[torch.zeros(B, T, dtype=torch.long)].clamp(min=1e-30))
+    assert float(coverage_loss(attn, same, w, s)) == pytest.approx(0.0, abs=1e-6)
+    alt = torch.log(torch.eye(K)[torch.arange(T) % K].expand(B, T, K).clamp(min=1e-30))
+    attn_mod = torch.zeros(B, T, T)
+    for i in range(T):  # every query attends only to keys of another residue class mod K
+        js = [j for j in range(i + 1) if j % K != i % K] or [i]
+        attn_mod[:, i, js] = 1.0 / len(js)
+    assert float(coverage_loss(attn_mod, alt, w, 0)) == pytest.approx(1.0, abs=1e-6)
+
+
+def test_coverage_objective_trains_only_routers_and_raises_kept_mass(tmp_path):
+    """Coverage training moves only the routers, lowers the coverage loss on its batch, and
+    leaves the model's logits in dense mode untouched."""
+    from focus_lab.train import coverage_step, train
+    from types import SimpleNamespace
+    model = tiny_llama(layers=2)
+    torch.manual_seed(0)
+    ids = torch.randint(3, 97, (2, 48))
+    cfg = FocusConfig(num_groups=3, window=4, top_k=1, sink_tokens=1)
+    focus_lab.attach(model, cfg.replace(mode="dense"))
+    with torch.no_grad():
+        dense = model(ids, use_cache=False).logits
+    before = {n: p.clone() for n, p in model.named_parameters()}
+    first = float(coverage_step(model, ids, cfg))
+    for p in model.parameters():
+        p.grad = None
+    wins = [SimpleNamespace(input_ids=ids[i]) for i in range(2)]
+    train(model, wins, cfg, TrainConfig(steps=25, seq_len=48, batch_size=2, lr=3e-2, objective="coverage"),
+          tmp_path / "cov", progress=False)
+    last = float(coverage_step(model, ids, cfg))
+    assert last < first - 0.02, (first, last)
+    changed = {n for n, p in model.named_parameters() if not torch.equal(p, before[n])}
+    assert changed and all("focus_router" in n for n in changed)
+    focus_lab.set_config(model, mode="dense")
+    with torch.no_grad():
+        assert torch.equal(model(ids, use_cache=False).logits, dense)
+
+
+def test_train_config_rejects_unknown_objective():
+    with pytest.raises(focus_lab.ConfigError, match="objective"):
+        TrainConfig(objective="kl")
