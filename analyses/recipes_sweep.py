@@ -28,6 +28,7 @@ from focus_lab.recipes import recipe
 from focus_lab.train import train
 
 ORDER = ["sinks", "paper", "sinks_straight_through", "calibrated", "straight_through",
+         "coverage", "sinks64", "coverage64",
          "sinks_hard_phase", "sinks_anneal", "hard_phase", "anneal"]
 COMBOS = {"sinks_hard_phase": ("sinks", "hard_phase"), "sinks_anneal": ("sinks", "anneal")}
 

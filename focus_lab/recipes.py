@@ -14,6 +14,8 @@ Each recipe is a named set of FocusConfig and TrainConfig changes, so ``focus-la
 | sinks | calibrated + the first 4 tokens always visible | attention sinks (StreamingLLM, Xiao et al. 2023); PAPER.md §6 |
 | sinks_straight_through | sinks + straight_through | both |
 | random_sinks | random groups + sinks, no training (control at equal sparsity) | control |
+| sinks64 | calibrated + the first 64 tokens always visible | the recorder's dropped-dependency audit: 92% of the dropped dense mass lands on secondary sinks (" ", " the") at positions 7-70, just past 4 sinks; the eval-time sweep (figures/recipes/sinks_sweep.md) showed 64 sinks recover most of the gap [ours] |
+| coverage64 | coverage with 64 sinks | both |
 | coverage | sinks + the coverage objective: each router learns, from dense forwards only, to put a query and the distant keys its layer attends to in one group (``core.coverage_loss``) | the recorder showed hard top-k PPL tracks the dense attention mass the mask drops (PAPER.md §6); a direct, per-layer target for it needs no backward pass through the model [ours] |
 """
 
@@ -31,6 +33,8 @@ RECIPES: dict[str, tuple[dict, dict]] = {
     "sinks_straight_through": ({"sink_tokens": 4, "straight_through": True}, {}),
     "random_sinks": ({"sink_tokens": 4, "assignment": "random"}, {}),
     "coverage": ({"sink_tokens": 4}, {"objective": "coverage"}),
+    "sinks64": ({"sink_tokens": 64}, {}),
+    "coverage64": ({"sink_tokens": 64}, {"objective": "coverage"}),
 }
 
 
