@@ -315,3 +315,28 @@ def test_config_backend_field():
         assert FocusConfig(backend=b).backend == b
     with pytest.raises(ConfigError, match="backend"):
         FocusConfig(backend="cuda")
+
+
+def test_workspace_reuse_never_aliases_returned_outputs():
+    """Scratch buffers are reused between calls (decomposition.WORKSPACE): an output returned
+    earlier must not change when later calls of other shapes reuse the buffers, and every call
+    must still equal the dense reference."""
+    from focus_lab import decomposition as dec
+    gen = torch.Generator().manual_seed(5)
+    outs = []
+    for B, T, H, Hkv, K, k, w in [(1, 96, 4, 2, 4, 1, 8), (2, 64, 4, 1, 3, 2, 5), (1, 96, 4, 2, 4, 1, 8),
+                                  (1, 160, 2, 2, 2, 1, 16)]:
+        q = torch.randn(B, H, T, 8, generator=gen)
+        kk = torch.randn(B, Hkv, T, 8, generator=gen)
+        v = torch.randn(B, Hkv, T, 8, generator=gen)
+        qg, kg = make_groups(gen, B, T, K, k, "router")
+        out = hard_focus_attention(q, kk, v, qg, kg, w)
+        ref = reference_hard_attention(q, kk, v, qg, kg, w)
+        assert (out - ref).abs().max() <= TOL
+        assert not dec._is_scratch(out)
+        outs.append((out, out.clone()))
+    assert dec._workspace, "the CPU path should keep scratch buffers between calls"
+    for out, copy in outs:
+        assert torch.equal(out, copy)
+    dec.clear_workspace()
+    assert not dec._workspace
