@@ -34,6 +34,7 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--routers", type=Path, default=Path("figures/recipes/sinks/routers.safetensors"))
     ap.add_argument("--out", type=Path, default=Path("figures/recipes"))
+    ap.add_argument("--name", default="sinks_sweep", help="output file stem under --out")
     ap.add_argument("--sinks", type=lambda s: [int(x) for x in s.split(",")], default=[0, 4, 8, 16, 32, 64])
     ap.add_argument("--top-k", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2])
     ap.add_argument("--eval-seq-len", type=int, default=1024)
@@ -54,8 +55,9 @@ def main(argv=None) -> None:
             pats.append((f"router_sinks{s}_top{k}", {"mode": "hard", "top_k": k, "sink_tokens": s,
                                                      "assignment": "router"}))
             if not args.no_random:
-                pats.append((f"random_sinks{s}_top{k}", {"mode": "hard", "top_k": k, "sink_tokens": s,
-                                                         "assignment": "random"}))
+                for a in ("random", "shuffled"):
+                    pats.append((f"{a}_sinks{s}_top{k}", {"mode": "hard", "top_k": k, "sink_tokens": s,
+                                                          "assignment": a}))
     rows = []
     for label, ch in pats:
         df = evaluate(model, eval_w, [(label, ch)], progress=False)
@@ -67,20 +69,28 @@ def main(argv=None) -> None:
     out = pd.concat(rows, ignore_index=True)
     out["routers"] = str(args.routers)
     args.out.mkdir(parents=True, exist_ok=True)
-    write_parquet(args.out / "sinks_sweep.parquet", out)
+    write_parquet(args.out / f"{args.name}.parquet", out)
     dense = float(out.loc[out.label == "dense", "perplexity"].iloc[0])
     lines = [f"# Sink tokens at evaluation time (routers: `{args.routers}`; dense PPL {dense:.2f})", "",
-             "| sinks | top-k | router PPL | random PPL | router vs dense | distant pairs kept (router / random) |",
-             "|---:|---:|---:|---:|---:|---:|"]
+             "Controls: `random` = balanced random groups; `shuffled` = the router's own groups moved "
+             "to random positions (same group sizes, so the same sparsity; random membership).", "",
+             "| sinks | top-k | router PPL | random PPL | shuffled PPL | router vs dense | "
+             "distant pairs kept (router / random / shuffled) |",
+             "|---:|---:|---:|---:|---:|---:|---:|"]
+
+    def cell(label: str, col: str, fmt: str) -> str:
+        q = out[out.label == label]
+        return format(float(q[col].iloc[0]), fmt) if len(q) else "-"
+
     for s in args.sinks:
         for k in args.top_k:
             r = out[out.label == f"router_sinks{s}_top{k}"].iloc[0]
-            q = out[out.label == f"random_sinks{s}_top{k}"]
-            qp = f"{q.perplexity.iloc[0]:.2f}" if len(q) else "-"
-            qk = f"{q.distant_pairs_kept.iloc[0]:.3f}" if len(q) else "-"
-            lines.append(f"| {s} | {k} | {r.perplexity:.2f} | {qp} | {100 * (r.perplexity / dense - 1):+.1f}% | "
-                         f"{r.distant_pairs_kept:.3f} / {qk} |")
-    (args.out / "sinks_sweep.md").write_text("\n".join(lines) + "\n")
+            lines.append(f"| {s} | {k} | {r.perplexity:.2f} | {cell(f'random_sinks{s}_top{k}', 'perplexity', '.2f')} | "
+                         f"{cell(f'shuffled_sinks{s}_top{k}', 'perplexity', '.2f')} | "
+                         f"{100 * (r.perplexity / dense - 1):+.1f}% | {r.distant_pairs_kept:.3f} / "
+                         f"{cell(f'random_sinks{s}_top{k}', 'distant_pairs_kept', '.3f')} / "
+                         f"{cell(f'shuffled_sinks{s}_top{k}', 'distant_pairs_kept', '.3f')} |")
+    (args.out / f"{args.name}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 

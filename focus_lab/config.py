@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 MODES = ("soft", "hard", "window", "dense")
-ASSIGNMENTS = ("router", "random")
+ASSIGNMENTS = ("router", "random", "shuffled")
 
 
 class ConfigError(ValueError):
@@ -37,8 +37,10 @@ class FocusConfig:
             which would make ``tau`` mean something different in every layer).
         bias_momentum: momentum of the per-group bias, an EMA of Sinkhorn's column potentials
             during training, added to the scores for the causal hard assignment (PAPER.md §1 [ours]).
-        assignment: "router" (learned) or "random" (fixed random groups at the same sparsity,
-            a control baseline).
+        assignment: "router" (learned), "random" (fixed random groups, balanced: a control
+            baseline) or "shuffled" (the router's own hard groups moved to random positions by a
+            fixed permutation of each window: the same group sizes, hence the same sparsity, with
+            random membership; a control for evaluation only, not causal across tokens).
         layers: attention layers (``layer_idx``) that get a router; None means every layer.
         seed: seed of the router's initialization and of random groups.
         sink_tokens: the first ``sink_tokens`` positions stay visible to every query in every

@@ -73,6 +73,10 @@ class Router(nn.Module):
         if config.mode == "soft" or self.training:
             log_p, col = sinkhorn(scores, config.tau, config.sinkhorn_iters, token_mask)
         qg, kg = hard_assign(scores, config.tau, config.top_k, self.group_bias)
+        if config.assignment == "shuffled":  # control: same group sizes, random membership
+            g = torch.Generator().manual_seed(config.seed * 1_000_003 + self.layer_idx)
+            perm = torch.randperm(scores.shape[1], generator=g).to(scores.device)  # (T,)
+            qg, kg = qg[:, perm], kg[:, perm]
         return log_p, col, qg, kg
 
     @torch.no_grad()

@@ -128,3 +128,18 @@ def test_coverage_objective_trains_only_routers_and_raises_kept_mass(tmp_path):
 def test_train_config_rejects_unknown_objective():
     with pytest.raises(focus_lab.ConfigError, match="objective"):
         TrainConfig(objective="kl")
+
+
+def test_shuffled_control_keeps_group_sizes_and_moves_members():
+    from focus_lab.core import Router, route
+    torch.manual_seed(0)
+    cfg = FocusConfig(num_groups=4, top_k=2, mode="hard")
+    r = Router(32, cfg, layer_idx=3)
+    r.eval()
+    h = torch.randn(2, 50, 32)
+    a = route(r, h, config=cfg)
+    b = route(r, h, config=cfg.replace(assignment="shuffled"))
+    for x, y in ((a.key_group, b.key_group), (a.query_groups[..., 1], b.query_groups[..., 1])):
+        assert torch.equal(torch.sort(x, -1).values, torch.sort(y, -1).values)  # same multiset per row
+    assert not torch.equal(a.key_group, b.key_group)
+    assert torch.equal(b.query_groups[..., 0], b.key_group)  # a key still lives in its top-1 group
