@@ -43,6 +43,35 @@ def recipe_changes(name: str) -> tuple[dict, dict]:
     return f, t
 
 
+def report(rows: pd.DataFrame, K: int) -> str:
+    """Markdown table: recipe x (soft, hard top-1..K) perplexity, distant pairs kept at top-1 /
+    top-2, the largest hard group's share, training seconds; controls first."""
+    dense = float(rows.loc[(rows.recipe == "controls") & (rows.label == "dense"), "perplexity"].iloc[0])
+    head = ["recipe", "soft"] + [f"hard top-{k}" for k in range(1, K + 1)] + \
+        ["top-1 / top-2 vs dense", "distant pairs kept (top-1 / top-2)", "largest group (hard)", "train s"]
+    lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
+    ctl = rows[rows.recipe == "controls"].set_index("label")
+    lines.append(f"| dense (no Focus) | {dense:.2f} |" + " |" * (len(head) - 2))
+    for name, pre in (("random groups", "random_hard_top"), ("random groups + 4 sinks", "random_sinks4_hard_top")):
+        if f"{pre}1" in ctl.index:
+            a, b = ctl.loc[f"{pre}1"], ctl.loc[f"{pre}2"]
+            cells = ["", f"{a.perplexity:.2f}", f"{b.perplexity:.2f}"] + [""] * (K - 2)
+            lines.append(f"| {name} | " + " | ".join(cells) + f" | {100 * (a.perplexity / dense - 1):+.1f}% / "
+                         f"{100 * (b.perplexity / dense - 1):+.1f}% | {a.distant_pairs_kept:.2f} / "
+                         f"{b.distant_pairs_kept:.2f} | {a.max_group_share:.2f} | 0 |")
+    for name in [r for r in rows.recipe.unique() if r != "controls"]:
+        g = rows[rows.recipe == name].set_index("label")
+        cells = [f"{g.loc['soft', 'perplexity']:.2f}" if "soft" in g.index else ""]
+        cells += [f"{g.loc[f'hard_top{k}', 'perplexity']:.2f}" if f"hard_top{k}" in g.index else ""
+                  for k in range(1, K + 1)]
+        t1, t2 = g.loc["hard_top1"], g.loc["hard_top2"]
+        cells += [f"{100 * (t1.perplexity / dense - 1):+.1f}% / {100 * (t2.perplexity / dense - 1):+.1f}%",
+                  f"{t1.distant_pairs_kept:.2f} / {t2.distant_pairs_kept:.2f}", f"{t1.max_group_share:.2f}",
+                  f"{g.train_seconds.iloc[0]:.0f}"]
+        lines.append(f"| `{name}` | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=Path("figures/recipes"))
@@ -54,10 +83,14 @@ def main() -> None:
     ap.add_argument("--eval-windows", type=int, default=3)
     ap.add_argument("--num-groups", type=int, default=4)
     ap.add_argument("--window", type=int, default=128)
+    ap.add_argument("--report", action="store_true", help="only print the markdown table of --out")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     table = args.out / "recipes.parquet"
     rows = pd.read_parquet(table) if table.is_file() else pd.DataFrame()
+    if args.report:
+        print(report(rows, args.num_groups))
+        return
     done = set(rows["recipe"]) if len(rows) else set()
 
     model, tok = load_model()
