@@ -16,6 +16,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_NAME = "smollm2-austen"
+from .recipes import DEFAULT_RECIPE  # noqa: E402  (light: no torch import)
 
 
 def _fail(msg: str) -> None:
@@ -92,9 +93,11 @@ def train(
     tau: float = typer.Option(0.1), sinkhorn_iters: int = typer.Option(10),
     router_dim: int = typer.Option(16), seed: int = typer.Option(0),
     resume: bool = typer.Option(False, help="continue from <out>/checkpoint"),
-    recipe: Optional[str] = typer.Option(None, help="training recipe (focus_lab/recipes.py): "
-                                         "paper, calibrated, straight_through, anneal, hard_phase, sinks, ..."),
-    sink_tokens: int = typer.Option(4, help="first tokens always visible (attention sinks); 0 = the paper's pattern"),
+    recipe: str = typer.Option(DEFAULT_RECIPE, help="training recipe (focus_lab/recipes.py; README "
+                               "'Router recipes'): sinks64 (default, best measured), paper, calibrated, "
+                               "straight_through, anneal, hard_phase, sinks, coverage, ..."),
+    sink_tokens: Optional[int] = typer.Option(None, help="first tokens always visible (attention sinks); "
+                                              "default: the recipe's (sinks64: 64; paper: 0)"),
     device: str = typer.Option("cpu", help="cpu | cuda (under torchrun: cuda:$LOCAL_RANK)"),
 ):
     """Train only the routers (frozen base model) on the corpus's training documents."""
@@ -107,9 +110,11 @@ def train(
             nonlocal steps, seq_len, batch_size
             steps, seq_len, batch_size = 1000, 1024, 4
         from .recipes import recipe as get_recipe
-        fchanges, tchanges = get_recipe(recipe) if recipe else ({}, {})
+        fchanges, tchanges = get_recipe(recipe)
+        if sink_tokens is not None:
+            fchanges["sink_tokens"] = sink_tokens
         fcfg = _focus_cfg(num_groups, window, top_k, tau, sinkhorn_iters, router_dim, seed)
-        fcfg = fcfg.replace(**{"sink_tokens": sink_tokens, **fchanges})
+        fcfg = fcfg.replace(**fchanges)
         tcfg = TrainConfig(steps=steps, seq_len=seq_len, batch_size=batch_size, lr=lr,
                            checkpoint_every=checkpoint_every, seed=seed, **tchanges)
         m, tok, corp, seq_len = _load(model, corpus, seq_len)
@@ -121,9 +126,10 @@ def train(
                    f"({corp.name}: {', '.join(d.name for d in corp.train)})")
         res = train_fn(m, windows, fcfg, tcfg, out, resume=resume,
                        meta={"model": m.config._name_or_path, "corpus": corp.name, "recipe": recipe})
+        unit = "nats/token" if tcfg.objective == "lm" else "(coverage loss: share of distant dense attention dropped)"
         typer.echo(f"trained {res.router_parameters} router parameters for {res.steps} steps in "
                    f"{res.seconds:.0f} s ({res.tokens_per_second:.0f} tokens/s); mean loss of the first/last 5 steps "
-                   f"{res.first_loss:.4f} -> {res.last_loss:.4f} nats/token; routers: "
+                   f"{res.first_loss:.4f} -> {res.last_loss:.4f} {unit}; routers: "
                    f"{out / 'routers.safetensors'}")
         return res
     return _guard(run)

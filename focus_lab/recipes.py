@@ -23,6 +23,8 @@ from __future__ import annotations
 
 from .config import ConfigError
 
+DEFAULT_RECIPE = "sinks64"  # best hard-mode recipe measured (README "Router recipes")
+
 RECIPES: dict[str, tuple[dict, dict]] = {
     "paper": ({"bias_momentum": 0.0}, {}),
     "calibrated": ({}, {}),
