@@ -65,7 +65,7 @@ def report(rows: pd.DataFrame, K: int) -> str:
         cells += [f"{g.loc[f'hard_top{k}', 'perplexity']:.2f}" if f"hard_top{k}" in g.index else ""
                   for k in range(1, K + 1)]
         t1, t2 = g.loc["hard_top1"], g.loc["hard_top2"]
-        cells += [f"{100 * (t1.perplexity / dense - 1):+.1f}% / {100 * (t2.perplexity / dense - 1):+.1f}%",
+        cells += [f"{100 * (t1.perplexity / dense - 1):+.2f}% / {100 * (t2.perplexity / dense - 1):+.2f}%",
                   f"{t1.distant_pairs_kept:.2f} / {t2.distant_pairs_kept:.2f}", f"{t1.max_group_share:.2f}",
                   f"{g.train_seconds.iloc[0]:.0f}"]
         lines.append(f"| `{name}` | " + " | ".join(cells) + " |")
