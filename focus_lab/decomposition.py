@@ -38,8 +38,10 @@ Backends (``backend=``):
     "flash": flash-attn's ``flash_attn_varlen_func(..., causal=True, return_attn_probs=True)``
         (its softmax LSE) for every causal segment of part A packed into ONE varlen call, GQA
         native. Needs a CUDA device and the optional ``flash-attn`` package
-        (``pip install 'focus-lab[gpu]'``). UNTESTED: no GPU and no flash-attn were available
-        when this was written. Staircase segments and part B use the math path there.
+        (``pip install 'focus-lab[gpu]'``). Staircase segments and part B use the math path
+        there. The packing, LSE unpacking and merge around the call are tested on CPU against a
+        stand-in kernel written from flash-attn's documented semantics (tests/test_decomposition.py);
+        the real kernel is UNTESTED: no GPU was lent to this project's sessions so far.
     "auto": "flash" on CUDA when flash-attn imports, else "torch".
 
 FlexAttention (``torch.nn.attention.flex_attention``) was tried and rejected for CPU: in
@@ -504,7 +506,7 @@ def _part_a_flash(qrows, krows, vrows, segs, B, Tq, Tk, scale, timer, outA_flat,
     """Part A on CUDA with flash-attn: every causal / bottom-right segment packed into one
     ``flash_attn_varlen_func`` call (``causal=True`` is bottom-right aligned in flash-attn >= 2.1,
     GQA native, LSE from ``return_attn_probs=True``); staircase segments by the math path.
-    UNTESTED: no GPU and no flash-attn were available when this was written."""
+    Glue tested with a CPU stand-in kernel; the real flash-attn kernel is untested (no GPU)."""
     from flash_attn import flash_attn_varlen_func  # optional extra: pip install 'focus-lab[gpu]'
 
     H, D = qrows.shape[1], qrows.shape[2]

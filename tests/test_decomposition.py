@@ -340,3 +340,60 @@ def test_workspace_reuse_never_aliases_returned_outputs():
         assert torch.equal(out, copy)
     dec.clear_workspace()
     assert not dec._workspace
+
+
+def _fake_flash_attn_module():
+    """A CPU stand-in for flash-attn's ``flash_attn_varlen_func`` (packed varlen sequences,
+    GQA, bottom-right causal, LSE of shape (H, total_q) as in flash-attn >= 2.4), written from
+    its documented semantics, so the decomposition's packing and unpacking around it can be
+    checked without a GPU. The real kernel remains untested here."""
+    import types
+
+    def flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, dropout_p=0.0, softmax_scale=None,
+                               causal=False, return_attn_probs=False):
+        H, Hkv = q.shape[1], k.shape[1]
+        out = torch.empty(q.shape, dtype=torch.float32)
+        lse = torch.empty(H, q.shape[0])
+        for i in range(len(cu_q) - 1):
+            a, b, c, d = int(cu_q[i]), int(cu_q[i + 1]), int(cu_k[i]), int(cu_k[i + 1])
+            qs = q[a:b].float()  # (Lq, H, D)
+            ks = k[c:d].float().repeat_interleave(H // Hkv, dim=1)  # (Lk, H, D)
+            vs = v[c:d].float().repeat_interleave(H // Hkv, dim=1)
+            s = torch.einsum("qhd,khd->hqk", qs, ks) * softmax_scale  # (H, Lq, Lk)
+            if causal:  # bottom-right aligned: query m sees keys <= m + Lk - Lq
+                Lq, Lk = b - a, d - c
+                keep = torch.arange(Lk)[None, :] <= torch.arange(Lq)[:, None] + (Lk - Lq)
+                s = s.masked_fill(~keep, float("-inf"))
+            lse[:, a:b] = torch.logsumexp(s, -1)
+            out[a:b] = torch.einsum("hqk,khd->qhd", torch.softmax(s, -1), vs)
+        return out, lse, None
+
+    return types.SimpleNamespace(flash_attn_varlen_func=flash_attn_varlen_func)
+
+
+@pytest.mark.parametrize("B,T,Tq,H,Hkv,K,k,w,pattern", [(1, 64, 64, 4, 2, 4, 1, 8, "router"),
+                                                       (2, 50, 50, 4, 1, 3, 2, 5, "arbitrary"),
+                                                       (1, 40, 40, 2, 2, 5, 2, 3, "empty_groups"),
+                                                       (1, 60, 12, 4, 2, 3, 1, 4, "router"),
+                                                       (2, 48, 1, 4, 2, 2, 1, 4, "all_same")])
+def test_flash_backend_glue_matches_reference_with_a_stand_in_kernel(monkeypatch, B, T, Tq, H, Hkv, K, k, w,
+                                                                    pattern):
+    """The "flash" path (segments packed into one varlen call, LSE unpacked, staircase segments
+    by the math path; Tq < T is a KV-cache step) equals the dense reference and the "torch"
+    backend when flash-attn is replaced by a CPU stand-in."""
+    import sys
+    from focus_lab import decomposition as dec
+    monkeypatch.setitem(sys.modules, "flash_attn", _fake_flash_attn_module())
+    monkeypatch.setattr(dec, "resolve_backend", lambda backend, device, dtype=None: "flash")
+    gen = torch.Generator().manual_seed(T + K + Tq)
+    q = torch.randn(B, H, Tq, 8, generator=gen)
+    kk = torch.randn(B, Hkv, T, 8, generator=gen)
+    v = torch.randn(B, Hkv, T, 8, generator=gen)
+    qg, kg = make_groups(gen, B, T, K, k, pattern)
+    qg = qg[:, T - Tq:]
+    out, lse = hard_focus_attention(q, kk, v, qg, kg, w, backend="flash", return_lse=True)
+    ref = reference_hard_attention(q, kk, v, qg, kg, w)
+    assert (out - ref).abs().max() <= TOL
+    monkeypatch.setattr(dec, "resolve_backend", lambda backend, device, dtype=None: "torch")
+    out_t, lse_t = hard_focus_attention(q, kk, v, qg, kg, w, backend="torch", return_lse=True)
+    assert (lse - lse_t).abs().max() <= TOL
