@@ -72,7 +72,9 @@ class Router(nn.Module):
         log_p = col = None
         if config.mode == "soft" or self.training:
             log_p, col = sinkhorn(scores, config.tau, config.sinkhorn_iters, token_mask)
-        qg, kg = hard_assign(scores, config.tau, config.top_k, self.group_bias)
+        # random groups are a fixed, balanced control: the router's calibrated bias does not apply
+        bias = None if config.assignment == "random" else self.group_bias
+        qg, kg = hard_assign(scores, config.tau, config.top_k, bias)
         if config.assignment == "shuffled":  # control: same group sizes, random membership
             g = torch.Generator().manual_seed(config.seed * 1_000_003 + self.layer_idx)
             perm = torch.randperm(scores.shape[1], generator=g).to(scores.device)  # (T,)

@@ -143,3 +143,18 @@ def test_shuffled_control_keeps_group_sizes_and_moves_members():
         assert torch.equal(torch.sort(x, -1).values, torch.sort(y, -1).values)  # same multiset per row
     assert not torch.equal(a.key_group, b.key_group)
     assert torch.equal(b.query_groups[..., 0], b.key_group)  # a key still lives in its top-1 group
+
+
+def test_random_control_ignores_the_router_bias():
+    """Random groups stay the same (balanced) whatever bias a trained router carries."""
+    from focus_lab.core import Router, route
+    cfg = FocusConfig(num_groups=4, top_k=1, mode="hard", assignment="random")
+    r = Router(16, cfg, layer_idx=0)
+    r.eval()
+    h = torch.randn(1, 400, 16)
+    before = route(r, h, config=cfg).key_group
+    r.group_bias.copy_(torch.tensor([5.0, 0.0, 0.0, -5.0]))
+    after = route(r, h, config=cfg).key_group
+    assert torch.equal(before, after)
+    share = torch.bincount(after.reshape(-1), minlength=4).float() / after.numel()
+    assert share.max() < 0.35
