@@ -14,8 +14,8 @@ A. same-group causal pairs: ``g(j) in G_k(i)`` and ``j <= i``. Keys are stably s
    own group) gives square causal segments: they are padded to a common length in buckets
    (at most 20% padding work) and run as ONE batched causal kernel call per bucket. Slots
    2..k (and KV-cache steps) give "staircase" segments (query m sees the first ``counts[m]``
-   keys of the group), batched across segments and run in query chunks: an unmasked call for
-   the key prefix all queries of the chunk see plus a masked call for the rest.
+   keys of the group), run per segment in query chunks: an unmasked call for the key prefix
+   all queries of the chunk see plus a masked call for the rest.
    A key lives in exactly one group and repeated query groups count once, so no pair is
    counted twice. Cost O(k n^2 / K) for balanced groups.
 B. local pairs in other groups: ``0 <= i - j < w`` and ``g(j) not in G_k(i)``: query blocks
@@ -111,6 +111,8 @@ def torch_threads(n: int):
 # rows, part A's outputs) come from here; what is returned to the caller never does.
 # ``clear_workspace()`` frees them; WORKSPACE = False turns the reuse off.
 WORKSPACE = True
+# Query rows per chunk of a stair segment (None: clamp(Lq / 4, 256, 1024)); tests set it small.
+STAIR_CHUNK: int | None = None
 _workspace: dict[tuple, torch.Tensor] = {}
 
 
@@ -404,69 +406,54 @@ def _merge2(o1, l1, o2, l2):
 
 def _stairs(qrows, krows, vrows, segs: list[Segment], Tq: int, Tk: int, scale: float,
             outA_flat, lseA_flat, nrows: int, timer, chunk: int | None = None) -> None:
-    """All "stair" / "bottom_right" segments at once: query m of a segment attends keys
+    """All "stair" / "bottom_right" segments: query m of a segment attends keys
     ``0 .. counts[m]-1`` of its group (counts nondecreasing).
 
-    Segments are sorted by length and padded into (N, L, ...) batches (their keys once, their
-    queries per chunk). Queries go in chunks of ``chunk`` rows (default ``clamp(Lq_max / 4,
-    256, 1024)``); per chunk, the key prefix every active query sees is one unmasked batched
-    call and the rest one masked batched call; the two merge by LSE. So the number of kernel
-    calls is ~2 Lq_max / chunk, whatever the number of segments. Writes rows of outA_flat /
-    lseA_flat ((k*nrows, H, D) / (k*nrows, H)); padding rows go to the dummy row ``nrows-1``.
+    Each segment goes on its own, queries in chunks of ``chunk`` rows (default STAIR_CHUNK, else
+    ``clamp(Lq / 4, 256, 1024)``). Per chunk, the key prefix every query of the chunk sees
+    (``counts[a]`` keys) is one unmasked kernel call and the rest (``counts[a] ..
+    counts[e-1]``) one masked call; the two merge by LSE. Per segment, not padded into one
+    batch: with unbalanced groups (a trained router's second choices) the segments' prefixes
+    differ by hundreds of keys, and a common prefix made most pairs masked (measured at 4K
+    tokens, K = 4, k = 2: 1.86x the needed pairs computed, half of them masked, vs 1.28x).
+    Writes rows of outA_flat / lseA_flat ((k*nrows, H, D) / (k*nrows, H)).
     """
     if not segs:
         return
     H, D = qrows.shape[1], qrows.shape[2]
-    Hkv = krows.shape[1]
     dev = qrows.device
-    segs = sorted(segs, key=lambda sg: -sg.q_idx.numel())  # active segments form a prefix
-    N = len(segs)
-    lq = [sg.q_idx.numel() for sg in segs]
-    Lq, Lk = lq[0], max(sg.k_idx.numel() for sg in segs)
-    with timer("gather"):
-        kidx = torch.zeros(N, Lk, dtype=torch.long, device=dev)
-        qsrc = torch.zeros(N, Lq, dtype=torch.long, device=dev)
-        dst = torch.full((N, Lq), nrows - 1, dtype=torch.long, device=dev)
-        cnt = torch.zeros(N, Lq, dtype=torch.long, device=dev)
-        for i, sg in enumerate(segs):
-            n, m = lq[i], sg.k_idx.numel()
-            kidx[i, :m] = sg.k_idx + sg.b * Tk
-            qsrc[i, :n] = sg.q_idx + sg.b * Tq
-            dst[i, :n] = sg.q_idx + sg.b * Tq + sg.slot * nrows
-            cnt[i, :n] = sg.counts
-            cnt[i, n:] = sg.counts[-1]  # padding rows: never lower the common prefix
-        kp = torch.index_select(krows, 0, kidx.view(-1), out=_scratch(
-            "kS", (N * Lk, Hkv, D), krows.dtype, dev)).view(N, Lk, Hkv, D)
-        vp = torch.index_select(vrows, 0, kidx.view(-1), out=_scratch(
-            "vS", (N * Lk, Hkv, D), vrows.dtype, dev)).view(N, Lk, Hkv, D)
-    chunk = chunk or min(max(Lq // 4, 256), 1024)
-    for a in range(0, Lq, chunk):
-        e = min(a + chunk, Lq)
-        n = sum(1 for x in lq if x > a)  # segments with rows in this chunk
-        L = e - a
-        c = cnt[:n, a:e]  # (n, L)
-        pmin, tmax = int(c[:, 0].min()), int(c[:, -1].max())
-        if tmax == 0:
-            continue
+    for sg in segs:
+        Lq = sg.q_idx.numel()
+        c_all = sg.counts
         with timer("gather"):
-            qs = torch.index_select(qrows, 0, qsrc[:n, a:e].reshape(-1), out=_scratch(
-                "qS", (n * L, H, D), qrows.dtype, dev)).view(n, L, H, D).transpose(1, 2)
-        with timer("attn_A"):
-            o = l = None
-            if pmin > 0:  # the prefix every query of the chunk sees
-                o, l = _attn_lse(qs, kp[:n, :pmin].transpose(1, 2), vp[:n, :pmin].transpose(1, 2), scale)
-                o, l = o.transpose(1, 2), l.transpose(1, 2)  # (n, L, H, D), (n, L, H)
-            if tmax > pmin:
-                cols = torch.arange(pmin, tmax, device=dev)
-                allowed = (cols < c[:, :, None])[:, None]  # (n, 1, L, tmax - pmin)
-                o2, l2 = _attn_lse(qs, kp[:n, pmin:tmax].transpose(1, 2), vp[:n, pmin:tmax].transpose(1, 2),
-                                   scale, allowed=allowed)
-                o2, l2 = o2.transpose(1, 2), l2.transpose(1, 2)
-                o, l = (o2, l2) if o is None else _merge2(o, l, o2, l2)
-        with timer("scatter"):
-            d = dst[:n, a:e].reshape(-1)
-            outA_flat.index_copy_(0, d, o.reshape(n * L, H, D).float())
-            lseA_flat.index_copy_(0, d, l.reshape(n * L, H))
+            kidx = sg.k_idx[:int(c_all[-1])] + sg.b * Tk  # the keys any query of the segment sees
+            kp = krows.index_select(0, kidx).transpose(0, 1)[None]  # (1, Hkv, Lk, D) view
+            vp = vrows.index_select(0, kidx).transpose(0, 1)[None]
+        ck = chunk or STAIR_CHUNK or min(max(Lq // 4, 256), 1024)
+        for a in range(0, Lq, ck):
+            e = min(a + ck, Lq)
+            L = e - a
+            c = c_all[a:e]  # (L,) nondecreasing
+            pmin, tmax = int(c[0]), int(c[-1])
+            if tmax == 0:
+                continue
+            with timer("gather"):
+                qs = qrows.index_select(0, sg.q_idx[a:e] + sg.b * Tq).transpose(0, 1)[None]  # (1, H, L, D)
+            with timer("attn_A"):
+                o = l = None
+                if pmin > 0:  # the prefix every query of the chunk sees
+                    o, l = _attn_lse(qs, kp[:, :, :pmin], vp[:, :, :pmin], scale)
+                    o, l = o.transpose(1, 2), l.transpose(1, 2)  # (1, L, H, D), (1, L, H)
+                if tmax > pmin:
+                    cols = torch.arange(pmin, tmax, device=dev)
+                    allowed = (cols < c[:, None])[None, None]  # (1, 1, L, tmax - pmin)
+                    o2, l2 = _attn_lse(qs, kp[:, :, pmin:tmax], vp[:, :, pmin:tmax], scale, allowed=allowed)
+                    o2, l2 = o2.transpose(1, 2), l2.transpose(1, 2)
+                    o, l = (o2, l2) if o is None else _merge2(o, l, o2, l2)
+            with timer("scatter"):
+                d = sg.q_idx[a:e] + sg.b * Tq + sg.slot * nrows
+                outA_flat.index_copy_(0, d, o.reshape(L, H, D).float())
+                lseA_flat.index_copy_(0, d, l.reshape(L, H))
 
 
 def _part_a_torch(qrows, krows, vrows, segs, B, Tq, Tk, scale, timer, outA_flat, lseA_flat):
@@ -594,10 +581,9 @@ def _local_other_groups(qn, kn, vn, query_groups, key_group, window, scale, time
                 v4 = vs.unfold(0, W, cc).permute(0, 1, 3, 2)
                 kgw = kgs.unfold(0, W, cc)  # (n, W)
                 qgb = query_groups[b, s0:s0 + n * cc].view(n, cc, -1)  # (n, cc, k)
-                if qgb.shape[-1] == 1:
-                    allowed = kgw[:, None, :] != qgb  # (n, cc, W)
-                else:
-                    allowed = (kgw[:, None, :, None] != qgb[:, :, None, :]).all(-1)
+                allowed = kgw[:, None, :] != qgb[..., :1]  # (n, cc, W)
+                for s_ in range(1, qgb.shape[-1]):  # k > 1: differs from every group of the query
+                    allowed &= kgw[:, None, :] != qgb[..., s_:s_ + 1]
                 allowed &= band
                 if lo < 0:
                     allowed &= (kgw >= 0)[:, None, :]

@@ -134,6 +134,33 @@ def test_causal(backend, c, cut):
     assert torch.allclose(out[:, :, :t0], out2[:, :, :t0], atol=1e-6, rtol=0)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(c=cases(), chunk=st.sampled_from([1, 3, 8, 32]))
+def test_stair_segments_in_many_chunks_equal_reference(backend, c, chunk):
+    """Stair segments (top-k > 1 slots, KV-cache steps) go per segment in query chunks: an
+    unmasked call on the chunk's common key prefix + a masked one on the rest, merged by LSE.
+    The sweep's sizes fit one chunk of the default size, so small chunks are forced here."""
+    import focus_lab.decomposition as dm
+
+    c["k"] = max(c["k"], min(2, c["K"]))  # slot 2 exists whenever K >= 2
+    gen = torch.Generator().manual_seed(c["seed"])
+    qg, kg = make_groups(gen, c["B"], c["T"], c["K"], c["k"], c["pattern"])
+    q, k, v = rand_qkv(gen, c["B"], c["H"], c["Hkv"], c["Tq"], c["T"], c["D"])
+    qg = qg[:, c["T"] - c["Tq"]:]
+    old = dm.STAIR_CHUNK
+    dm.STAIR_CHUNK = chunk
+    try:
+        out = hard_focus_attention(q, k, v, qg, kg, c["window"], backend=backend, sinks=c["sinks"])
+    finally:
+        dm.STAIR_CHUNK = old
+    ref = reference_hard_attention(q, k, v, qg, kg, c["window"], sinks=c["sinks"])
+    err = (out - ref).abs().max().item()
+    _worst["err"] = max(_worst["err"], err)
+    _worst["cases"] += 1
+    assert err <= TOL, f"max abs error {err:.2e} > {TOL} for {c}, chunk {chunk}"
+
+
 @settings(max_examples=40, deadline=None)
 @given(c=cases())
 def test_math_path_equals_reference(c):
