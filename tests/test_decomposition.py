@@ -322,6 +322,27 @@ def test_padding_falls_back_to_dense():
     assert torch.equal(a, b)
 
 
+def test_plain_causal_check_is_cached_per_mask_and_sees_in_place_changes():
+    """The fast path needs a mask that is plain causality; the check runs once per mask object
+    (every layer of a forward gets the same one) and again when the mask changes in place."""
+    from focus_lab.retrofit import _is_plain_causal
+
+    T = 12
+    causal = torch.ones(T, T, dtype=torch.bool).tril()[None, None].repeat(2, 1, 1, 1)  # (B, 1, T, T)
+    keep = causal[:, 0]
+    assert _is_plain_causal(causal, keep, T, T)
+    assert _is_plain_causal(causal, keep, T, T)  # cached
+    causal[1, 0, :, :3] = False  # padding on the left of row 1, in place
+    assert not _is_plain_causal(causal, causal[:, 0], T, T)
+    band = torch.ones(T, T, dtype=torch.bool).tril() & torch.ones(T, T, dtype=torch.bool).triu(-4)
+    assert not _is_plain_causal(band[None, None], band[None], T, T)  # a sliding window
+    step = torch.ones(1, 1, 3, T, dtype=torch.bool)  # last 3 queries of a cache step see all keys
+    step[0, 0, 0, -2:] = False
+    step[0, 0, 1, -1:] = False
+    assert _is_plain_causal(step, step[:, 0], 3, T)
+    assert _is_plain_causal(None, None, 3, T)
+
+
 def test_cache_step_without_prefill_history_raises():
     from transformers import DynamicCache
     m = _attached("llama")
