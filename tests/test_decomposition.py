@@ -25,6 +25,15 @@ PATTERNS = ("router", "all_same", "empty_groups", "single_token", "arbitrary")
 _worst = {"err": 0.0, "cases": 0}
 
 
+def _check_against_reference(out, q, k, v, qg, kg, c, what=""):
+    """Assert ``out`` equals the dense masked reference within TOL; record the sweep's worst error."""
+    ref = reference_hard_attention(q, k, v, qg, kg, c["window"], sinks=c["sinks"])
+    err = (out - ref).abs().max().item()
+    _worst["err"] = max(_worst["err"], err)
+    _worst["cases"] += 1
+    assert err <= TOL, f"max abs error {err:.2e} > {TOL} for {c}{what}"
+
+
 @pytest.fixture(autouse=True, scope="module")
 def _one_thread():
     """Tiny problems: one thread avoids OpenMP barrier stalls on a shared 2-core machine
@@ -154,11 +163,7 @@ def test_stair_segments_in_many_chunks_equal_reference(backend, c, chunk):
         out = hard_focus_attention(q, k, v, qg, kg, c["window"], backend=backend, sinks=c["sinks"])
     finally:
         dm.STAIR_CHUNK = old
-    ref = reference_hard_attention(q, k, v, qg, kg, c["window"], sinks=c["sinks"])
-    err = (out - ref).abs().max().item()
-    _worst["err"] = max(_worst["err"], err)
-    _worst["cases"] += 1
-    assert err <= TOL, f"max abs error {err:.2e} > {TOL} for {c}, chunk {chunk}"
+    _check_against_reference(out, q, k, v, qg, kg, c, f", chunk {chunk}")
 
 
 @settings(max_examples=40, deadline=None)
@@ -179,11 +184,7 @@ def test_math_path_equals_reference(c):
         out = dm.hard_focus_attention(q, k, v, qg, kg, c["window"], sinks=c["sinks"])
     finally:
         dm._attn_lse = orig
-    ref = reference_hard_attention(q, k, v, qg, kg, c["window"], sinks=c["sinks"])
-    err = (out - ref).abs().max().item()
-    _worst["err"] = max(_worst["err"], err)
-    _worst["cases"] += 1
-    assert err <= TOL, f"max abs error {err:.2e} > {TOL} for {c}"
+    _check_against_reference(out, q, k, v, qg, kg, c)
 
 
 def test_report_worst_error():
