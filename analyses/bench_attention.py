@@ -5,9 +5,11 @@ and of ``focus_lab.decomposition.hard_focus_attention`` at n = 1K .. 64K tokens,
 embedded model's attention shapes (SmolLM2-135M: 9 query heads, 3 KV heads, head_dim 64),
 batch 1, fp32, window 128, K in {4, 8}, k in {1, 2}. Groups are balanced (a random
 permutation cut into K equal groups; extra top-k slots random) or, with ``--groups FILE``,
-produced by a trained router (see ``--make-groups``). Dense and Focus calls are interleaved
-in every repeat (dense once, then each Focus config) and the medians compared, so load from
-other processes hits both sides alike. The decomposition's phases are timed separately:
+produced by a trained router (see ``--make-groups``). Every configuration (and dense) first
+gets one untimed call at full size (the decomposition's CPU scratch buffers then exist, as
+they do from the second layer of a forward on; ``--cold-start`` warms up on 256 tokens only).
+Dense and Focus calls are interleaved in every repeat (dense once, then each Focus config)
+and the medians compared, so load from other processes hits both sides alike. The decomposition's phases are timed separately:
 ``plan`` (sort + segment layout), ``gather``, ``scatter``, ``merge`` (= the overhead) and the
 attention calls ``attn_A`` (same-group) and ``attn_B`` (local other-group).
 
