@@ -53,7 +53,8 @@ import torch.nn.functional as F  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from focus_lab.decomposition import hard_focus_attention, reference_hard_attention  # noqa: E402
+import focus_lab.decomposition as decomposition  # noqa: E402
+from focus_lab.decomposition import hard_focus_attention, reference_hard_attention, serial_bookkeeping  # noqa: E402
 
 PHASES = ("plan", "gather", "scatter", "merge", "attn_A", "attn_B")
 OVERHEAD = ("plan", "gather", "scatter", "merge")
@@ -213,6 +214,7 @@ def kernel_bench(args) -> pd.DataFrame:
             row["overhead_frac"] = row["overhead_s"] / mf
             row["repeats"] = len(ts)
             row["warmup"] = "small" if args.cold_start else "full"
+            row["serial_bookkeeping"] = serial_bookkeeping()  # as decided at the end of this n
             row["dense_min_s"] = min(t_dense) if t_dense else float("nan")
             row["focus_min_s"] = min(ts)
             row["loadavg_start"], row["loadavg_end"] = load0, load1
@@ -391,6 +393,9 @@ def main(argv=None) -> int:
     ap.add_argument("--Ks", type=lambda s: [int(x) for x in s.split(",")], default=[4, 8])
     ap.add_argument("--ks", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2])
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--serial-bookkeeping", choices=["auto", "on", "off"], default="auto",
+                    help="decomposition.SERIAL_BOOKKEEPING: auto (serial only on an oversubscribed "
+                         "machine), on, off")
     ap.add_argument("--cold-start", action="store_true",
                     help="warm up on 256 tokens only (the first timed Focus call then pays for "
                          "growing its scratch buffers); default: one untimed full-size call each")
@@ -436,6 +441,7 @@ def main(argv=None) -> int:
         plot(pd.read_csv(args.out / "kernel.csv"), args.out, _title(args, env))
         return 0
 
+    decomposition.SERIAL_BOOKKEEPING = {"auto": None, "on": True, "off": False}[args.serial_bookkeeping]
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.make_groups:
@@ -446,7 +452,7 @@ def main(argv=None) -> int:
            or platform.machine(), "nproc": os.cpu_count(), "loadavg_start": os.getloadavg(),
            "argv": sys.argv[1:], "started": time.strftime("%Y-%m-%d %H:%M:%S"),
            "THP_MEM_ALLOC_ENABLE": os.environ.get("THP_MEM_ALLOC_ENABLE"),
-           "serial_bookkeeping": __import__("focus_lab.decomposition").decomposition.SERIAL_BOOKKEEPING}
+           "serial_bookkeeping": args.serial_bookkeeping}
     try:
         env["cpu_model"] = next(l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if "model name" in l)
     except Exception:

@@ -49,10 +49,11 @@ torch 2.13 compiled CPU FlexAttention refuses ``return_lse`` ("torch.compile on 
 supports inference and `return_lse` is not supported yet"), and eager FlexAttention
 materializes the full score matrix.
 
-Threads: on CPU, ``SERIAL_BOOKKEEPING`` (default True) runs everything but the attention
-kernels on one thread (optionally only up to ``SERIAL_MAX_ELEMENTS`` query elements), by toggling
+Threads: on CPU, ``SERIAL_BOOKKEEPING`` runs everything but the attention kernels on one
+thread (optionally only up to ``SERIAL_MAX_ELEMENTS`` query elements), by toggling
 ``torch.set_num_threads`` (process-global), so do not call this from several Python threads at
-once on CPU with it enabled.
+once on CPU with it enabled. Its default, None, decides per call from the machine's load
+(serial only when oversubscribed, see ``serial_bookkeeping``).
 
 Shapes: B batch, H query heads, Hkv key/value heads (H a multiple of Hkv), Tq queries,
 Tk keys (Tq <= Tk; query i sits at position ``Tk - Tq + i``), D head_dim, k = top_k.
@@ -63,6 +64,7 @@ the dense reference when autograd needs them).
 from __future__ import annotations
 
 import math
+import os
 import time
 from contextlib import contextmanager
 from contextlib import nullcontext as _nullcontext
@@ -80,9 +82,30 @@ _NEG_INF = float("-inf")
 # at 2K tokens under load: 282 ms -> 140 ms median; at 32K tokens the bookkeeping took
 # 0.46 s serial vs 0.73 s with 2 threads, load average ~9). SERIAL_MAX_ELEMENTS (query
 # elements, None = no limit) restricts it to small problems. SERIAL_BOOKKEEPING = False
-# leaves threads alone.
-SERIAL_BOOKKEEPING = True
+# leaves threads alone. On a quiet machine the serial bookkeeping is the slower one (measured,
+# load ~2 on 2 cores: 4K tokens K = 4, k = 2 0.153 s serial vs 0.146 s; 1K 0.024 vs 0.021 s;
+# 32K equal within noise), so the default None serializes only when the 1-minute load average
+# exceeds SERIAL_LOAD_FACTOR x the CPU count (our own threads count towards it).
+SERIAL_BOOKKEEPING: bool | None = None
+SERIAL_LOAD_FACTOR = 1.5
 SERIAL_MAX_ELEMENTS: int | None = None
+_load_cache: list[float] = [-1.0, 0.0]  # [time.monotonic() of the reading, 1-minute load]
+
+
+def serial_bookkeeping() -> bool:
+    """Whether the CPU bookkeeping runs on one thread now: ``SERIAL_BOOKKEEPING`` when set,
+    else True iff the 1-minute load average (re-read at most once a second) exceeds
+    ``SERIAL_LOAD_FACTOR`` x ``os.cpu_count()`` (False where the load cannot be read)."""
+    if SERIAL_BOOKKEEPING is not None:
+        return bool(SERIAL_BOOKKEEPING)
+    now = time.monotonic()
+    if now - _load_cache[0] > 1.0:
+        try:
+            _load_cache[1] = os.getloadavg()[0]
+        except (OSError, AttributeError):  # no load average on this platform
+            _load_cache[1] = 0.0
+        _load_cache[0] = now
+    return _load_cache[1] > SERIAL_LOAD_FACTOR * (os.cpu_count() or 1)
 _kernel_threads: list[int] = []  # stack: the thread count the kernels get, when serialized
 
 
@@ -672,7 +695,7 @@ def hard_focus_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Te
         raise ValueError(f"window={window!r}: need an integer >= 1")
     if isinstance(sinks, bool) or not isinstance(sinks, int) or sinks < 0:
         raise ValueError(f"sinks={sinks!r}: need an integer >= 0")
-    serial = SERIAL_BOOKKEEPING and query.device.type == "cpu" and \
+    serial = query.device.type == "cpu" and serial_bookkeeping() and \
         (SERIAL_MAX_ELEMENTS is None or query.numel() <= SERIAL_MAX_ELEMENTS)
     if serial:
         _kernel_threads.append(torch.get_num_threads())

@@ -323,6 +323,24 @@ def test_padding_falls_back_to_dense():
     assert torch.equal(a, b)
 
 
+def test_serial_bookkeeping_follows_the_load(monkeypatch):
+    """Auto mode (SERIAL_BOOKKEEPING None): serial bookkeeping only when the 1-minute load
+    average exceeds SERIAL_LOAD_FACTOR x the CPU count; an explicit setting wins."""
+    import focus_lab.decomposition as dm
+
+    monkeypatch.setattr(dm.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(dm, "SERIAL_BOOKKEEPING", None)
+    for load, want in [(2.0, False), (2.9, False), (3.1, True), (12.0, True)]:
+        monkeypatch.setattr(dm.os, "getloadavg", lambda load=load: (load, 0.0, 0.0))
+        monkeypatch.setattr(dm, "_load_cache", [-1.0, 0.0])  # force a fresh reading
+        assert dm.serial_bookkeeping() is want, load
+    monkeypatch.setattr(dm, "SERIAL_BOOKKEEPING", False)
+    assert dm.serial_bookkeeping() is False
+    monkeypatch.setattr(dm, "SERIAL_BOOKKEEPING", True)
+    monkeypatch.setattr(dm.os, "getloadavg", lambda: (0.0, 0.0, 0.0))
+    assert dm.serial_bookkeeping() is True
+
+
 def test_plain_causal_check_is_cached_per_mask_and_sees_in_place_changes():
     """The fast path needs a mask that is plain causality; the check runs once per mask object
     (every layer of a forward gets the same one) and again when the mask changes in place."""
