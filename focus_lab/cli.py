@@ -99,6 +99,9 @@ def train(
     sink_tokens: Optional[int] = typer.Option(None, help="first tokens always visible (attention sinks); "
                                               "default: the recipe's (sinks64: 64; paper: 0)"),
     device: str = typer.Option("cpu", help="cpu | cuda (under torchrun: cuda:$LOCAL_RANK)"),
+    init_routers: Optional[Path] = typer.Option(None, help="start from this router file (length "
+                                                "curriculum: e.g. routers trained at 512, continued at 4096)"),
+    distill_queries: int = typer.Option(512, help="distill objective: queries sampled per window"),
 ):
     """Train only the routers (frozen base model) on the corpus's training documents."""
     from .config import TrainConfig
@@ -116,7 +119,9 @@ def train(
         fcfg = _focus_cfg(num_groups, window, top_k, tau, sinkhorn_iters, router_dim, seed)
         fcfg = fcfg.replace(**fchanges)
         tcfg = TrainConfig(steps=steps, seq_len=seq_len, batch_size=batch_size, lr=lr,
-                           checkpoint_every=checkpoint_every, seed=seed, **tchanges)
+                           checkpoint_every=checkpoint_every, seed=seed,
+                           init_routers=str(init_routers) if init_routers else None,
+                           distill_queries=distill_queries, **tchanges)
         m, tok, corp, seq_len = _load(model, corpus, seq_len)
         if device != "cpu":
             dev = f"cuda:{os.environ.get('LOCAL_RANK', '0')}" if device == "cuda" else device

@@ -12,6 +12,7 @@ from typing import Any
 
 MODES = ("soft", "hard", "window", "dense")
 ASSIGNMENTS = ("router", "random", "shuffled")
+OBJECTIVES = ("lm", "coverage", "distill")
 
 
 class ConfigError(ValueError):
@@ -160,7 +161,13 @@ class TrainConfig:
         objective: "lm" (the paper: next-token loss through the soft gate, PAPER.md §3) or
             "coverage" ([ours]: each layer's router alone learns to keep the dense model's
             distant attention mass in shared groups, ``core.coverage_loss``, from dense
-            forwards without backpropagating through the model).
+            forwards without backpropagating through the model), or "distill" ([ours]: each
+            layer's router alone learns to make the layer's soft-gated output match the dense
+            output on ``distill_queries`` sampled queries, ``focus_lab.distill``; affordable at
+            4K-8K tokens).
+        distill_queries: queries sampled per window by the "distill" objective.
+        init_routers: optional router file to start from (a length curriculum: train at 512
+            tokens, continue at 4K); its config must match the FocusConfig's shapes.
     """
 
     steps: int = 60
@@ -175,11 +182,16 @@ class TrainConfig:
     hard_phase: float = 0.0
     hard_phase_noise: float = 1.0
     objective: str = "lm"
+    distill_queries: int = 512
+    init_routers: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.objective not in ("lm", "coverage"):
-            raise ConfigError(f"TrainConfig.objective={self.objective!r}: choose 'lm' or 'coverage'")
+        if self.objective not in OBJECTIVES:
+            raise ConfigError(f"TrainConfig.objective={self.objective!r}: choose one of "
+                              f"{', '.join(OBJECTIVES)}")
+        if not isinstance(self.distill_queries, int) or self.distill_queries < 1:
+            raise ConfigError(f"TrainConfig.distill_queries={self.distill_queries!r}: need an integer >= 1")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

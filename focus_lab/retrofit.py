@@ -19,6 +19,7 @@ from typing import Callable
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 from safetensors import safe_open
 from safetensors.torch import save_file
 from transformers import AttentionInterface
@@ -204,6 +205,14 @@ def focus_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, v
                 bias = focus_bias(cfg, routing, q_pos, k_pos, B) & keep
                 for observer in observers:
                     observer(module, query, key, value, routing, bias, out)
+            return out.transpose(1, 2).contiguous(), None
+        if cfg.mode == "dense" and softcap is None and offset == 0 and Tq == Tk and \
+                _is_plain_causal(attention_mask, keep, Tq, Tk):
+            # dense through the causal flash kernel (no (B, T, T) mask): about 2x faster at 4K
+            out = F.scaled_dot_product_attention(query, key, value, is_causal=True, scale=scaling,
+                                                 enable_gqa=query.shape[1] != key.shape[1])
+            for observer in module.__dict__.get("_focus_observers", ()):
+                observer(module, query, key, value, routing, keep, out)
             return out.transpose(1, 2).contiguous(), None
         fb = focus_bias(cfg, routing, q_pos, k_pos, B)  # (B, Tq, Tk)
         bias = fb & keep if fb.dtype == torch.bool else fb.masked_fill(~keep, float("-inf"))

@@ -138,6 +138,9 @@ def train(model, windows: list, focus_cfg: FocusConfig, train_cfg: TrainConfig, 
     params = [p for r in routers(model).values() for p in (r.proj, r.centroids)]
     opt = torch.optim.AdamW(params, lr=train_cfg.lr, weight_decay=train_cfg.weight_decay)
     start, log_rows = 0, []
+    if train_cfg.init_routers and not resume:  # length curriculum: start from trained routers
+        load_routers(model, train_cfg.init_routers)
+        set_config(model, **base_cfg.to_dict())
     if resume:
         if not (ckpt / "routers.safetensors").is_file():
             raise FileNotFoundError(f"--resume: no checkpoint in {ckpt}; start without --resume")
@@ -186,8 +189,13 @@ def train(model, windows: list, focus_cfg: FocusConfig, train_cfg: TrainConfig, 
                 set_config(model, **step_cfg.to_dict())
             ids = batch_for_step(windows, step, train_cfg)[rank::world].to(device)  # this rank's share
             opt.zero_grad(set_to_none=True)
-            if train_cfg.objective == "coverage":
-                loss_d = coverage_step(model, ids, step_cfg, shares)
+            if train_cfg.objective in ("coverage", "distill"):
+                if train_cfg.objective == "coverage":
+                    loss_d = coverage_step(model, ids, step_cfg, shares)
+                else:
+                    from .distill import distill_step
+                    loss_d = distill_step(model, ids, step_cfg, step, train_cfg.distill_queries,
+                                          train_cfg.seed, shares)
                 if world > 1:  # the model is not run through DDP here: average by hand
                     for p in params:
                         if p.grad is not None:

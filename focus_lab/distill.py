@@ -1,0 +1,147 @@
+"""Layer-local distillation of the routers at long context (``TrainConfig.objective == "distill"``).
+
+Why (issue 14, [ours]): the LM objective backpropagates the soft gate through the whole model,
+an O(T^2) float bias in every layer: affordable at 512 tokens, not at 4K-8K on a CPU. Here each
+router learns alone, from one dense forward of the frozen model, to make its layer's *output*
+under the soft gate (docs/method.md §2) match the dense output, for a random subset of queries:
+
+    loss_l = sum_i || W_o (o_soft(i) - o_dense(i)) ||^2 / sum_i || W_o o_dense(i) ||^2
+
+``W_o`` is the layer's output projection (``o_proj`` / GPT-2's ``c_proj``), so the error is
+measured in the residual stream the next layers read, and value vectors count: a dropped key
+whose value looks like the kept ones costs nothing, unlike the attention-mass ``coverage``
+objective (which kept more dense mass yet predicted worse, docs/recipes.md). This is the
+per-layer distillation SeerAttention uses for its gate (there a KL on pooled attention maps),
+with DuoAttention's output-distortion target.
+
+Cost per step: one dense forward without gradients, then per layer a (B, H, n_q, T) soft
+attention for ``n_q`` sampled queries, backpropagated into that layer's router only.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .config import FocusConfig
+from .core import hard_assign, sinkhorn, soft_gate_bias, masked_attention
+
+
+def sample_queries(T: int, window: int, n: int, generator: torch.Generator) -> torch.Tensor:
+    """(n',) sorted query positions drawn without replacement from ``window..T-1`` (the
+    queries that have distant keys), n' = min(n, T - window). Raises ValueError if T <= window."""
+    if T <= window:
+        raise ValueError(f"distill objective: windows of {T} tokens have no distant pairs "
+                         f"(window={window}); use --seq-len > window")
+    cand = T - window
+    pick = torch.randperm(cand, generator=generator)[:min(n, cand)] + window
+    return pick.sort().values
+
+
+def output_projection(module: torch.nn.Module):
+    """The attention module's output projection (``o_proj``, GPT-2 ``c_proj``), or None."""
+    for name in ("o_proj", "c_proj", "out_proj", "dense"):
+        proj = getattr(module, name, None)
+        if isinstance(proj, torch.nn.Module):
+            return proj
+    return None
+
+
+def layer_distill_loss(module: torch.nn.Module, router, h: torch.Tensor, query: torch.Tensor,
+                       key: torch.Tensor, value: torch.Tensor, dense_out: torch.Tensor,
+                       q_pos: torch.Tensor, config: FocusConfig, scaling: float
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One layer's distillation loss (module docstring) and its Sinkhorn column potentials.
+
+    Args:
+        module: the attention module (its output projection weights the error).
+        router: the layer's Router (gradients flow into it only).
+        h: (B, T, d) router input; query: (B, H, T, D); key, value: (B, Hkv, T, D);
+        dense_out: (B, H, T, D) the layer's dense attention output; q_pos: (n,) query positions;
+        config: window, sinks, tau, Sinkhorn iterations, eps; scaling: logit scale.
+    Returns:
+        (loss () float32, relative squared error; col_potential (B, K); scores (B, T, K) detached).
+    """
+    T = key.shape[2]
+    scores = router(h)  # (B, T, K)
+    log_p, col = sinkhorn(scores, config.tau, config.sinkhorn_iters)  # (B, T, K), (B, K)
+    k_pos = torch.arange(T, device=key.device)
+    gate = soft_gate_bias(log_p[:, q_pos], log_p, config.window, q_pos, k_pos, config.eps,
+                          config.sink_tokens)  # (B, n, T)
+    q = query[:, :, q_pos]  # (B, H, n, D)
+    o_soft = masked_attention(q.float(), key.float(), value.float(), gate, scaling)  # (B, H, n, D)
+    o_dense = dense_out[:, :, q_pos].float()  # (B, H, n, D)
+    B, H, n, D = o_soft.shape
+    diff = (o_soft - o_dense).transpose(1, 2).reshape(B, n, H * D)  # (B, n, H*D)
+    ref = o_dense.transpose(1, 2).reshape(B, n, H * D)
+    proj = output_projection(module)
+    if proj is not None:
+        w_dtype = next(proj.parameters()).dtype
+        zero = proj(torch.zeros_like(diff[:, :1]).to(w_dtype)).float()  # the bias alone
+        diff = proj(diff.to(w_dtype)).float() - zero  # (B, n, d): bias cancels in a difference
+        ref = proj(ref.to(w_dtype)).float() - zero
+    loss = diff.pow(2).sum() / ref.pow(2).sum().clamp(min=1e-12)
+    return loss, col, scores.detach()
+
+
+def distill_step(model, ids: torch.Tensor, config: FocusConfig, step: int, num_queries: int,
+                 seed: int = 0, shares: dict | None = None) -> torch.Tensor:
+    """Gradients of the distillation objective for one batch; returns the mean loss over layers.
+
+    One dense forward of the frozen model under ``torch.no_grad``; at each routed layer the
+    captured router input, q/k/v and dense output give ``layer_distill_loss`` on
+    ``num_queries`` query positions drawn from (seed, step), backpropagated into that layer's
+    router alone (memory: one layer's (B, H, n_q, T) logits at a time). The group bias follows
+    Sinkhorn's column potentials as in LM training (docs/method.md §1).
+
+    Args:
+        model: Focus-attached causal LM (routers in train mode); ids: (B, T) input ids;
+        config: the FocusConfig in force; step: optimizer step (seeds the query sample);
+        num_queries: queries sampled per window; shares: optional dict filled with each
+            layer's (K,) hard top-1 group shares.
+    Returns:
+        () float32 mean relative output error over routed layers (a fraction, not nats).
+    Raises:
+        RuntimeError: no routed layer ran (Focus not attached); ValueError: T <= window.
+    """
+    from .metrics import attention_scale
+    from .retrofit import add_observer, attention_modules, focus_config, set_config
+
+    T = ids.shape[1]
+    gen = torch.Generator().manual_seed(seed * 7919 + step)
+    q_pos = sample_queries(T, config.window, num_queries, gen).to(ids.device)
+    inputs: dict[int, torch.Tensor] = {}
+    losses: list[torch.Tensor] = []
+
+    def capture(module, args, kwargs):
+        inputs[module.focus_router.layer_idx] = kwargs.get("hidden_states", args[0] if args else None)
+
+    def observe(module, q, k, v, routing, bias, out):
+        r = module.focus_router
+        h = inputs.pop(r.layer_idx).detach()
+        with torch.enable_grad():
+            loss, col, scores = layer_distill_loss(module, r, h, q, k, v, out, q_pos, config,
+                                                   attention_scale(module, q.shape[-1]))
+            loss.backward()
+        r.update_bias(col)
+        losses.append(loss.detach())
+        if shares is not None:
+            _, kg = hard_assign(scores, config.tau, 1, r.group_bias)
+            counts = torch.bincount(kg.reshape(-1), minlength=config.num_groups).float()
+            shares[r.layer_idx] = counts / counts.sum()
+
+    mods = [m for _, m in attention_modules(model) if hasattr(m, "focus_router")]
+    hooks = [m.register_forward_pre_hook(capture, with_kwargs=True) for m in mods]
+    remove = add_observer(model, observe)
+    old = focus_config(model)
+    try:
+        set_config(model, mode="dense")
+        with torch.no_grad():
+            model(input_ids=ids, use_cache=False)
+    finally:
+        set_config(model, **old.to_dict())
+        remove()
+        for hk in hooks:
+            hk.remove()
+    if not losses:
+        raise RuntimeError("distill objective: no routed layer ran (is Focus attached?)")
+    return torch.stack(losses).mean()

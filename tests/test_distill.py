@@ -1,0 +1,112 @@
+"""The distill objective (focus_lab.distill) against a brute-force soft-gated attention."""
+
+import math
+
+import pytest
+import torch
+
+from conftest import tiny_gpt2, tiny_llama
+from focus_lab.config import FocusConfig, TrainConfig
+from focus_lab.core import sinkhorn
+from focus_lab.distill import distill_step, layer_distill_loss, output_projection, sample_queries
+from focus_lab.retrofit import add_observer, attach, routers, set_config
+
+
+def _capture_layer(model, ids, layer=0):
+    """q, k, v, dense out and router input of one layer from a dense forward."""
+    got = {}
+    mod = [m for m in model.modules() if hasattr(m, "focus_router")][layer]
+    hook = mod.register_forward_pre_hook(
+        lambda m, a, kw: got.__setitem__("h", kw.get("hidden_states", a[0] if a else None)),
+        with_kwargs=True)
+    remove = add_observer(model, lambda m, q, k, v, r, b, o: got.setdefault("qkvo", (q, k, v, o))
+                          if m is mod else None)
+    set_config(model, mode="dense")
+    with torch.no_grad():
+        model(input_ids=ids, use_cache=False)
+    remove()
+    hook.remove()
+    return mod, got["h"], got["qkvo"]
+
+
+def _brute_force(q, k, v, log_p, q_pos, cfg, scale):
+    """o_i = sum_j w_ij v_j / sum_j w_ij, w_ij = exp(q_i.k_j * scale) * (1 if local else P_i.P_j)."""
+    B, H, T, D = q.shape
+    rep = H // k.shape[1]
+    k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+    p = log_p.exp()
+    out = torch.zeros(B, H, len(q_pos), D, dtype=torch.float64)
+    for b in range(B):
+        for n, i in enumerate(q_pos.tolist()):
+            for h in range(H):
+                num, den = torch.zeros(D, dtype=torch.float64), 0.0
+                for j in range(i + 1):
+                    local = i - j < cfg.window or j < cfg.sink_tokens
+                    g = 1.0 if local else max(float(p[b, i] @ p[b, j]), cfg.eps)
+                    w = math.exp(float(q[b, h, i] @ k[b, h, j]) * scale) * g
+                    num += w * v[b, h, j].double()
+                    den += w
+                out[b, h, n] = num / den
+    return out
+
+
+def test_layer_loss_matches_brute_force():
+    model = tiny_llama()
+    cfg = FocusConfig(window=8, sink_tokens=2)
+    attach(model, cfg)
+    ids = torch.randint(0, model.config.vocab_size, (1, 40), generator=torch.Generator().manual_seed(0))
+    mod, h, (q, k, v, o) = _capture_layer(model, ids)
+    q_pos = sample_queries(40, cfg.window, 6, torch.Generator().manual_seed(1))
+    scale = mod.scaling
+    loss, col, _ = layer_distill_loss(mod, mod.focus_router, h, q, k, v, o, q_pos, cfg, scale)
+    log_p, _ = sinkhorn(mod.focus_router(h), cfg.tau, cfg.sinkhorn_iters)
+    ref_soft = _brute_force(q, k, v, log_p.detach(), q_pos, cfg, scale)
+    W = mod.o_proj.weight.double()  # (d, H*D)
+    B, H, n, D = ref_soft.shape
+    diff = (ref_soft - o[:, :, q_pos].double()).transpose(1, 2).reshape(B, n, H * D) @ W.T
+    ref = o[:, :, q_pos].double().transpose(1, 2).reshape(B, n, H * D) @ W.T
+    expected = float(diff.pow(2).sum() / ref.pow(2).sum())
+    assert expected > 1e-6  # the gate does drop something here
+    assert float(loss.detach()) == pytest.approx(expected, rel=1e-3)
+    assert col.shape == (1, cfg.num_groups)
+
+
+def test_loss_is_zero_when_every_pair_is_local():
+    model = tiny_gpt2()
+    attach(model, FocusConfig(window=64))
+    ids = torch.randint(0, model.config.vocab_size, (2, 48), generator=torch.Generator().manual_seed(0))
+    mod, h, (q, k, v, o) = _capture_layer(model, ids)
+    assert output_projection(mod) is mod.c_proj
+    loss, _, _ = layer_distill_loss(mod, mod.focus_router, h, q, k, v, o, torch.arange(40, 48),
+                                    FocusConfig(window=64), 1 / math.sqrt(q.shape[-1]))
+    assert float(loss) < 1e-10
+
+
+def test_distill_step_moves_only_routers_and_restores_config():
+    model = tiny_llama()
+    attach(model, FocusConfig(window=4, mode="soft"))
+    for r in routers(model).values():
+        r.train()
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    ids = torch.randint(0, model.config.vocab_size, (1, 32), generator=torch.Generator().manual_seed(0))
+    cfg = FocusConfig(window=4)
+    shares = {}
+    loss = distill_step(model, ids, cfg, step=0, num_queries=8, shares=shares)
+    assert float(loss) > 0 and sorted(shares) == sorted(routers(model))
+    grads = {n for n, p in model.named_parameters() if p.grad is not None and p.grad.abs().sum() > 0}
+    assert grads and all("focus_router" in n for n in grads)
+    assert all(torch.equal(p, before[n]) for n, p in model.named_parameters())  # no optimizer step here
+    assert model._focus_state["config"].mode == "soft"
+
+
+def test_sample_queries_and_config_errors():
+    g = torch.Generator().manual_seed(0)
+    q = sample_queries(100, 10, 500, g)
+    assert q.tolist() == list(range(10, 100))
+    with pytest.raises(ValueError, match="no distant pairs"):
+        sample_queries(10, 10, 4, g)
+    from focus_lab.config import ConfigError
+    with pytest.raises(ConfigError, match="objective"):
+        TrainConfig(objective="nope")
+    with pytest.raises(ConfigError, match="distill_queries"):
+        TrainConfig(distill_queries=0)
