@@ -55,6 +55,15 @@ def _focus_cfg(num_groups, window, top_k, tau, sinkhorn_iters, router_dim, seed)
                        sinkhorn_iters=sinkhorn_iters, router_dim=router_dim, seed=seed)
 
 
+def _routers(routers, model_name) -> Path:
+    """The router file to use, said once: ``--routers`` or the one shipped for the model."""
+    from .shipped import resolve_routers
+    path = resolve_routers(routers, model_name)
+    if routers is None:
+        typer.echo(f"using the routers shipped with focus-lab: {path} (pass --routers to use others)")
+    return path
+
+
 def _load(model_name, corpus, seq_len):
     """(model, tokenizer, corpus, seq_len): seq_len is capped at the model's positions, said once."""
     from .data import load_corpus
@@ -142,26 +151,39 @@ def train(
 
 @app.command("eval")
 def eval_cmd(
-    routers: Path = typer.Option(Path("checkpoints") / DEFAULT_NAME / "routers.safetensors"),
+    routers_opt: Optional[Path] = typer.Option(None, "--routers", help="router file; default: the routers shipped "
+                                           "with focus-lab for the model (focus_lab/routers/)"),
     model: Optional[str] = typer.Option(None), corpus: str = typer.Option("austen"),
     seq_len: int = typer.Option(512), max_windows: int = typer.Option(8, help="held-out windows"),
     out: Optional[Path] = typer.Option(None, help="parquet output; default next to the routers"),
     random_groups: bool = typer.Option(False, help="control: random groups instead of the router"),
+    patterns: str = typer.Option("all", help="comma list of dense, window, soft, hard_topK, random_topK, "
+                                 "shuffled_topK (controls at equal sparsity), or 'all' (dense, window, "
+                                 "soft, hard_top1..K); e.g. dense,window,hard_top1,hard_top2,random_top2,shuffled_top2"),
 ):
-    """Held-out perplexity: dense, sliding window, Focus soft, Focus hard top-1..K."""
+    """Held-out perplexity of the chosen patterns on the same windows (controls included)."""
     def run():
         nonlocal seq_len
         from .data import make_windows
-        from .evaluate import evaluate
+        from .evaluate import evaluate, parse_patterns
         from .io import write_parquet
-        from .retrofit import load_routers
+        from .retrofit import load_routers, read_router_file
+        routers = _routers(routers_opt, model)
+        pats = parse_patterns(patterns, read_router_file(routers)[0].num_groups)  # fail before loading
         m, tok, corp, seq_len = _load(model, corpus, seq_len)
         load_routers(m, routers, config_overrides={"assignment": "random"} if random_groups else None)
+        if random_groups:
+            pats = [(lab, {**c, "assignment": "random"} if c.get("assignment") == "router" else c)
+                    for lab, c in pats]
         windows = make_windows(corp.heldout, tok, seq_len, max_windows=max_windows)
-        typer.echo(f"evaluating on {len(windows)} held-out windows of {seq_len} tokens "
+        if len(windows) < max_windows:
+            typer.secho(f"note: the held-out text holds only {len(windows)} windows of {seq_len} tokens "
+                        f"({max_windows} requested)", fg=typer.colors.YELLOW, err=True)
+        typer.echo(f"evaluating {len(pats)} patterns on {len(windows)} held-out windows of {seq_len} tokens "
                    f"({', '.join(d.name for d in corp.heldout)})")
-        df = evaluate(m, windows)
-        target = out or routers.parent / "eval.parquet"
+        df = evaluate(m, windows, pats)
+        target = out or (routers.parent / "eval.parquet" if routers_opt is not None
+                         else Path("eval") / f"{corp.name}_{seq_len}.parquet")
         write_parquet(target, df)
         show = df[["label", "perplexity", "nll", "distant_pairs_kept", "tokens_per_second"]]
         typer.echo(show.to_string(index=False, float_format=lambda x: f"{x:.4f}"))
@@ -172,7 +194,8 @@ def eval_cmd(
 
 @app.command()
 def record(
-    routers: Path = typer.Option(Path("checkpoints") / DEFAULT_NAME / "routers.safetensors"),
+    routers_opt: Optional[Path] = typer.Option(None, "--routers", help="router file; default: the routers shipped "
+                                           "with focus-lab for the model (focus_lab/routers/)"),
     model: Optional[str] = typer.Option(None), corpus: str = typer.Option("austen"),
     out: Path = typer.Option(Path("runs") / DEFAULT_NAME, help="run directory to write"),
     seq_len: int = typer.Option(512), max_windows: int = typer.Option(4),
@@ -214,6 +237,7 @@ def record(
         from .data import make_windows
         from .record import ALL_METRICS, file_sha256, record_run
         from .retrofit import load_routers, set_config
+        routers = _routers(routers_opt, model)
         chosen = ALL_METRICS if metrics.strip() == "all" else tuple(x.strip() for x in metrics.split(",") if x.strip())
         bad = [x for x in chosen if x not in ALL_METRICS]
         if bad:
@@ -276,21 +300,35 @@ def _invoke(*args: str) -> None:
         raise typer.Exit(rc)
 
 
+QUICKSTART_PATTERNS = "dense,window,hard_top1,hard_top2,random_top2"
+
+
 @app.command()
 def quickstart(
+    train_routers: bool = typer.Option(False, "--train", help="train new routers first (the shipped ones "
+                                       "are used otherwise)"),
     steps: int = typer.Option(60), full: bool = typer.Option(False, help="full training schedule"),
+    seq_len: int = typer.Option(4096, help="tokens per evaluated and recorded window"),
+    eval_windows: int = typer.Option(2, help="held-out windows for the perplexity check"),
+    record_windows: int = typer.Option(4, help="held-out windows recorded for the dashboard"),
     serve: bool = typer.Option(True, help="start the dashboard at the end"),
     port: int = typer.Option(8501),
 ):
-    """The main job on the embedded defaults: train -> eval -> record -> dashboard."""
+    """The main job on the embedded defaults: [train ->] eval -> record -> dashboard."""
     t0 = time.perf_counter()
-    routers = str(Path("checkpoints") / DEFAULT_NAME / "routers.safetensors")
-    typer.secho("[1/4] train routers (SmolLM2-135M, Austen: 5 novels train, Persuasion held out)", bold=True)
-    _invoke("train", "--steps", str(steps), *(["--full"] if full else []))
-    typer.secho("[2/4] evaluate held-out perplexity", bold=True)
-    _invoke("eval", "--routers", routers)
-    typer.secho("[3/4] record a run", bold=True)
-    _invoke("record", "--routers", routers)
+    routers: list[str] = []
+    if train_routers:
+        ckpt = str(Path("checkpoints") / DEFAULT_NAME / "routers.safetensors")
+        typer.secho("[1/4] train routers (SmolLM2-135M, Austen: 5 novels train, Persuasion held out)", bold=True)
+        _invoke("train", "--steps", str(steps), *(["--full"] if full else []))
+        routers = ["--routers", ckpt]
+    else:
+        typer.secho("[1/4] routers: the ones shipped with focus-lab (--train trains new ones)", bold=True)
+    typer.secho(f"[2/4] held-out perplexity, {eval_windows} x {seq_len} tokens", bold=True)
+    _invoke("eval", *routers, "--seq-len", str(seq_len), "--max-windows", str(eval_windows),
+            "--patterns", QUICKSTART_PATTERNS, "--out", str(Path("eval") / f"quickstart_{seq_len}.parquet"))
+    typer.secho(f"[3/4] record {record_windows} x {seq_len} tokens into runs/{DEFAULT_NAME}", bold=True)
+    _invoke("record", *routers, "--seq-len", str(seq_len), "--max-windows", str(record_windows))
     typer.secho(f"main job done in {time.perf_counter() - t0:.0f} s", bold=True)
     if serve:
         typer.secho("[4/4] dashboard", bold=True)

@@ -26,6 +26,44 @@ def standard_patterns(num_groups: int) -> list[tuple[str, dict]]:
     return pats
 
 
+def pattern_names(num_groups: int) -> list[str]:
+    """Every pattern name ``parse_patterns`` accepts for K = ``num_groups``."""
+    names = ["dense", "window", "soft"]
+    for kind in ("hard", "random", "shuffled"):
+        names += [f"{kind}_top{k}" for k in range(1, num_groups + 1)]
+    return names
+
+
+def pattern_changes(name: str, num_groups: int) -> dict:
+    """FocusConfig changes of one named pattern (docs/method.md §2, §5 controls).
+
+    ``dense``, ``window`` (local window + sinks), ``soft`` (Sinkhorn gate), ``hard_topK``
+    (the router's causal top-k groups), ``random_topK`` (balanced random groups, a control at
+    equal sparsity), ``shuffled_topK`` (the router's own hard groups moved to random positions:
+    identical group sizes, random membership). Raises ConfigError naming the valid names.
+    """
+    from .config import ConfigError
+    if name in ("dense", "window", "soft"):
+        return {"mode": name, "assignment": "router"}
+    kind, _, k = name.partition("_top")
+    assignment = {"hard": "router", "random": "random", "shuffled": "shuffled"}.get(kind)
+    if assignment is None or not k.isdigit() or not 1 <= int(k) <= num_groups:
+        raise ConfigError(f"unknown pattern {name!r}; choose from {', '.join(pattern_names(num_groups))}")
+    return {"mode": "hard", "top_k": int(k), "assignment": assignment}
+
+
+def parse_patterns(spec: str, num_groups: int) -> list[tuple[str, dict]]:
+    """[(label, FocusConfig changes)] from a comma list such as ``dense,hard_top2,random_top2``;
+    ``all`` is ``standard_patterns``. Raises ConfigError on an unknown or empty name list."""
+    from .config import ConfigError
+    if spec.strip() == "all":
+        return standard_patterns(num_groups)
+    names = [x.strip() for x in spec.split(",") if x.strip()]
+    if not names:
+        raise ConfigError(f"--patterns is empty; choose from {', '.join(pattern_names(num_groups))}")
+    return [(n, pattern_changes(n, num_groups)) for n in names]
+
+
 def _window_kept(T: int, window: int, sinks: int) -> float:
     """Fraction of distant causal pairs a sliding window (plus sinks) keeps: only sink pairs."""
     one = torch.zeros(1, T, dtype=torch.long)
@@ -80,6 +118,9 @@ def evaluate(model, windows: list, patterns: list[tuple[str, dict]] | None = Non
                 n_tok += ids[:, 1:].numel()
             dt = time.perf_counter() - t0
             mean = nll_sum / max(1, n_tok)
+            if progress:
+                tqdm.write(f"  {label}: perplexity {math.exp(mean):.3f} over {n_tok} tokens, "
+                           f"{n_tok / dt:.0f} tokens/s")
             frac = {"dense": 1.0, "soft": 1.0}.get(cfg.mode)
             if cfg.mode == "window":
                 frac = _window_kept(windows[0].input_ids.shape[0], cfg.window, cfg.sink_tokens)

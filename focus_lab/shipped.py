@@ -1,0 +1,74 @@
+"""Router files shipped inside the package, used when ``--routers`` is not given (issue 14).
+
+``focus_lab/routers/MANIFEST.json`` lists, per base model name (``models.load_model``'s
+name), the file, its sha256 and its provenance (command, data, steps, seconds); the file's
+own metadata carries the FocusConfig and the base model's identity (config and embedding
+checksums), so ``retrofit.load_routers`` refuses it on another model.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+from .io import ArtifactError
+
+ROUTER_DIR = Path(__file__).resolve().parent / "routers"
+MANIFEST = ROUTER_DIR / "MANIFEST.json"
+
+
+def manifest() -> dict:
+    """{model name: {"file", "sha256", "provenance"...}} of the shipped router files ({} if none)."""
+    if not MANIFEST.is_file():
+        return {}
+    return json.loads(MANIFEST.read_text())
+
+
+def shipped_router_file(model_name: str | None = None) -> Path:
+    """Path of the shipped router file for ``model_name`` (None: the embedded SmolLM2-135M),
+    checked against the manifest's sha256.
+
+    Raises:
+        ArtifactError: no router file ships for that model, or the shipped file is missing or
+            corrupted (its sha256 differs); the message names the file and ``focus-lab train``.
+    """
+    from .models import EMBEDDED
+    name = EMBEDDED if model_name in (None, "", "embedded") else model_name
+    entry = manifest().get(name)
+    if entry is None:
+        raise ArtifactError(f"no router file ships with focus-lab for model {name!r}: train one with "
+                            f"'focus-lab train --model {name} --out checkpoints/x' and pass "
+                            "--routers checkpoints/x/routers.safetensors")
+    path = ROUTER_DIR / entry["file"]
+    if not path.is_file():
+        raise ArtifactError(f"the shipped router file {path} is missing: reinstall focus-lab, or "
+                            "train routers with 'focus-lab train' and pass --routers")
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    if digest != entry["sha256"]:
+        raise ArtifactError(f"the shipped router file {path} is corrupted (sha256 {digest[:12]}, "
+                            f"expected {entry['sha256'][:12]}): reinstall focus-lab, or train routers "
+                            "with 'focus-lab train' and pass --routers")
+    return path
+
+
+def resolve_routers(routers: str | Path | None, model_name: str | None = None) -> Path:
+    """``routers`` if given, else the shipped file for the model (see ``shipped_router_file``)."""
+    return Path(routers) if routers is not None else shipped_router_file(model_name)
+
+
+def ship(source: str | Path, model_name: str, provenance: dict) -> Path:
+    """Copy a trained router file into the package and record it in the manifest (maintainers).
+
+    Writes atomically; returns the shipped path."""
+    from .io import atomic_path, write_json
+    source = Path(source)
+    target = ROUTER_DIR / f"{model_name}.safetensors"
+    data = source.read_bytes()
+    with atomic_path(target) as tmp:
+        tmp.write_bytes(data)
+    entries = manifest()
+    entries[model_name] = {"file": target.name, "sha256": hashlib.sha256(data).hexdigest(),
+                           "bytes": len(data), **provenance}
+    write_json(MANIFEST, entries)
+    return target

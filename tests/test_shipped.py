@@ -1,0 +1,105 @@
+"""Shipped router files (focus_lab/routers/) and the eval --patterns option."""
+
+import hashlib
+import json
+import shutil
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from conftest import tiny_llama
+from focus_lab import shipped
+from focus_lab.config import ConfigError
+from focus_lab.evaluate import parse_patterns, pattern_changes, pattern_names
+from focus_lab.io import ArtifactError
+from focus_lab.retrofit import RouterMismatchError, load_routers, read_router_file
+
+
+def test_manifest_matches_the_shipped_file():
+    entry = shipped.manifest()["smollm2-135m-instruct"]
+    path = shipped.shipped_router_file()
+    assert path.name == entry["file"]
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == entry["sha256"]
+    assert path.stat().st_size < 4 * 2**20  # a few MB at most
+    cfg, base, tensors, _ = read_router_file(path)
+    assert base["name"] == "smollm2-135m-instruct"
+    assert len([k for k in tensors if k.endswith(".proj")]) == 30  # one router per layer
+    for key in ("command", "data", "seconds", "recipe"):
+        assert key in entry  # provenance
+
+
+def test_shipped_file_is_refused_on_another_model():
+    with pytest.raises(RouterMismatchError, match="trained on base model 'smollm2-135m-instruct'"):
+        load_routers(tiny_llama(), shipped.shipped_router_file())
+
+
+@pytest.mark.slow
+def test_shipped_file_loads_on_the_embedded_model():
+    from focus_lab.models import load_model
+    from focus_lab.retrofit import routers
+    model, _ = load_model(verbose=False)
+    cfg = load_routers(model, shipped.shipped_router_file())
+    assert len(routers(model)) == 30 and cfg.sink_tokens == 64
+    _, _, tensors, _ = read_router_file(shipped.shipped_router_file())
+    assert torch.equal(routers(model)[7].centroids.detach(), tensors["layers.7.centroids"])
+
+
+def _copy_shipped(tmp_path, monkeypatch):
+    d = tmp_path / "routers"
+    shutil.copytree(shipped.ROUTER_DIR, d)
+    monkeypatch.setattr(shipped, "ROUTER_DIR", d)
+    monkeypatch.setattr(shipped, "MANIFEST", d / "MANIFEST.json")
+    return d / shipped.manifest()["smollm2-135m-instruct"]["file"]
+
+
+def test_corrupted_or_missing_shipped_file_names_the_file_and_the_fix(tmp_path, monkeypatch):
+    f = _copy_shipped(tmp_path, monkeypatch)
+    data = bytearray(f.read_bytes())
+    data[-10] ^= 0xFF
+    f.write_bytes(bytes(data))
+    with pytest.raises(ArtifactError, match=r"corrupted.*focus-lab train") as e:
+        shipped.shipped_router_file()
+    assert str(f) in str(e.value)
+    f.unlink()
+    with pytest.raises(ArtifactError, match=r"missing.*focus-lab train"):
+        shipped.shipped_router_file()
+    with pytest.raises(ArtifactError, match="no router file ships .* 'gpt2'"):
+        shipped.shipped_router_file("gpt2")
+
+
+def test_pattern_names_and_changes():
+    assert pattern_changes("random_top2", 4) == {"mode": "hard", "top_k": 2, "assignment": "random"}
+    assert pattern_changes("shuffled_top1", 4) == {"mode": "hard", "top_k": 1, "assignment": "shuffled"}
+    assert pattern_changes("hard_top4", 4)["assignment"] == "router"
+    assert [n for n, _ in parse_patterns("dense, window,hard_top1", 4)] == ["dense", "window", "hard_top1"]
+    assert len(pattern_names(4)) == 3 + 3 * 4
+    for bad in ("hard_top5", "hard_top0", "magic", "random_topx"):
+        with pytest.raises(ConfigError, match="choose from dense, window, soft, hard_top1"):
+            pattern_changes(bad, 4)
+
+
+def test_eval_cli_unknown_pattern_is_one_line_exit_2():
+    from focus_lab.cli import app
+    res = CliRunner().invoke(app, ["eval", "--patterns", "dense,hard_top9"])
+    assert res.exit_code == 2
+    out = res.output.strip().splitlines()
+    assert len(out) == 1 or all("using the routers" in x for x in out[:-1])
+    assert "unknown pattern 'hard_top9'" in out[-1] and "shuffled_top4" in out[-1]
+
+
+def test_patterns_of_one_run_do_not_leak_into_each_other():
+    from types import SimpleNamespace
+    from focus_lab.config import FocusConfig
+    from focus_lab.evaluate import evaluate
+    from focus_lab.retrofit import attach, focus_config
+    model = tiny_llama()
+    attach(model, FocusConfig(window=4, num_groups=4))
+    g = torch.Generator().manual_seed(0)
+    windows = [SimpleNamespace(input_ids=torch.randint(0, model.config.vocab_size, (48,), generator=g))
+               for _ in range(2)]
+    df = evaluate(model, windows, parse_patterns("hard_top1,random_top1,shuffled_top1,hard_top1,dense", 4),
+                  progress=False)
+    ppl = df["perplexity"].tolist()
+    assert ppl[0] == ppl[3] and ppl[1] != ppl[0] and ppl[2] != ppl[0]
+    assert focus_config(model).assignment == "router" and focus_config(model).mode == "soft"
