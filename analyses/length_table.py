@@ -1,0 +1,168 @@
+"""Issue 14: perplexity by context length, Focus against dense, window and controls.
+
+For each corpus (held-out text: Persuasion for ``austen``, Hamlet for ``shakespeare``) and each
+length, the same windows are evaluated under every pattern (``focus_lab.evaluate``: dense,
+window + sinks, Focus hard top-1 / top-2, balanced random groups and the router's own groups
+shuffled, both at the router's sparsity). Each window is its own row, so every difference
+comes with a paired bootstrap interval over windows (a +-1% difference on 4 windows is not a
+verdict). Resumable: one parquet per (corpus, length) cell under ``<out>/cells/``.
+
+Usage (background; ~25 min per corpus on 2 CPU cores at the default windows)::
+
+    python analyses/length_table.py --out figures/length_table            # run / resume
+    python analyses/length_table.py --out figures/length_table --report   # tables only
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+PATTERNS = "dense,window,hard_top1,hard_top2,random_top1,random_top2,shuffled_top1,shuffled_top2"
+WINDOWS = "512:8,1024:8,2048:8,4096:8,8192:4"
+SCHEMA_VERSION = 1
+
+
+def run_cells(args) -> None:
+    import torch
+    from focus_lab.data import load_corpus, make_windows
+    from focus_lab.evaluate import evaluate, parse_patterns
+    from focus_lab.io import write_parquet
+    from focus_lab.models import load_model
+    from focus_lab.retrofit import load_routers
+    from focus_lab.shipped import resolve_routers
+
+    torch.set_num_threads(args.threads)
+    routers = resolve_routers(args.routers)
+    model, tok = load_model()
+    cfg = load_routers(model, routers)
+    pats = parse_patterns(args.patterns, cfg.num_groups)
+    windows_at = dict((int(a), int(b)) for a, b in (x.split(":") for x in args.windows.split(",")))
+    for corpus in args.corpora.split(","):
+        corp = load_corpus(corpus)
+        for L in (int(x) for x in args.lengths.split(",")):
+            cell = args.out / "cells" / f"{corpus}_{L}.parquet"
+            if cell.is_file():
+                continue
+            ws = make_windows(corp.heldout, tok, L, max_windows=windows_at[L])
+            rows = []
+            t0 = time.perf_counter()
+            for w in ws:
+                df = evaluate(model, [w], pats, progress=False)
+                df["window"] = w.index
+                rows.append(df)
+                print(f"{corpus} {L} window {w.index}: " + ", ".join(
+                    f"{r.label} {r.perplexity:.2f}" for r in df.itertuples()), flush=True)
+            out = pd.concat(rows, ignore_index=True)
+            out["corpus"], out["seq_len"] = corpus, L
+            out["heldout"] = ",".join(d.name for d in corp.heldout)
+            out["routers"] = str(routers)
+            out["table_schema_version"] = SCHEMA_VERSION
+            write_parquet(cell, out)
+            print(f"== {corpus} {L}: {len(ws)} windows in {time.perf_counter() - t0:.0f} s", flush=True)
+
+
+def paired_delta(df: pd.DataFrame, a: str, b: str, reps: int = 2000, seed: int = 0):
+    """Perplexity change of pattern ``a`` over ``b`` in %, pooled over windows, with a 95%
+    paired bootstrap interval (windows resampled with replacement). Returns (delta, lo, hi)."""
+    x = df[df.label == a].set_index("window")
+    y = df[df.label == b].set_index("window")
+    idx = x.index.intersection(y.index)
+    nx = (x.loc[idx, "nll"] * x.loc[idx, "tokens"]).to_numpy()
+    ny = (y.loc[idx, "nll"] * y.loc[idx, "tokens"]).to_numpy()
+    tok = x.loc[idx, "tokens"].to_numpy()
+    d = lambda s: 100 * (math.exp((nx[s].sum() - ny[s].sum()) / tok[s].sum()) - 1)
+    rng = np.random.default_rng(seed)
+    boots = [d(rng.integers(0, len(idx), len(idx))) for _ in range(reps)]
+    return d(np.arange(len(idx))), float(np.percentile(boots, 2.5)), float(np.percentile(boots, 97.5))
+
+
+def report(out: Path) -> str:
+    cells = sorted((out / "cells").glob("*.parquet"))
+    if not cells:
+        raise SystemExit(f"no cells under {out / 'cells'}: run without --report first")
+    df = pd.concat([pd.read_parquet(c) for c in cells], ignore_index=True)
+    lines = []
+    summary = []
+    for (corpus, L), g in df.groupby(["corpus", "seq_len"], sort=True):
+        nwin = g.window.nunique()
+        pooled = g.groupby("label").apply(lambda s: math.exp((s.nll * s.tokens).sum() / s.tokens.sum()))
+        kept = g.groupby("label").distant_pairs_kept.mean()
+        tps = g.groupby("label").apply(lambda s: s.tokens.sum() / s.seconds.sum())
+        for label in pooled.index:
+            row = {"corpus": corpus, "seq_len": L, "windows": nwin, "tokens": int(g[g.label == label].tokens.sum()),
+                   "label": label, "perplexity": pooled[label], "distant_pairs_kept": kept[label],
+                   "tokens_per_second": tps[label]}
+            if label != "dense":
+                row["delta_vs_dense_pct"], row["ci_lo"], row["ci_hi"] = paired_delta(g, label, "dense")
+            for k in (1, 2):
+                if label in (f"random_top{k}", f"shuffled_top{k}") and f"hard_top{k}" in pooled.index:
+                    m, lo, hi = paired_delta(g, label, f"hard_top{k}")
+                    row["control_vs_router_pct"], row["control_ci_lo"], row["control_ci_hi"] = m, lo, hi
+            summary.append(row)
+    s = pd.DataFrame(summary)
+    s["schema_version"] = SCHEMA_VERSION
+    from focus_lab.io import write_parquet
+    write_parquet(out / "length_table.parquet", s)
+    order = [p for p in PATTERNS.split(",") if p in set(s.label)]
+    for corpus, g in s.groupby("corpus"):
+        held = df[df.corpus == corpus].heldout.iloc[0]
+        lines.append(f"\n**{corpus}** (held out: {held}); perplexity, change vs dense with its 95% paired "
+                     "bootstrap interval over windows, distant pairs kept in brackets\n")
+        lines.append("| tokens | windows | " + " | ".join(order) + " |")
+        lines.append("|---:|---:|" + "---|" * len(order))
+        for L, h in g.groupby("seq_len"):
+            h = h.set_index("label")
+            cells_ = []
+            for p in order:
+                if p not in h.index:
+                    cells_.append("")
+                    continue
+                r = h.loc[p]
+                c = f"{r.perplexity:.2f}"
+                if p != "dense":
+                    c += f" ({r.delta_vs_dense_pct:+.1f}% [{r.ci_lo:+.1f}, {r.ci_hi:+.1f}])"
+                if p.startswith(("hard", "random", "shuffled")) or p == "window":
+                    c += f" [{r.distant_pairs_kept:.2f}]"
+                cells_.append(c)
+            lines.append(f"| {L} | {int(h.windows.iloc[0])} | " + " | ".join(cells_) + " |")
+        lines.append("\nRouter against the controls at equal sparsity (control's perplexity over the "
+                     "router's, %, 95% interval; > 0 means the router is better):\n")
+        lines.append("| tokens | random top-1 | shuffled top-1 | random top-2 | shuffled top-2 | tokens/s dense / hard top-1 / hard top-2 |")
+        lines.append("|---:|---|---|---|---|---|")
+        for L, h in g.groupby("seq_len"):
+            h = h.set_index("label")
+            c = [f"{h.loc[p].control_vs_router_pct:+.1f}% [{h.loc[p].control_ci_lo:+.1f}, {h.loc[p].control_ci_hi:+.1f}]"
+                 if p in h.index and not pd.isna(h.loc[p].get("control_vs_router_pct")) else ""
+                 for p in ("random_top1", "shuffled_top1", "random_top2", "shuffled_top2")]
+            t = " / ".join(f"{h.loc[p].tokens_per_second:.0f}" if p in h.index else "-"
+                           for p in ("dense", "hard_top1", "hard_top2"))
+            lines.append(f"| {L} | " + " | ".join(c) + f" | {t} |")
+    text = "\n".join(lines) + "\n"
+    (out / "length_table.md").write_text(text)
+    return text
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--routers", type=Path, default=None, help="default: the shipped routers")
+    ap.add_argument("--out", type=Path, default=Path("figures/length_table"))
+    ap.add_argument("--corpora", default="austen,shakespeare")
+    ap.add_argument("--lengths", default="512,1024,2048,4096,8192")
+    ap.add_argument("--windows", default=WINDOWS, help="LENGTH:WINDOWS pairs")
+    ap.add_argument("--patterns", default=PATTERNS)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--report", action="store_true", help="only write the tables from the cells")
+    args = ap.parse_args(argv)
+    if not args.report:
+        run_cells(args)
+    print(report(args.out))
+
+
+if __name__ == "__main__":
+    main()
