@@ -1,4 +1,4 @@
-"""Benchmark: dense causal SDPA vs hard Focus as two attention calls + LSE merge (PAPER.md §4).
+"""Benchmark: dense causal SDPA vs hard Focus as two attention calls + LSE merge (docs/method.md §4).
 
 Kernel part: wall time of ``F.scaled_dot_product_attention(is_causal=True, enable_gqa=True)``
 and of ``focus_lab.decomposition.hard_focus_attention`` at n = 1K .. 64K tokens, with the

@@ -1,4 +1,4 @@
-"""Figure 7: ablation over K, window, tau and Sinkhorn iterations (PAPER.md §3, Table 9: "16
+"""Figure 7: ablation over K, window, tau and Sinkhorn iterations (docs/method.md §3, Table 9: "16
 settings move fine-tuned PPL by only 0.6"). One axis at a time around the base setting, each a
 short router training from the same initialization (``figures.exp_ablation``), evaluated on
 held-out Austen in soft mode and hard top-(K/2). Dotted: dense."""

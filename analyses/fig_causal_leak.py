@@ -1,4 +1,4 @@
-"""Figure 11: the causal leak of the soft gate (PAPER.md §1 [ours]). Sinkhorn normalizes over the
+"""Figure 11: the causal leak of the soft gate (docs/method.md §1 [ours]). Sinkhorn normalizes over the
 tokens of the whole window, so a token's soft groups depend on later tokens. Perplexity on the
 same held-out windows with the same router: dense; soft mode with Sinkhorn over the whole
 window (what training sees); soft mode with prefix-causal Sinkhorn (token i balanced over

@@ -1,5 +1,5 @@
 """Figure 3: Sinkhorn vs plain softmax: the largest group's share of tokens over training steps
-(PAPER.md §1: "with plain softmax one group absorbs almost every token, 99.4% vs 15.9% with
+(docs/method.md §1: "with plain softmax one group absorbs almost every token, 99.4% vs 15.9% with
 Sinkhorn, K = 8"). Same router initialization and windows, a few steps each
 (``figures.exp_collapse``). Left: share of tokens whose most probable group (under the gate the
 training uses) is the largest group; right: the causal hard top-1 assignment. Mean over layers,

@@ -2,7 +2,7 @@
 
 For each distance bucket ``[lo, hi)``, the share of the dense (pretrained) attention mass that
 each hard mask keeps: ``sum kept_mass / sum mass`` over layers, heads, queries and windows (the
-recorder's ``coverage_distance`` tables; PAPER.md §6, the reviewers' question). Focus, sliding
+recorder's ``coverage_distance`` tables; docs/method.md §6, the reviewers' question). Focus, sliding
 window, window at matched sparsity and random groups come from the Focus run; k-means, online
 k-means and MoBA from their own runs (``data/runs/<method>``), MoBA at the top-k whose pairs kept
 match Focus's. Sink tokens (kept by every mask here) carry much of the far mass. Right: where the

@@ -2,7 +2,7 @@
 per coarse spaCy POS tag) for a few layers; bottom: normalized mutual information between groups
 and POS, per layer, for Focus vs k-means on the router input vs random groups (the recorder's
 ``pos_contingency`` and ``linguistic_scores`` tables of the recorded Focus run,
-``data/runs/focus``; PAPER.md §5 "interpretability")."""
+``data/runs/focus``; docs/method.md §5 "interpretability")."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Figure 10: sequence-length transfer. The router trained on 512-token windows, evaluated at the
 training length (``data/baselines``) and at longer contexts (``data/transfer_length``, default
-2K and 4K tokens; PAPER.md §3: "centroids trained at T = 1024 transfer to T = 8192"). Left:
+2K and 4K tokens; docs/method.md §3: "centroids trained at T = 1024 transfer to T = 8192"). Left:
 perplexity relative to dense at the same length; right: absolute perplexity."""
 
 from __future__ import annotations

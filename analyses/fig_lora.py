@@ -1,6 +1,6 @@
 """Figure 9: LoRA vs Focus at the same parameter budget. Left: perplexity on held-out Austen (the
 training domain); right: perplexity on general text (Shakespeare, Python docs) relative to the
-untouched model, i.e. how much general-text quality each keeps (PAPER.md §5: "LoRA lowers
+untouched model, i.e. how much general-text quality each keeps (docs/method.md §5: "LoRA lowers
 benchmarks at every LR and rank; Focus keeps TruthfulQA"; benchmarks are out of reach here, PPL
 is the proxy). LoRA: peft on q/v, rank matched to the router's parameter count, trained with the
 router's schedule on the same windows (``data/lora``); Focus numbers from ``data/baselines`` and

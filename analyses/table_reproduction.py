@@ -1,4 +1,4 @@
-"""The reproduction table: each claim of the paper (PAPER.md §5, plus the §1-§4 notes we can
+"""The reproduction table: each claim of the paper (docs/method.md §5, plus the §1-§4 notes we can
 test), our measured number, the setting, and a verdict: **holds**, **does not hold**, or **not
 testable here** (and why). Every number is read from the cached experiment results under
 ``data/`` (``focus-lab figures``); the verdict rules are written next to each claim below, so
@@ -224,7 +224,7 @@ def _claims(c: _Ctx) -> list:
                 f"{int(r.steps)} steps, lr {r.lr}, one LR only; PPL as the benchmark proxy",
                 verdict + " (PPL proxy; benchmarks not testable here)")
 
-    @add("Centroid-only training improves domain perplexity with zero downstream degradation [abstract, PAPER.md §3]",
+    @add("Centroid-only training improves domain perplexity with zero downstream degradation [abstract, docs/method.md §3]",
          "domain PPL down, general text unchanged")
     def _():
         d, s_ = c.ppl("dense", "dense"), c.ppl("focus", "soft")
@@ -260,7 +260,7 @@ def _claims(c: _Ctx) -> list:
         return (txt, f"{run.manifest.get('windows')} recorded windows x {run.manifest.get('seq_len')} tokens, spaCy coarse POS",
                 (HOLDS if ok else FAILS) + (" (k-means on the same inputs does better)" if m.get("kmeans", 0) > m.get("focus", 0) else ""))
 
-    @add("Plain softmax collapses (one group takes almost every token); Sinkhorn stays balanced [notes, PAPER.md §1]",
+    @add("Plain softmax collapses (one group takes almost every token); Sinkhorn stays balanced [notes, docs/method.md §1]",
          "99.4% vs 15.9% (K=8)")
     def _():
         df = c("collapse")
@@ -307,7 +307,7 @@ def _claims(c: _Ctx) -> list:
         return (f"PPL vs dense at each length: {txt}", f"router trained at {T0}; "
                 f"{int(t.tokens.iloc[0] / (t.seq_len.iloc[0] - 1))} window per longer length (noisy)", verdict)
 
-    @add("The soft gate's Sinkhorn looks ahead; hard inference must be causal [PAPER.md §1 ours]", "(a project question)")
+    @add("The soft gate's Sinkhorn looks ahead; hard inference must be causal [docs/method.md §1 ours]", "(a project question)")
     def _():
         df = c("causal_leak").set_index("variant")["perplexity"]
         full, pre = df["soft, Sinkhorn over the window"], df["soft, prefix-causal Sinkhorn"]

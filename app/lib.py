@@ -327,7 +327,7 @@ def hard_shares(asg: pd.DataFrame, num_groups: int) -> pd.DataFrame:
 
 def softmax_shares(asg: pd.DataFrame, tau: float) -> pd.DataFrame:
     """Per layer and group: mean plain-softmax probability softmax(scores / tau), the
-    no-Sinkhorn routing of PAPER.md §1 (derived from the recorded raw scores)."""
+    no-Sinkhorn routing of docs/method.md §1 (derived from the recorded raw scores)."""
     scores = np.stack(asg["scores"].to_numpy()).astype(np.float64) / float(tau)
     scores -= scores.max(axis=1, keepdims=True)
     p = np.exp(scores)

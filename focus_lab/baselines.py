@@ -17,11 +17,11 @@ mask keeps, ``core.distant_pairs_kept``, is reported for every hard pattern).
 | ``kmeans`` | ``KMeansRouter``: scikit-learn k-means on the router inputs, score ``-||x - mu_c||^2`` | issue 8; the recorder's k-means baseline |
 | ``online_kmeans`` | ``OnlineKMeansRouter``: centroids = EMA of assigned router inputs over a pass of training text, no gradient | Routing Transformer (Roy et al. 2021) |
 | ``moba`` | ``MoBARouter``: key group = its block of positions; a query picks its top-k past blocks by ``q . mean(k)`` | MoBA (Lu et al. 2025), training-free |
-| ``lora`` | peft LoRA on q/v at the router's parameter budget, trained like the router | Hu et al. 2021; PAPER.md §5 |
+| ``lora`` | peft LoRA on q/v at the router's parameter budget, trained like the router | Hu et al. 2021; docs/method.md §5 |
 
 Two more Router subclasses serve the analyses: ``SoftmaxRouter`` (plain softmax over groups
-instead of Sinkhorn: the collapse, PAPER.md §1) and ``PrefixCausalRouter`` (Sinkhorn over the
-prefix ``<= i`` only: the causal variant of the soft gate, PAPER.md §1 [ours]).
+instead of Sinkhorn: the collapse, docs/method.md §1) and ``PrefixCausalRouter`` (Sinkhorn over the
+prefix ``<= i`` only: the causal variant of the soft gate, docs/method.md §1 [ours]).
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ def _normalized(h: torch.Tensor, config: FocusConfig) -> torch.Tensor:
 
 class SoftmaxRouter(Router):
     """Focus router whose soft assignment is a plain softmax over groups, ``P_ig =
-    softmax_g(S_ig / tau)``, with no Sinkhorn balancing (PAPER.md §1: "with plain softmax one
+    softmax_g(S_ig / tau)``, with no Sinkhorn balancing (docs/method.md §1: "with plain softmax one
     group absorbs almost every token"). No column potential, so the group bias stays 0.
     Hard assignment: ``core.hard_assign`` as for Focus."""
 
@@ -82,7 +82,7 @@ def prefix_sinkhorn(scores: torch.Tensor, tau: float, iters: int, token_mask: to
     """Prefix-causal Sinkhorn: row ``i`` of ``core.sinkhorn`` run over the tokens ``j <= i`` only.
 
     ``P_i = sinkhorn(S[:i+1], tau, N)[i]``: token i's soft groups depend on tokens <= i, so
-    the soft gate has no look-ahead (PAPER.md §1 [ours], the causal leak). Computed with
+    the soft gate has no look-ahead (docs/method.md §1 [ours], the causal leak). Computed with
     ``core.sinkhorn``'s token mask, ``chunk`` prefixes at a time: O(T^2 K N).
 
     scores: (B, T, K); token_mask: optional (B, T) bool (padding). Returns log_p (B, T, K).
@@ -391,7 +391,7 @@ def matched_window_size(kept_fraction: float, seq_len: int, window: int, sinks: 
 
 def router_parameter_count(model, config: FocusConfig | None = None) -> int:
     """Trainable parameters of Focus routers on ``model``: per routed layer
-    ``d_model * d_g + K * d_g`` (PAPER.md §1; 278,400 for SmolLM2-135M with K = 4, d_g = 16)."""
+    ``d_model * d_g + K * d_g`` (docs/method.md §1; 278,400 for SmolLM2-135M with K = 4, d_g = 16)."""
     config = config or FocusConfig()
     d = int(model.config.hidden_size)
     n = len(attention_modules(model)) if config.layers is None else len(config.layers)

@@ -149,6 +149,45 @@ def train(
     return _guard(run)
 
 
+@app.command()
+def calibrate(
+    routers_opt: Optional[Path] = typer.Option(None, "--routers", help="router file to re-calibrate; default: "
+                                               "the routers shipped with focus-lab for the model"),
+    model: Optional[str] = typer.Option(None), corpus: str = typer.Option("austen"),
+    seq_len: int = typer.Option(4096, help="the target length (tokens per window)"),
+    max_windows: int = typer.Option(4, help="training windows at the target length (forward passes only)"),
+    out: Path = typer.Option(Path("checkpoints") / "calibrated" / "routers.safetensors",
+                             help="router file to write (the input is never overwritten)"),
+):
+    """Re-calibrate the routers' per-group bias at a target length: forward passes only, no gradient."""
+    def run():
+        nonlocal seq_len
+        from .calibrate import calibrate_bias
+        from .data import make_windows
+        from .retrofit import load_routers, read_router_file, save_routers
+        routers = _routers(routers_opt, model)
+        if out.resolve() == routers.resolve():
+            _fail(f"--out {out} is the input router file; choose another path")
+        extra = read_router_file(routers)[3]
+        m, tok, corp, seq_len = _load(model, corpus, seq_len)
+        load_routers(m, routers)
+        windows = make_windows(corp.train, tok, seq_len, max_windows=max_windows)
+        if len(windows) < max_windows:
+            typer.secho(f"note: the training text holds only {len(windows)} windows of {seq_len} tokens "
+                        f"({max_windows} requested)", fg=typer.colors.YELLOW, err=True)
+        typer.echo(f"calibrating the group bias on {len(windows)} training windows of {seq_len} tokens "
+                   f"({corp.name})")
+        t0 = time.perf_counter()
+        calibrate_bias(m, windows)
+        dt = time.perf_counter() - t0
+        save_routers(m, out, extra={**extra, "calibrated": {"from": str(routers), "corpus": corp.name,
+                                                            "seq_len": seq_len, "windows": len(windows),
+                                                            "seconds": round(dt, 1)}})
+        typer.echo(f"calibrated in {dt:.0f} s; routers: {out}")
+        return out
+    return _guard(run)
+
+
 @app.command("eval")
 def eval_cmd(
     routers_opt: Optional[Path] = typer.Option(None, "--routers", help="router file; default: the routers shipped "

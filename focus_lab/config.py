@@ -1,6 +1,6 @@
 """Configuration of a Focus retrofit: one dataclass, saved with every artifact.
 
-Source: PAPER.md §1 (routing), §2 (attention pattern), §3 (training).
+Source: docs/method.md §1 (routing), §2 (attention pattern), §3 (training).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ class ConfigError(ValueError):
 
 @dataclass
 class FocusConfig:
-    """Hyper-parameters of Focus attention (PAPER.md §1-§3).
+    """Hyper-parameters of Focus attention (docs/method.md §1-§3).
 
     Attributes:
         num_groups: K, number of groups (centroids) per layer. >= 1.
@@ -37,7 +37,7 @@ class FocusConfig:
             projecting ([ours]: SmolLM2's attention inputs differ in scale by layer, rms 0.05-0.4,
             which would make ``tau`` mean something different in every layer).
         bias_momentum: momentum of the per-group bias, an EMA of Sinkhorn's column potentials
-            during training, added to the scores for the causal hard assignment (PAPER.md §1 [ours]).
+            during training, added to the scores for the causal hard assignment (docs/method.md §1 [ours]).
         assignment: "router" (learned), "random" (fixed random groups, balanced: a control
             baseline) or "shuffled" (the router's own hard groups moved to random positions by a
             fixed permutation of each window: the same group sizes, hence the same sparsity, with
@@ -45,12 +45,12 @@ class FocusConfig:
         layers: attention layers (``layer_idx``) that get a router; None means every layer.
         seed: seed of the router's initialization and of random groups.
         sink_tokens: the first ``sink_tokens`` positions stay visible to every query in every
-            pattern, like the local window (attention sinks, StreamingLLM; PAPER.md §6 [ours]).
+            pattern, like the local window (attention sinks, StreamingLLM; docs/method.md §6 [ours]).
         straight_through: in soft mode, the forward pass uses the hard top-k mask while the
             gradient is the soft gate's (a straight-through estimator; recipe (c) of issue 9).
         gumbel_noise: scale of Gumbel noise added to the router logits during training
             (Gumbel top-k; with straight_through, trains against sampled hard masks).
-        backend: how hard mode computes attention (PAPER.md §4): "auto" (the two-call
+        backend: how hard mode computes attention (docs/method.md §4): "auto" (the two-call
             decomposition of focus_lab.decomposition with the best kernel present: flash-attn on
             a GPU, else torch's CPU flash kernel), "torch" or "flash" (force that kernel), or
             "dense" (the O(T^2) masked reference). All give the same outputs (max abs error
@@ -142,7 +142,7 @@ class FocusConfig:
 
 @dataclass
 class TrainConfig:
-    """Schedule of router-only training (PAPER.md §3). Saved with every checkpoint.
+    """Schedule of router-only training (docs/method.md §3). Saved with every checkpoint.
 
     Attributes:
         steps: optimizer steps.
@@ -158,7 +158,7 @@ class TrainConfig:
         hard_phase: fraction of the final steps trained against sampled hard masks
             (straight-through + Gumbel top-k with noise ``hard_phase_noise``; recipe (e)).
         hard_phase_noise: Gumbel noise scale during the hard phase.
-        objective: "lm" (the paper: next-token loss through the soft gate, PAPER.md §3) or
+        objective: "lm" (the paper: next-token loss through the soft gate, docs/method.md §3) or
             "coverage" ([ours]: each layer's router alone learns to keep the dense model's
             distant attention mass in shared groups, ``core.coverage_loss``, from dense
             forwards without backpropagating through the model), or "distill" ([ours]: each

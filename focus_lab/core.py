@@ -1,7 +1,7 @@
 """The Focus method in one place: router scores, Sinkhorn, the soft gate, the hard mask.
 
 Every other module (retrofit, training, recording, analyses) calls these functions; none
-re-implements them. Sources: PAPER.md §1 (routing), §2 (attention pattern).
+re-implements them. Sources: docs/method.md §1 (routing), §2 (attention pattern).
 
 Shapes use B = batch, T = tokens (Tq queries, Tk keys), K = num_groups, k = top_k,
 H = query heads, Hkv = key/value heads, D = head_dim, d = d_model, d_g = router_dim.
@@ -22,7 +22,7 @@ from .config import FocusConfig
 class Router(nn.Module):
     """One router per attention layer, shared by all heads and by the query and key roles.
 
-    ``S = (norm(h) @ W_g) @ C.T`` (PAPER.md §1), ``W_g = proj: (d_model, router_dim)``,
+    ``S = (norm(h) @ W_g) @ C.T`` (docs/method.md §1), ``W_g = proj: (d_model, router_dim)``,
     ``C = centroids: (num_groups, router_dim)``. ``norm`` divides by the RMS over d_model when
     ``config.normalize_input`` (an [ours] decision, see FocusConfig).
 
@@ -31,7 +31,7 @@ class Router(nn.Module):
 
     Buffers:
         group_bias: (num_groups,) per-group offset in logit units (score / tau), an EMA of
-            Sinkhorn's column potentials, added before the causal hard top-k (PAPER.md §1 [ours]).
+            Sinkhorn's column potentials, added before the causal hard top-k (docs/method.md §1 [ours]).
         random_table: (max_positions, num_groups) fixed scores used when
             ``config.assignment == "random"`` (a control at equal sparsity).
     """
@@ -64,7 +64,7 @@ class Router(nn.Module):
         The one extension point for baselines (``focus_lab.baselines``): a subclass may
         change how scores become groups (plain softmax, prefix-causal Sinkhorn, MoBA blocks)
         while the mask rule, the gate and the attention path stay those of this module.
-        Default: Sinkhorn in soft mode or training (PAPER.md §1), ``hard_assign`` always.
+        Default: Sinkhorn in soft mode or training (docs/method.md §1), ``hard_assign`` always.
 
         Returns: (log_p (B, T, K) or None, col_potential (B, K) or None,
         query_groups (B, T, k), key_group (B, T)).
@@ -106,13 +106,13 @@ def random_scores(batch: int, seq: int, num_groups: int, seed: int,
 
 def sinkhorn(scores: torch.Tensor, tau: float, iters: int,
              token_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Log-domain Sinkhorn: ``P = Sinkhorn(exp(S / tau))`` (PAPER.md §1).
+    """Log-domain Sinkhorn: ``P = Sinkhorn(exp(S / tau))`` (docs/method.md §1).
 
     Alternately (1) normalize over tokens so each group carries n/K mass (n valid tokens), then
     (2) over groups so each token's row sums to 1. Ends on step (2): rows are exact, columns
     approximate (their error is a recorded metric). Computed in log space: exp(S / 0.1)
     overflows in fp32. Step (1) looks at all tokens, later ones included: a causal leak
-    acceptable for training only (PAPER.md §1 [ours]).
+    acceptable for training only (docs/method.md §1 [ours]).
 
     Args:
         scores: (B, T, K) router scores.
@@ -142,7 +142,7 @@ def sinkhorn(scores: torch.Tensor, tau: float, iters: int,
 
 def hard_assign(scores: torch.Tensor, tau: float, top_k: int,
                 group_bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Causal hard assignment: token i's groups depend on token i alone (PAPER.md §1-§2 [ours]).
+    """Causal hard assignment: token i's groups depend on token i alone (docs/method.md §1-§2 [ours]).
 
     ``a = S / tau + group_bias``; a query joins its ``top_k`` groups, a key lives in its
     top-1 group, so no (query, key) pair is counted twice.
@@ -160,8 +160,8 @@ def hard_assign(scores: torch.Tensor, tau: float, top_k: int,
 
 
 def local_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int, sinks: int = 0) -> torch.Tensor:
-    """(Tq, Tk) bool, the always-kept causal pairs: ``0 <= i - j < window`` (PAPER.md §2), or
-    ``j < sinks`` and ``j <= i`` (attention sinks, PAPER.md §6 [ours])."""
+    """(Tq, Tk) bool, the always-kept causal pairs: ``0 <= i - j < window`` (docs/method.md §2), or
+    ``j < sinks`` and ``j <= i`` (attention sinks, docs/method.md §6 [ours])."""
     d = q_pos[:, None] - k_pos[None, :]  # (Tq, Tk)
     m = (d >= 0) & (d < window)
     if sinks > 0:
@@ -176,7 +176,7 @@ def causal_mask(q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
 
 def hard_mask(query_groups: torch.Tensor, key_group: torch.Tensor, window: int,
               q_pos: torch.Tensor, k_pos: torch.Tensor, sinks: int = 0) -> torch.Tensor:
-    """The hard Focus mask (PAPER.md §2): ``M(i,j) = [j<=i] and (g(j) in G_k(i) or i-j < w)``,
+    """The hard Focus mask (docs/method.md §2): ``M(i,j) = [j<=i] and (g(j) in G_k(i) or i-j < w)``,
     plus ``j < sinks`` when sink tokens are kept (see ``local_mask``).
 
     Args:
@@ -191,7 +191,7 @@ def hard_mask(query_groups: torch.Tensor, key_group: torch.Tensor, window: int,
 
 def soft_gate_bias(log_p_q: torch.Tensor, log_p_k: torch.Tensor, window: int,
                    q_pos: torch.Tensor, k_pos: torch.Tensor, eps: float, sinks: int = 0) -> torch.Tensor:
-    """Additive logit bias of the soft (training) gate (PAPER.md §2 [ours]).
+    """Additive logit bias of the soft (training) gate (docs/method.md §2 [ours]).
 
     Local pairs get 0; a distant causal pair gets ``log(max(P_i . P_j, eps))`` (its weight is
     multiplied by the probability that i and j share a group); non-causal pairs get -inf.
@@ -215,7 +215,7 @@ def coverage_loss(attn: torch.Tensor, log_p: torch.Tensor, window: int, sinks: i
     attention mass on distant pairs (``i - j >= window``, not a sink key) that the soft gate
     would drop. ``P_i.P_j`` is the probability that i and j share a group (the soft gate of
     ``soft_gate_bias``), so minimizing it teaches the router to put a query and the distant
-    keys it attends to in the same group, which is what the hard mask keeps (PAPER.md §2);
+    keys it attends to in the same group, which is what the hard mask keeps (docs/method.md §2);
     Sinkhorn's balance in ``log_p`` keeps the trivial one-group answer out of reach.
 
     Args:
@@ -282,7 +282,7 @@ def route(router: Router, h: torch.Tensor, token_mask: torch.Tensor | None = Non
 
 def focus_bias(config: FocusConfig, routing: Routing | None, q_pos: torch.Tensor,
                k_pos: torch.Tensor, batch: int) -> torch.Tensor:
-    """Mask or bias of one layer under ``config.mode`` (PAPER.md §2).
+    """Mask or bias of one layer under ``config.mode`` (docs/method.md §2).
 
     Returns a (B, Tq, Tk) tensor: bool for "hard" / "window" / "dense" (True = keep), float32
     (0 / log-agreement / -inf) for "soft". Raises ValueError when the mode needs a routing

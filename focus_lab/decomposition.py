@@ -1,6 +1,6 @@
-"""Hard Focus attention as two standard attention calls merged by log-sum-exp (PAPER.md §4).
+"""Hard Focus attention as two standard attention calls merged by log-sum-exp (docs/method.md §4).
 
-The hard mask of ``core.hard_mask`` (PAPER.md §2, plus the project's sink tokens, §6),
+The hard mask of ``core.hard_mask`` (docs/method.md §2, plus the project's sink tokens, §6),
 
     M(i, j) = [j <= i] and (g(j) in G_k(i) or i - j < w or j < sinks),
 
@@ -339,7 +339,7 @@ def _dedup_slots(query_groups: torch.Tensor) -> torch.Tensor:
 
 
 def plan_segments(query_groups: torch.Tensor, key_group: torch.Tensor) -> list[Segment]:
-    """Stable sort by (group, position) and cut into segments (part A's layout, PAPER.md §4).
+    """Stable sort by (group, position) and cut into segments (part A's layout, docs/method.md §4).
 
     query_groups: (B, Tq, k) long >= 0; key_group: (B, Tk) long >= 0; Tq <= Tk (queries are the
     last Tq positions). Returns the non-empty segments (a group with queries but no earlier
@@ -624,7 +624,7 @@ def _local_other_groups(qn, kn, vn, query_groups, key_group, window, scale, time
 
 def _sink_other_groups(qn, kn, vn, query_groups, key_group, window, sinks, scale, timer):
     """Sink pairs not covered by A or B: ``j < sinks``, ``i - j >= window``, ``g(j)`` not in
-    ``G_k(i)`` (core.local_mask's sink rule, PAPER.md §6 [ours]). One call against the first
+    ``G_k(i)`` (core.local_mask's sink rule, docs/method.md §6 [ours]). One call against the first
     ``sinks`` keys. Returns (out (B, Tq, H, D) fp32, lse (B, Tq, H)) or None when no such pair."""
     B, Tq, H, D = qn.shape
     Tk = kn.shape[1]
@@ -652,13 +652,13 @@ def hard_focus_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Te
                          query_groups: torch.Tensor, key_group: torch.Tensor, window: int,
                          scaling: float | None = None, backend: str = "auto",
                          return_lse: bool = False, timings: dict | None = None, sinks: int = 0):
-    """Hard Focus attention, exactly ``masked_attention(q, k, v, hard_mask(...))`` (PAPER.md §4).
+    """Hard Focus attention, exactly ``masked_attention(q, k, v, hard_mask(...))`` (docs/method.md §4).
 
     Args:
         query: (B, H, Tq, D); key, value: (B, Hkv, Tk, D), H a multiple of Hkv (GQA), Tq <= Tk:
             query i sits at position ``Tk - Tq + i`` (Tq < Tk is a KV-cache step). Any strides;
             the (B, T, H, D) memory layout transformers produces avoids a copy.
-        query_groups: (B, Tq, k) long >= 0, the groups each query joins (PAPER.md §2 top-k);
+        query_groups: (B, Tq, k) long >= 0, the groups each query joins (docs/method.md §2 top-k);
             a group repeated in a row counts once. (B, Tq) is read as k = 1.
         key_group: (B, Tk) long >= 0, the one group of each key (its top-1).
         window: w >= 1 in tokens; pairs with ``0 <= i - j < w`` are always kept.

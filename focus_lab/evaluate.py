@@ -1,7 +1,7 @@
 """Held-out perplexity of one model under several attention patterns, on the same windows.
 
-Patterns (PAPER.md §2, §5): dense (full causal attention), sliding window only, Focus soft
-(Sinkhorn gate; note its causal leak, PAPER.md §1), Focus hard top-k for k = 1..K.
+Patterns (docs/method.md §2, §5): dense (full causal attention), sliding window only, Focus soft
+(Sinkhorn gate; note its causal leak, docs/method.md §1), Focus hard top-k for k = 1..K.
 """
 
 from __future__ import annotations

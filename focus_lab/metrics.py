@@ -1,4 +1,4 @@
-"""The recorder's metrics, each defined once here with its formula (PAPER.md §1, §2, §6).
+"""The recorder's metrics, each defined once here with its formula (docs/method.md §1, §2, §6).
 
 The recorder (``record.py``) calls these functions as the forward runs; the tests compare
 them with brute-force computations; nothing else re-derives them. The Focus method itself
@@ -10,7 +10,7 @@ heads, ``i`` a query position, ``j`` a key position, ``d = i - j`` their distanc
 * ``P_ij`` dense attention: ``softmax_j(scale * q_i . k_j)`` over causal keys ``j <= i``
   (the pretrained model's own attention given this layer's queries and keys).
 * ``M_ij`` the hard Focus mask ``core.hard_mask``:
-  ``[j <= i] and (g(j) in G_k(i) or d < w)`` (PAPER.md §2).
+  ``[j <= i] and (g(j) in G_k(i) or d < w)`` (docs/method.md §2).
 * ``S_ij`` Focus soft attention: ``softmax_j(scale * q_i . k_j + bias_ij)``, ``bias`` the soft
   gate ``core.soft_gate_bias`` (``log max(p_i . p_j, eps)`` on distant pairs).
 * local pairs: ``0 <= d < w``; distant pairs: ``d >= w``.
@@ -45,7 +45,7 @@ COVERAGE_PATTERNS = ("focus", "window", "window_matched", "random")
 
 
 # ---------------------------------------------------------------------------------------------
-# routing: assignments and balance (PAPER.md §1)
+# routing: assignments and balance (docs/method.md §1)
 
 def assignment_distributions(scores: torch.Tensor, tau: float, sinkhorn_iters: int,
                              group_bias: torch.Tensor | None = None
@@ -141,7 +141,7 @@ def random_groups(batch: int, seq: int, config, layer_idx: int) -> tuple[torch.T
 
 
 # ---------------------------------------------------------------------------------------------
-# dense attention, masks and their pair counts (PAPER.md §2, §6)
+# dense attention, masks and their pair counts (docs/method.md §2, §6)
 
 def attention_scale(module, head_dim: int) -> float:
     """The logit scale of a layer: ``module.scaling`` when the module has one, else ``1/sqrt(D)``."""
@@ -161,7 +161,7 @@ def expand_kv(key: torch.Tensor, num_heads: int, heads: Sequence[int] | None = N
 
 def head_mean_attention(query: torch.Tensor, key: torch.Tensor, scale: float) -> torch.Tensor:
     """Dense causal attention probabilities averaged over heads (what a layer's shared router
-    sees: PAPER.md §1, one router per layer). query: (B, H, T, D); key: (B, Hkv, T, D) with H a
+    sees: docs/method.md §1, one router per layer). query: (B, H, T, D); key: (B, Hkv, T, D) with H a
     multiple of Hkv (GQA) -> (B, T, T) float32, each row summing to 1 over its causal keys."""
     B, H, T, _ = query.shape
     k = expand_kv(key, H).float()  # (B, H, T, D)
@@ -341,7 +341,7 @@ def attention_metrics(query: torch.Tensor, key: torch.Tensor, scale: float,
         random_query_groups, random_key_group: the random baseline (``random_groups``); when
             None, ``coverage_random`` is not computed.
         log_p: (B, T, K) Sinkhorn log probabilities; when None the soft metrics are skipped.
-        sink_positions: n_sink, the first key positions reported as attention sinks (PAPER.md §6).
+        sink_positions: n_sink, the first key positions reported as attention sinks (docs/method.md §6).
         edge_threshold / edge_top_n / edge_min_weight: the dropped-edge audit (off when
             edge_threshold is None and edge_top_n == 0).
         pattern_heads: indices into the recorded heads whose full (T, T) maps are kept.
@@ -487,7 +487,7 @@ def attention_metrics(query: torch.Tensor, key: torch.Tensor, scale: float,
 
 
 # ---------------------------------------------------------------------------------------------
-# linguistics: groups against POS / dependency labels (PAPER.md §5 "interpretability")
+# linguistics: groups against POS / dependency labels (docs/method.md §5 "interpretability")
 
 def contingency(groups: np.ndarray, labels: np.ndarray) -> pd.DataFrame:
     """Group x label contingency: ``n_gl = #{tokens t : group_t = g, label_t = l}``.

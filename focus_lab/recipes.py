@@ -1,23 +1,23 @@
 """Router training recipes that try to close the soft-to-hard gap (issue 9).
 
-Training sees the soft Sinkhorn gate; inference uses a hard, causal top-k mask (PAPER.md §2).
+Training sees the soft Sinkhorn gate; inference uses a hard, causal top-k mask (docs/method.md §2).
 Each recipe is a named set of FocusConfig and TrainConfig changes, so ``focus-lab train
 --recipe NAME`` and the analyses use the same definitions.
 
 | recipe | what changes | source / reasoning |
 |---|---|---|
-| paper | soft Sinkhorn gate; hard top-k = argmax of raw scores | PAPER.md §1-§2, the paper's recipe |
+| paper | soft Sinkhorn gate; hard top-k = argmax of raw scores | docs/method.md §1-§2, the paper's recipe |
 | calibrated | + per-group bias = EMA of Sinkhorn's column potentials, added before the causal top-k | Sinkhorn's column scaling is what balances groups; a fixed per-group offset reproduces it without looking ahead [ours] |
 | straight_through | + forward with the hard mask, backward through the soft gate | straight-through estimator (Bengio et al. 2013) |
 | anneal | + tau annealed 0.1 -> 0.02 | temperature annealing toward the hard limit (Gumbel-softmax practice) |
 | hard_phase | + last 30% of steps against Gumbel-sampled hard masks (straight-through) | Gumbel top-k (Kool et al. 2019) |
-| sinks | calibrated + the first 4 tokens always visible | attention sinks (StreamingLLM, Xiao et al. 2023); PAPER.md §6 |
+| sinks | calibrated + the first 4 tokens always visible | attention sinks (StreamingLLM, Xiao et al. 2023); docs/method.md §6 |
 | sinks_straight_through | sinks + straight_through | both |
 | random_sinks | random groups + sinks, no training (control at equal sparsity) | control |
 | sinks64 | calibrated + the first 64 tokens always visible | the recorder's dropped-dependency audit: 92% of the dropped dense mass lands on secondary sinks (" ", " the") at positions 7-70, just past 4 sinks; the eval-time sweep (figures/recipes/sinks_sweep.md) showed 64 sinks recover most of the gap [ours] |
 | coverage64 | coverage with 64 sinks | both |
 | distill64 | 64 sinks + the distill objective: each router learns, from dense forwards only, to make its layer's soft-gated output (through the output projection) match the dense output on sampled queries; affordable at 4K-8K tokens (``focus_lab.distill``) | SeerAttention's per-layer gate distillation, DuoAttention's output-distortion target [ours] |
-| coverage | sinks + the coverage objective: each router learns, from dense forwards only, to put a query and the distant keys its layer attends to in one group (``core.coverage_loss``) | the recorder showed hard top-k PPL tracks the dense attention mass the mask drops (PAPER.md §6); a direct, per-layer target for it needs no backward pass through the model [ours] |
+| coverage | sinks + the coverage objective: each router learns, from dense forwards only, to put a query and the distant keys its layer attends to in one group (``core.coverage_loss``) | the recorder showed hard top-k PPL tracks the dense attention mass the mask drops (docs/method.md §6); a direct, per-layer target for it needs no backward pass through the model [ours] |
 """
 
 from __future__ import annotations

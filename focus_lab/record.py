@@ -14,7 +14,7 @@ observers never change a tensor, so outputs inside the block are identical too.
 
 ``record_run`` runs held-out windows through it and writes a run directory: tokens, pos (spaCy),
 assignments, balance, coverage, dropped edges, crossing mass and linguistics tables.
-Sources: PAPER.md §1-§2 (the method), §6 (the reviewers' question the recorder answers).
+Sources: docs/method.md §1-§2 (the method), §6 (the reviewers' question the recorder answers).
 """
 
 from __future__ import annotations
@@ -85,7 +85,7 @@ class RecordOptions:
         edge_top_n: also keep each query's n heaviest dropped pairs ...
         edge_min_weight: ... when their weight exceeds this.
         sink_positions: the first key positions reported as attention sinks (sink metrics and
-            ``key_is_sink``; PAPER.md §6). Independent of the mask's own rule
+            ``key_is_sink``; docs/method.md §6). Independent of the mask's own rule
             ``FocusConfig.sink_tokens``, which every mask of the recorder follows.
         per_query: write the per-query tables (coverage_query, crossing_query).
         chunk_elements: bound on batch x heads x queries x keys per chunk of dense attention.

@@ -4,7 +4,7 @@ Focus enters through transformers' ``AttentionInterface`` (an attention function
 "focus") and ``AttentionMaskInterface`` (so causality, padding and sliding windows still
 reach it). A forward pre-hook on each attention module captures its input (after the
 layer's input norm), which the layer's Router scores. Every original parameter is frozen.
-Source: PAPER.md §1-§3.
+Source: docs/method.md §1-§3.
 """
 
 from __future__ import annotations
@@ -147,7 +147,7 @@ def focus_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, v
         RuntimeError: a hard-mode KV-cache step whose earlier tokens' key groups are unknown.
 
     Hard mode uses ``decomposition.hard_focus_attention`` (two attention calls + LSE merge,
-    PAPER.md §4) unless ``config.backend == "dense"`` or the mask hides more than causality
+    docs/method.md §4) unless ``config.backend == "dense"`` or the mask hides more than causality
     (padding, a model's own sliding window) or the model soft-caps its logits: then the dense
     masked reference (``core.masked_attention``, with ``softcap``). With a KV cache,
     a step's queries see their window plus the earlier keys of their groups: the key groups of

@@ -1,4 +1,4 @@
-"""Router-only training (PAPER.md §3): every pretrained weight frozen, AdamW on the routers.
+"""Router-only training (docs/method.md §3): every pretrained weight frozen, AdamW on the routers.
 
 A training directory holds ``routers.safetensors`` (final), ``checkpoint/`` (atomic, every N
 steps: routers, optimizer, step), ``train_log.parquet`` (one row per step and layer) and
@@ -109,7 +109,7 @@ def train(model, windows: list, focus_cfg: FocusConfig, train_cfg: TrainConfig, 
     Args:
         model: a transformers causal LM (Focus attached or not; attached with focus_cfg if not).
         windows: training windows from ``focus_lab.data.make_windows``.
-        focus_cfg: Focus configuration (mode is forced to "soft" while training, PAPER.md §2).
+        focus_cfg: Focus configuration (mode is forced to "soft" while training, docs/method.md §2).
         train_cfg: schedule. out_dir: training directory. resume: continue from its checkpoint.
         meta: extra provenance (model name, corpus) written into train_config.json.
     Returns:

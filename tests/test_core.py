@@ -13,7 +13,7 @@ from focus_lab.core import (hard_assign, hard_mask, masked_attention, sinkhorn, 
 
 
 def brute_force_hard_mask(query_groups, key_group, window):
-    """M(i,j) = [j<=i] and (g(j) in topk(i) or i-j < w), from the definition (PAPER.md §2)."""
+    """M(i,j) = [j<=i] and (g(j) in topk(i) or i-j < w), from the definition (docs/method.md §2)."""
     B, T, _ = query_groups.shape
     m = torch.zeros(B, T, T, dtype=torch.bool)
     for b, i, j in itertools.product(range(B), range(T), range(T)):

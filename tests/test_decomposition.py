@@ -1,4 +1,4 @@
-"""Exactness of hard Focus as two attention calls + LSE merge (focus_lab.decomposition, PAPER.md §4).
+"""Exactness of hard Focus as two attention calls + LSE merge (focus_lab.decomposition, docs/method.md §4).
 
 The reference is the ONE definition of the mask: ``core.masked_attention(q, k, v,
 core.hard_mask(...))``. Every backend present on this machine is checked (``available_backends``:

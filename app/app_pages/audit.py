@@ -151,7 +151,7 @@ def page() -> None:
         sel_rels = st.multiselect("Relations", rels, default=[], key="audit_relations", placeholder="all relations")
         only_rel = st.checkbox("only edges with a spaCy relation", key="audit_only_rel")
         no_sink = st.checkbox("hide edges to sink tokens", key="audit_no_sink", disabled="key_is_sink" not in edges,
-                              help="keys among the first positions (attention sinks, PAPER.md §6)")
+                              help="keys among the first positions (attention sinks, docs/method.md §6)")
 
     f = edges
     if sel_layers:

@@ -43,7 +43,7 @@ def page() -> None:
     run = lib.current_run()
     st.title("Balance")
     st.caption(f"run **{run.name}** · are the groups balanced? Sinkhorn's hard constraint vs plain softmax "
-               "(PAPER.md §1: plain softmax puts almost every token in one group)")
+               "(docs/method.md §1: plain softmax puts almost every token in one group)")
     asg = lib.need_table(run, "assignments", "group shares")
     if asg is None:
         return
