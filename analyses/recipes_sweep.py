@@ -30,17 +30,7 @@ from focus_lab.train import train
 ORDER = ["sinks", "paper", "sinks_straight_through", "calibrated", "straight_through",
          "coverage", "sinks64", "coverage64",
          "sinks_hard_phase", "sinks_anneal", "hard_phase", "anneal"]
-COMBOS = {"sinks_hard_phase": ("sinks", "hard_phase"), "sinks_anneal": ("sinks", "anneal")}
-
-
-def recipe_changes(name: str) -> tuple[dict, dict]:
-    """(FocusConfig changes, TrainConfig changes); combos merge their parts."""
-    f, t = {}, {}
-    for part in COMBOS.get(name, (name,)):
-        pf, pt = recipe(part)
-        f.update(pf)
-        t.update(pt)
-    return f, t
+recipe_changes = recipe  # one registry: focus_lab.recipes.RECIPES (the sweep adds nothing)
 
 
 def report(rows: pd.DataFrame, K: int) -> str:

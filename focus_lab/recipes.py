@@ -13,6 +13,8 @@ Each recipe is a named set of FocusConfig and TrainConfig changes, so ``focus-la
 | hard_phase | + last 30% of steps against Gumbel-sampled hard masks (straight-through) | Gumbel top-k (Kool et al. 2019) |
 | sinks | calibrated + the first 4 tokens always visible | attention sinks (StreamingLLM, Xiao et al. 2023); docs/method.md §6 |
 | sinks_straight_through | sinks + straight_through | both |
+| sinks_anneal | sinks + anneal | both |
+| sinks_hard_phase | sinks + hard_phase | both |
 | random_sinks | random groups + sinks, no training (control at equal sparsity) | control |
 | sinks64 | calibrated + the first 64 tokens always visible | the recorder's dropped-dependency audit: 92% of the dropped dense mass lands on secondary sinks (" ", " the") at positions 7-70, just past 4 sinks; the eval-time sweep (figures/recipes/sinks_sweep.md) showed 64 sinks recover most of the gap [ours] |
 | coverage64 | coverage with 64 sinks | both |
@@ -34,6 +36,8 @@ RECIPES: dict[str, tuple[dict, dict]] = {
     "hard_phase": ({}, {"hard_phase": 0.3}),
     "sinks": ({"sink_tokens": 4}, {}),
     "sinks_straight_through": ({"sink_tokens": 4, "straight_through": True}, {}),
+    "sinks_anneal": ({"sink_tokens": 4}, {"tau_final": 0.02}),
+    "sinks_hard_phase": ({"sink_tokens": 4}, {"hard_phase": 0.3}),
     "random_sinks": ({"sink_tokens": 4, "assignment": "random"}, {}),
     "coverage": ({"sink_tokens": 4}, {"objective": "coverage"}),
     "sinks64": ({"sink_tokens": 64}, {}),
