@@ -25,35 +25,7 @@ if str(REPO) not in sys.path:  # `streamlit run app/main.py` from a checkout wit
     sys.path.insert(0, str(REPO))
 
 
-def _import_runs():
-    """``focus_lab.runs`` without importing the ``focus_lab`` package (whose ``__init__``
-    pulls in torch and transformers, seconds on a cold server): runs.py needs only pandas. It
-    is registered under its own name, so a later ``import focus_lab`` (the live probe) reuses
-    the same module and the same ``RunError`` class."""
-    if "focus_lab.runs" in sys.modules:
-        return sys.modules["focus_lab.runs"]
-    if "focus_lab" in sys.modules:
-        import focus_lab.runs as mod
-        return mod
-    import importlib.util
-    pkg = importlib.util.find_spec("focus_lab")
-    path = Path(next(iter(pkg.submodule_search_locations))) / "runs.py" if pkg else None
-    if path is None or not path.is_file():
-        import focus_lab.runs as mod
-        return mod
-    spec = importlib.util.spec_from_file_location("focus_lab.runs", path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["focus_lab.runs"] = mod
-    try:
-        spec.loader.exec_module(mod)
-    except BaseException:
-        del sys.modules["focus_lab.runs"]
-        raise
-    return mod
-
-
-_runs = _import_runs()
-Run, RunError, list_runs = _runs.Run, _runs.RunError, _runs.list_runs
+from focus_lab.runs import Run, RunError, list_runs  # noqa: E402  (light: `import focus_lab` is lazy)
 
 ENV_RUNS = "FOCUS_LAB_RUNS"
 RECORD_HINT = "record it with `focus-lab record` (the recorder's metrics of issue 3)"

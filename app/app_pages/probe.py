@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import html
 import os
-import sys
 import threading
 from pathlib import Path
 
@@ -40,11 +39,8 @@ def load_probe_model(model_name: str, routers: str, router_mtime: int, mode: str
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     import torch
-    import focus_lab
     from focus_lab import load_routers, set_config
     from focus_lab.models import load_model
-    if not hasattr(focus_lab, "runs"):  # lib loaded runs.py before the package (lib._import_runs)
-        focus_lab.runs = sys.modules["focus_lab.runs"]
     torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
     model, tok = load_model(model_name or None, verbose=False)
     load_routers(model, routers)
