@@ -37,6 +37,7 @@ import torch
 import torch.nn as nn
 
 from .config import FocusConfig, TrainConfig
+from . import core
 from .core import Router, distant_pairs_kept, hard_assign, sinkhorn
 from .evaluate import evaluate, standard_patterns
 from .retrofit import attach, attention_modules, detach, focus_config, is_attached, load_routers, set_config
@@ -57,10 +58,7 @@ BASELINES = ("focus", "window", "window_matched", "random", "kmeans", "online_km
 
 def _normalized(h: torch.Tensor, config: FocusConfig) -> torch.Tensor:
     """The router's own input normalization (``core.Router.forward``): RMS over d_model."""
-    h = h.float()
-    if config.normalize_input:
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)
-    return h
+    return core.rms_normalize(h) if config.normalize_input else h.float()
 
 
 class SoftmaxRouter(Router):
@@ -153,7 +151,7 @@ class OnlineKMeansRouter(KMeansRouter):
             with torch.no_grad():
                 x = _normalized(h, self.config).reshape(-1, h.shape[-1])  # (N, d)
                 if not bool(self.initialized):
-                    g = torch.Generator().manual_seed(self.config.seed * 1_000_003 + self.layer_idx)
+                    g = torch.Generator().manual_seed(core.layer_seed(self.config.seed, self.layer_idx))
                     idx = torch.randperm(x.shape[0], generator=g)[: self.means.shape[0]]
                     self.means[: len(idx)] = x[idx].to(self.means)
                     self.initialized.fill_(True)

@@ -19,6 +19,27 @@ import torch.nn.functional as F
 from .config import FocusConfig
 
 
+def layer_seed(seed: int, layer_idx: int) -> int:
+    """The per-layer seed of everything random about one layer (router init, random and
+    shuffled control groups): ``seed * 1_000_003 + layer_idx``, so layers differ and a run
+    is reproducible from ``FocusConfig.seed`` alone."""
+    return seed * 1_000_003 + layer_idx
+
+
+def rms_normalize(h: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """``h / RMS(h)`` over the last dim, in fp32: the router's input normalization
+    (``FocusConfig.normalize_input``, docs/method.md §1.1 [ours]). h: (..., d_model)."""
+    h = h.float()
+    return h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+
+
+def hard_group_shares(key_group: torch.Tensor, num_groups: int) -> torch.Tensor:
+    """(K,) float share of tokens in each hard top-1 group (sums to 1; 1/K each is perfect
+    balance). key_group: (...) long group ids, e.g. (B, T)."""
+    counts = torch.bincount(key_group.reshape(-1), minlength=num_groups).float()
+    return counts / counts.sum().clamp(min=1)
+
+
 class Router(nn.Module):
     """One router per attention layer, shared by all heads and by the query and key roles.
 
@@ -40,7 +61,7 @@ class Router(nn.Module):
         super().__init__()
         self.config = config
         self.layer_idx = layer_idx
-        g = torch.Generator().manual_seed(config.seed * 1_000_003 + layer_idx)
+        g = torch.Generator().manual_seed(layer_seed(config.seed, layer_idx))
         K, dg = config.num_groups, config.router_dim
         self.proj = nn.Parameter(torch.randn(d_model, dg, generator=g) / math.sqrt(d_model))
         # init so that S / tau ~ N(0, 1): Sinkhorn starts soft and balanced, then sharpens
@@ -51,10 +72,8 @@ class Router(nn.Module):
         """Router scores. h: (B, T, d) attention input -> S: (B, T, K), fp32."""
         if self.config.assignment == "random":
             return random_scores(h.shape[0], h.shape[1], self.config.num_groups,
-                                 seed=self.config.seed * 1_000_003 + self.layer_idx, device=h.device)
-        h = h.float()
-        if self.config.normalize_input:
-            h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)  # (B, T, d)
+                                 seed=layer_seed(self.config.seed, self.layer_idx), device=h.device)
+        h = rms_normalize(h) if self.config.normalize_input else h.float()  # (B, T, d)
         return (h @ self.proj) @ self.centroids.T  # (B, T, K)
 
     def assign(self, scores: torch.Tensor, config: FocusConfig, token_mask: torch.Tensor | None = None
@@ -76,7 +95,7 @@ class Router(nn.Module):
         bias = None if config.assignment == "random" else self.group_bias
         qg, kg = hard_assign(scores, config.tau, config.top_k, bias)
         if config.assignment == "shuffled":  # control: same group sizes, random membership
-            g = torch.Generator().manual_seed(config.seed * 1_000_003 + self.layer_idx)
+            g = torch.Generator().manual_seed(layer_seed(config.seed, self.layer_idx))
             perm = torch.randperm(scores.shape[1], generator=g).to(scores.device)  # (T,)
             qg, kg = qg[:, perm], kg[:, perm]
         return log_p, col, qg, kg

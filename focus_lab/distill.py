@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 
 from .config import FocusConfig
-from .core import hard_assign, sinkhorn, soft_gate_bias, masked_attention
+from .core import hard_assign, hard_group_shares, sinkhorn, soft_gate_bias, masked_attention
 
 
 def sample_queries(T: int, window: int, n: int, generator: torch.Generator) -> torch.Tensor:
@@ -126,8 +126,7 @@ def distill_step(model, ids: torch.Tensor, config: FocusConfig, step: int, num_q
         losses.append(loss.detach())
         if shares is not None:
             _, kg = hard_assign(scores, config.tau, 1, r.group_bias)
-            counts = torch.bincount(kg.reshape(-1), minlength=config.num_groups).float()
-            shares[r.layer_idx] = counts / counts.sum()
+            shares[r.layer_idx] = hard_group_shares(kg, config.num_groups)
 
     mods = [m for _, m in attention_modules(model) if hasattr(m, "focus_router")]
     hooks = [m.register_forward_pre_hook(capture, with_kwargs=True) for m in mods]

@@ -13,7 +13,7 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from .core import distant_pairs_kept
+from .core import distant_pairs_kept, hard_group_shares
 from .retrofit import add_observer, focus_config, set_config
 
 EVAL_SCHEMA = 1
@@ -97,8 +97,7 @@ def evaluate(model, windows: list, patterns: list[tuple[str, dict]] | None = Non
         if cfg.mode == "hard" and routing is not None:
             kept.append(distant_pairs_kept(routing.query_groups, routing.key_group, cfg.window,
                                            cfg.sink_tokens))
-            counts = torch.bincount(routing.key_group.reshape(-1), minlength=cfg.num_groups)
-            shares.append(float(counts.max() / counts.sum()))
+            shares.append(float(hard_group_shares(routing.key_group, cfg.num_groups).max()))
 
     remove = add_observer(model, observe)
     try:

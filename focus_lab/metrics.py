@@ -90,8 +90,7 @@ def group_shares(q: torch.Tensor, hard: torch.Tensor, num_groups: int) -> tuple[
     """
     T = q.shape[0]
     soft = q.float().sum(0) / max(T, 1)
-    hard_share = torch.bincount(hard.reshape(-1), minlength=num_groups).float() / max(T, 1)
-    return soft, hard_share
+    return soft, core.hard_group_shares(hard, num_groups)
 
 
 def normalized_entropy(share: torch.Tensor) -> float:
@@ -136,7 +135,7 @@ def random_groups(batch: int, seq: int, config, layer_idx: int) -> tuple[torch.T
     """Random groups at the Focus sparsity: ``core.hard_assign(core.random_scores(...), tau, k)``
     with the seed ``FocusConfig.assignment="random"`` uses for this layer (a function of the
     position only). Returns (query_groups (B, T, k), key_group (B, T))."""
-    s = core.random_scores(batch, seq, config.num_groups, seed=config.seed * 1_000_003 + layer_idx)
+    s = core.random_scores(batch, seq, config.num_groups, seed=core.layer_seed(config.seed, layer_idx))
     return core.hard_assign(s, config.tau, config.top_k)
 
 

@@ -539,9 +539,8 @@ class Recording:
                     focus.append(r["key_group"][b].numpy())
                     rand.append(rk[b].numpy())
                     if r["h"] is not None:
-                        x = r["h"][b].float()
-                        if r["cfg"].normalize_input:  # the router's own input normalization (core.Router)
-                            x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+                        x = r["h"][b]  # the router's own input normalization (core.Router)
+                        x = core.rms_normalize(x) if r["cfg"].normalize_input else x.float()
                         hs.append(x.numpy())
             idx = pd.MultiIndex.from_arrays([np.concatenate(win), np.concatenate(position)])
             assignments = {"focus": np.concatenate(focus), "random": np.concatenate(rand)}

@@ -18,6 +18,7 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
+from .core import hard_group_shares
 from .config import FocusConfig, TrainConfig
 from .io import atomic_path, write_json, write_parquet
 from .retrofit import (add_observer, attach, focus_config, is_attached, load_routers, routers,
@@ -71,12 +72,6 @@ def batch_for_step(windows: list, step: int, cfg: TrainConfig) -> torch.Tensor:
         perm = torch.randperm(n, generator=torch.Generator().manual_seed(cfg.seed * 7919 + epoch))
         ids.append(windows[int(perm[pos])].input_ids)
     return torch.stack(ids)  # (batch, seq_len)
-
-
-def _group_shares(key_group: torch.Tensor, num_groups: int) -> torch.Tensor:
-    """(K,) share of tokens per hard top-1 group. key_group: (B, T)."""
-    counts = torch.bincount(key_group.reshape(-1), minlength=num_groups).float()
-    return counts / counts.sum()
 
 
 def distributed_context() -> tuple[int, int]:
@@ -165,7 +160,7 @@ def train(model, windows: list, focus_cfg: FocusConfig, train_cfg: TrainConfig, 
 
     def observe(module, q, k, v, routing, bias, o):
         if routing is not None:
-            shares[module.focus_router.layer_idx] = _group_shares(routing.key_group, K)
+            shares[module.focus_router.layer_idx] = hard_group_shares(routing.key_group, K)
     remove = add_observer(model, observe)
     forward = model
     device = next(model.parameters()).device
@@ -284,7 +279,7 @@ def coverage_step(model, ids: torch.Tensor, config: FocusConfig, shares: dict | 
         losses.append(loss.detach())
         if shares is not None:
             _, kg = hard_assign(scores.detach(), config.tau, 1, r.group_bias)
-            shares[r.layer_idx] = _group_shares(kg, config.num_groups)
+            shares[r.layer_idx] = hard_group_shares(kg, config.num_groups)
 
     mods = [m for _, m in attention_modules(model) if hasattr(m, "focus_router")]
     hooks = [m.register_forward_pre_hook(capture, with_kwargs=True) for m in mods]

@@ -130,3 +130,19 @@ def test_distant_pairs_kept_equals_counting_the_mask(K, k, w, s, T):
     m = hard_mask(qg, kg, w, pos, pos, sinks=s)
     want = (m & distant).sum() / (distant.sum() * 2)
     assert distant_pairs_kept(qg, kg, w, s) == pytest.approx(float(want))
+
+
+def test_shared_small_concepts_against_hand_values():
+    from focus_lab.core import hard_group_shares, layer_seed, rms_normalize
+    # group shares: hand-counted
+    kg = torch.tensor([[0, 0, 2, 3], [3, 3, 3, 0]])
+    assert hard_group_shares(kg, 4).tolist() == [3 / 8, 0.0, 1 / 8, 4 / 8]
+    # RMS normalization: every row has unit root-mean-square, direction unchanged
+    h = torch.tensor([[3.0, 4.0], [0.1, -0.1]], dtype=torch.float64)
+    n = rms_normalize(h)
+    assert n.dtype == torch.float32
+    assert torch.allclose(n.pow(2).mean(-1), torch.ones(2), atol=1e-4)
+    assert torch.allclose(n[0], torch.tensor([3.0, 4.0]) / (12.5 ** 0.5), atol=1e-5)
+    # per-layer seeds: distinct across layers and seeds
+    seeds = {layer_seed(s, i) for s in range(3) for i in range(30)}
+    assert len(seeds) == 90
