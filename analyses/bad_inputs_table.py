@@ -7,27 +7,23 @@ as the markdown table in the README. Offline: a tiny random Llama + tokenizer sa
 from __future__ import annotations
 
 import json
-import sys
 import tempfile
 from pathlib import Path
 
 import torch
 from typer.testing import CliRunner
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tests"))
+import focus_lab
+from focus_lab.cli import app
+from focus_lab.tiny import SAMPLE_TEXT as TEXT, bpe_tokenizer, tiny_gpt2, tiny_llama
 
-import focus_lab  # noqa: E402
-from focus_lab.cli import app  # noqa: E402
-from conftest import tiny_gpt2, tiny_llama  # noqa: E402
-from run_fixtures import TEXT, make_tokenizer  # noqa: E402
 
 
 def main() -> None:
     tmp = Path(tempfile.mkdtemp())
     model_dir = tmp / "model"
     tiny_llama().save_pretrained(model_dir)
-    make_tokenizer().save_pretrained(model_dir)
+    bpe_tokenizer([TEXT]).save_pretrained(model_dir)
     good = tmp / "good.txt"
     good.write_text("\n\n".join([TEXT] * 30))
     runner = CliRunner()

@@ -114,12 +114,9 @@ class Context:
     def model(self):
         """A fresh model (its tokenizer is ``self.tokenizer``)."""
         if self.quick:
-            from transformers import LlamaConfig, LlamaForCausalLM
-            torch.manual_seed(0)
-            cfg = LlamaConfig(vocab_size=len(self.tokenizer), hidden_size=64, intermediate_size=128,
-                              num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                              max_position_embeddings=1024, bos_token_id=0, eos_token_id=0, pad_token_id=0)
-            m = LlamaForCausalLM(cfg).eval()
+            from .tiny import tiny_llama
+            m = tiny_llama(seed=0, layers=2, vocab_size=len(self.tokenizer), max_positions=1024,
+                           bos_token_id=0, eos_token_id=0, pad_token_id=0)
             m.config._name_or_path = "tiny-random-llama"
             return m
         from .models import load_model
@@ -244,15 +241,9 @@ def quick_corpus(name: str):
 
 def quick_tokenizer(vocab: int = 300):
     """A tiny fast BPE tokenizer trained on the built-in texts (offsets for spaCy alignment)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-    tok = Tokenizer(models.BPE(unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Punctuation()])
-    tok.decoder = decoders.BPEDecoder()
-    trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=["<unk>"], show_progress=False)
-    tok.train_from_iterator([s for v in _QUICK_TEXTS.values() for s in v], trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", pad_token="<unk>", eos_token="<unk>")
-    return fast
+    from .tiny import bpe_tokenizer
+    return bpe_tokenizer([s for v in _QUICK_TEXTS.values() for s in v], vocab, special_tokens=("<unk>",),
+                         split_punctuation=True)
 
 
 # ============================================================================================
@@ -811,10 +802,6 @@ def render(out: Path, data_dir: Path, log: Callable[[str], None] = print, png: b
 # ============================================================================================
 # README files
 
-def _data_line(name: str, ctx: Context, status: dict) -> str:
-    return f"`data/{name}.parquet`"
-
-
 def write_readme(ctx: Context, records: list[dict], status: dict, wall: float, command: str) -> Path:
     """``<out>/README.md``: every output, what it shows, its data and the command that made it."""
     s = ctx.settings
@@ -840,7 +827,7 @@ def write_readme(ctx: Context, records: list[dict], status: dict, wall: float, c
     ]
     for r in records:
         files = ", ".join(f"[{f}]({f})" for f in r["files"]) or "(none)"
-        data = "; ".join(_data_line(d, ctx, status) for d in r["data"]) or "-"
+        data = "; ".join(f"`data/{d}.parquet`" for d in r["data"]) or "-"
         status_txt = r["status"] if len(r["status"]) < 80 else r["status"][:77] + "..."
         lines.append(f"| {r['number'] or ''} | {files} | {r['title']} | {data} | `{r['module']}` | {status_txt} |")
     total = sum(v.get("seconds", 0) or 0 for v in status.values())

@@ -73,7 +73,6 @@ ADAPTERS: dict[str, FamilyAdapter] = {
 }
 
 # family (config.model_type) -> attribute name of the self-attention module in a decoder layer
-SUPPORTED_FAMILIES: dict[str, str] = {family: a.attn_attr for family, a in ADAPTERS.items()}
 
 
 class UnsupportedModelError(ValueError):

@@ -20,7 +20,6 @@ never sees half a run.
 from __future__ import annotations
 
 import json
-import math
 from functools import cached_property
 from pathlib import Path
 
@@ -167,7 +166,3 @@ class Run:
         if self.has("pos"):
             tok = tok.merge(self.table("pos"), on=["window", "position"], how="left")
         return tok
-
-
-def perplexity(nll: float) -> float:
-    return math.exp(nll)

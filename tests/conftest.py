@@ -13,22 +13,15 @@ torch.set_num_threads(min(2, torch.get_num_threads()))
 
 
 def tiny_llama(seed: int = 0, layers: int = 2):
-    """Llama family (GQA 4/2 heads, RoPE), random weights, eval mode."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-    torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                      bos_token_id=1, eos_token_id=2, pad_token_id=0)
-    return LlamaForCausalLM(cfg).eval()
+    """Llama family (GQA 4/2 heads, RoPE), random weights, eval mode (``focus_lab.tiny``)."""
+    from focus_lab.tiny import tiny_llama as make
+    return make(seed=seed, layers=layers)
 
 
 def tiny_gpt2(seed: int = 0, layers: int = 2):
-    """GPT-2 (MHA, learned positions), random weights, eval mode."""
-    from transformers import GPT2Config, GPT2LMHeadModel
-    torch.manual_seed(seed)
-    cfg = GPT2Config(vocab_size=97, n_embd=64, n_layer=layers, n_head=4, n_positions=512,
-                     bos_token_id=1, eos_token_id=2)
-    return GPT2LMHeadModel(cfg).eval()
+    """GPT-2 (MHA, learned positions), random weights, eval mode (``focus_lab.tiny``)."""
+    from focus_lab.tiny import tiny_gpt2 as make
+    return make(seed=seed, layers=layers)
 
 
 def _perturb(model, seed: int):

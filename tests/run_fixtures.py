@@ -3,7 +3,7 @@
 ``make_tiny_run(path)`` builds (offline, a few seconds on 2 cores):
 
 * a tiny fast tokenizer (byte-free BPE trained on the built-in text below, ``tokenizers``
-  wrapped in ``PreTrainedTokenizerFast``) and a tiny random Llama (``conftest.tiny_llama``),
+  wrapped in ``PreTrainedTokenizerFast``) and a tiny random Llama (``focus_lab.tiny.tiny_llama``),
   saved under ``assets`` so the live-probe page can load them with
   ``focus_lab.models.load_model(path)``;
 * routers attached with ``FocusConfig(mode="hard", window=8, num_groups=4)`` and saved as
@@ -29,20 +29,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-TEXT = (
-    "It was a bright morning in the village, and Anne walked to the house on the hill. "
-    "Her sister had written a long letter, which she carried in her hand. "
-    "The captain was waiting by the gate; he smiled when he saw her. "
-    "They spoke of the sea, of ships, and of the friends they had lost. "
-    "Mr. Elliot arrived later, and nobody was pleased to see him. "
-    "Anne thought of the letter again, and of the words her sister had chosen. "
-    "In the evening the whole family sat by the fire and read aloud. "
-    "The captain told a story about a storm that had nearly sunk his ship. "
-    "Everyone listened, and even Mr. Elliot was quiet for a while. "
-    "When the story ended, Anne went to the window and looked at the dark sea. "
-    "She knew that tomorrow would bring another letter, and perhaps an answer. "
-    "The house was silent, but her heart was not."
-)
+from focus_lab.tiny import SAMPLE_TEXT as TEXT, bpe_tokenizer, tiny_llama  # noqa: E402
 DOC = "tiny-doc"
 VOCAB = 97
 
@@ -55,35 +42,12 @@ class TinyWindow:
 
 
 def _tiny_llama(vocab: int, layers: int):
-    here = str(Path(__file__).resolve().parent)
-    if here not in sys.path:
-        sys.path.insert(0, here)
-    try:
-        from conftest import tiny_llama
-    except ImportError:  # pragma: no cover - conftest always ships with the tests
-        tiny_llama = None
-    if tiny_llama is not None and vocab == VOCAB:
-        return tiny_llama(seed=0, layers=layers)
-    from transformers import LlamaConfig, LlamaForCausalLM
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                      bos_token_id=1, eos_token_id=2, pad_token_id=0)
-    return LlamaForCausalLM(cfg).eval()
+    return tiny_llama(seed=0, layers=layers, vocab_size=vocab)
 
 
 def make_tokenizer(text: str = TEXT, vocab: int = VOCAB):
     """A fast BPE tokenizer (whitespace/punctuation pre-tokenizer) of at most ``vocab`` entries."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-    tk = Tokenizer(models.BPE(unk_token="<unk>"))
-    tk.pre_tokenizer = pre_tokenizers.Whitespace()
-    tk.decoder = decoders.BPEDecoder()
-    trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=["<pad>", "<s>", "</s>", "<unk>"],
-                                  show_progress=False)
-    tk.train_from_iterator([text], trainer)
-    return PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="<unk>", pad_token="<pad>",
-                                   bos_token="<s>", eos_token="</s>")
+    return bpe_tokenizer([text], vocab)
 
 
 def make_windows(tokenizer, text: str = TEXT, seq_len: int = 48, doc: str = DOC) -> list[TinyWindow]:
