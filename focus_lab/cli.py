@@ -1,4 +1,4 @@
-"""The ``focus-lab`` command line: prepare, train, eval, record, app, quickstart."""
+"""The ``focus-lab`` command line: prepare, train, eval, record, app, quickstart, probe passkey."""
 
 from __future__ import annotations
 
@@ -393,6 +393,88 @@ def figures(
         failed = [r["name"] for r in res["records"] if r["status"].startswith("failed")]
         typer.echo(f"wrote {len(res['records'])} outputs to {res['out']} (README.md lists them)"
                    + (f"; failed: {', '.join(failed)}" if failed else ""))
+        return res
+    return _guard(run)
+
+
+# ------------------------------------------------------------------------------------------
+probe_app = typer.Typer(add_completion=False, no_args_is_help=True,
+                        help="Probes of a Focus model: passkey retrieval (docs/passkey.md).")
+app.add_typer(probe_app, name="probe")
+
+# literal copies of focus_lab.passkey's defaults (importing it here would load torch for --help;
+# tests/test_passkey.py checks that they agree)
+PASSKEY_LENGTHS = "1024,2048,4096"
+PASSKEY_DEPTHS = "0,25,50,75,100"
+PASSKEY_PATTERNS = "dense,window,random_top2,hard_top1,hard_top2"
+
+
+def _number_list(spec: str, option: str, cast=int) -> list:
+    """A comma list of numbers such as '1024,2048'; one error line naming the option otherwise."""
+    try:
+        out = [cast(x) for x in spec.replace(" ", "").split(",") if x]
+    except ValueError:
+        out = []
+    if not out:
+        _fail(f"{option} {spec!r}: write a comma list of numbers, e.g. {option} "
+              f"{'1024,2048' if cast is int else '0,50,100'}")
+    return out
+
+
+@probe_app.command("passkey")
+def probe_passkey(
+    routers_opt: Optional[Path] = typer.Option(None, "--routers", help="router file; default: the routers shipped "
+                                               "with focus-lab for the model (focus_lab/routers/)"),
+    model: Optional[str] = typer.Option(None, help="gemma3-270m, an HF id or a local path; default: embedded SmolLM2-135M"),
+    corpus: str = typer.Option("austen", help="corpus whose held-out text is the haystack (austen: Persuasion)"),
+    lengths: str = typer.Option(PASSKEY_LENGTHS, help="prompt lengths in tokens (comma list); prompt + answer "
+                                "must fit the model's positions"),
+    depths: str = typer.Option(PASSKEY_DEPTHS, help="needle depths in percent of the haystack (comma list)"),
+    patterns: str = typer.Option(PASSKEY_PATTERNS, help="comma list of dense, window, soft, hard_topK, "
+                                 "random_topK, shuffled_topK, or 'all'"),
+    keys: int = typer.Option(3, help="keys (case seeds --seed .. --seed + keys - 1) per length x depth cell"),
+    seed: int = typer.Option(0, help="first case seed (fixes the keys and the haystack starts)"),
+    formats: str = typer.Option("plain", "--formats", "--format", help="prompt format(s): plain (the default, "
+                                "measured best for dense), bare, chat (comma list)"),
+    max_new_tokens: int = typer.Option(8, help="greedy decoding budget after the prompt (tokens)"),
+    out: Path = typer.Option(Path("runs") / "passkey", help="output folder (resumable: finished cells are kept)"),
+    png: bool = typer.Option(False, help="also write passkey.png (kaleido + Chromium)"),
+    threads: int = typer.Option(1, help="torch threads (1 is polite on a shared CPU)"),
+):
+    """Passkey retrieval: a 5-digit key hidden at several depths of held-out text, per pattern."""
+    lens = _number_list(lengths, "--lengths")
+    deps = _number_list(depths, "--depths", float)
+    fmts = [f.strip() for f in formats.split(",") if f.strip()]
+
+    def run():
+        import torch
+        from .evaluate import parse_patterns
+        from .passkey import FORMATS, load_haystack, run_passkey, summary
+        from .record import file_sha256
+        from .retrofit import load_routers, model_identity, read_router_file
+        bad = [f for f in fmts if f not in FORMATS] or ([] if fmts else [formats])
+        if bad:
+            _fail(f"unknown prompt format {bad[0]!r}; choose from {', '.join(FORMATS)}")
+        if keys < 1:
+            _fail(f"--keys {keys}: at least one key per cell")
+        routers = _routers(routers_opt, model)
+        pats = parse_patterns(patterns, read_router_file(routers)[0].num_groups)  # fail before loading
+        torch.set_num_threads(max(1, threads))
+        m, tok, corp, _ = _load(model, corpus, 0)  # 0: no cap note; run_passkey checks the lengths
+        load_routers(m, routers)
+        hay = load_haystack(corp.heldout, tok, name=f"{corp.name} held-out ({', '.join(d.name for d in corp.heldout)})")
+        settings = {"model": model_identity(m), "routers": {"path": str(routers), "sha256": file_sha256(routers)},
+                    "corpus": corp.name, "heldout": [d.name for d in corp.heldout]}
+        typer.echo(f"passkey: {len(fmts)} format(s) x {len(lens)} lengths x {len(deps)} depths x {keys} keys x "
+                   f"{len(pats)} patterns; haystack {hay.name}, {len(hay.ids)} tokens; out {out}")
+        res = run_passkey(m, tok, hay, out, lengths=lens, depths=deps, patterns=pats, keys=keys, seed=seed,
+                          formats=fmts, max_new_tokens=max_new_tokens, settings=settings, png=png,
+                          log=typer.echo)
+        typer.echo(summary(res["cases"]).to_string(index=False, float_format=lambda x: f"{x:.3f}"))
+        typer.echo(f"{len(res['cases'])} cases ({res['computed_cells']} cells computed) in {res['seconds']:.0f} s; "
+                   f"wrote {', '.join(str(out / f) for f in res['files'])}")
+        if res["png_note"]:
+            typer.secho(f"note: {res['png_note']}", fg=typer.colors.YELLOW, err=True)
         return res
     return _guard(run)
 

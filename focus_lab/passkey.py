@@ -1,0 +1,701 @@
+"""Passkey retrieval probe: can a pattern still find a 5-digit key hidden in a long text?
+
+A haystack is cut from the held-out text of a corpus (Austen: *Persuasion*), a needle sentence
+carrying a random 5-digit key is inserted at a sentence boundary near a depth of 0%..100% of the
+haystack, and a question closes the prompt; every prompt has exactly ``length`` tokens. Per
+(length, depth, case seed) and per attention pattern (dense, window + sinks, random groups, Focus
+hard top-k, any name ``evaluate.parse_patterns`` accepts; docs/method.md §2.4, §7), the probe
+records
+
+* the greedy answer and whether it contains the key (exact match),
+* the key's log-probability under teacher forcing (nats, summed over the key's tokens),
+* per layer, the dense attention mass from the answer position to the needle's key tokens and
+  whether the Focus hard mask (top-1, top-2) keeps those edges (docs/method.md §2.2, §6): where
+  a miss comes from.
+
+Prompt format (measured, dense, SmolLM2-135M-Instruct, Persuasion, 3 keys x depths 0/50/100,
+1 thread; ``focus-lab probe passkey --formats plain,bare,chat --patterns dense --lengths
+1024,2048 --depths 0,50,100``):
+
+    FORMAT_TABLE_PLACEHOLDER
+
+Default: ``DEFAULT_FORMAT`` (see the table; the choice and its numbers are also in
+docs/passkey.md).
+
+Greedy decoding is read off the teacher-forced forward while the model's greedy choice agrees
+with the answer's tokens (then the continuation is the key: an exact match); from the first
+disagreement it continues for real, through the KV cache for dense, window and hard router
+patterns, by full forwards for the others (random and shuffled groups are a function of the
+whole window, soft mode has no cache). Decoding stops at EOS, after ``max_new_tokens`` tokens,
+once the key has appeared, or once the first number of the continuation has ended (a later
+number would be a second guess).
+
+Source: docs/method.md §2 (patterns), §6 (the open question: retrieval at 4K-8K), §7 (controls
+at equal sparsity), §8 (conventions: nats, held-out text only).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+
+from .config import ConfigError
+
+PASSKEY_SCHEMA = 1
+NEEDLE = "The pass key is {key}. Remember it. {key} is the pass key."
+INTRO = ("There is an important piece of information hidden inside a lot of irrelevant text. "
+         "Find it and memorize it. I will quiz you about it.")
+QUESTION = "What is the pass key?"
+ANSWER_PREFIX = "The pass key is"
+FORMATS = ("plain", "bare", "chat")
+DEFAULT_FORMAT = "plain"
+DEFAULT_LENGTHS = (1024, 2048, 4096)
+DEFAULT_DEPTHS = (0, 25, 50, 75, 100)
+DEFAULT_PATTERNS = "dense,window,random_top2,hard_top1,hard_top2"
+DEFAULT_MAX_NEW_TOKENS = 8
+KEY_DIGITS = 5
+
+CASES_COLUMNS = ["schema_version", "format", "length", "depth", "pattern", "seed", "key", "exact_match",
+                 "key_logprob", "key_tokens", "first_key_token_rank", "distant_pairs_kept",
+                 "needle_edges_kept", "needle_depth", "needle_position", "continuation", "mode",
+                 "top_k", "seconds"]
+LAYER_COLUMNS = ["schema_version", "format", "length", "depth", "seed", "key", "layer_idx",
+                 "dense_mass_to_needle", "max_head_mass_to_needle", "kept_top1", "kept_top2"]
+
+_SENTENCE_END = re.compile(r"[.!?][\"'\u201d\u2019)\]]*$")
+_ABBREVIATION = re.compile(r"\b(Mr|Mrs|Ms|Dr|St|Capt|Col|Adm|Lt|Messrs)\.$")
+
+
+# ------------------------------------------------------------------------------------------
+# haystack and prompt
+
+@dataclass
+class Haystack:
+    """The held-out text as one token sequence, with its sentence starts.
+
+    Attributes:
+        text: the documents joined by a blank line.
+        ids: (n,) int64 token ids (no special tokens); offsets: (n, 2) int64 ``[start, end)``
+            character offsets of each token into ``text``.
+        sentence_starts: sorted int64 token indices ``p`` where a sentence starts (token ``p - 1``
+            ends a sentence, i.e. ``. ! ?`` possibly followed by closing quotes, not an
+            abbreviation such as "Mr.", and whitespace follows it).
+        name: where the text comes from (corpus and document names).
+    """
+
+    text: str
+    ids: np.ndarray
+    offsets: np.ndarray
+    sentence_starts: np.ndarray
+    name: str = ""
+
+
+def sentence_starts(text: str, offsets: np.ndarray) -> np.ndarray:
+    """Token indices ``p >= 1`` that start a sentence (see ``Haystack``). offsets: (n, 2)."""
+    out = []
+    n = len(text)
+    for p in range(1, len(offsets)):
+        e = int(offsets[p - 1, 1])
+        if e <= 0 or e >= n or not text[e].isspace():
+            continue
+        tail = text[max(0, e - 12):e]
+        if _SENTENCE_END.search(tail) and not _ABBREVIATION.search(tail):
+            out.append(p)
+    return np.asarray(out, dtype=np.int64)
+
+
+def load_haystack(docs: Sequence, tokenizer, name: str = "") -> Haystack:
+    """Tokenize documents (objects with ``.text``, e.g. ``load_corpus(name).heldout``) into one
+    ``Haystack``: texts joined by a blank line, tokenized without special tokens
+    (``data.tokenize_document``). Raises CorpusError when there is no text."""
+    from .data import CorpusError, tokenize_document
+    text = "\n\n".join(d.text.strip("\n") for d in docs)
+    if not text.strip():
+        raise CorpusError(f"the haystack text {name!r} is empty")
+    ids, offsets = tokenize_document(text, tokenizer)
+    return Haystack(text, ids, offsets, sentence_starts(text, offsets), name)
+
+
+def _encode(tokenizer, text: str) -> list[int]:
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"]) if text else []
+
+
+def prompt_parts(tokenizer, fmt: str = DEFAULT_FORMAT) -> tuple[list[int], list[int]]:
+    """(head_ids, tail_ids): the tokens before the haystack and after it (the question and the
+    answer prefix, ending with "The pass key is"), for one prompt format:
+
+    * ``plain``: ``INTRO`` + blank line + haystack + blank line + question + answer prefix
+      (a continuation prompt);
+    * ``bare``: the same without ``INTRO``;
+    * ``chat``: ``INTRO``, haystack and question as the user turn of the tokenizer's chat template,
+      the assistant turn primed with the answer prefix.
+
+    A BOS token is prepended when the tokenizer adds one by default (``data.bos_token_to_prepend``)
+    and the format has no template. Raises ConfigError for an unknown format or ``chat`` with a
+    tokenizer that has no chat template.
+    """
+    from .data import bos_token_to_prepend
+    if fmt not in FORMATS:
+        raise ConfigError(f"unknown prompt format {fmt!r}; choose from {', '.join(FORMATS)}")
+    tail_text = f"\n\n{QUESTION} {ANSWER_PREFIX}"
+    if fmt == "chat":
+        if not getattr(tokenizer, "chat_template", None):
+            raise ConfigError("prompt format 'chat' needs a tokenizer with a chat template; this one "
+                              f"has none: use one of {', '.join(f for f in FORMATS if f != 'chat')}")
+        marker = "\u2063PASSKEY\u2063"
+        rendered = tokenizer.apply_chat_template([{"role": "user", "content": marker}], tokenize=False,
+                                                 add_generation_prompt=True)
+        pre, _, post = rendered.partition(marker)
+        return _encode(tokenizer, pre + INTRO + "\n\n"), _encode(tokenizer, f"\n\n{QUESTION}" + post + ANSWER_PREFIX)
+    bos = bos_token_to_prepend(tokenizer)
+    head = ([bos] if bos is not None else []) + (_encode(tokenizer, INTRO + "\n\n") if fmt == "plain" else [])
+    return head, _encode(tokenizer, tail_text)
+
+
+def key_for_seed(seed: int) -> str:
+    """The case's 5-digit key, a function of the case seed only (10000..99999)."""
+    return str(int(np.random.default_rng([seed, 7]).integers(10 ** (KEY_DIGITS - 1), 10 ** KEY_DIGITS)))
+
+
+def _digit_tokens(tokenizer, text: str, key: str) -> tuple[list[int], list[int]]:
+    """(ids of ``text``, indices of the tokens that overlap an occurrence of ``key``)."""
+    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    spans = [(m.start(), m.end()) for m in re.finditer(re.escape(key), text)]
+    idx = [i for i, (s, e) in enumerate(enc["offset_mapping"])
+           if any(s < b and e > a for a, b in spans)]
+    return list(enc["input_ids"]), idx
+
+
+@dataclass
+class PasskeyCase:
+    """One prompt of the probe.
+
+    Attributes:
+        format, length (prompt tokens), depth (asked, percent of the haystack), seed (case seed:
+        fixes the key and the haystack's start), key (5 digits as a string).
+        input_ids: (length,) int64 prompt tokens, ending with the answer prefix.
+        answer_ids: (n,) int64 tokens of " " + key (teacher-forced after the prompt).
+        key_index: indices into ``answer_ids`` of the tokens that carry the key's digits.
+        needle_position: token index of the needle's first token in the prompt.
+        needle_key_positions: (m,) int64 prompt positions of the needle's tokens that carry the
+            key's digits (both mentions).
+        needle_depth: the needle's actual depth, its token offset in the haystack / haystack
+            tokens (0..1).
+    """
+
+    format: str
+    length: int
+    depth: float
+    seed: int
+    key: str
+    input_ids: torch.Tensor
+    answer_ids: torch.Tensor
+    key_index: list[int]
+    needle_position: int
+    needle_key_positions: np.ndarray
+    needle_depth: float
+
+
+def answer_budget(tokenizer, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS) -> int:
+    """Tokens the probe may add after a prompt: ``max(max_new_tokens, tokens of " 99999")``."""
+    return max(int(max_new_tokens), len(_encode(tokenizer, " " + "9" * KEY_DIGITS)))
+
+
+def check_length(length: int, n_positions: int | None, budget: int = 0) -> None:
+    """Raise ConfigError when a prompt of ``length`` tokens plus ``budget`` answer tokens does not
+    fit the model's ``n_positions`` (``config.max_position_embeddings``; None: no limit), or
+    when ``length`` is not positive."""
+    if length < 1:
+        raise ConfigError(f"passkey length {length} must be a positive number of tokens")
+    if n_positions and length + budget > n_positions:
+        raise ConfigError(
+            f"passkey length {length} + {budget} answer tokens exceeds the model's {n_positions} positions "
+            f"(max_position_embeddings); the longest prompt is {n_positions - budget} tokens")
+
+
+def make_case(haystack: Haystack, tokenizer, length: int, depth: float, seed: int,
+              fmt: str = DEFAULT_FORMAT, parts: tuple[list[int], list[int]] | None = None) -> PasskeyCase:
+    """Build one prompt of exactly ``length`` tokens.
+
+    The haystack is ``C = length - len(head) - len(needle) - len(tail)`` consecutive tokens of
+    ``haystack`` starting at a sentence start drawn from the case seed (the same start for every
+    depth of a seed); the needle's tokens go in at the sentence start of that slice nearest to
+    ``depth / 100 * C`` (its two ends count as sentence starts). Token sequences are concatenated
+    as ids, so the needle's tokens are the same at every depth.
+
+    Args:
+        length: prompt tokens; depth: percent of the haystack, 0..100; seed: case seed.
+        parts: ``prompt_parts(tokenizer, fmt)`` if already computed.
+    Raises:
+        ConfigError: depth outside 0..100, or a length that leaves no haystack token.
+        CorpusError: the haystack text is shorter than ``C`` tokens (the message gives its length).
+    """
+    from .data import CorpusError
+    if not 0 <= depth <= 100:
+        raise ConfigError(f"passkey depth {depth} must be a percentage in 0..100")
+    head, tail = parts if parts is not None else prompt_parts(tokenizer, fmt)
+    key = key_for_seed(seed)
+    needle_ids, needle_key = _digit_tokens(tokenizer, " " + NEEDLE.format(key=key), key)
+    fixed = len(head) + len(needle_ids) + len(tail)
+    C = length - fixed
+    if C < 1:
+        raise ConfigError(f"passkey length {length} leaves no room for a haystack: the prompt's fixed "
+                          f"parts take {fixed} tokens")
+    n = len(haystack.ids)
+    if n < C:
+        raise CorpusError(f"the haystack text {haystack.name or ''} holds only {n} tokens; a {length}-token "
+                          f"prompt needs {C} haystack tokens: choose a shorter length or a longer corpus")
+    starts = haystack.sentence_starts[haystack.sentence_starts <= n - C]
+    rng = np.random.default_rng([seed, 11])
+    s0 = int(starts[rng.integers(len(starts))]) if len(starts) else 0
+    local = haystack.sentence_starts[(haystack.sentence_starts > s0) & (haystack.sentence_starts < s0 + C)] - s0
+    cand = np.concatenate([[0], local, [C]])
+    target = depth / 100.0 * C
+    b = int(cand[np.argmin(np.abs(cand - target))])
+    hay = haystack.ids[s0:s0 + C].tolist()
+    ids = head + hay[:b] + needle_ids + hay[b:] + tail
+    assert len(ids) == length
+    answer_ids, key_index = _digit_tokens(tokenizer, " " + key, key)
+    pos = len(head) + b
+    return PasskeyCase(fmt, length, depth, seed, key, torch.tensor(ids, dtype=torch.long),
+                       torch.tensor(answer_ids, dtype=torch.long), key_index, pos,
+                       np.asarray([pos + i for i in needle_key], dtype=np.int64), b / C)
+
+
+# ------------------------------------------------------------------------------------------
+# one case through the model
+
+def _forward(model, ids: torch.Tensor, keep: int | None = None, **kw):
+    """``model(input_ids=ids[None])`` computing the logits of the last ``keep`` positions only
+    (``logits_to_keep``) when the model supports it."""
+    if keep is not None:
+        try:
+            return model(input_ids=ids[None], logits_to_keep=keep, **kw)
+        except TypeError:
+            pass
+    return model(input_ids=ids[None], **kw)
+
+
+def answer_attention(query: torch.Tensor, key: torch.Tensor, scale: float, row: int,
+                     softcap: float | None = None) -> torch.Tensor:
+    """Dense attention probabilities of one query row (docs/method.md §2.4 ``dense``).
+
+    query: (B, H, Tq, D) with queries at positions ``Tk - Tq .. Tk - 1``; key: (B, Hkv, Tk, D)
+    (GQA: query head h reads kv head h // (H / Hkv), ``metrics.expand_kv``); row: the query's
+    absolute position. Returns (B, H, Tk) float32, ``softmax(q k^T * scale + causal)``, each row
+    summing to 1 over keys ``j <= row``.
+    """
+    from .metrics import expand_kv
+    B, H, Tq, _ = query.shape
+    Tk = key.shape[2]
+    q = query[:, :, row - (Tk - Tq)].float()  # (B, H, D)
+    k = expand_kv(key, H).float()  # (B, H, Tk, D)
+    logits = torch.einsum("bhd,bhtd->bht", q, k) * scale  # (B, H, Tk)
+    if softcap:
+        logits = softcap * torch.tanh(logits / softcap)
+    logits[..., row + 1:] = float("-inf")
+    return torch.softmax(logits, dim=-1)
+
+
+def needle_edges_kept(query_groups: torch.Tensor, key_group: torch.Tensor, window: int, sinks: int,
+                      row: int, positions: np.ndarray) -> float:
+    """Fraction of the (answer query, needle key) edges the hard mask keeps, by ``core.hard_mask``.
+
+    query_groups: (B, T, k) (pass ``[..., :k]`` for top-k); key_group: (B, T); row: the query's
+    position; positions: the needle's key-token positions (all ``<= row``). The mask is shared by
+    the heads of a layer (one router per layer, docs/method.md §1.1), so this is also the mean
+    over heads. Returns a fraction in [0, 1], averaged over the batch.
+    """
+    from .core import hard_mask
+    T = key_group.shape[1]
+    dev = key_group.device
+    m = hard_mask(query_groups[:, row:row + 1], key_group, window,
+                  torch.tensor([row], device=dev), torch.arange(T, device=dev), sinks)  # (B, 1, T)
+    return float(m[:, 0, torch.as_tensor(positions, device=dev)].float().mean())
+
+
+class _Probe:
+    """Observer + pre-hooks of one teacher-forced forward (``retrofit.add_observer``)."""
+
+    def __init__(self, model, case: PasskeyCase, audit: bool):
+        from .retrofit import add_observer, attention_modules
+        self.case, self.audit, self.active = case, audit, False
+        self.row = case.length - 1
+        self.h: dict[int, torch.Tensor] = {}
+        self.kept_pairs: list[float] = []
+        self.needle_kept: list[float] = []
+        self.layers: dict[int, dict] = {}
+        self._hooks = []
+        if audit:
+            for idx, module in attention_modules(model):
+                if hasattr(module, "focus_router"):
+                    self._hooks.append(module.register_forward_pre_hook(self._capture(idx), with_kwargs=True))
+        self._remove = add_observer(model, self)
+
+    def _capture(self, idx):
+        def hook(module, args, kwargs):
+            if self.active:
+                self.h[idx] = kwargs.get("hidden_states", args[0] if args else None)
+        return hook
+
+    def close(self) -> None:
+        self._remove()
+        for h in self._hooks:
+            h.remove()
+
+    @torch.no_grad()
+    def __call__(self, module, query, key, value, routing, bias, out) -> None:
+        if not self.active or key.shape[2] <= self.row:
+            return
+        from .core import distant_pairs_kept, route
+        from .metrics import attention_scale
+        router = module.focus_router
+        cfg = router.config
+        pos = self.case.needle_key_positions
+        q_in = self.row - (key.shape[2] - query.shape[2])
+        if 0 <= q_in < bias.shape[1]:  # the mask this pattern's forward used, at the answer row
+            edge = bias[:, q_in, torch.as_tensor(pos)]
+            # soft mode: the gate's factor on the pair's weight, exp(bias) (1 = kept, §2.3)
+            kept = edge.float() if edge.dtype == torch.bool else edge.float().exp().clamp(max=1.0)
+            self.needle_kept.append(float(kept.mean()))
+        if cfg.mode == "hard" and routing is not None:
+            self.kept_pairs.append(distant_pairs_kept(routing.query_groups, routing.key_group, cfg.window,
+                                                      cfg.sink_tokens))
+        if self.audit:
+            layer = router.layer_idx
+            att = answer_attention(query, key, attention_scale(module, query.shape[-1]), self.row,
+                                   getattr(module, "attn_logit_softcapping", None))  # (B, H, Tk)
+            mass = att[..., torch.as_tensor(pos)].sum(-1)  # (B, H)
+            rt = route(router, self.h.pop(layer), config=cfg.replace(mode="hard", top_k=min(2, cfg.num_groups)))
+            qg, kg = rt.query_groups, rt.key_group
+            self.layers[layer] = {
+                "layer_idx": layer, "dense_mass_to_needle": float(mass.mean()),
+                "max_head_mass_to_needle": float(mass.max(-1).values.mean()),
+                "kept_top1": needle_edges_kept(qg[..., :1], kg, cfg.window, cfg.sink_tokens, self.row, pos),
+                "kept_top2": needle_edges_kept(qg[..., :2], kg, cfg.window, cfg.sink_tokens, self.row, pos)
+                if cfg.num_groups >= 2 else float("nan")}
+
+
+def _number_ended(text: str) -> bool:
+    return re.search(r"\d\D", text) is not None
+
+
+def greedy_continuation(model, prefix: torch.Tensor, steps: int, use_cache: bool,
+                        stop: Callable[[list[int]], bool] | None = None) -> list[int]:
+    """Greedy decoding of up to ``steps`` tokens after ``prefix`` ((T,) int64 token ids).
+
+    ``use_cache``: a prefill forward and one-token steps through ``past_key_values`` (dense,
+    window, hard router patterns: docs/method.md §4 KV cache); otherwise one full forward per
+    token. ``stop(tokens so far)`` ends decoding early. Returns the new token ids.
+    """
+    out: list[int] = []
+    eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    eos = set(eos if isinstance(eos, (list, tuple)) else [eos]) - {None}
+    ids = prefix
+    past = None
+    for _ in range(steps):
+        if use_cache and past is None:  # prefill
+            res = _forward(model, ids, keep=1, use_cache=True)
+            past = res.past_key_values
+        elif use_cache:  # one token through the cache
+            res = _forward(model, ids[-1:], keep=1, use_cache=True, past_key_values=past)
+            past = res.past_key_values
+        else:
+            res = _forward(model, ids, keep=1, use_cache=False)
+        nxt = int(res.logits[0, -1].argmax())
+        out.append(nxt)
+        ids = torch.cat([ids, torch.tensor([nxt], dtype=ids.dtype)])
+        if nxt in eos or (stop is not None and stop(out)):
+            break
+    return out
+
+
+def _cache_ok(cfg) -> bool:
+    return cfg.mode in ("dense", "window") or (cfg.mode == "hard" and cfg.assignment == "router")
+
+
+@torch.no_grad()
+def run_case(model, tokenizer, case: PasskeyCase, patterns: list[tuple[str, dict]],
+             max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS, audit: bool = True
+             ) -> tuple[list[dict], list[dict]]:
+    """Run one prompt under each pattern (``[(label, FocusConfig changes)]``,
+    ``evaluate.parse_patterns``); the model's config is restored afterwards.
+
+    Per pattern: one teacher-forced forward over prompt + answer (``length + n`` tokens) gives the
+    key's log-probability (nats, the sum over the key's tokens of ``log softmax`` at the position
+    before each), the rank of the first key token, the pattern's sparsity and the mask's edges
+    to the needle; greedy decoding follows (module docstring).
+    With ``audit``, the dense forward (an extra one when ``dense`` is not among the patterns)
+    also measures, per routed layer, the dense attention mass from the answer query (position
+    ``length - 1``) to the needle's key tokens (sum over those keys, mean and max over heads) and
+    the fraction of those edges the hard top-1 / top-2 masks keep, with groups routed from the
+    same dense forward (as ``focus-lab record --mode dense`` audits; docs/method.md §6).
+
+    Returns (case rows, layer rows): dicts with the columns of ``CASES_COLUMNS`` /
+    ``LAYER_COLUMNS`` except ``schema_version``; layer rows are empty without ``audit``.
+    """
+    from .evaluate import _window_kept
+    from .retrofit import focus_config, set_config
+    original = focus_config(model)
+    labels = [lab for lab, _ in patterns]
+    runs = list(patterns)
+    if audit and not any(c.get("mode") == "dense" for _, c in runs):
+        runs = [("__audit__", {"mode": "dense", "assignment": "router"})] + runs
+    ids = torch.cat([case.input_ids, case.answer_ids])
+    n = len(case.answer_ids)
+    L = case.length
+    rows, layer_rows = [], []
+    audited = False
+    try:
+        for label, changes in runs:
+            cfg = set_config(model, **changes)
+            do_audit = audit and not audited and cfg.mode == "dense"
+            probe = _Probe(model, case, do_audit)
+            t0 = time.perf_counter()
+            try:
+                probe.active = True
+                logits = _forward(model, ids, keep=n + 1, use_cache=False).logits[0, -(n + 1):-1].float()  # (n, V)
+                probe.active = False
+            finally:
+                probe.close()
+            if do_audit:
+                audited = True
+                layer_rows = [{"format": case.format, "length": L, "depth": case.depth, "seed": case.seed,
+                               "key": case.key, **probe.layers[i]} for i in sorted(probe.layers)]
+            if label == "__audit__":
+                continue
+            logp = torch.log_softmax(logits, -1)  # (n, V)
+            tok_lp = logp.gather(1, case.answer_ids[:, None])[:, 0]  # (n,)
+            key_lp = float(tok_lp[case.key_index].sum())
+            k0 = case.key_index[0]
+            rank = int((logp[k0] > logp[k0, case.answer_ids[k0]]).sum())  # 0: greedy picks it
+            agree = (logits.argmax(-1) == case.answer_ids).tolist()
+            m = agree.index(False) if False in agree else n
+            cont = case.answer_ids[:m].tolist()
+            if m < n:
+                def stop(new, base=list(cont)):
+                    text = tokenizer.decode(base + new)
+                    return case.key in text or _number_ended(text)
+                cont += greedy_continuation(model, torch.cat([case.input_ids, case.answer_ids[:m]]),
+                                            max(1, max_new_tokens - m), _cache_ok(cfg), stop)
+            text = tokenizer.decode(cont)
+            dt = time.perf_counter() - t0
+            frac = {"dense": 1.0, "soft": 1.0}.get(cfg.mode)
+            if cfg.mode == "window":
+                frac = _window_kept(L + n, cfg.window, cfg.sink_tokens)
+            if cfg.mode == "hard":
+                frac = float(np.mean(probe.kept_pairs)) if probe.kept_pairs else float("nan")
+            rows.append({"format": case.format, "length": L, "depth": case.depth, "pattern": label,
+                         "seed": case.seed, "key": case.key, "exact_match": case.key in text,
+                         "key_logprob": key_lp, "key_tokens": len(case.key_index),
+                         "first_key_token_rank": rank, "distant_pairs_kept": frac,
+                         "needle_edges_kept": float(np.mean(probe.needle_kept)) if probe.needle_kept
+                         else float("nan"),
+                         "needle_depth": case.needle_depth, "needle_position": case.needle_position,
+                         "continuation": text, "mode": cfg.mode,
+                         "top_k": cfg.top_k if cfg.mode == "hard" else None, "seconds": dt})
+    finally:
+        set_config(model, **original.to_dict())
+    assert [r["pattern"] for r in rows] == labels
+    return rows, layer_rows
+
+
+# ------------------------------------------------------------------------------------------
+# the whole probe: cells, tables, figure
+
+def cases_frame(rows: list[dict]) -> pd.DataFrame:
+    """The tidy ``cases`` table (``CASES_COLUMNS``) from ``run_case`` rows."""
+    df = pd.DataFrame(rows, columns=[c for c in CASES_COLUMNS if c != "schema_version"])
+    df.insert(0, "schema_version", PASSKEY_SCHEMA)
+    df["exact_match"] = df["exact_match"].astype(bool)
+    df["top_k"] = df["top_k"].astype("Int64")
+    return df
+
+
+def layers_frame(rows: list[dict]) -> pd.DataFrame:
+    """The tidy ``needle_layers`` table (``LAYER_COLUMNS``) from ``run_case`` layer rows."""
+    df = pd.DataFrame(rows, columns=[c for c in LAYER_COLUMNS if c != "schema_version"])
+    df.insert(0, "schema_version", PASSKEY_SCHEMA)
+    return df
+
+
+def fingerprint(settings: dict) -> str:
+    """12 hex digits of the sha256 of the settings that change a cell's content."""
+    return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+def run_passkey(model, tokenizer, haystack: Haystack, out_dir: str | os.PathLike,
+                lengths: Sequence[int] = DEFAULT_LENGTHS, depths: Sequence[float] = DEFAULT_DEPTHS,
+                patterns: list[tuple[str, dict]] | None = None, keys: int = 3, seed: int = 0,
+                formats: Sequence[str] = (DEFAULT_FORMAT,), max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+                settings: dict | None = None, png: bool = False,
+                log: Callable[[str], None] = print) -> dict:
+    """The passkey probe over lengths x depths x ``keys`` case seeds (``seed .. seed + keys - 1``)
+    x patterns x formats, resumable.
+
+    Every (format, length, depth) cell is written when done, atomically, under
+    ``out_dir/cells/<fingerprint>/`` (the fingerprint covers ``settings``, the patterns, keys,
+    seed, max_new_tokens and the needle and question texts), so a rerun skips finished cells.
+    Then ``out_dir/cases.parquet``, ``out_dir/needle_layers.parquet`` (the requested cells only),
+    ``out_dir/passkey.html`` (+ ``.png`` with ``png``) and ``out_dir/passkey.json`` (settings,
+    files, seconds) are written.
+
+    Args:
+        lengths: prompt tokens; depths: percent 0..100; patterns: ``evaluate.parse_patterns``
+            output (default ``DEFAULT_PATTERNS``); settings: model, routers, corpus identity.
+    Returns:
+        {"cases": DataFrame, "needle_layers": DataFrame, "files": [...], "png_note": str | None,
+        "seconds": float, "computed_cells": int}.
+    Raises:
+        ConfigError: an unknown format, a length beyond the model's positions
+            (``check_length``), no keys, a depth outside 0..100; CorpusError: a haystack too
+            short for a length (before any forward pass).
+    """
+    from .evaluate import parse_patterns
+    from .io import write_json, write_parquet
+    from .retrofit import focus_config
+    out_dir = Path(out_dir)
+    if patterns is None:
+        patterns = parse_patterns(DEFAULT_PATTERNS, focus_config(model).num_groups)
+    if keys < 1:
+        raise ConfigError(f"--keys {keys}: at least one key per cell")
+    budget = answer_budget(tokenizer, max_new_tokens)
+    n_pos = getattr(model.config, "max_position_embeddings", None) or getattr(model.config, "n_positions", None)
+    parts = {f: prompt_parts(tokenizer, f) for f in formats}
+    for L in lengths:
+        check_length(int(L), n_pos, budget)
+    # build every prompt first: a bad depth or a short corpus fails before any forward pass
+    cells = {}
+    for f in formats:
+        for L in lengths:
+            for d in depths:
+                cells[(f, int(L), d)] = [make_case(haystack, tokenizer, int(L), d, seed + r, f, parts[f])
+                                         for r in range(keys)]
+    fp_settings = {**(settings or {}), "patterns": patterns, "keys": keys, "seed": seed,
+                   "max_new_tokens": max_new_tokens, "needle": NEEDLE, "intro": INTRO, "question": QUESTION,
+                   "answer_prefix": ANSWER_PREFIX, "haystack": haystack.name, "schema": PASSKEY_SCHEMA}
+    fp = fingerprint(fp_settings)
+    cell_dir = out_dir / "cells" / fp
+    t_all = time.perf_counter()
+    computed = 0
+    case_parts, layer_parts = [], []
+    for i, ((f, L, d), cases) in enumerate(cells.items(), 1):
+        stem = f"{f}_L{L}_d{d:g}"
+        cpath, lpath = cell_dir / f"{stem}.cases.parquet", cell_dir / f"{stem}.layers.parquet"
+        if cpath.is_file() and lpath.is_file():
+            case_parts.append(pd.read_parquet(cpath))
+            layer_parts.append(pd.read_parquet(lpath))
+            log(f"[passkey] cell {i}/{len(cells)} {stem}: done earlier ({cpath})")
+            continue
+        t0 = time.perf_counter()
+        rows, lrows = [], []
+        for case in cases:
+            r, lr = run_case(model, tokenizer, case, patterns, max_new_tokens)
+            rows += r
+            lrows += lr
+        cdf, ldf = cases_frame(rows), layers_frame(lrows)
+        write_parquet(lpath, ldf)
+        write_parquet(cpath, cdf)  # written last: its presence marks the cell done
+        case_parts.append(cdf)
+        layer_parts.append(ldf)
+        computed += 1
+        hits = cdf.groupby("pattern", sort=False)["exact_match"].mean()
+        log(f"[passkey] cell {i}/{len(cells)} {stem}: {time.perf_counter() - t0:.0f} s; exact match "
+            + ", ".join(f"{p} {v:.2f}" for p, v in hits.items()))
+    cases_df = pd.concat(case_parts, ignore_index=True)
+    layers_df = pd.concat(layer_parts, ignore_index=True)
+    write_parquet(out_dir / "cases.parquet", cases_df)
+    write_parquet(out_dir / "needle_layers.parquet", layers_df)
+    files = ["cases.parquet", "needle_layers.parquet"]
+    fig = heatmap_figure(cases_df)
+    files += write_figure(fig, out_dir / "passkey", png=png)
+    note = None
+    if png and "passkey.png" not in files:
+        note = f"PNG not written: {_LAST_PNG_ERROR}; the HTML is"
+        log(f"[passkey] {note}")
+    seconds = time.perf_counter() - t_all
+    write_json(out_dir / "passkey.json", {"settings": fp_settings, "fingerprint": fp,
+                                           "lengths": [int(x) for x in lengths], "depths": list(depths),
+                                           "formats": list(formats), "files": files,
+                                           "computed_cells": computed, "seconds": round(seconds, 1)})
+    return {"cases": cases_df, "needle_layers": layers_df, "files": files, "png_note": note,
+            "seconds": seconds, "computed_cells": computed}
+
+
+def summary(cases: pd.DataFrame) -> pd.DataFrame:
+    """Per (format, pattern, length): cases, exact-match rate, mean key log-prob (nats), mean
+    distant pairs kept, mean needle edges kept, mean seconds per case."""
+    g = cases.groupby(["format", "pattern", "length"], sort=False)
+    return g.agg(cases=("exact_match", "size"), exact_match=("exact_match", "mean"),
+                 key_logprob=("key_logprob", "mean"), distant_pairs_kept=("distant_pairs_kept", "mean"),
+                 needle_edges_kept=("needle_edges_kept", "mean"), seconds=("seconds", "mean")).reset_index()
+
+
+def heatmap_figure(cases: pd.DataFrame):
+    """Plotly figure: one heatmap per (format, pattern), length (rows) x depth (columns), colour =
+    exact-match rate over the cell's keys, text = mean key log-prob (nats)."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+    panels = list(dict.fromkeys(zip(cases["format"], cases["pattern"])))
+    multi_format = cases["format"].nunique() > 1
+    titles = [f"{f}: {p}" if multi_format else p for f, p in panels]
+    cols = min(len(panels), 3)
+    rows = math.ceil(len(panels) / cols)
+    fig = make_subplots(rows=rows, cols=cols, subplot_titles=titles, horizontal_spacing=0.06,
+                        vertical_spacing=0.12)
+    depths = sorted(cases["depth"].unique())
+    lengths = sorted(cases["length"].unique())
+    for n, (f, p) in enumerate(panels):
+        sub = cases[(cases["format"] == f) & (cases["pattern"] == p)]
+        em = sub.pivot_table(index="length", columns="depth", values="exact_match", aggfunc="mean")
+        lp = sub.pivot_table(index="length", columns="depth", values="key_logprob", aggfunc="mean")
+        em, lp = em.reindex(index=lengths, columns=depths), lp.reindex(index=lengths, columns=depths)
+        text = [[("" if np.isnan(v) else f"{v:.1f}") for v in row] for row in lp.to_numpy()]
+        fig.add_trace(go.Heatmap(z=em.to_numpy(dtype=float), x=[f"{d:g}%" for d in depths],
+                                 y=[str(x) for x in lengths], zmin=0, zmax=1, colorscale="Viridis",
+                                 text=text, texttemplate="%{text}", showscale=n == 0,
+                                 colorbar=dict(title="exact match"),
+                                 hovertemplate="length %{y}, depth %{x}<br>exact match %{z:.2f}"
+                                               "<br>key log-prob %{text} nats<extra></extra>"),
+                      row=n // cols + 1, col=n % cols + 1)
+    fig.update_layout(title="Passkey retrieval: exact-match rate (colour), mean key log-prob in nats "
+                            "(text); rows: prompt tokens, columns: needle depth",
+                      template="plotly_white", width=420 * cols + 120, height=300 * rows + 120)
+    return fig
+
+
+_LAST_PNG_ERROR = ""
+
+
+def write_figure(fig, stem: Path, png: bool = False) -> list[str]:
+    """Write ``stem.html`` (self-contained) and, with ``png``, ``stem.png`` through kaleido
+    (Chromium at ``$BROWSER_PATH``, default /usr/bin/chromium). A PNG failure is not an error:
+    the PNG is left out and the reason kept in ``_LAST_PNG_ERROR``. Returns the file names."""
+    global _LAST_PNG_ERROR
+    from .io import atomic_path
+    html = stem.with_suffix(".html")
+    with atomic_path(html) as tmp:
+        fig.write_html(tmp, include_plotlyjs=True, full_html=True)
+    files = [html.name]
+    if png:
+        if not os.environ.get("BROWSER_PATH") and Path("/usr/bin/chromium").is_file():
+            os.environ["BROWSER_PATH"] = "/usr/bin/chromium"
+        target = stem.with_suffix(".png")
+        try:
+            with atomic_path(target) as tmp:
+                fig.write_image(str(tmp), format="png", scale=1.5)
+            files.append(target.name)
+        except Exception as e:  # noqa: BLE001 - kaleido/Chromium problems must not lose the run
+            _LAST_PNG_ERROR = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    return files
