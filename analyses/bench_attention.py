@@ -53,8 +53,26 @@ import torch.nn.functional as F  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import focus_lab.decomposition as decomposition  # noqa: E402
-from focus_lab.decomposition import hard_focus_attention, reference_hard_attention, serial_bookkeeping  # noqa: E402
+from focus_lab.decomposition import DecompositionOptions, hard_focus_attention, reference_hard_attention  # noqa: E402
+
+SERIAL_MODE = "auto"  # --serial-bookkeeping, chosen per run
+SERIAL_LOAD_FACTOR = 1.5
+
+
+def serial_bookkeeping() -> bool:
+    """This run's choice (recorded per row): on / off, or auto: serial only when the 1-minute
+    load average exceeds SERIAL_LOAD_FACTOR x the CPU count (an oversubscribed machine, where
+    multi-threaded small ops stall; DecompositionOptions has the measurements)."""
+    if SERIAL_MODE != "auto":
+        return SERIAL_MODE == "on"
+    try:
+        return os.getloadavg()[0] > SERIAL_LOAD_FACTOR * (os.cpu_count() or 1)
+    except (OSError, AttributeError):
+        return False
+
+
+def options() -> DecompositionOptions:
+    return DecompositionOptions(serial_bookkeeping=serial_bookkeeping())
 
 PHASES = ("plan", "gather", "scatter", "merge", "attn_A", "attn_B")
 OVERHEAD = ("plan", "gather", "scatter", "merge")
@@ -172,12 +190,13 @@ def kernel_bench(args) -> pd.DataFrame:
         if args.cold_start:
             small = slice(0, min(n, 256))
             hard_focus_attention(q[:, :, small], k_[:, :, small], v[:, :, small],
-                                 groups[next(iter(groups))][0][:, small], groups[next(iter(groups))][1][:, small], w)
+                                 groups[next(iter(groups))][0][:, small], groups[next(iter(groups))][1][:, small], w,
+                                 options=options())
         else:
             if run_dense:
                 _dense(q, k_, v)
             for qg, kg in groups.values():
-                hard_focus_attention(q, k_, v, qg, kg, w)
+                hard_focus_attention(q, k_, v, qg, kg, w, options=options())
         t_dense: list[float] = []
         t_focus: dict = {key: [] for key in groups}
         ph: dict = {key: {p: [] for p in PHASES} for key in groups}
@@ -188,7 +207,8 @@ def kernel_bench(args) -> pd.DataFrame:
                 t_dense.append(_timed(_dense, q, k_, v))
             for key, (qg, kg) in groups.items():
                 tim: dict = {}
-                t_focus[key].append(_timed(hard_focus_attention, q, k_, v, qg, kg, w, timings=tim))
+                t_focus[key].append(_timed(hard_focus_attention, q, k_, v, qg, kg, w, timings=tim,
+                                                  options=options()))
                 for p in PHASES:
                     ph[key][p].append(tim.get(p, 0.0))
             print(f"  n={n} repeat {r + 1}/{repeats}: dense "
@@ -221,7 +241,7 @@ def kernel_bench(args) -> pd.DataFrame:
             if n <= args.check_max_n:
                 qg, kg = groups[(K, k, gkind)]
                 ref = reference_hard_attention(q, k_, v, qg, kg, w)
-                row["max_abs_err"] = (hard_focus_attention(q, k_, v, qg, kg, w) - ref).abs().max().item()
+                row["max_abs_err"] = (hard_focus_attention(q, k_, v, qg, kg, w, options=options()) - ref).abs().max().item()
             else:
                 row["max_abs_err"] = float("nan")
             rows.append(row)
@@ -394,7 +414,7 @@ def main(argv=None) -> int:
     ap.add_argument("--ks", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--serial-bookkeeping", choices=["auto", "on", "off"], default="auto",
-                    help="decomposition.SERIAL_BOOKKEEPING: auto (serial only on an oversubscribed "
+                    help="DecompositionOptions.serial_bookkeeping: auto (serial only on an oversubscribed "
                          "machine), on, off")
     ap.add_argument("--cold-start", action="store_true",
                     help="warm up on 256 tokens only (the first timed Focus call then pays for "
@@ -441,7 +461,8 @@ def main(argv=None) -> int:
         plot(pd.read_csv(args.out / "kernel.csv"), args.out, _title(args, env))
         return 0
 
-    decomposition.SERIAL_BOOKKEEPING = {"auto": None, "on": True, "off": False}[args.serial_bookkeeping]
+    global SERIAL_MODE
+    SERIAL_MODE = args.serial_bookkeeping
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.make_groups:

@@ -49,11 +49,12 @@ torch 2.13 compiled CPU FlexAttention refuses ``return_lse`` ("torch.compile on 
 supports inference and `return_lse` is not supported yet"), and eager FlexAttention
 materializes the full score matrix.
 
-Threads: on CPU, ``SERIAL_BOOKKEEPING`` runs everything but the attention kernels on one
-thread (optionally only up to ``SERIAL_MAX_ELEMENTS`` query elements), by toggling
-``torch.set_num_threads`` (process-global), so do not call this from several Python threads at
-once on CPU with it enabled. Its default, None, decides per call from the machine's load
-(serial only when oversubscribed, see ``serial_bookkeeping``).
+Options: the CPU performance knobs (scratch-buffer reuse, stair chunk size, serial
+bookkeeping) live in one frozen ``DecompositionOptions`` with fixed defaults, passed per call;
+results do not depend on them. Serial bookkeeping toggles ``torch.set_num_threads``
+(process-global) during a call, so do not call this from several Python threads at once on CPU
+with it enabled. Library code never reads the machine's load: a benchmark may choose the
+options per run (``analyses/bench_attention.py`` does, and records its choice).
 
 Shapes: B batch, H query heads, Hkv key/value heads (H a multiple of Hkv), Tq queries,
 Tk keys (Tq <= Tk; query i sits at position ``Tk - Tq + i``), D head_dim, k = top_k.
@@ -64,7 +65,6 @@ the dense reference when autograd needs them).
 from __future__ import annotations
 
 import math
-import os
 import time
 from contextlib import contextmanager
 from contextlib import nullcontext as _nullcontext
@@ -75,38 +75,32 @@ import torch
 BACKENDS = ("auto", "torch", "flash")
 _NEG_INF = float("-inf")
 
-# On CPU the bookkeeping (sort, gather, scatter, masks, merge: memory-bound, many small ops)
-# runs on one thread and only the attention kernels use all of torch's threads. Each
-# multi-threaded op waits for every worker thread; on a shared 2-core machine a busy core makes
-# each such op stall, and the decomposition has ~30 of them to dense attention's one (measured
-# at 2K tokens under load: 282 ms -> 140 ms median; at 32K tokens the bookkeeping took
-# 0.46 s serial vs 0.73 s with 2 threads, load average ~9). SERIAL_MAX_ELEMENTS (query
-# elements, None = no limit) restricts it to small problems. SERIAL_BOOKKEEPING = False
-# leaves threads alone. On a quiet machine the serial bookkeeping is the slower one (measured,
-# load ~2 on 2 cores: 4K tokens K = 4, k = 2 0.153 s serial vs 0.146 s; 1K 0.024 vs 0.021 s;
-# 32K equal within noise), so the default None serializes only when the 1-minute load average
-# exceeds SERIAL_LOAD_FACTOR x the CPU count (our own threads count towards it).
-SERIAL_BOOKKEEPING: bool | None = None
-SERIAL_LOAD_FACTOR = 1.5
-SERIAL_MAX_ELEMENTS: int | None = None
-_load_cache: list[float] = [-1.0, 0.0]  # [time.monotonic() of the reading, 1-minute load]
+@dataclass(frozen=True)
+class DecompositionOptions:
+    """CPU performance knobs of ``hard_focus_attention``; the output never depends on them.
+
+    workspace: reuse scratch buffers between calls (CPU only; CUDA has its caching allocator).
+        A fresh 75 MB CPU buffer (32K tokens x 9 heads x 64 x fp32) pays its page faults on
+        first touch: measured 0.07-0.22 s per buffer on a 2-core VM, i.e. the whole "gather"
+        and "scatter" phases at 32K tokens. What is returned to the caller never comes from it.
+    stair_chunk: query rows per chunk of a stair segment (None: ``clamp(Lq / 4, 256, 1024)``).
+    serial_bookkeeping: run everything but the attention kernels on one thread. Each
+        multi-threaded op waits for every worker thread; on an oversubscribed 2-core machine
+        the ~30 small bookkeeping ops then stall (measured at 2K tokens under load ~9: 282 ms
+        -> 140 ms median), while on a quiet machine serial is slower (4K tokens, K = 4, k = 2:
+        0.153 s serial vs 0.146 s). Default off; a caller that knows its machine is loaded turns
+        it on (the benchmark's ``--serial-bookkeeping auto`` decides from the load average).
+    serial_max_elements: with serial bookkeeping, only for queries of at most this many
+        elements (None: no limit).
+    """
+    workspace: bool = True
+    stair_chunk: int | None = None
+    serial_bookkeeping: bool = False
+    serial_max_elements: int | None = None
 
 
-def serial_bookkeeping() -> bool:
-    """Whether the CPU bookkeeping runs on one thread now: ``SERIAL_BOOKKEEPING`` when set,
-    else True iff the 1-minute load average (re-read at most once a second) exceeds
-    ``SERIAL_LOAD_FACTOR`` x ``os.cpu_count()`` (False where the load cannot be read)."""
-    if SERIAL_BOOKKEEPING is not None:
-        return bool(SERIAL_BOOKKEEPING)
-    now = time.monotonic()
-    if now - _load_cache[0] > 1.0:
-        try:
-            _load_cache[1] = os.getloadavg()[0]
-        except (OSError, AttributeError):  # no load average on this platform
-            _load_cache[1] = 0.0
-        _load_cache[0] = now
-    return _load_cache[1] > SERIAL_LOAD_FACTOR * (os.cpu_count() or 1)
-_kernel_threads: list[int] = []  # stack: the thread count the kernels get, when serialized
+DEFAULT_OPTIONS = DecompositionOptions()
+
 
 
 @contextmanager
@@ -127,24 +121,16 @@ def torch_threads(n: int):
         torch.set_num_threads(old)
 
 
-# Scratch buffers reused between calls (CPU only; CUDA has its caching allocator). A fresh
-# 75 MB CPU buffer (32K tokens x 9 heads x 64 x fp32) is mmap'ed by the C allocator and pays
-# its page faults on first touch: measured 0.07-0.22 s per buffer on this VM, i.e. the whole
-# "gather" and "scatter" phases at 32K tokens. Internal buffers (gathered query/key/value
-# rows, part A's outputs) come from here; what is returned to the caller never does.
-# ``clear_workspace()`` frees them; WORKSPACE = False turns the reuse off.
-WORKSPACE = True
-# Query rows per chunk of a stair segment (None: clamp(Lq / 4, 256, 1024)); tests set it small.
-STAIR_CHUNK: int | None = None
+# The scratch buffers themselves (a cache, not a knob): ``clear_workspace()`` frees them.
 _workspace: dict[tuple, torch.Tensor] = {}
 
 
-def _scratch(name: str, shape: tuple, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+def _scratch(name: str, shape: tuple, dtype: torch.dtype, device: torch.device, call: "_Call") -> torch.Tensor:
     """An uninitialized (shape) tensor, a view of the workspace buffer ``name`` (grown as
-    needed) on CPU with WORKSPACE on, else a fresh ``torch.empty``. Valid until the next call
-    that asks for the same name: never return one to a caller."""
+    needed) on CPU with ``call.options.workspace``, else a fresh ``torch.empty``. Valid until
+    the next call that asks for the same name: never return one to a caller."""
     numel = math.prod(shape)
-    if not WORKSPACE or torch.device(device).type != "cpu":
+    if not call.options.workspace or torch.device(device).type != "cpu":
         return torch.empty(shape, dtype=dtype, device=device)
     key = (name, dtype)
     buf = _workspace.get(key)
@@ -161,7 +147,7 @@ def _is_scratch(t: torch.Tensor) -> bool:
 
 
 def clear_workspace() -> None:
-    """Free the CPU scratch buffers kept between calls (see WORKSPACE)."""
+    """Free the CPU scratch buffers kept between calls (``DecompositionOptions.workspace``)."""
     _workspace.clear()
 
 
@@ -211,12 +197,21 @@ def resolve_backend(backend: str, device: torch.device, dtype: torch.dtype = tor
 # --------------------------------------------------------------------------------------------
 # timing of the phases (for the benchmark)
 
-class _Timer:
-    """Accumulates wall seconds per phase into ``sink`` (a dict) when given; else no-op."""
+class _Call:
+    """The state of one ``hard_focus_attention`` call: its options, the thread count the
+    attention kernels get, and the phase call (``call("gather")`` accumulates wall seconds
+    per phase into ``sink``, a dict, when given; else a no-op)."""
 
-    def __init__(self, sink: dict | None, device: torch.device):
+    def __init__(self, sink: dict | None, device: torch.device, options: DecompositionOptions,
+                 kernel_threads: int):
         self.sink = sink
         self.cuda = device.type == "cuda"
+        self.options = options
+        self.kernel_threads = kernel_threads
+
+    def kernels(self):
+        """Context: the attention kernels run on ``kernel_threads`` threads."""
+        return torch_threads(self.kernel_threads)
 
     @contextmanager
     def __call__(self, name: str):
@@ -279,7 +274,7 @@ def _math_attn_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: t
 
 
 def _attn_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, *,
-              causal: bool = False, allowed: torch.Tensor | None = None
+              causal: bool = False, allowed: torch.Tensor | None = None, call: "_Call | None" = None
               ) -> tuple[torch.Tensor, torch.Tensor]:
     """(out (N, H, L, D) in q.dtype or fp32, lse (N, H, L) fp32) with the best kernel for q.device.
 
@@ -291,8 +286,8 @@ def _attn_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, *
         if allowed is not None:
             shape = torch.broadcast_shapes(allowed.shape)
             mask = torch.where(allowed, torch.zeros((), dtype=q.dtype), torch.full((), _NEG_INF, dtype=q.dtype),
-                               out=_scratch("mask", shape, q.dtype, q.device))
-        with torch_threads(_kernel_threads[-1] if _kernel_threads else torch.get_num_threads()):
+                               out=_scratch("mask", shape, q.dtype, q.device, call) if call else None)
+        with call.kernels() if call else _nullcontext():
             out, lse = _cpu_flash(q, k, v, 0.0, causal, attn_mask=mask, scale=scale)
         if allowed is not None:
             empty = ~allowed.any(-1)  # (N|1, 1, L)
@@ -428,11 +423,11 @@ def _merge2(o1, l1, o2, l2):
 
 
 def _stairs(qrows, krows, vrows, segs: list[Segment], Tq: int, Tk: int, scale: float,
-            outA_flat, lseA_flat, nrows: int, timer, chunk: int | None = None) -> None:
+            outA_flat, lseA_flat, nrows: int, call, chunk: int | None = None) -> None:
     """All "stair" / "bottom_right" segments: query m of a segment attends keys
     ``0 .. counts[m]-1`` of its group (counts nondecreasing).
 
-    Each segment goes on its own, queries in chunks of ``chunk`` rows (default STAIR_CHUNK, else
+    Each segment goes on its own, queries in chunks of ``chunk`` rows (default ``call.options.stair_chunk``, else
     ``clamp(Lq / 4, 256, 1024)``). Per chunk, the key prefix every query of the chunk sees
     (``counts[a]`` keys) is one unmasked kernel call and the rest (``counts[a] ..
     counts[e-1]``) one masked call; the two merge by LSE. Per segment, not padded into one
@@ -448,11 +443,11 @@ def _stairs(qrows, krows, vrows, segs: list[Segment], Tq: int, Tk: int, scale: f
     for sg in segs:
         Lq = sg.q_idx.numel()
         c_all = sg.counts
-        with timer("gather"):
+        with call("gather"):
             kidx = sg.k_idx[:int(c_all[-1])] + sg.b * Tk  # the keys any query of the segment sees
             kp = krows.index_select(0, kidx).transpose(0, 1)[None]  # (1, Hkv, Lk, D) view
             vp = vrows.index_select(0, kidx).transpose(0, 1)[None]
-        ck = chunk or STAIR_CHUNK or min(max(Lq // 4, 256), 1024)
+        ck = chunk or call.options.stair_chunk or min(max(Lq // 4, 256), 1024)
         for a in range(0, Lq, ck):
             e = min(a + ck, Lq)
             L = e - a
@@ -460,26 +455,26 @@ def _stairs(qrows, krows, vrows, segs: list[Segment], Tq: int, Tk: int, scale: f
             pmin, tmax = int(c[0]), int(c[-1])
             if tmax == 0:
                 continue
-            with timer("gather"):
+            with call("gather"):
                 qs = qrows.index_select(0, sg.q_idx[a:e] + sg.b * Tq).transpose(0, 1)[None]  # (1, H, L, D)
-            with timer("attn_A"):
+            with call("attn_A"):
                 o = l = None
                 if pmin > 0:  # the prefix every query of the chunk sees
-                    o, l = _attn_lse(qs, kp[:, :, :pmin], vp[:, :, :pmin], scale)
+                    o, l = _attn_lse(qs, kp[:, :, :pmin], vp[:, :, :pmin], scale, call=call)
                     o, l = o.transpose(1, 2), l.transpose(1, 2)  # (1, L, H, D), (1, L, H)
                 if tmax > pmin:
                     cols = torch.arange(pmin, tmax, device=dev)
                     allowed = (cols < c[:, None])[None, None]  # (1, 1, L, tmax - pmin)
-                    o2, l2 = _attn_lse(qs, kp[:, :, pmin:tmax], vp[:, :, pmin:tmax], scale, allowed=allowed)
+                    o2, l2 = _attn_lse(qs, kp[:, :, pmin:tmax], vp[:, :, pmin:tmax], scale, allowed=allowed, call=call)
                     o2, l2 = o2.transpose(1, 2), l2.transpose(1, 2)
                     o, l = (o2, l2) if o is None else _merge2(o, l, o2, l2)
-            with timer("scatter"):
+            with call("scatter"):
                 d = sg.q_idx[a:e] + sg.b * Tq + sg.slot * nrows
                 outA_flat.index_copy_(0, d, o.reshape(L, H, D).float())
                 lseA_flat.index_copy_(0, d, l.reshape(L, H))
 
 
-def _part_a_torch(qrows, krows, vrows, segs, B, Tq, Tk, scale, timer, outA_flat, lseA_flat):
+def _part_a_torch(qrows, krows, vrows, segs, B, Tq, Tk, scale, call, outA_flat, lseA_flat):
     """Part A with the CPU flash kernel (math elsewhere): causal segments padded into buckets,
     one kernel call per bucket; staircase segments batched per query chunk (``_stairs``)."""
     H, D = qrows.shape[1], qrows.shape[2]
@@ -488,7 +483,7 @@ def _part_a_torch(qrows, krows, vrows, segs, B, Tq, Tk, scale, timer, outA_flat,
     dev = qrows.device
     for bucket in _buckets([s for s in segs if s.kind == "causal"]):
         N, L = len(bucket), bucket[0].q_idx.numel()
-        with timer("gather"):
+        with call("gather"):
             src_q = torch.zeros(N, L, dtype=torch.long, device=dev)
             src_k = torch.zeros(N, L, dtype=torch.long, device=dev)
             dst = torch.full((N, L), B * Tq, dtype=torch.long, device=dev)
@@ -498,21 +493,21 @@ def _part_a_torch(qrows, krows, vrows, segs, B, Tq, Tk, scale, timer, outA_flat,
                 src_k[i, :n] = sg.k_idx + sg.b * Tk
                 dst[i, :n] = sg.q_idx + sg.b * Tq + sg.slot * nrows
             qb = torch.index_select(qrows, 0, src_q.view(-1), out=_scratch(
-                "qA", (N * L, H, D), qrows.dtype, dev)).view(N, L, H, D).transpose(1, 2)
+                "qA", (N * L, H, D), qrows.dtype, dev, call)).view(N, L, H, D).transpose(1, 2)
             kb = torch.index_select(krows, 0, src_k.view(-1), out=_scratch(
-                "kA", (N * L, Hkv, D), krows.dtype, dev)).view(N, L, Hkv, D).transpose(1, 2)
+                "kA", (N * L, Hkv, D), krows.dtype, dev, call)).view(N, L, Hkv, D).transpose(1, 2)
             vb = torch.index_select(vrows, 0, src_k.view(-1), out=_scratch(
-                "vA", (N * L, Hkv, D), vrows.dtype, dev)).view(N, L, Hkv, D).transpose(1, 2)
-        with timer("attn_A"):
-            o, lse = _attn_lse(qb, kb, vb, scale, causal=True)  # (N, H, L, D), (N, H, L)
-        with timer("scatter"):
+                "vA", (N * L, Hkv, D), vrows.dtype, dev, call)).view(N, L, Hkv, D).transpose(1, 2)
+        with call("attn_A"):
+            o, lse = _attn_lse(qb, kb, vb, scale, causal=True, call=call)  # (N, H, L, D), (N, H, L)
+        with call("scatter"):
             outA_flat.index_copy_(0, dst.view(-1), o.transpose(1, 2).reshape(N * L, H, D).float())
             lseA_flat.index_copy_(0, dst.view(-1), lse.transpose(1, 2).reshape(N * L, H))
     _stairs(qrows, krows, vrows, [s for s in segs if s.kind != "causal"], Tq, Tk, scale,
-            outA_flat, lseA_flat, nrows, timer)
+            outA_flat, lseA_flat, nrows, call)
 
 
-def _part_a_flash(qrows, krows, vrows, segs, B, Tq, Tk, scale, timer, outA_flat, lseA_flat):
+def _part_a_flash(qrows, krows, vrows, segs, B, Tq, Tk, scale, call, outA_flat, lseA_flat):
     """Part A on CUDA with flash-attn: every causal / bottom-right segment packed into one
     ``flash_attn_varlen_func`` call (``causal=True`` is bottom-right aligned in flash-attn >= 2.1,
     GQA native, LSE from ``return_attn_probs=True``); staircase segments by the math path.
@@ -524,7 +519,7 @@ def _part_a_flash(qrows, krows, vrows, segs, B, Tq, Tk, scale, timer, outA_flat,
     dev = qrows.device
     packed = [s for s in segs if s.kind in ("causal", "bottom_right")]
     if packed:
-        with timer("gather"):
+        with call("gather"):
             qidx = torch.cat([s.q_idx + s.b * Tq for s in packed])
             kidx = torch.cat([s.k_idx + s.b * Tk for s in packed])
             dst = torch.cat([s.q_idx + s.b * Tq + s.slot * nrows for s in packed])
@@ -533,23 +528,23 @@ def _part_a_flash(qrows, krows, vrows, segs, B, Tq, Tk, scale, timer, outA_flat,
             cu_q = torch.tensor([0] + lq, device=dev).cumsum(0).to(torch.int32)
             cu_k = torch.tensor([0] + lk, device=dev).cumsum(0).to(torch.int32)
             qp, kp, vp = qrows[qidx], krows[kidx], vrows[kidx]  # (total, H|Hkv, D)
-        with timer("attn_A"):
+        with call("attn_A"):
             o, lse, _ = flash_attn_varlen_func(
                 qp, kp, vp, cu_q, cu_k, max(lq), max(lk), dropout_p=0.0,
                 softmax_scale=scale, causal=True, return_attn_probs=True)
             if lse.dim() == 3:  # flash-attn < 2.4: (nseq, H, max_seqlen_q), padded
                 lse = torch.cat([lse[i, :, :n] for i, n in enumerate(lq)], dim=1)
-        with timer("scatter"):
+        with call("scatter"):
             outA_flat.index_copy_(0, dst, o.float())
             lseA_flat.index_copy_(0, dst, lse.float().transpose(0, 1))  # lse: (H, total)
     _stairs(qrows, krows, vrows, [s for s in segs if s.kind not in ("causal", "bottom_right")],
-            Tq, Tk, scale, outA_flat, lseA_flat, nrows, timer)
+            Tq, Tk, scale, outA_flat, lseA_flat, nrows, call)
 
 
 # --------------------------------------------------------------------------------------------
 # part B
 
-def _local_other_groups(qn, kn, vn, query_groups, key_group, window, scale, timer,
+def _local_other_groups(qn, kn, vn, query_groups, key_group, window, scale, call,
                         block: int | None = None, max_rows: int | None = None):
     """Part B: pairs ``0 <= i - j < window`` with ``key_group[j] not in query_groups[i]``.
 
@@ -577,14 +572,14 @@ def _local_other_groups(qn, kn, vn, query_groups, key_group, window, scale, time
         pieces.append((n_full, 1, Tq % c))  # the last, shorter block
     single = B == 1 and len(pieces) == 1
     if not single:  # scratch: the merge writes the caller's output elsewhere
-        outB = _scratch("outB", (B, Tq, H, D), torch.float32, dev)
-        lseB = _scratch("lseB", (B, Tq, H), torch.float32, dev)
+        outB = _scratch("outB", (B, Tq, H, D), torch.float32, dev, call)
+        lseB = _scratch("lseB", (B, Tq, H), torch.float32, dev, call)
     bands = {}
     for b in range(B):
         for blk0, n, cc in pieces:
             W = cc + w - 1
             s0 = blk0 * c  # first query index of the piece
-            with timer("gather"):
+            with call("gather"):
                 if (cc, W) not in bands:
                     r = torch.arange(cc, device=dev)[:, None]
                     col = torch.arange(W, device=dev)[None, :]
@@ -610,19 +605,19 @@ def _local_other_groups(qn, kn, vn, query_groups, key_group, window, scale, time
                 allowed &= band
                 if lo < 0:
                     allowed &= (kgw >= 0)[:, None, :]
-            with timer("attn_B"):
-                o, l = _attn_lse(q4, k4, v4, scale, allowed=allowed[:, None])
+            with call("attn_B"):
+                o, l = _attn_lse(q4, k4, v4, scale, allowed=allowed[:, None], call=call)
             o = o.transpose(1, 2).reshape(n * cc, H, D)  # no copy: the kernel writes (n, cc, H, D)
             l = l.transpose(1, 2).reshape(n * cc, H)
             if single:
                 return o.float().view(1, Tq, H, D), l.view(1, Tq, H)
-            with timer("scatter"):
+            with call("scatter"):
                 outB[b, s0:s0 + n * cc] = o
                 lseB[b, s0:s0 + n * cc] = l
     return outB, lseB
 
 
-def _sink_other_groups(qn, kn, vn, query_groups, key_group, window, sinks, scale, timer):
+def _sink_other_groups(qn, kn, vn, query_groups, key_group, window, sinks, scale, call):
     """Sink pairs not covered by A or B: ``j < sinks``, ``i - j >= window``, ``g(j)`` not in
     ``G_k(i)`` (core.local_mask's sink rule, docs/method.md §6 [ours]). One call against the first
     ``sinks`` keys. Returns (out (B, Tq, H, D) fp32, lse (B, Tq, H)) or None when no such pair."""
@@ -632,16 +627,16 @@ def _sink_other_groups(qn, kn, vn, query_groups, key_group, window, sinks, scale
     P = Tk - Tq
     if S <= 0 or P + Tq - 1 < window:  # no query is far enough from any sink
         return None
-    with timer("gather"):
+    with call("gather"):
         qpos = torch.arange(P, Tk, device=qn.device)[:, None]  # (Tq, 1)
         j = torch.arange(S, device=qn.device)[None, :]  # (1, S)
         far = (qpos - j) >= window  # (Tq, S), implies j <= i
         kg = key_group[:, :S]  # (B, S)
         other = (kg[:, None, :, None] != query_groups[:, :, None, :]).all(-1)  # (B, Tq, S)
         allowed = (other & far)[:, None]  # (B, 1, Tq, S)
-    with timer("attn_B"):
+    with call("attn_B"):
         o, l = _attn_lse(qn.transpose(1, 2), kn[:, :S].transpose(1, 2), vn[:, :S].transpose(1, 2),
-                         scale, allowed=allowed)
+                         scale, allowed=allowed, call=call)
     return o.transpose(1, 2).float(), l.transpose(1, 2)
 
 
@@ -651,7 +646,8 @@ def _sink_other_groups(qn, kn, vn, query_groups, key_group, window, sinks, scale
 def hard_focus_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                          query_groups: torch.Tensor, key_group: torch.Tensor, window: int,
                          scaling: float | None = None, backend: str = "auto",
-                         return_lse: bool = False, timings: dict | None = None, sinks: int = 0):
+                         return_lse: bool = False, timings: dict | None = None, sinks: int = 0,
+                         options: DecompositionOptions | None = None):
     """Hard Focus attention, exactly ``masked_attention(q, k, v, hard_mask(...))`` (docs/method.md §4).
 
     Args:
@@ -670,6 +666,7 @@ def hard_focus_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Te
         sinks: keys at positions ``< sinks`` are always kept, like the window (the
             ``sinks`` argument of core.hard_mask, FocusConfig.sink_tokens); their pairs outside
             A and B form a third small part merged like the others.
+        options: CPU performance knobs (``DecompositionOptions``; default ``DEFAULT_OPTIONS``).
     Returns:
         out (B, H, Tq, D) in query.dtype, a view of (B, Tq, H, D) memory; with ``return_lse``
         also lse (B, H, Tq) fp32.
@@ -695,21 +692,17 @@ def hard_focus_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Te
         raise ValueError(f"window={window!r}: need an integer >= 1")
     if isinstance(sinks, bool) or not isinstance(sinks, int) or sinks < 0:
         raise ValueError(f"sinks={sinks!r}: need an integer >= 0")
-    serial = query.device.type == "cpu" and serial_bookkeeping() and \
-        (SERIAL_MAX_ELEMENTS is None or query.numel() <= SERIAL_MAX_ELEMENTS)
-    if serial:
-        _kernel_threads.append(torch.get_num_threads())
-    try:
-        with torch_threads(1) if serial else _nullcontext():
-            return _hard_focus_attention(query, key, value, query_groups, key_group, window, scaling,
-                                         backend, return_lse, timings, sinks)
-    finally:
-        if serial:
-            _kernel_threads.pop()
+    options = DEFAULT_OPTIONS if options is None else options
+    serial = query.device.type == "cpu" and options.serial_bookkeeping and \
+        (options.serial_max_elements is None or query.numel() <= options.serial_max_elements)
+    call = _Call(timings, query.device, options, kernel_threads=torch.get_num_threads())
+    with torch_threads(1) if serial else _nullcontext():
+        return _hard_focus_attention(query, key, value, query_groups, key_group, window, scaling,
+                                     backend, return_lse, sinks, call)
 
 
 def _hard_focus_attention(query, key, value, query_groups, key_group, window, scaling, backend,
-                          return_lse, timings, sinks):
+                          return_lse, sinks, call: _Call):
     B, H, Tq, D = query.shape
     Hkv, Tk = key.shape[1], key.shape[2]
     be = resolve_backend(backend, query.device, query.dtype)
@@ -719,16 +712,15 @@ def _hard_focus_attention(query, key, value, query_groups, key_group, window, sc
     if int(query_groups.min()) < 0 or int(key_group.min()) < 0:
         raise ValueError("group indices must be >= 0")
     scale = 1.0 / math.sqrt(D) if scaling is None else float(scaling)
-    timer = _Timer(timings, query.device)
     k = query_groups.shape[-1]
     query_groups = query_groups.to(query.device)
     key_group = key_group.to(query.device)
 
-    with timer("gather"):
+    with call("gather"):
         qn = query.transpose(1, 2).contiguous()  # (B, Tq, H, D); no copy for transformers' layout
         kn = key.transpose(1, 2).contiguous()  # (B, Tk, Hkv, D)
         vn = value.transpose(1, 2).contiguous()
-    with timer("plan"):
+    with call("plan"):
         segs = plan_segments(query_groups, key_group)
     nrows = B * Tq + 1
     # every row gets written when top-1 slots are causal segments covering all queries (k = 1
@@ -736,18 +728,18 @@ def _hard_focus_attention(query, key, value, query_groups, key_group, window, sc
     full = k == 1 and all(sg.kind == "causal" for sg in segs) and \
         sum(sg.q_idx.numel() for sg in segs) == B * Tq
     if full:
-        outA = _scratch("outA", (nrows, H, D), torch.float32, query.device)
-        lseA = _scratch("lseA", (nrows, H), torch.float32, query.device)
+        outA = _scratch("outA", (nrows, H, D), torch.float32, query.device, call)
+        lseA = _scratch("lseA", (nrows, H), torch.float32, query.device, call)
     else:
-        outA = _scratch("outA", (k * nrows, H, D), torch.float32, query.device).zero_()
-        lseA = _scratch("lseA", (k * nrows, H), torch.float32, query.device).fill_(_NEG_INF)
+        outA = _scratch("outA", (k * nrows, H, D), torch.float32, query.device, call).zero_()
+        lseA = _scratch("lseA", (k * nrows, H), torch.float32, query.device, call).fill_(_NEG_INF)
     part_a = _part_a_flash if be == "flash" else _part_a_torch
     part_a(qn.view(B * Tq, H, D), kn.view(B * Tk, Hkv, D), vn.view(B * Tk, Hkv, D), segs,
-           B, Tq, Tk, scale, timer, outA, lseA)
-    outB, lseB = _local_other_groups(qn, kn, vn, query_groups, key_group, window, scale, timer)
-    sink = _sink_other_groups(qn, kn, vn, query_groups, key_group, window, sinks, scale, timer)
+           B, Tq, Tk, scale, call, outA, lseA)
+    outB, lseB = _local_other_groups(qn, kn, vn, query_groups, key_group, window, scale, call)
+    sink = _sink_other_groups(qn, kn, vn, query_groups, key_group, window, sinks, scale, call)
 
-    with timer("merge"):
+    with call("merge"):
         n = B * Tq
         parts = [lseA.view(k, nrows, H)[:, :n], lseB.view(1, n, H)]
         if sink is not None:
@@ -758,7 +750,7 @@ def _hard_focus_attention(query, key, value, query_groups, key_group, window, sc
         den = wts.sum(0)
         wts /= den
         if _is_scratch(outB):  # a fresh output, its first touch (page faults) on all threads
-            with torch_threads(_kernel_threads[-1] if _kernel_threads else torch.get_num_threads()):
+            with call.kernels():
                 out = torch.mul(outB.view(n, H, D), wts[k][..., None])
         else:
             out = outB.view(n, H, D).mul_(wts[k][..., None])

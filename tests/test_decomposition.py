@@ -157,12 +157,8 @@ def test_stair_segments_in_many_chunks_equal_reference(backend, c, chunk):
     qg, kg = make_groups(gen, c["B"], c["T"], c["K"], c["k"], c["pattern"])
     q, k, v = rand_qkv(gen, c["B"], c["H"], c["Hkv"], c["Tq"], c["T"], c["D"])
     qg = qg[:, c["T"] - c["Tq"]:]
-    old = dm.STAIR_CHUNK
-    dm.STAIR_CHUNK = chunk
-    try:
-        out = hard_focus_attention(q, k, v, qg, kg, c["window"], backend=backend, sinks=c["sinks"])
-    finally:
-        dm.STAIR_CHUNK = old
+    out = hard_focus_attention(q, k, v, qg, kg, c["window"], backend=backend, sinks=c["sinks"],
+                               options=dm.DecompositionOptions(stair_chunk=chunk))
     _check_against_reference(out, q, k, v, qg, kg, c, f", chunk {chunk}")
 
 
@@ -178,7 +174,7 @@ def test_math_path_equals_reference(c):
     q, k, v = rand_qkv(gen, c["B"], c["H"], c["Hkv"], c["Tq"], c["T"], c["D"])
     qg = qg[:, c["T"] - c["Tq"]:]
     orig = dm._attn_lse
-    dm._attn_lse = lambda q, k, v, scale, causal=False, allowed=None: dm._math_attn_lse(
+    dm._attn_lse = lambda q, k, v, scale, causal=False, allowed=None, call=None: dm._math_attn_lse(
         q, k, v, allowed, scale, causal, max_scores=4096)
     try:
         out = dm.hard_focus_attention(q, k, v, qg, kg, c["window"], sinks=c["sinks"])
@@ -323,22 +319,32 @@ def test_padding_falls_back_to_dense():
     assert torch.equal(a, b)
 
 
-def test_serial_bookkeeping_follows_the_load(monkeypatch):
-    """Auto mode (SERIAL_BOOKKEEPING None): serial bookkeeping only when the 1-minute load
-    average exceeds SERIAL_LOAD_FACTOR x the CPU count; an explicit setting wins."""
+def test_options_change_the_speed_knobs_not_the_result(monkeypatch):
+    """DecompositionOptions (serial bookkeeping, no workspace, small stair chunks) give the same
+    output as the defaults; serial bookkeeping runs the bookkeeping on one thread and the
+    kernels on the caller's count, restored afterwards; the library never reads the load."""
+    import inspect
     import focus_lab.decomposition as dm
 
-    monkeypatch.setattr(dm.os, "cpu_count", lambda: 2)
-    monkeypatch.setattr(dm, "SERIAL_BOOKKEEPING", None)
-    for load, want in [(2.0, False), (2.9, False), (3.1, True), (12.0, True)]:
-        monkeypatch.setattr(dm.os, "getloadavg", lambda load=load: (load, 0.0, 0.0))
-        monkeypatch.setattr(dm, "_load_cache", [-1.0, 0.0])  # force a fresh reading
-        assert dm.serial_bookkeeping() is want, load
-    monkeypatch.setattr(dm, "SERIAL_BOOKKEEPING", False)
-    assert dm.serial_bookkeeping() is False
-    monkeypatch.setattr(dm, "SERIAL_BOOKKEEPING", True)
-    monkeypatch.setattr(dm.os, "getloadavg", lambda: (0.0, 0.0, 0.0))
-    assert dm.serial_bookkeeping() is True
+    assert "getloadavg" not in inspect.getsource(dm)
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = rand_qkv(gen, 1, 4, 2, 96, 96, 8)
+    qg, kg = make_groups(gen, 1, 96, 4, 2, "router")
+    base = hard_focus_attention(q, k, v, qg, kg, 8, sinks=2)
+    seen = []
+    real = dm._cpu_flash
+    monkeypatch.setattr(dm, "_cpu_flash", lambda *a, **kw: (seen.append(torch.get_num_threads()), real(*a, **kw))[1])
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        opts = dm.DecompositionOptions(workspace=False, stair_chunk=16, serial_bookkeeping=True)
+        out = hard_focus_attention(q, k, v, qg, kg, 8, sinks=2, options=opts)
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+    assert seen and set(seen) == {2}, seen  # kernels on the caller's threads
+    assert (out - base).abs().max() <= 1e-6
+    assert not dm._is_scratch(out)
 
 
 def test_plain_causal_check_is_cached_per_mask_and_sees_in_place_changes():
