@@ -407,6 +407,7 @@ app.add_typer(probe_app, name="probe")
 PASSKEY_LENGTHS = "1024,2048,4096"
 PASSKEY_DEPTHS = "0,25,50,75,100"
 PASSKEY_PATTERNS = "dense,window,random_top2,hard_top1,hard_top2"
+PASSKEY_FORMAT = "chat"
 
 
 def _number_list(spec: str, option: str, cast=int) -> list:
@@ -434,8 +435,8 @@ def probe_passkey(
                                  "random_topK, shuffled_topK, or 'all'"),
     keys: int = typer.Option(3, help="keys (case seeds --seed .. --seed + keys - 1) per length x depth cell"),
     seed: int = typer.Option(0, help="first case seed (fixes the keys and the haystack starts)"),
-    formats: str = typer.Option("plain", "--formats", "--format", help="prompt format(s): plain (the default, "
-                                "measured best for dense), bare, chat (comma list)"),
+    formats: str = typer.Option(PASSKEY_FORMAT, "--formats", "--format", help="prompt format(s), comma list: chat (the "
+                                "default: the highest dense key log-prob measured), plain, bare"),
     max_new_tokens: int = typer.Option(8, help="greedy decoding budget after the prompt (tokens)"),
     out: Path = typer.Option(Path("runs") / "passkey", help="output folder (resumable: finished cells are kept)"),
     png: bool = typer.Option(False, help="also write passkey.png (kaleido + Chromium)"),

@@ -13,14 +13,24 @@ records
   whether the Focus hard mask (top-1, top-2) keeps those edges (docs/method.md §2.2, §6): where
   a miss comes from.
 
-Prompt format (measured, dense, SmolLM2-135M-Instruct, Persuasion, 3 keys x depths 0/50/100,
-1 thread; ``focus-lab probe passkey --formats plain,bare,chat --patterns dense --lengths
-1024,2048 --depths 0,50,100``):
+Prompt format, measured (dense, SmolLM2-135M-Instruct, shipped routers attached, Persuasion,
+3 keys x depths 0/50/100 per length, 1 thread; ``focus-lab probe passkey --formats
+plain,bare,chat --patterns dense --lengths 1024,2048 --depths 0,50,100``):
 
-    FORMAT_TABLE_PLACEHOLDER
+    format  (plain: instruction + text + question, continued; bare: no instruction;
+             chat: the same as the user turn of the chat template, the assistant turn primed
+             with "The pass key is")
+            exact match 1K / 2K    mean key log-prob 1K / 2K (nats, 5 digit tokens)
+    plain   9/9 / 9/9              -0.36 / -0.38
+    bare    9/9 / 9/9              -0.68 / -0.74
+    chat    9/9 / 9/9              -0.12 / -0.31   <- the default (most confident)
 
-Default: ``DEFAULT_FORMAT`` (see the table; the choice and its numbers are also in
-docs/passkey.md).
+With the prompt ending at "is" (the space before the digits left to the model), dense exact
+match was only plain 7/9 / 4/9, bare 3/9 / 4/9, chat 7/9 / 5/9: every miss was the space token
+(the model went on with " the pass key ...") while the first digit after the space always
+ranked first. Hence ``answer_split``: the prompt ends with the tokens before the key's first
+token. Depth 0 puts the needle inside the 64 sink tokens (docs/method.md §2.1) in every format,
+so every pattern sees it there. Details: docs/passkey.md.
 
 Greedy decoding is read off the teacher-forced forward while the model's greedy choice agrees
 with the answer's tokens (then the continuation is the key: an exact match); from the first
@@ -53,13 +63,16 @@ import torch
 from .config import ConfigError
 
 PASSKEY_SCHEMA = 1
+# 2: the prompt ends with the tokens before the key's first token (``answer_split``); 1 ended at
+# "The pass key is" (a cell's fingerprint includes it, so cells of another version are not reused)
+PROMPT_VERSION = 2
 NEEDLE = "The pass key is {key}. Remember it. {key} is the pass key."
 INTRO = ("There is an important piece of information hidden inside a lot of irrelevant text. "
          "Find it and memorize it. I will quiz you about it.")
 QUESTION = "What is the pass key?"
 ANSWER_PREFIX = "The pass key is"
 FORMATS = ("plain", "bare", "chat")
-DEFAULT_FORMAT = "plain"
+DEFAULT_FORMAT = "chat"
 DEFAULT_LENGTHS = (1024, 2048, 4096)
 DEFAULT_DEPTHS = (0, 25, 50, 75, 100)
 DEFAULT_PATTERNS = "dense,window,random_top2,hard_top1,hard_top2"
@@ -185,8 +198,10 @@ class PasskeyCase:
         format, length (prompt tokens), depth (asked, percent of the haystack), seed (case seed:
         fixes the key and the haystack's start), key (5 digits as a string).
         input_ids: (length,) int64 prompt tokens, ending with the answer prefix.
-        answer_ids: (n,) int64 tokens of " " + key (teacher-forced after the prompt).
-        key_index: indices into ``answer_ids`` of the tokens that carry the key's digits.
+        answer_ids: (n,) int64 the key's tokens (teacher-forced after the prompt; see
+            ``answer_split``).
+        key_index: indices into ``answer_ids`` of the tokens that carry the key's digits (all of
+            them, unless a tokenizer puts non-digit characters after the key).
         needle_position: token index of the needle's first token in the prompt.
         needle_key_positions: (m,) int64 prompt positions of the needle's tokens that carry the
             key's digits (both mentions).
@@ -205,6 +220,18 @@ class PasskeyCase:
     needle_position: int
     needle_key_positions: np.ndarray
     needle_depth: float
+
+
+def answer_split(tokenizer, key: str) -> tuple[list[int], list[int], list[int]]:
+    """(lead, answer_ids, key_index): the tokens of ``" " + key`` split before the key's first
+    token. ``lead`` ends the prompt (SmolLM2 splits digits, so " 48213" is a lone space token and
+    five digits: the prompt ends "The pass key is" + " ", a prefix of the natural token sequence
+    of "The pass key is 48213"); the answer is the key's tokens. Measured: with the prompt ending
+    at "is", dense misses came from the space token (the model continued with a word such as
+    " the pass key"), while the first digit after the space ranked first (docs/passkey.md)."""
+    ids, idx = _digit_tokens(tokenizer, " " + key, key)
+    first = idx[0]
+    return ids[:first], ids[first:], [i - first for i in idx]
 
 
 def answer_budget(tokenizer, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS) -> int:
@@ -247,6 +274,8 @@ def make_case(haystack: Haystack, tokenizer, length: int, depth: float, seed: in
     head, tail = parts if parts is not None else prompt_parts(tokenizer, fmt)
     key = key_for_seed(seed)
     needle_ids, needle_key = _digit_tokens(tokenizer, " " + NEEDLE.format(key=key), key)
+    lead, answer_ids, key_index = answer_split(tokenizer, key)
+    tail = tail + lead
     fixed = len(head) + len(needle_ids) + len(tail)
     C = length - fixed
     if C < 1:
@@ -266,7 +295,6 @@ def make_case(haystack: Haystack, tokenizer, length: int, depth: float, seed: in
     hay = haystack.ids[s0:s0 + C].tolist()
     ids = head + hay[:b] + needle_ids + hay[b:] + tail
     assert len(ids) == length
-    answer_ids, key_index = _digit_tokens(tokenizer, " " + key, key)
     pos = len(head) + b
     return PasskeyCase(fmt, length, depth, seed, key, torch.tensor(ids, dtype=torch.long),
                        torch.tensor(answer_ids, dtype=torch.long), key_index, pos,
@@ -584,7 +612,8 @@ def run_passkey(model, tokenizer, haystack: Haystack, out_dir: str | os.PathLike
                                          for r in range(keys)]
     fp_settings = {**(settings or {}), "patterns": patterns, "keys": keys, "seed": seed,
                    "max_new_tokens": max_new_tokens, "needle": NEEDLE, "intro": INTRO, "question": QUESTION,
-                   "answer_prefix": ANSWER_PREFIX, "haystack": haystack.name, "schema": PASSKEY_SCHEMA}
+                   "answer_prefix": ANSWER_PREFIX, "prompt_version": PROMPT_VERSION, "haystack": haystack.name,
+                   "schema": PASSKEY_SCHEMA}
     fp = fingerprint(fp_settings)
     cell_dir = out_dir / "cells" / fp
     t_all = time.perf_counter()

@@ -35,9 +35,15 @@ def make_tokenizer():
     trainer = trainers.BpeTrainer(vocab_size=97, special_tokens=["<pad>", "<s>", "</s>", "<unk>"],
                                   show_progress=False)
     tk.train_from_iterator([TEXT, P.NEEDLE.format(key="0123456789"), P.INTRO,
-                            f"{P.QUESTION} {P.ANSWER_PREFIX}"], trainer)
-    return PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="<unk>", pad_token="<pad>",
-                                   bos_token="<s>", eos_token="</s>")
+                            f"\n\n{P.QUESTION} {P.ANSWER_PREFIX}"], trainer)
+    tok = PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="<unk>", pad_token="<pad>",
+                                  bos_token="<s>", eos_token="</s>")
+    tok.chat_template = CHAT_TEMPLATE
+    return tok
+
+
+CHAT_TEMPLATE = ("{% for m in messages %}<s>{{ m['role'] }}\n{{ m['content'] }}</s>\n{% endfor %}"
+                 "{% if add_generation_prompt %}<s>assistant\n{% endif %}")
 
 
 @pytest.fixture(scope="module")
@@ -58,6 +64,9 @@ def focus_model(window=8, sinks=2, layers=2):
 def test_tokenizer_fits_the_tiny_model(tok):
     ids = tok(TEXT + P.NEEDLE.format(key="48213"), add_special_tokens=False).input_ids
     assert max(ids) < 97 and tok.unk_token_id not in ids
+    for fmt in P.FORMATS:
+        head, tail = P.prompt_parts(tok, fmt)
+        assert tok.unk_token_id not in head + tail, fmt
     assert tok.decode(tok(" 48213", add_special_tokens=False).input_ids).strip() == "48213"
 
 
@@ -65,13 +74,19 @@ def test_tokenizer_fits_the_tiny_model(tok):
 # prompts
 
 @pytest.mark.parametrize("length", [200, 257, 400])
-@pytest.mark.parametrize("fmt", ["plain", "bare"])
+@pytest.mark.parametrize("fmt", ["plain", "bare", "chat"])
 def test_prompt_has_exactly_the_asked_length(tok, hay, length, fmt):
     head, tail = P.prompt_parts(tok, fmt)
     case = P.make_case(hay, tok, length, 50, seed=3, fmt=fmt)
+    lead, answer, _ = P.answer_split(tok, case.key)
+    tail = tail + lead
     ids = case.input_ids.tolist()
     assert len(ids) == length
     assert ids[:len(head)] == head and ids[-len(tail):] == tail
+    assert case.answer_ids.tolist() == answer and tok.decode(answer).strip() == case.key
+    # prompt + answer is the natural tokenization of "... The pass key is <key>"
+    natural = tok("The pass key is " + case.key, add_special_tokens=False).input_ids
+    assert (ids + answer)[-len(natural) + 1:] == natural[1:]  # (the first word: no leading space)
     assert tok.decode(tail).strip().endswith(P.ANSWER_PREFIX)
     assert len(head) > len(P.prompt_parts(tok, "bare")[0]) or fmt == "bare"
 
@@ -79,8 +94,9 @@ def test_prompt_has_exactly_the_asked_length(tok, hay, length, fmt):
 @pytest.mark.parametrize("depth", [0, 25, 50, 75, 100])
 def test_needle_lands_at_the_asked_depth(tok, hay, depth):
     length = 400
-    head, tail = P.prompt_parts(tok, "plain")
+    head, tail = P.prompt_parts(tok, "chat")
     case = P.make_case(hay, tok, length, depth, seed=1)
+    tail = tail + P.answer_split(tok, case.key)[0]
     needle, _ = P._digit_tokens(tok, " " + P.NEEDLE.format(key=case.key), case.key)
     C = length - len(head) - len(needle) - len(tail)
     b = case.needle_position - len(head)
@@ -127,9 +143,16 @@ def test_sentence_starts_skip_abbreviations(tok):
     assert words == ["She", "Was", "Yes."]
 
 
-def test_chat_format_needs_a_template(tok):
+def test_chat_format(tok):
+    head, tail = P.prompt_parts(tok, "chat")
+    assert head[0] == tok.bos_token_id and tok.decode(head[1:]).strip().startswith("user")
+    assert P.INTRO in tok.decode(head)
+    flat = tok.decode(tail).replace(" ", "").replace("\n", "")
+    assert flat == f"{P.QUESTION}</s><s>assistant{P.ANSWER_PREFIX}".replace(" ", "")
+    bare = make_tokenizer()
+    bare.chat_template = None
     with pytest.raises(ConfigError, match="chat template"):
-        P.prompt_parts(tok, "chat")
+        P.prompt_parts(bare, "chat")
     with pytest.raises(ConfigError, match="plain, bare, chat"):
         P.prompt_parts(tok, "markdown")
 
@@ -311,7 +334,6 @@ def test_dense_mass_to_needle_equals_eager_attention(tok, hay):
 
 def test_window_keeps_the_needle_only_within_reach(tok, hay):
     model = focus_model(window=8, sinks=2)
-    head, tail = P.prompt_parts(tok, "plain")
     near = P.make_case(hay, tok, 300, 100, seed=0)
     far = P.make_case(hay, tok, 300, 50, seed=0)
     r_near, _ = P.run_case(model, tok, near, parse_patterns("window", 4), audit=False)
@@ -374,6 +396,7 @@ def test_cli_defaults_agree_with_the_library():
     assert cli.PASSKEY_PATTERNS == P.DEFAULT_PATTERNS
     assert cli.PASSKEY_LENGTHS == ",".join(map(str, P.DEFAULT_LENGTHS))
     assert cli.PASSKEY_DEPTHS == ",".join(map(str, P.DEFAULT_DEPTHS))
+    assert cli.PASSKEY_FORMAT == P.DEFAULT_FORMAT
 
 
 # ------------------------------------------------------------------------------------------
@@ -408,7 +431,7 @@ def test_tables_have_the_documented_columns_and_resume(tok, hay, tmp_path):
     assert again["computed_cells"] == 0
     pd.testing.assert_frame_equal(again["cases"].drop(columns="seconds"), res["cases"].drop(columns="seconds"))
     # an interrupted run: a missing cell is computed again, the others are kept
-    cell = next((tmp_path / "cells").glob("*/plain_L300_d100.cases.parquet"))
+    cell = next((tmp_path / "cells").glob("*/chat_L300_d100.cases.parquet"))
     cell.unlink()
     third = P.run_passkey(model, tok, hay, tmp_path, **kw)
     assert third["computed_cells"] == 1
