@@ -319,6 +319,31 @@ def _pair_table_rows(T, window, sinks, n_sink, device, a, b) -> dict[str, torch.
             "gated": causal & ~local, "diag": d == 0}
 
 
+def _dropped_edges(D: torch.Tensor, thr: float, top_n: int, min_weight: float) -> list[tuple]:
+    """The dropped-edge audit of one chunk. D: (B, H, c, T) dense weights with the kept pairs
+    zeroed. Returns [(batch, head, query, key) index tensors]: every pair above ``thr``, plus
+    each query's ``top_n`` heaviest dropped pairs with weight in (min_weight, thr]."""
+    if top_n == 1:
+        vals, idx = D.max(dim=-1, keepdim=True)
+    elif top_n > 1:
+        vals, idx = D.topk(min(top_n, D.shape[-1]), dim=-1)
+    else:
+        vals, idx = D.amax(dim=-1, keepdim=True), None
+    found = []
+    rows = (vals[..., 0] > thr).nonzero()  # rows holding at least one edge above thr
+    if rows.numel():
+        rb, rh, rq = rows.unbind(1)
+        hit = (D[rb, rh, rq] > thr).nonzero()  # (n, 2): row, key
+        r, kj = hit.unbind(1)
+        found.append((rb[r], rh[r], rq[r], kj))
+    if idx is not None:  # each query's heaviest dropped pairs not already above thr
+        extra = ((vals > min_weight) & (vals <= thr)).nonzero()  # (n, 4): batch, head, query, rank
+        if extra.numel():
+            eb, eh, eq, er = extra.unbind(1)
+            found.append((eb, eh, eq, idx[eb, eh, eq, er]))
+    return found
+
+
 @torch.no_grad()
 def attention_metrics(query: torch.Tensor, key: torch.Tensor, scale: float,
                       query_groups: torch.Tensor, key_group: torch.Tensor, window: int, *,
@@ -442,25 +467,7 @@ def attention_metrics(query: torch.Tensor, key: torch.Tensor, scale: float,
                 pat[h]["soft"][:, a:b, :b] = P[:, h] * G / Z[:, h, :, None]
         if want_edges:
             D = P.masked_fill_(keep[:, None], 0.0)  # in place: P is not needed any more
-            if edge_top_n == 1:
-                vals, idx = D.max(dim=-1, keepdim=True)
-            elif edge_top_n > 1:
-                vals, idx = D.topk(min(edge_top_n, b), dim=-1)
-            else:
-                vals, idx = D.amax(dim=-1, keepdim=True), None
-            found = []
-            rows = (vals[..., 0] > thr).nonzero()  # rows holding at least one edge above thr
-            if rows.numel():
-                rb, rh, rq = rows.unbind(1)
-                hit = (D[rb, rh, rq] > thr).nonzero()  # (n, 2): row, key
-                r, kj = hit.unbind(1)
-                found.append((rb[r], rh[r], rq[r], kj))
-            if idx is not None:  # each query's heaviest dropped pairs not already above thr
-                extra = ((vals > min_w) & (vals <= thr)).nonzero()  # (n, 4): batch, head, query, rank
-                if extra.numel():
-                    eb, eh, eq, er = extra.unbind(1)
-                    found.append((eb, eh, eq, idx[eb, eh, eq, er]))
-            for bi, hi, qi, kj in found:
+            for bi, hi, qi, kj in _dropped_edges(D, thr, edge_top_n, min_w):
                 w = D[bi, hi, qi, kj]
                 sw = w * G[bi, qi, kj] / Z[bi, hi, qi] if with_soft else torch.full_like(w, float("nan"))
                 edge_parts.append((bi, hi, qi + a, kj, w, sw))
