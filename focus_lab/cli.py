@@ -317,7 +317,7 @@ def record(
 
 
 def _app_command(runs: Path, host: str, port: int) -> list[str]:
-    return [sys.executable, "-m", "streamlit", "run", str(REPO / "app" / "main.py"),
+    return [sys.executable, "-m", "streamlit", "run", str(Path(__file__).resolve().parent / "app" / "main.py"),
             "--server.address", host, "--server.port", str(port), "--server.headless", "true",
             "--browser.gatherUsageStats", "false", "--", "--runs", str(runs.resolve())]
 

@@ -21,9 +21,9 @@ import pandas as pd
 import pytest
 
 HERE = Path(__file__).resolve().parent
-MAIN = HERE.parent / "app" / "main.py"
+MAIN = HERE.parent / "focus_lab" / "app" / "main.py"
 sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent / "app"))
+sys.path.insert(0, str(HERE.parent / "focus_lab" / "app"))
 
 from run_fixtures import corrupt_run, make_tiny_run, other_schema_run  # noqa: E402
 

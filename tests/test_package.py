@@ -28,3 +28,37 @@ def test_public_names_resolve_on_first_use():
     assert set(focus_lab.__all__) <= set(dir(focus_lab))
     with pytest.raises(AttributeError, match="no attribute 'not_a_name'"):
         focus_lab.not_a_name
+
+
+def test_non_editable_install_has_everything_the_cli_needs(tmp_path):
+    """``pip install .`` (not editable) into a fresh folder: the installed package, run from
+    outside the checkout, carries the dashboard and the shipped routers, and its CLI starts."""
+    import shutil
+    from pathlib import Path
+    repo = Path(__file__).resolve().parents[1]
+    src = tmp_path / "src"  # a copy, so the build leaves nothing in the checkout
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(repo / name, src / name)
+    shutil.copytree(repo / "focus_lab", src / "focus_lab", ignore=shutil.ignore_patterns("__pycache__"))
+    target = tmp_path / "site"
+    build = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation",
+                            "--no-index", "-q", "--target", str(target), str(src)],
+                           capture_output=True, text=True, cwd=tmp_path,
+                           env={**__import__("os").environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"})
+    assert build.returncode == 0, build.stderr[-2000:]
+    probe = ("import focus_lab, focus_lab.cli as c, focus_lab.shipped as s, pathlib\n"
+             "cmd = c._app_command(pathlib.Path('.'), '127.0.0.1', 1)\n"
+             "print(focus_lab.__file__); print(cmd[4]); print(s.shipped_router_file())")
+    env = {**__import__("os").environ, "PYTHONPATH": str(target)}
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=tmp_path, env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    init, main, routers = out.stdout.split()
+    assert init.startswith(str(target)), init  # the installed copy, not the checkout
+    assert main.startswith(str(target)) and Path(main).is_file()
+    pages = Path(main).parent / "app_pages"
+    assert {p.name for p in pages.glob("*.py")} >= {"groups.py", "audit.py", "probe.py"}
+    assert routers.startswith(str(target)) and Path(routers).is_file()
+    cli = subprocess.run([sys.executable, "-m", "focus_lab", "--help"], capture_output=True, text=True,
+                         cwd=tmp_path, env=env)
+    assert cli.returncode == 0 and "record" in cli.stdout

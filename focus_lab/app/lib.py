@@ -19,9 +19,9 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-APP_DIR = Path(__file__).resolve().parent
-REPO = APP_DIR.parent
-if str(REPO) not in sys.path:  # `streamlit run app/main.py` from a checkout without install
+APP_DIR = Path(__file__).resolve().parent  # focus_lab/app: the dashboard ships inside the package
+REPO = APP_DIR.parent.parent  # the folder holding the focus_lab package (a checkout's root)
+if str(REPO) not in sys.path:  # `streamlit run focus_lab/app/main.py` from a checkout without install
     sys.path.insert(0, str(REPO))
 
 

@@ -1,5 +1,5 @@
 """focus-lab dashboard: `focus-lab app --runs runs/` or
-`python -m streamlit run app/main.py -- --runs <folder>` (bound to 127.0.0.1 by focus-lab app).
+`python -m streamlit run focus_lab/app/main.py -- --runs <folder>` (bound to 127.0.0.1 by focus-lab app).
 
 The sidebar picks a run below the runs root; the pages in app_pages/ read it through lib.
 """
