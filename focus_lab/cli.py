@@ -17,6 +17,10 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_NAME = "smollm2-austen"
 from .recipes import DEFAULT_RECIPE  # noqa: E402  (light: no torch import)
+from .config import FocusConfig as _FocusConfig, TrainConfig as _TrainConfig  # noqa: E402
+
+# the CLI's defaults are the dataclasses' (one place for each default)
+_F, _T = _FocusConfig(), _TrainConfig()
 
 
 def _fail(msg: str) -> None:
@@ -92,15 +96,16 @@ def train(
     model: Optional[str] = typer.Option(None, help="gemma3-270m, an HF id or a local path; default: embedded SmolLM2-135M"),
     corpus: str = typer.Option("austen", help="corpus name or a local text file / folder"),
     out: Path = typer.Option(Path("checkpoints") / DEFAULT_NAME, help="training directory"),
-    steps: int = typer.Option(60, help="optimizer steps (short schedule; --full for the long one)"),
+    steps: int = typer.Option(_T.steps, help="optimizer steps (short schedule; --full for the long one)"),
     full: bool = typer.Option(False, help="full schedule: 1000 steps of 4 x 1024 tokens"),
-    seq_len: int = typer.Option(512, help="tokens per training window"),
-    batch_size: int = typer.Option(2),
-    lr: float = typer.Option(3e-3),
-    checkpoint_every: int = typer.Option(20),
-    num_groups: int = typer.Option(4), window: int = typer.Option(128), top_k: int = typer.Option(2),
-    tau: float = typer.Option(0.1), sinkhorn_iters: int = typer.Option(10),
-    router_dim: int = typer.Option(16), seed: int = typer.Option(0),
+    seq_len: int = typer.Option(_T.seq_len, help="tokens per training window"),
+    batch_size: int = typer.Option(_T.batch_size),
+    lr: float = typer.Option(_T.lr),
+    checkpoint_every: int = typer.Option(_T.checkpoint_every),
+    num_groups: int = typer.Option(_F.num_groups), window: int = typer.Option(_F.window),
+    top_k: int = typer.Option(_F.top_k), tau: float = typer.Option(_F.tau),
+    sinkhorn_iters: int = typer.Option(_F.sinkhorn_iters),
+    router_dim: int = typer.Option(_F.router_dim), seed: int = typer.Option(_F.seed),
     resume: bool = typer.Option(False, help="continue from <out>/checkpoint"),
     recipe: str = typer.Option(DEFAULT_RECIPE, help="training recipe (focus_lab/recipes.py; README "
                                "'Router recipes'): sinks64 (default, best measured), paper, calibrated, "
@@ -110,7 +115,7 @@ def train(
     device: str = typer.Option("cpu", help="cpu | cuda (under torchrun: cuda:$LOCAL_RANK)"),
     init_routers: Optional[Path] = typer.Option(None, help="start from this router file (length "
                                                 "curriculum: e.g. routers trained at 512, continued at 4096)"),
-    distill_queries: int = typer.Option(512, help="distill objective: queries sampled per window"),
+    distill_queries: int = typer.Option(_T.distill_queries, help="distill objective: queries sampled per window"),
 ):
     """Train only the routers (frozen base model) on the corpus's training documents."""
     from .config import TrainConfig
@@ -346,7 +351,7 @@ QUICKSTART_PATTERNS = "dense,window,hard_top1,hard_top2,random_top2"
 def quickstart(
     train_routers: bool = typer.Option(False, "--train", help="train new routers first (the shipped ones "
                                        "are used otherwise)"),
-    steps: int = typer.Option(60), full: bool = typer.Option(False, help="full training schedule"),
+    steps: int = typer.Option(_T.steps), full: bool = typer.Option(False, help="full training schedule"),
     seq_len: int = typer.Option(4096, help="tokens per evaluated and recorded window"),
     eval_windows: int = typer.Option(2, help="held-out windows for the perplexity check"),
     record_windows: int = typer.Option(4, help="held-out windows recorded for the dashboard"),

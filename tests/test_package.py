@@ -62,3 +62,21 @@ def test_non_editable_install_has_everything_the_cli_needs(tmp_path):
     cli = subprocess.run([sys.executable, "-m", "focus_lab", "--help"], capture_output=True, text=True,
                          cwd=tmp_path, env=env)
     assert cli.returncode == 0 and "record" in cli.stdout
+
+
+def test_cli_defaults_are_the_dataclasses_defaults():
+    """Every `focus-lab train` option named like a FocusConfig / TrainConfig field defaults to
+    that field's default (one place for each default, issue 17 item 3)."""
+    import dataclasses
+    import typer
+    from focus_lab.cli import app
+    from focus_lab.config import FocusConfig, TrainConfig
+    cmd = typer.main.get_command(app).commands["train"]
+    fields = {f.name: f.default for dc in (FocusConfig, TrainConfig) for f in dataclasses.fields(dc)
+              if f.default is not dataclasses.MISSING}
+    checked = 0
+    for p in cmd.params:
+        if p.name in fields and p.default is not None:  # None: "the recipe's" (sink_tokens)
+            assert p.default == fields[p.name], (p.name, p.default, fields[p.name])
+            checked += 1
+    assert checked >= 12, checked
