@@ -159,66 +159,96 @@ def focus_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, v
     keep = _keep_from_hf_mask(attention_mask, B, Tq, Tk, query.device)  # (B, Tq, Tk)
     router: Router | None = getattr(module, "focus_router", None)
     h = module.__dict__.pop("_focus_h", None)
-    routing: Routing | None = None
-    offset = 0
-    if router is None:
-        bias = keep
-    else:
-        cfg = router.config
-        if cfg.mode in ("soft", "hard"):
-            if Tq != Tk and cfg.mode == "soft":
-                raise NotImplementedError(
-                    "Focus soft attention with a KV cache (decode steps) is not supported; "
-                    "call the model with use_cache=False, or use mode='hard'")
-            if h is None:
-                raise RuntimeError("Focus router input was not captured: attach() the model again")
-            token_mask = keep.diagonal(dim1=1, dim2=2, offset=Tk - Tq) if attention_mask is not None else None
-            routing = route(router, h, token_mask)
-            if router.training and routing.col_potential is not None:
-                router.update_bias(routing.col_potential)
-            if cfg.mode == "hard":  # key groups of every cached token (the router saw them earlier)
-                past = module.__dict__.get("_focus_key_groups") if Tq < Tk else None
-                if Tq < Tk and (past is None or past.shape[0] != B or past.shape[1] < Tk - Tq):
-                    raise RuntimeError(
-                        f"hard-mode KV-cache step with {Tk - Tq} cached tokens, but this layer saw "
-                        f"{None if past is None else tuple(past.shape)} key groups: start generation "
-                        "with a forward from position 0 through the Focus-attached model")
-                seen = routing.key_group if past is None else torch.cat([past, routing.key_group], 1)
-                module.__dict__["_focus_key_groups"] = seen
-                # a sliding-window cache (Mistral) keeps only the latest keys: its first key sits
-                # at absolute position ``offset``
-                offset = seen.shape[1] - Tk
-                routing = Routing(routing.scores, routing.log_p, routing.col_potential,
-                                  routing.query_groups, seen[:, offset:])
-        # absolute positions (they differ from 0..Tk-1 only under a sliding cache, which then
-        # takes the dense reference below: the decomposition assumes keys start at position 0)
-        q_pos = torch.arange(offset + Tk - Tq, offset + Tk, device=query.device)
-        k_pos = torch.arange(offset, offset + Tk, device=query.device)
-        needs_grad = torch.is_grad_enabled() and (query.requires_grad or key.requires_grad)
-        if cfg.mode == "hard" and cfg.backend != "dense" and not needs_grad and softcap is None and \
-                offset == 0 and _is_plain_causal(attention_mask, keep, Tq, Tk):
-            out = hard_focus_attention(query, key, value, routing.query_groups, routing.key_group,
-                                       cfg.window, scaling, backend=cfg.backend, sinks=cfg.sink_tokens)
-            observers = module.__dict__.get("_focus_observers", ())
-            if observers:  # they get the same dense mask as on the reference path
-                bias = focus_bias(cfg, routing, q_pos, k_pos, B) & keep
-                for observer in observers:
-                    observer(module, query, key, value, routing, bias, out)
-            return out.transpose(1, 2).contiguous(), None
-        if cfg.mode == "dense" and softcap is None and offset == 0 and Tq == Tk and \
-                _is_plain_causal(attention_mask, keep, Tq, Tk):
-            # dense through the causal flash kernel (no (B, T, T) mask): about 2x faster at 4K
-            out = F.scaled_dot_product_attention(query, key, value, is_causal=True, scale=scaling,
-                                                 enable_gqa=query.shape[1] != key.shape[1])
-            for observer in module.__dict__.get("_focus_observers", ()):
-                observer(module, query, key, value, routing, keep, out)
-            return out.transpose(1, 2).contiguous(), None
-        fb = focus_bias(cfg, routing, q_pos, k_pos, B)  # (B, Tq, Tk)
-        bias = fb & keep if fb.dtype == torch.bool else fb.masked_fill(~keep, float("-inf"))
-    out = masked_attention(query, key, value, bias, scaling, softcap=softcap)  # (B, H, Tq, D)
-    for observer in module.__dict__.get("_focus_observers", ()):
+    if router is None:  # an unrouted layer (e.g. a sliding layer of Gemma): the model's own mask
+        return _finish(module, query, key, value, None, keep,
+                       masked_attention(query, key, value, keep, scaling, softcap=softcap))
+    cfg = router.config
+    # 1. route: the layer's groups (and those of every cached token in a hard decode step)
+    routing, offset = _route_layer(module, router, h, keep, attention_mask, Tq, Tk)
+    # 2. choose the path, 3. compute
+    path = _attention_path(cfg, query, key, attention_mask, keep, Tq, Tk, offset, softcap)
+    q_pos = torch.arange(offset + Tk - Tq, offset + Tk, device=query.device)  # absolute positions
+    k_pos = torch.arange(offset, offset + Tk, device=query.device)
+    if path == "decomposition":
+        out = hard_focus_attention(query, key, value, routing.query_groups, routing.key_group,
+                                   cfg.window, scaling, backend=cfg.backend, sinks=cfg.sink_tokens)
+        # observers get the same dense mask as on the reference path
+        bias = (focus_bias(cfg, routing, q_pos, k_pos, B) & keep) if _observers(module) else None
+        return _finish(module, query, key, value, routing, bias, out)
+    if path == "causal_sdpa":  # dense through the causal flash kernel (no (B, T, T) mask): ~2x at 4K
+        out = F.scaled_dot_product_attention(query, key, value, is_causal=True, scale=scaling,
+                                             enable_gqa=query.shape[1] != key.shape[1])
+        return _finish(module, query, key, value, routing, keep, out)
+    fb = focus_bias(cfg, routing, q_pos, k_pos, B)  # (B, Tq, Tk) bool mask or float bias
+    bias = fb & keep if fb.dtype == torch.bool else fb.masked_fill(~keep, float("-inf"))
+    return _finish(module, query, key, value, routing, bias,
+                   masked_attention(query, key, value, bias, scaling, softcap=softcap))
+
+
+def _observers(module: nn.Module) -> tuple:
+    return module.__dict__.get("_focus_observers", ())
+
+
+def _finish(module, query, key, value, routing, bias, out: torch.Tensor) -> tuple[torch.Tensor, None]:
+    """Hand ``out`` (B, H, Tq, D) to the layer's observers, return transformers' (B, Tq, H, D)."""
+    for observer in _observers(module):
         observer(module, query, key, value, routing, bias, out)
     return out.transpose(1, 2).contiguous(), None
+
+
+def _route_layer(module: nn.Module, router: Router, h: torch.Tensor | None, keep: torch.Tensor,
+                 attention_mask: torch.Tensor | None, Tq: int, Tk: int) -> tuple[Routing | None, int]:
+    """(routing, offset) of one routed layer's forward; routing is None in dense / window mode.
+
+    In hard mode with a KV cache (Tq < Tk) the key groups of the cached tokens come from the
+    earlier forwards (kept on the module as ``_focus_key_groups``; reset by a forward from
+    position 0), since the router needs hidden states. ``offset``: the absolute position of the
+    first key (> 0 only under a sliding-window cache, Mistral). In training the group bias
+    follows Sinkhorn's column potentials (docs/method.md §1.3).
+    Raises: NotImplementedError (soft mode with a KV cache), RuntimeError (input not captured,
+    or a hard decode step whose earlier tokens' groups are unknown)."""
+    cfg = router.config
+    if cfg.mode not in ("soft", "hard"):
+        return None, 0
+    if Tq != Tk and cfg.mode == "soft":
+        raise NotImplementedError(
+            "Focus soft attention with a KV cache (decode steps) is not supported; "
+            "call the model with use_cache=False, or use mode='hard'")
+    if h is None:
+        raise RuntimeError("Focus router input was not captured: attach() the model again")
+    token_mask = keep.diagonal(dim1=1, dim2=2, offset=Tk - Tq) if attention_mask is not None else None
+    routing = route(router, h, token_mask)
+    if router.training and routing.col_potential is not None:
+        router.update_bias(routing.col_potential)
+    if cfg.mode != "hard":
+        return routing, 0
+    B = routing.key_group.shape[0]
+    past = module.__dict__.get("_focus_key_groups") if Tq < Tk else None
+    if Tq < Tk and (past is None or past.shape[0] != B or past.shape[1] < Tk - Tq):
+        raise RuntimeError(
+            f"hard-mode KV-cache step with {Tk - Tq} cached tokens, but this layer saw "
+            f"{None if past is None else tuple(past.shape)} key groups: start generation "
+            "with a forward from position 0 through the Focus-attached model")
+    seen = routing.key_group if past is None else torch.cat([past, routing.key_group], 1)
+    module.__dict__["_focus_key_groups"] = seen
+    offset = seen.shape[1] - Tk  # a sliding-window cache keeps only the latest keys
+    return Routing(routing.scores, routing.log_p, routing.col_potential, routing.query_groups,
+                   seen[:, offset:]), offset
+
+
+def _attention_path(cfg: FocusConfig, query, key, attention_mask, keep, Tq: int, Tk: int,
+                    offset: int, softcap) -> str:
+    """"decomposition" (hard mode, two attention calls, docs/method.md §4), "causal_sdpa" (dense
+    mode, the causal flash kernel) or "reference" (the dense masked O(T^2) path). The fast
+    paths need plain causality (no padding, no model sliding window), keys from position 0, no
+    logit soft-capping, and for the decomposition no autograd."""
+    simple = softcap is None and offset == 0 and _is_plain_causal(attention_mask, keep, Tq, Tk)
+    needs_grad = torch.is_grad_enabled() and (query.requires_grad or key.requires_grad)
+    if cfg.mode == "hard" and cfg.backend != "dense" and not needs_grad and simple:
+        return "decomposition"
+    if cfg.mode == "dense" and Tq == Tk and simple:
+        return "causal_sdpa"
+    return "reference"
 
 
 def _register() -> None:
