@@ -284,6 +284,13 @@ def route(router: Router, h: torch.Tensor, token_mask: torch.Tensor | None = Non
     Args:
         router: the layer's Router; h: (B, T, d) its attention input;
         token_mask: (B, T) bool, False on padding; config: overrides ``router.config``.
+    Returns:
+        Routing: scores (B, T, K) fp32; log_p (B, T, K) and col_potential (B, K) when Sinkhorn
+        ran (soft mode or training), else None; query_groups (B, T, k); key_group (B, T).
+    Raises:
+        FloatingPointError: the scores are not finite (a non-finite attention input, e.g. a
+            half-precision overflow, or corrupted router weights); the message names the layer.
+    Source: docs/method.md §1.
     """
     cfg = config or router.config
     scores = router(h)  # (B, T, K)

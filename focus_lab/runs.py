@@ -11,7 +11,8 @@ Layout::
     <run>/train_log.parquet    optional: per-step training log
     (+ the recorder's tables: balance, balance_layer, coverage, coverage_query,
        coverage_distance, crossing, crossing_query, dropped_edges, patterns, pos_contingency,
-       linguistic_scores, group_labels; ``SCHEMA`` below lists every column)
+       linguistic_scores, group_labels, loss_delta, costly_drops; ``SCHEMA`` below lists every
+       column)
 
 A run directory is written under a temporary name and renamed when complete, so a reader
 never sees half a run.
@@ -62,6 +63,10 @@ SCHEMA: dict[str, tuple[str, ...]] = {
                           "tokens", "groups_used"),
     "group_labels": ("layer_idx", "assignment", "group", "tokens", "share", "label", "top_pos",
                      "top_pos_share", "top_dep", "top_dep_share", "top_tokens"),
+    "loss_delta": ("window", "position", "token", "next_token", "nll_dense", "nll_hard", "delta"),
+    "costly_drops": ("window", "query_position", "query_rank", "delta", "nll_dense", "nll_hard", "query_token",
+                     "next_token", "layer_idx", "head", "key_position", "distance", "weight", "soft_weight",
+                     "key_token", "key_is_sink", "relation"),
     "eval": (),  # written by focus_lab.evaluate (copied in by ``focus-lab record``)
     "train_log": (),  # written by focus_lab.train (copied in by ``focus-lab record``)
 }
@@ -106,6 +111,12 @@ class Run:
 
     @classmethod
     def open(cls, path: str | Path) -> "Run":
+        """Open the run directory ``path`` (reads only its manifest; tables load on demand).
+
+        Raises:
+            RunError: not a directory, no or a corrupted manifest, or another schema version;
+                the message names the path and the command that records a run again.
+        """
         path = Path(path)
         if not path.is_dir():
             raise RunError(f"{path} is not a directory; record a run with 'focus-lab record'")
