@@ -248,7 +248,9 @@ def record(
                              "pretrained model's own attention, audited against the Focus masks), "
                              "hard or soft (the Focus model's)"),
     metrics: str = typer.Option("all", help="comma list of assignments, balance, coverage, crossing, "
-                                "dropped_edges, linguistics; or 'all'"),
+                                "dropped_edges, linguistics, loss_delta (per-token loss dense vs hard: two "
+                                "extra forwards per window; with dropped_edges also the costly_drops "
+                                "table); or 'all'"),
     layers: Optional[str] = typer.Option(None, help="layers to record, e.g. '0,5,10-12' (default: all)"),
     heads: Optional[str] = typer.Option(None, help="query heads to record, e.g. '0-3' (default: all)"),
     pattern: Optional[list[str]] = typer.Option(None, help="LAYER:HEAD whose full T x T maps are "
@@ -259,6 +261,8 @@ def record(
     edge_min_weight: float = typer.Option(0.01, help="... when their weight exceeds this"),
     sink_positions: int = typer.Option(4, help="first key positions reported as attention sinks"),
     per_query: bool = typer.Option(True, help="write the per-query tables (coverage_query, crossing_query)"),
+    costly_top_n: int = typer.Option(200, help="costly_drops: keep the dropped edges of the n queries whose "
+                                     "loss delta (hard minus dense, nats) is largest"),
 ):
     """Record held-out text through Focus into a run directory (schema: docs/run_schema.md)."""
     def ints(spec):
@@ -313,7 +317,7 @@ def record(
                        with_pos=pos, extra_tables=extra, metrics=chosen, layers=ints(layers),
                        heads=ints(heads), patterns=pats, edge_threshold=edge_threshold,
                        edge_top_n=edge_top_n, edge_min_weight=edge_min_weight,
-                       sink_positions=sink_positions, per_query=per_query)
+                       sink_positions=sink_positions, per_query=per_query, costly_top_n=costly_top_n)
         except ValueError as e:  # bad layers / heads / patterns: one clear line
             _fail(str(e))
         typer.echo(f"recorded {len(windows)} windows into {out}")

@@ -13,7 +13,9 @@ observers never change a tensor, so outputs inside the block are identical too.
     tables = rec.tables()              # {name: DataFrame}, schema in docs/run_schema.md
 
 ``record_run`` runs held-out windows through it and writes a run directory: tokens, pos (spaCy),
-assignments, balance, coverage, dropped edges, crossing mass and linguistics tables.
+assignments, balance, coverage, dropped edges, crossing mass and linguistics tables, and (metric
+``loss_delta``, two extra forwards per window outside the recording) per-token loss deltas dense
+vs hard joined to the dropped edges (``loss_delta``, ``costly_drops``; ``loss_delta_table``).
 Sources: docs/method.md §1-§2 (the method), §6 (the reviewers' question the recorder answers).
 """
 
@@ -39,15 +41,18 @@ from tqdm.auto import tqdm
 from . import core, metrics as M, record_tables as T
 from .io import atomic_path
 from .decomposition import torch_threads
-from .retrofit import _keep_from_hf_mask, add_observer, attention_modules, focus_config, model_identity
-from .runs import MANIFEST, SCHEMA_VERSION
+from .retrofit import (_keep_from_hf_mask, add_observer, attention_modules, focus_config, model_identity,
+                       set_config)
+from .runs import MANIFEST, SCHEMA, SCHEMA_VERSION
 
 PACKAGES = ("torch", "transformers", "spacy", "pandas", "pyarrow", "scikit-learn", "streamlit", "focus-lab")
 
 #: Metrics the recorder knows. ``coverage`` includes the distance buckets and the window /
 #: matched-window / random baselines; ``linguistics`` needs spaCy labels (``record_run``) and
-#: captures the router input for the k-means baseline.
-ALL_METRICS = ("assignments", "balance", "coverage", "crossing", "dropped_edges", "linguistics")
+#: captures the router input for the k-means baseline; ``loss_delta`` (per-token NLL dense vs
+#: hard, and with ``dropped_edges`` the ``costly_drops`` join) is computed by ``record_run`` with
+#: two extra forwards per window: ``record`` alone accepts it and records nothing for it.
+ALL_METRICS = ("assignments", "balance", "coverage", "crossing", "dropped_edges", "linguistics", "loss_delta")
 _ATTENTION_METRICS = {"coverage", "crossing", "dropped_edges"}
 
 
@@ -89,6 +94,8 @@ class RecordOptions:
             ``FocusConfig.sink_tokens``, which every mask of the recorder follows.
         per_query: write the per-query tables (coverage_query, crossing_query).
         chunk_elements: bound on batch x heads x queries x keys per chunk of dense attention.
+        costly_top_n: ``costly_drops`` keeps the dropped edges of the n queries (among those
+            with a recorded dropped edge) whose loss delta is largest (``record_run`` only).
     """
 
     metrics: tuple[str, ...] = ALL_METRICS
@@ -101,6 +108,7 @@ class RecordOptions:
     sink_positions: int = 4
     per_query: bool = True
     chunk_elements: int = 1 << 23
+    costly_top_n: int = 200
 
     def validate(self) -> "RecordOptions":
         self.metrics = tuple(dict.fromkeys(self.metrics))
@@ -111,6 +119,9 @@ class RecordOptions:
             raise ValueError(f"edge_threshold must be >= 0, got {self.edge_threshold}")
         if self.edge_top_n < 0:
             raise ValueError(f"edge_top_n must be >= 0, got {self.edge_top_n}")
+        if isinstance(self.costly_top_n, bool) or not isinstance(self.costly_top_n, (int, np.integer)) \
+                or self.costly_top_n < 0:
+            raise ValueError(f"costly_top_n must be an integer >= 0, got {self.costly_top_n!r}")
         self.patterns = [(int(a), int(b)) for a, b in self.patterns]
         return self
 
@@ -320,7 +331,7 @@ def record(model, metrics: Sequence[str] = ALL_METRICS, layers: Sequence[int] | 
         layers: layers to record (default every routed layer); heads: query heads (default all).
         patterns: (layer, head) pairs whose full T x T maps are kept (``patterns`` table).
         **options: further ``RecordOptions`` fields (edge_threshold, edge_top_n, edge_min_weight,
-            sink_positions, per_query, chunk_elements).
+            sink_positions, per_query, chunk_elements, costly_top_n).
     Yields:
         a ``Recording``; call ``.tables()`` after the forwards.
 
@@ -360,6 +371,93 @@ def assignments_for_window(model, input_ids: torch.Tensor) -> pd.DataFrame:
     return rec.tables()["assignments"].drop(columns=["window"])
 
 
+@torch.no_grad()
+def next_token_nll(model, input_ids: torch.Tensor, chunk: int = 1024) -> torch.Tensor:
+    """Next-token negative log-likelihood of one window, in nats, in the model's current mode.
+
+    Args:
+        input_ids: (T,) long, T >= 2, one unpadded window.
+        chunk: positions per ``cross_entropy`` call (bounds the log-softmax copy of the
+            (T, V) logits; the result does not depend on it).
+    Returns:
+        (T - 1,) float32: entry t is ``-log p(x_{t+1} | x_{<=t})`` from the logits at position t.
+    Raises:
+        ValueError: ``input_ids`` is not 1-D or has fewer than 2 tokens.
+    """
+    if input_ids.dim() != 1 or input_ids.shape[0] < 2:
+        raise ValueError(f"need one window of at least 2 token ids, shape (T,); got {tuple(input_ids.shape)}")
+    ids = input_ids.long()
+    logits = model(input_ids=ids[None], use_cache=False).logits[0]  # (T, V)
+    n = ids.shape[0] - 1
+    nll = torch.empty(n, dtype=torch.float32)
+    for s in range(0, n, chunk):
+        e = min(n, s + chunk)
+        nll[s:e] = torch.nn.functional.cross_entropy(logits[s:e].float(), ids[s + 1:e + 1].to(logits.device),
+                                                     reduction="none").cpu()
+    return nll
+
+
+@torch.no_grad()
+def loss_delta_table(model, windows: Sequence, tokens: pd.DataFrame | None = None, progress: bool = False,
+                     chunk: int = 1024) -> pd.DataFrame:
+    """The ``loss_delta`` table: per token, the next-token loss under dense and hard Focus attention.
+
+    Two forwards per window, outside any recording: ``set_config(mode="dense")`` (full causal
+    attention) and ``set_config(mode="hard")`` (the top-k mask of the attached FocusConfig: its
+    top_k, window, sink_tokens, groups). The config in force before the call is restored in a
+    finally block, also when a forward raises. Sources: docs/method.md §6 (which dropped
+    dependencies cost anything), §2.2 (the hard mask).
+
+    Convention: the row at ``position`` t is the prediction made at query position t, of token
+    t + 1 (``next_token``); it joins the dropped edges of query position t
+    (``dropped_edges.query_position``). Its loss depends on the edges dropped at t in every layer
+    and, through later layers, on edges dropped at earlier positions too.
+
+    Args:
+        model: a model with Focus attached (any current mode; routers loaded).
+        windows: objects with ``input_ids`` (T,) long, T >= 2; numbered 0, 1, ... in order
+            (the recorder's window index).
+        tokens: optional tokens table (window, position, token): fills the token columns; else "".
+        progress: show a progress bar.
+        chunk: positions per cross-entropy call (``next_token_nll``).
+    Returns:
+        DataFrame with T - 1 rows per window, columns ``runs.SCHEMA["loss_delta"]``: window,
+        position (t, 0..T-2), token (text at t), next_token (text at t + 1), nll_dense, nll_hard
+        (nats, float32) and delta = nll_hard - nll_dense (nats, float32; > 0: the hard mask costs).
+    Raises:
+        ValueError: Focus is not attached, or a window has fewer than 2 tokens.
+    """
+    original = focus_config(model)
+    frames = []
+    try:
+        for w_idx, w in enumerate(tqdm(windows, desc="loss_delta", disable=not progress, dynamic_ncols=True)):
+            ids = w.input_ids
+            set_config(model, mode="dense")
+            dense = next_token_nll(model, ids, chunk).numpy()
+            set_config(model, mode="hard")
+            hard = next_token_nll(model, ids, chunk).numpy()
+            n = len(dense)
+            frames.append(pd.DataFrame({
+                "window": np.full(n, w_idx, np.int32), "position": np.arange(n, dtype=np.int32),
+                "nll_dense": dense.astype(np.float32), "nll_hard": hard.astype(np.float32)}))
+    finally:
+        set_config(model, **original.to_dict())
+    cols = list(SCHEMA["loss_delta"])
+    if not frames:
+        return pd.DataFrame({c: pd.Series(dtype=object if c in ("token", "next_token") else np.float32)
+                             for c in cols})
+    df = pd.concat(frames, ignore_index=True)
+    df["delta"] = (df["nll_hard"].to_numpy() - df["nll_dense"].to_numpy()).astype(np.float32)
+    if tokens is not None:
+        t = tokens.set_index(["window", "position"])["token"]
+        df["token"] = t.reindex(pd.MultiIndex.from_arrays([df["window"], df["position"]])).to_numpy()
+        df["next_token"] = t.reindex(pd.MultiIndex.from_arrays([df["window"], df["position"] + 1])).to_numpy()
+    else:
+        df["token"] = ""
+        df["next_token"] = ""
+    return df[cols]
+
+
 def record_run(model, tokenizer, windows: list, texts: dict[str, str], out_dir: str | Path,
                meta: dict | None = None, with_pos: bool = True, extra_tables: dict | None = None,
                progress: bool = True, metrics: Sequence[str] = ALL_METRICS,
@@ -375,7 +473,10 @@ def record_run(model, tokenizer, windows: list, texts: dict[str, str], out_dir: 
         with_pos: join spaCy POS / dependency labels (needs the spaCy pipeline); the
             linguistics tables and the relations of dropped edges need it.
         extra_tables: {name: DataFrame} written as additional tables (eval, train_log).
-        metrics, layers, heads, patterns, **options: as for ``record``.
+        metrics, layers, heads, patterns, **options: as for ``record``. With ``loss_delta`` in
+            ``metrics``, two more forwards per window after the recording (dense, then hard:
+            ``loss_delta_table``) write the ``loss_delta`` table, and with ``dropped_edges`` also
+            ``costly_drops`` (``record_tables.costly_drops_table``, option ``costly_top_n``).
     Returns:
         the run directory path.
     """
@@ -408,6 +509,11 @@ def record_run(model, tokenizer, windows: list, texts: dict[str, str], out_dir: 
     if pos_frames:
         tables["pos"] = pd.concat(pos_frames, ignore_index=True)
     tables.update(rec.tables(tokens=tables["tokens"], pos=tables.get("pos")))
+    if "loss_delta" in rec.options.metrics and windows:  # after the block: the recorder sees none of these
+        tables["loss_delta"] = loss_delta_table(model, windows, tokens=tables["tokens"], progress=progress)
+        if "dropped_edges" in tables:
+            tables["costly_drops"] = T.costly_drops_table(tables["loss_delta"], tables["dropped_edges"],
+                                                          rec.options.costly_top_n)
     tables.update(extra_tables or {})
     opts = asdict(rec.options)
     opts.update(layers=rec.layers, heads=rec.heads, mode=cfg.mode,

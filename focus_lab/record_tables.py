@@ -321,3 +321,42 @@ def linguistics_tables(rec, tokens, pos) -> dict[str, pd.DataFrame]:
     return {"pos_contingency": _typed(contab),
             "linguistic_scores": _typed(pd.DataFrame(scores)),
             "group_labels": _typed(pd.DataFrame(labels))}
+
+def costly_drops_table(loss_delta: pd.DataFrame, dropped_edges: pd.DataFrame, top_n: int) -> pd.DataFrame:
+    """The ``costly_drops`` table: the dropped edges of the queries whose loss delta is largest.
+
+    ``loss_delta`` (window, position, next_token, nll_dense, nll_hard, delta; ``position`` t is
+    the query that predicts token t + 1) is joined to ``dropped_edges`` on (window,
+    ``query_position`` = position). Among the queries with at least one recorded dropped edge,
+    the ``top_n`` of largest ``delta`` are kept (ties: lower window, then lower position first),
+    with all their dropped edges. Sources: docs/method.md §6.
+
+    Args:
+        loss_delta: the loss_delta table (``record.loss_delta_table``).
+        dropped_edges: the dropped_edges table (``edges_table``).
+        top_n: number of queries kept, >= 0.
+    Returns:
+        DataFrame with columns ``runs.SCHEMA["costly_drops"]``; ``query_rank`` 1 is the costliest
+        query. Rows sorted by delta descending (ties by query_rank), then weight descending, then
+        layer_idx, head, key_position. delta / nll in nats, distance in tokens.
+    Raises:
+        ValueError: ``top_n`` < 0.
+    """
+    from .runs import SCHEMA
+    cols = list(SCHEMA["costly_drops"])
+    if top_n < 0:
+        raise ValueError(f"top_n must be >= 0, got {top_n}")
+    loss = loss_delta[["window", "position", "next_token", "nll_dense", "nll_hard", "delta"]].rename(
+        columns={"position": "query_position"})
+    joined = dropped_edges.merge(loss, on=["window", "query_position"], how="inner")
+    if top_n == 0 or joined.empty:
+        return _typed(pd.DataFrame({c: pd.Series(dtype=joined[c].dtype if c in joined.columns else np.int32)
+                                    for c in cols}))
+    queries = joined[["window", "query_position", "delta"]].drop_duplicates(["window", "query_position"])
+    queries = queries.sort_values(["delta", "window", "query_position"], ascending=[False, True, True],
+                                  kind="stable", na_position="last").head(top_n)
+    queries = queries.assign(query_rank=np.arange(1, len(queries) + 1, dtype=np.int32))
+    out = joined.merge(queries[["window", "query_position", "query_rank"]], on=["window", "query_position"])
+    out = out.sort_values(["query_rank", "weight", "layer_idx", "head", "key_position"],
+                          ascending=[True, False, True, True, True], kind="stable").reset_index(drop=True)
+    return _typed(out[cols])
