@@ -40,7 +40,8 @@ from .config import FocusConfig, TrainConfig
 from . import core
 from .core import Router, distant_pairs_kept, hard_assign, sinkhorn
 from .evaluate import evaluate, standard_patterns
-from .retrofit import attach, attention_modules, detach, focus_config, is_attached, load_routers, set_config
+from .retrofit import (attach, attention_modules, detach, focus_config, is_attached, load_routers, router_inputs,
+                       set_config)
 
 __all__ = [
     "SoftmaxRouter", "PrefixCausalRouter", "KMeansRouter", "OnlineKMeansRouter", "MoBARouter",
@@ -276,26 +277,18 @@ def capture_router_inputs(model, windows: Sequence, max_tokens: int | None = Non
     ``mode="dense"`` for the pass (exactly the pretrained model) and restored."""
     cfg = focus_config(model)
     got: dict[int, list] = {}
-    hooks = []
-    for i, m in attention_modules(model):
-        if not hasattr(m, "focus_router"):
-            continue
-
-        def hook(module, args, kwargs, i=i):
-            h = kwargs.get("hidden_states", args[0] if args else None)
-            got.setdefault(i, []).append(_normalized(h, cfg).reshape(-1, h.shape[-1]).cpu())
-        hooks.append(m.register_forward_pre_hook(hook, with_kwargs=True))
-    set_config(model, mode="dense")
     seen = 0
     try:
-        for w in windows:
-            model(input_ids=w.input_ids[None], use_cache=False)
-            seen += int(w.input_ids.numel())
-            if max_tokens is not None and seen >= max_tokens:
-                break
+        with router_inputs(model) as inputs:
+            set_config(model, mode="dense")
+            for w in windows:
+                model(input_ids=w.input_ids[None], use_cache=False)
+                for i, h in inputs.items():
+                    got.setdefault(i, []).append(_normalized(h, cfg).reshape(-1, h.shape[-1]).cpu())
+                seen += int(w.input_ids.numel())
+                if max_tokens is not None and seen >= max_tokens:
+                    break
     finally:
-        for h in hooks:
-            h.remove()
         set_config(model, mode=cfg.mode)
     return {i: torch.cat(v)[:max_tokens].numpy() for i, v in got.items()}
 

@@ -104,16 +104,12 @@ def distill_step(model, ids: torch.Tensor, config: FocusConfig, step: int, num_q
         RuntimeError: no routed layer ran (Focus not attached); ValueError: T <= window.
     """
     from .metrics import attention_scale
-    from .retrofit import add_observer, attention_modules, focus_config, set_config
+    from .retrofit import add_observer, focus_config, router_inputs, set_config
 
     T = ids.shape[1]
     gen = torch.Generator().manual_seed(seed * 7919 + step)
     q_pos = sample_queries(T, config.window, num_queries, gen).to(ids.device)
-    inputs: dict[int, torch.Tensor] = {}
     losses: list[torch.Tensor] = []
-
-    def capture(module, args, kwargs):
-        inputs[module.focus_router.layer_idx] = kwargs.get("hidden_states", args[0] if args else None)
 
     def observe(module, q, k, v, routing, bias, out):
         r = module.focus_router
@@ -128,19 +124,15 @@ def distill_step(model, ids: torch.Tensor, config: FocusConfig, step: int, num_q
             _, kg = hard_assign(scores, config.tau, 1, r.group_bias)
             shares[r.layer_idx] = hard_group_shares(kg, config.num_groups)
 
-    mods = [m for _, m in attention_modules(model) if hasattr(m, "focus_router")]
-    hooks = [m.register_forward_pre_hook(capture, with_kwargs=True) for m in mods]
     remove = add_observer(model, observe)
     old = focus_config(model)
     try:
-        set_config(model, mode="dense")
-        with torch.no_grad():
+        with router_inputs(model) as inputs, torch.no_grad():
+            set_config(model, mode="dense")
             model(input_ids=ids, use_cache=False)
     finally:
         set_config(model, **old.to_dict())
         remove()
-        for hk in hooks:
-            hk.remove()
     if not losses:
         raise RuntimeError("distill objective: no routed layer ran (is Focus attached?)")
     return torch.stack(losses).mean()

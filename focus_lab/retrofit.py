@@ -15,7 +15,8 @@ import re
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from contextlib import contextmanager
+from typing import Callable, Iterator
 
 import torch
 import torch.nn as nn
@@ -307,6 +308,31 @@ def focus_layers(model: nn.Module) -> list[int]:
 def _capture_input(module: nn.Module, args: tuple, kwargs: dict) -> None:
     h = kwargs.get("hidden_states", args[0] if args else None)
     module.__dict__["_focus_h"] = h
+
+
+@contextmanager
+def router_inputs(model: nn.Module, layers: list[int] | None = None) -> Iterator[dict[int, torch.Tensor]]:
+    """Capture each routed layer's attention input while the block runs (TransformerLens style).
+
+    Yields a dict ``{layer_idx: h}``, h: (B, T, d_model) the hidden states the layer's router
+    sees, overwritten by every forward (read it in an observer, or after each forward). The
+    forward pre-hooks (``with_kwargs=True``: decoder layers pass ``hidden_states`` by keyword)
+    are always removed on exit, also when the block raises. ``layers``: only these layer_idx.
+    """
+    captured: dict[int, torch.Tensor] = {}
+    hooks = []
+    try:
+        for i, m in attention_modules(model):
+            if not hasattr(m, "focus_router") or (layers is not None and i not in layers):
+                continue
+
+            def hook(module, args, kwargs, i=i):
+                captured[i] = kwargs.get("hidden_states", args[0] if args else None)
+            hooks.append(m.register_forward_pre_hook(hook, with_kwargs=True))
+        yield captured
+    finally:
+        for h in hooks:
+            h.remove()
 
 
 def is_attached(model: nn.Module) -> bool:

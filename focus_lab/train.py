@@ -258,13 +258,9 @@ def coverage_step(model, ids: torch.Tensor, config: FocusConfig, shares: dict | 
     """
     from .core import coverage_loss, hard_assign, sinkhorn
     from .metrics import attention_scale, head_mean_attention
-    from .retrofit import attention_modules
+    from .retrofit import router_inputs
 
-    inputs: dict[int, torch.Tensor] = {}
     losses: list[torch.Tensor] = []
-
-    def capture(module, args, kwargs):
-        inputs[module.focus_router.layer_idx] = kwargs.get("hidden_states", args[0] if args else None)
 
     def observe(module, q, k, v, routing, bias, out):
         r = module.focus_router
@@ -281,19 +277,15 @@ def coverage_step(model, ids: torch.Tensor, config: FocusConfig, shares: dict | 
             _, kg = hard_assign(scores.detach(), config.tau, 1, r.group_bias)
             shares[r.layer_idx] = hard_group_shares(kg, config.num_groups)
 
-    mods = [m for _, m in attention_modules(model) if hasattr(m, "focus_router")]
-    hooks = [m.register_forward_pre_hook(capture, with_kwargs=True) for m in mods]
     remove = add_observer(model, observe)
     old = focus_config(model)
     try:
-        set_config(model, mode="dense")
-        with torch.no_grad():
+        with router_inputs(model) as inputs, torch.no_grad():
+            set_config(model, mode="dense")
             model(input_ids=ids, use_cache=False)
     finally:
         set_config(model, **old.to_dict())
         remove()
-        for hk in hooks:
-            hk.remove()
     if not losses:
         raise RuntimeError("coverage objective: no routed layer ran (is Focus attached?)")
     return torch.stack(losses).mean()

@@ -143,3 +143,29 @@ def test_unsupported_architecture_lists_families():
                                        num_attention_heads=2, intermediate_size=64))
     with pytest.raises(UnsupportedModelError, match="supported families: .*gpt2.*llama"):
         focus_lab.attach(model, FocusConfig())
+
+
+def test_router_inputs_captures_every_routed_layer_and_always_removes_its_hooks():
+    """retrofit.router_inputs: the captured input of each routed layer is what its router sees
+    (the hidden states entering the attention module, compared with output_hidden_states after
+    the layer norm), and no hook survives the block, also when it raises."""
+    from conftest import tiny_llama
+    from focus_lab.config import FocusConfig
+    from focus_lab.retrofit import attach, attention_modules, router_inputs
+    m = tiny_llama(layers=2)
+    attach(m, FocusConfig(window=4, mode="hard"))
+    ids = torch.randint(0, 97, (1, 12), generator=torch.Generator().manual_seed(0))
+    n_hooks = lambda: sum(len(mod._forward_pre_hooks) for _, mod in attention_modules(m))
+    before = n_hooks()
+    with torch.no_grad(), router_inputs(m) as inputs:
+        out = m(input_ids=ids, use_cache=False, output_hidden_states=True)
+        assert n_hooks() == before + 2
+    assert sorted(inputs) == [0, 1] and n_hooks() == before
+    for i, layer in enumerate(m.model.layers):
+        ref = layer.input_layernorm(out.hidden_states[i])  # the attention module's input
+        assert torch.allclose(inputs[i], ref, atol=1e-6)
+    with pytest.raises(ZeroDivisionError):
+        with router_inputs(m, layers=[1]) as inputs:
+            assert n_hooks() == before + 1
+            1 / 0
+    assert n_hooks() == before
