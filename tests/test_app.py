@@ -286,6 +286,64 @@ def test_audit_filters_narrow_the_table(app, runs_root):
     assert any("No dropped edge matches" in w.value for w in at.warning)
 
 
+def _costly_block(at) -> str:
+    blocks = [m.value for m in at.markdown if 'class="fl-costly"' in m.value]
+    assert len(blocks) == 1, "the costly-drops section shows one table"
+    return blocks[0]
+
+
+def test_audit_costly_drops_lists_the_costliest_queries(app, runs_root):
+    import html
+    import re
+    import lib
+    drops = read(runs_root, "tiny", "costly_drops")
+    loss = read(runs_root, "tiny", "loss_delta")
+    at = app("audit")
+    block = _costly_block(at)
+    rows = block.split("<tr>")[2:]  # after the header row
+    # the 20 costliest queries, by delta, computed here from loss_delta and dropped_edges
+    edges = read(runs_root, "tiny", "dropped_edges")
+    q = loss.merge(edges[["window", "query_position"]].drop_duplicates(), left_on=["window", "position"],
+                   right_on=["window", "query_position"]).sort_values(
+        ["delta", "window", "position"], ascending=[False, True, True]).head(20)
+    assert len(rows) == len(q) == min(20, drops.groupby(["window", "query_position"]).ngroups) > 0
+    shown = [float(x) for x in re.findall(r"<b>Δ ([+-]\d+\.\d+)</b>", block)]
+    assert shown == pytest.approx(q["delta"].round(3).tolist(), abs=1.5e-3)
+    assert shown == sorted(shown, reverse=True)
+    # each row: the query's window and position, its token marked in context, its heaviest key first
+    tok = read(runs_root, "tiny", "tokens").set_index(["window", "position"])["token"]
+    for row, r in zip(rows, q.itertuples(index=False)):
+        assert f'title="window {r.window}, position {r.position}"' in row
+        marked = re.search(r"<mark[^>]*><b>(.*?)</b></mark>", row).group(1)
+        assert marked == html.escape(str(tok[(r.window, r.position)]))
+        nxt = re.search(r'→ <b style="[^"]*">(.*?)</b>', row).group(1)
+        assert nxt == html.escape(lib.show_token(tok[(r.window, r.position + 1)]))
+        mine = edges[(edges.window == r.window) & (edges.query_position == r.position)]
+        heaviest = mine.sort_values("weight", ascending=False).iloc[0]
+        first_key = row.rsplit("<td", 1)[1].split("</span>")[0]
+        assert f'title="key position {int(heaviest.key_position)}"' in first_key
+        assert f"−{int(heaviest.distance):,} L{int(heaviest.layer_idx)}/H{int(heaviest['head'])} " \
+               f"{float(heaviest.weight):.2f}" in first_key
+    assert not any("costly_drops" in i.value for i in at.info)
+
+
+def test_audit_costly_drops_info_on_a_run_without_it(app, runs_root):
+    old = runs_root / "preld"  # a run recorded before loss_delta existed
+    if not old.exists():
+        shutil.copytree(runs_root / "tiny", old)
+        for t in ("loss_delta", "costly_drops"):
+            (old / f"{t}.parquet").unlink()
+    at = app("audit", run="preld")
+    info = [i.value for i in at.info if "costly_drops" in i.value]
+    assert len(info) == 1 and "focus-lab record --metrics all" in info[0]
+    assert not [m for m in at.markdown if 'class="fl-costly"' in m.value]
+    # the audit itself is unchanged
+    assert int(at.metric[0].value.replace(",", "")) == len(read(runs_root, "preld", "dropped_edges"))
+    at = app("audit", run="bare")  # neither dropped_edges nor costly_drops: two info lines
+    assert any("no **dropped_edges** table" in i.value for i in at.info)
+    assert any("no **costly_drops** table" in i.value for i in at.info)
+
+
 # ---------------------------------------------------------------------------------------- compare
 
 def test_compare_two_runs(app, runs_root):

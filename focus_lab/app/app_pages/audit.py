@@ -1,5 +1,7 @@
 """Dependency audit: the long-range dense-attention edges the hard Focus mask drops, drawn as
-arcs over the text, filtered by layer, head, distance, relation and weight; a table with CSV."""
+arcs over the text, filtered by layer, head, distance, relation and weight; a table with CSV.
+Then the costly drops: the queries whose next-token loss rises most under the hard mask, with
+their heaviest dropped keys (tables loss_delta / costly_drops, docs/method.md §6)."""
 
 from __future__ import annotations
 
@@ -16,6 +18,13 @@ import lib
 MAX_ARCS = 400
 MAX_ROWS = 2000
 NONE_REL = "(no relation)"
+COSTLY_QUERIES = 20  # queries shown in the costly-drops section
+COSTLY_KEYS = 3  # dropped keys shown per query
+COSTLY_COLS = ("window", "query_position", "query_rank", "delta", "nll_dense", "nll_hard", "next_token",
+               "layer_idx", "head", "key_position", "distance", "weight", "key_token", "relation")
+TOKEN_COLS = ("window", "position", "token", "char_start", "char_end")
+HOW_TO_RECORD_COSTLY = ("`focus-lab record --metrics all` (the default), or name `loss_delta,dropped_edges` "
+                        "in `--metrics`")
 
 
 def normalize(df: pd.DataFrame, tokens: pd.DataFrame) -> pd.DataFrame:
@@ -113,10 +122,96 @@ def text_html(tokens_w: pd.DataFrame, edges: pd.DataFrame) -> str:
             'border:1px solid #ddd;padding:8px;border-radius:6px">' + "".join(parts) + "</div>")
 
 
+def costly_queries(drops: pd.DataFrame, n: int = COSTLY_QUERIES, keys: int = COSTLY_KEYS) -> pd.DataFrame:
+    """One row per query of the ``n`` costliest (``query_rank`` 1..n) of a costly_drops frame:
+    window, query_position, query_rank, delta, nll_dense, nll_hard, next_token, edges (its dropped
+    edges recorded) and ``keys``: a list of its ``keys`` heaviest dropped edges (dicts with
+    key_token, key_position, distance, layer_idx, head, weight, relation), heaviest first."""
+    top = drops[drops["query_rank"] <= n].sort_values(["query_rank", "weight"], ascending=[True, False])
+    rows = []
+    for rank, g in top.groupby("query_rank", sort=True):
+        first = g.iloc[0]
+        heavy = g.head(keys)
+        rows.append({"query_rank": int(rank), "window": int(first["window"]),
+                     "query_position": int(first["query_position"]), "delta": float(first["delta"]),
+                     "nll_dense": float(first["nll_dense"]), "nll_hard": float(first["nll_hard"]),
+                     "next_token": str(first["next_token"]), "edges": len(g),
+                     "keys": heavy[["key_token", "key_position", "distance", "layer_idx", "head", "weight",
+                                    "relation"]].to_dict("records")})
+    return pd.DataFrame(rows, columns=["query_rank", "window", "query_position", "delta", "nll_dense",
+                                       "nll_hard", "next_token", "edges", "keys"])
+
+
+def costly_html(queries: pd.DataFrame, tokens: pd.DataFrame, radius: int = 12) -> str:
+    """A compact HTML table (escaped), one short row per query of ``costly_queries``: rank, delta,
+    NLL dense → hard, the text before the query with the query token marked and the token it
+    predicts, the heaviest dropped keys (token, distance back in tokens, layer / head, weight)."""
+    cell = "padding:2px 6px;border-bottom:1px solid #eee;vertical-align:top"
+    head = "".join(f'<th style="{cell};text-align:left">{h}</th>' for h in (
+        "#", "Δ nats", "dense → hard", "text up to the query → predicted token",
+        "heaviest dropped keys: token, tokens back, layer/head, weight"))
+    body = []
+    for q in queries.itertuples(index=False):
+        before = tokens[(tokens["window"] == q.window) & (tokens["position"] <= q.query_position)]
+        ctx = lib.render_context(before, q.window, q.query_position, radius=radius).rstrip("…")
+        ctx += f' → <b style="color:#c62828">{html.escape(lib.show_token(q.next_token))}</b>'
+        keys = []
+        for k in q.keys:
+            rel = f" <i>{html.escape(str(k['relation']))}</i>" if k["relation"] else ""
+            keys.append(f'<span title="key position {int(k["key_position"])}" style="white-space:nowrap">'
+                        f"<code>{html.escape(lib.show_token(k['key_token']))}</code> −{int(k['distance']):,} "
+                        f"L{int(k['layer_idx'])}/H{int(k['head'])} {float(k['weight']):.2f}{rel}</span>")
+        more = f" <small>(of {q.edges})</small>" if q.edges > len(q.keys) else ""
+        body.append(f'<tr><td style="{cell}">{q.query_rank}</td>'
+                    f'<td style="{cell};white-space:nowrap"><b>Δ {q.delta:+.3f}</b></td>'
+                    f'<td style="{cell};white-space:nowrap">{q.nll_dense:.2f} → {q.nll_hard:.2f}</td>'
+                    f'<td style="{cell};font-family:Georgia,serif" title="window {q.window}, position '
+                    f'{q.query_position}">{ctx}</td>'
+                    f'<td style="{cell}">{", ".join(keys)}{more}</td></tr>')
+    return ('<div class="fl-costly"><table style="border-collapse:collapse;width:100%;font-size:0.82em;'
+            f'line-height:1.35"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table></div>')
+
+
+def costly_section(run) -> None:
+    """The 20 costliest queries of ``costly_drops``, or an info line naming how to record it."""
+    st.subheader("Costly drops")
+    if not run.has("costly_drops"):
+        why = (" (the run has loss_delta, but costly_drops also needs the dropped_edges metric)"
+               if run.has("loss_delta") else "")
+        st.info(f"This run has no **costly_drops** table (per-token loss deltas, dense vs hard, joined to "
+                f"the dropped edges){why}; record it with {HOW_TO_RECORD_COSTLY}.")
+        return
+    drops = run.columns("costly_drops", COSTLY_COLS)
+    if drops.empty:
+        st.success("No recorded query has a dropped edge above the audit's thresholds: nothing to rank.")
+        return
+    queries = costly_queries(drops)
+    loss = run.columns("loss_delta", ("delta",))["delta"] if run.has("loss_delta") else pd.Series(dtype=float)
+    overall = (f" Over all {len(loss):,} predicted tokens the hard mask changes the loss by "
+               f"{loss.mean():+.4f} nats on average; {(loss > 0).mean():.0%} get worse." if len(loss) else "")
+    st.caption(f"The {len(queries)} queries (of {int(drops['query_rank'].max()):,} kept) whose next-token loss "
+               "rises most under the hard mask, delta = NLL hard − NLL dense in nats, with their heaviest "
+               "dropped dense edges (key token, position, distance in tokens, layer / head, dense weight). "
+               "A query's loss also depends on edges dropped at earlier queries: these are candidates, "
+               f"not causes.{overall}")
+    wanted = set(queries["window"])
+    tokens = run.columns("tokens", TOKEN_COLS)
+    tokens = tokens[tokens["window"].isin(wanted)]
+    st.markdown(costly_html(queries, tokens), unsafe_allow_html=True)
+    lib.download_csv(drops, f"{run.name}-costly-drops.csv",
+                     label=f"Download the {len(drops):,} costly dropped edges as CSV")
+
+
 def page() -> None:
     run = lib.current_run()
     st.title("Dependency audit")
     st.caption(f"run **{run.name}** · dense edges beyond the local window that the hard mask drops")
+    edges_section(run)
+    costly_section(run)
+
+
+def edges_section(run) -> None:
+    """The dropped-edge audit: filters, arcs over one window, relations, the table with CSV."""
     raw = lib.need_table(run, "dropped_edges", "the dependency audit")
     if raw is None:
         return
