@@ -647,11 +647,9 @@ def run_passkey(model, tokenizer, haystack: Haystack, out_dir: str | os.PathLike
     write_parquet(out_dir / "cases.parquet", cases_df)
     write_parquet(out_dir / "needle_layers.parquet", layers_df)
     files = ["cases.parquet", "needle_layers.parquet"]
-    fig = heatmap_figure(cases_df)
-    files += write_figure(fig, out_dir / "passkey", png=png)
-    note = None
-    if png and "passkey.png" not in files:
-        note = f"PNG not written: {_LAST_PNG_ERROR}; the HTML is"
+    written, note = write_figure(heatmap_figure(cases_df), out_dir / "passkey", png=png)
+    files += written
+    if note:
         log(f"[passkey] {note}")
     seconds = time.perf_counter() - t_all
     write_json(out_dir / "passkey.json", {"settings": fp_settings, "fingerprint": fp,
@@ -704,19 +702,16 @@ def heatmap_figure(cases: pd.DataFrame):
     return fig
 
 
-_LAST_PNG_ERROR = ""
-
-
-def write_figure(fig, stem: Path, png: bool = False) -> list[str]:
+def write_figure(fig, stem: Path, png: bool = False) -> tuple[list[str], str | None]:
     """Write ``stem.html`` (self-contained) and, with ``png``, ``stem.png`` through kaleido
-    (Chromium at ``$BROWSER_PATH``, default /usr/bin/chromium). A PNG failure is not an error:
-    the PNG is left out and the reason kept in ``_LAST_PNG_ERROR``. Returns the file names."""
-    global _LAST_PNG_ERROR
+    (Chromium at ``$BROWSER_PATH``, default /usr/bin/chromium), atomically. A PNG failure is not
+    an error: the PNG is left out. Returns (file names written, a note saying why the PNG is
+    missing, or None)."""
     from .io import atomic_path
     html = stem.with_suffix(".html")
     with atomic_path(html) as tmp:
         fig.write_html(tmp, include_plotlyjs=True, full_html=True)
-    files = [html.name]
+    files, note = [html.name], None
     if png:
         if not os.environ.get("BROWSER_PATH") and Path("/usr/bin/chromium").is_file():
             os.environ["BROWSER_PATH"] = "/usr/bin/chromium"
@@ -726,5 +721,7 @@ def write_figure(fig, stem: Path, png: bool = False) -> list[str]:
                 fig.write_image(str(tmp), format="png", scale=1.5)
             files.append(target.name)
         except Exception as e:  # noqa: BLE001 - kaleido/Chromium problems must not lose the run
-            _LAST_PNG_ERROR = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-    return files
+            first = str(e).splitlines()[0] if str(e) else ""
+            note = (f"PNG not written ({type(e).__name__}: {first}; kaleido needs Chromium at "
+                    f"$BROWSER_PATH or /usr/bin/chromium); the HTML is")
+    return files, note

@@ -470,3 +470,18 @@ def test_real_model_dense_finds_a_key_at_1k(tmp_path):
     rows, lrows = P.run_case(model, tok, case, parse_patterns("dense", 4))
     assert rows[0]["exact_match"], rows[0]["continuation"]
     assert rows[0]["key_logprob"] > -3.0 and len(lrows) == 30
+
+
+def test_png_failure_is_a_note_not_an_error(tmp_path, monkeypatch):
+    import plotly.graph_objects as go
+    cases = pd.DataFrame({"format": "chat", "length": [256], "depth": [50.0], "pattern": "hard_top2",
+                          "exact_match": [True], "key_logprob": [-0.5]})
+
+    def boom(self, *args, **kwargs):
+        raise RuntimeError("no browser here\nsecond line")
+    monkeypatch.setattr(go.Figure, "write_image", boom)
+    files, note = P.write_figure(P.heatmap_figure(cases), tmp_path / "passkey", png=True)
+    assert files == ["passkey.html"] and (tmp_path / "passkey.html").is_file()
+    assert "PNG not written (RuntimeError: no browser here;" in note and "second line" not in note
+    assert not list(tmp_path.glob("*.png")) and not list(tmp_path.glob(".*tmp"))
+    assert P.write_figure(P.heatmap_figure(cases), tmp_path / "again", png=False) == (["again.html"], None)
