@@ -82,6 +82,16 @@ def _load(model_name, corpus, seq_len):
     return model, tok, corp, seq_len
 
 
+def _windows(docs, tok, seq_len: int, max_windows: int, which: str) -> list:
+    """``make_windows`` of ``docs``, saying how many fit when fewer than ``max_windows`` do."""
+    from .data import make_windows
+    windows = make_windows(docs, tok, seq_len, max_windows=max_windows)
+    if len(windows) < max_windows:
+        typer.secho(f"note: the {which} text holds only {len(windows)} windows of {seq_len} tokens "
+                    f"({max_windows} requested)", fg=typer.colors.YELLOW, err=True)
+    return windows
+
+
 # ------------------------------------------------------------------------------------------
 @app.command()
 def prepare(corpus: str = typer.Argument("austen", help="austen | shakespeare | python-docs")):
@@ -168,7 +178,6 @@ def calibrate(
     def run():
         nonlocal seq_len
         from .calibrate import calibrate_bias
-        from .data import make_windows
         from .retrofit import load_routers, read_router_file, save_routers
         routers = _routers(routers_opt, model)
         if out.resolve() == routers.resolve():
@@ -176,10 +185,7 @@ def calibrate(
         extra = read_router_file(routers)[3]
         m, tok, corp, seq_len = _load(model, corpus, seq_len)
         load_routers(m, routers)
-        windows = make_windows(corp.train, tok, seq_len, max_windows=max_windows)
-        if len(windows) < max_windows:
-            typer.secho(f"note: the training text holds only {len(windows)} windows of {seq_len} tokens "
-                        f"({max_windows} requested)", fg=typer.colors.YELLOW, err=True)
+        windows = _windows(corp.train, tok, seq_len, max_windows, "training")
         typer.echo(f"calibrating the group bias on {len(windows)} training windows of {seq_len} tokens "
                    f"({corp.name})")
         t0 = time.perf_counter()
@@ -208,7 +214,6 @@ def eval_cmd(
     """Held-out perplexity of the chosen patterns on the same windows (controls included)."""
     def run():
         nonlocal seq_len
-        from .data import make_windows
         from .evaluate import evaluate, parse_patterns
         from .io import write_parquet
         from .retrofit import load_routers, read_router_file
@@ -219,10 +224,7 @@ def eval_cmd(
         if random_groups:
             pats = [(lab, {**c, "assignment": "random"} if c.get("assignment") == "router" else c)
                     for lab, c in pats]
-        windows = make_windows(corp.heldout, tok, seq_len, max_windows=max_windows)
-        if len(windows) < max_windows:
-            typer.secho(f"note: the held-out text holds only {len(windows)} windows of {seq_len} tokens "
-                        f"({max_windows} requested)", fg=typer.colors.YELLOW, err=True)
+        windows = _windows(corp.heldout, tok, seq_len, max_windows, "held-out")
         typer.echo(f"evaluating {len(pats)} patterns on {len(windows)} held-out windows of {seq_len} tokens "
                    f"({', '.join(d.name for d in corp.heldout)})")
         df = evaluate(m, windows, pats)

@@ -209,3 +209,34 @@ def test_run_with_other_schema_or_missing_table(tmp_path):
     (run / "manifest.json").write_text("{not json")
     with pytest.raises(RunError, match="corrupted"):
         Run.open(run)
+
+
+def test_calibrate_cli_writes_a_new_file_equal_to_the_library_and_refuses_overwriting(tiny_dir, tmp_path):
+    """`focus-lab calibrate`: the written routers carry the bias ``calibrate_bias`` computes on
+    the same training windows (everything else unchanged); --out equal to --routers is refused."""
+    from focus_lab.calibrate import calibrate_bias
+    from focus_lab.data import load_corpus, make_windows
+    from focus_lab.models import load_model
+    model_dir, corpus = tiny_dir
+    m = tiny_llama()
+    focus_lab.attach(m, focus_lab.FocusConfig(window=4, sink_tokens=2))
+    for r in focus_lab.routers(m).values():
+        r.group_bias.copy_(torch.tensor([1.0, -1.0, 0.5, -0.5]))
+    src = focus_lab.save_routers(m, tmp_path / "in.safetensors")
+    r = CliRunner().invoke(app, ["calibrate", "--model", str(model_dir), "--corpus", str(corpus),
+                                 "--routers", str(src), "--seq-len", "32", "--max-windows", "3",
+                                 "--out", str(tmp_path / "out.safetensors")])
+    assert r.exit_code == 0, r.output
+    got = _tensors(tmp_path / "out.safetensors")
+    ref_model, tok = load_model(str(model_dir), verbose=False)
+    focus_lab.load_routers(ref_model, src)
+    windows = make_windows(load_corpus(str(corpus)).train, tok, 32, max_windows=3)
+    want = calibrate_bias(ref_model, windows, progress=False)
+    before = _tensors(src)
+    for i, b in want.items():
+        assert torch.allclose(got[f"layers.{i}.group_bias"], b, atol=1e-6)
+        assert not torch.allclose(got[f"layers.{i}.group_bias"], before[f"layers.{i}.group_bias"])
+        assert torch.equal(got[f"layers.{i}.proj"], before[f"layers.{i}.proj"])
+    r = CliRunner().invoke(app, ["calibrate", "--model", str(model_dir), "--corpus", str(corpus),
+                                 "--routers", str(src), "--out", str(src), "--seq-len", "32"])
+    assert r.exit_code == 2 and "is the input router file" in r.output, r.output
