@@ -630,9 +630,13 @@ def run_passkey(model, tokenizer, haystack: Haystack, out_dir: str | os.PathLike
         t0 = time.perf_counter()
         rows, lrows = [], []
         for case in cases:
+            t1 = time.perf_counter()
             r, lr = run_case(model, tokenizer, case, patterns, max_new_tokens)
             rows += r
             lrows += lr
+            log(f"[passkey]   {stem} seed {case.seed} key {case.key} ({time.perf_counter() - t1:.0f} s): "
+                + ", ".join(f"{x['pattern']} {'hit' if x['exact_match'] else 'miss'} {x['key_logprob']:.1f}"
+                            for x in r))
         cdf, ldf = cases_frame(rows), layers_frame(lrows)
         write_parquet(lpath, ldf)
         write_parquet(cpath, cdf)  # written last: its presence marks the cell done
