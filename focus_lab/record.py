@@ -334,6 +334,10 @@ def record(model, metrics: Sequence[str] = ALL_METRICS, layers: Sequence[int] | 
             sink_positions, per_query, chunk_elements, costly_top_n).
     Yields:
         a ``Recording``; call ``.tables()`` after the forwards.
+    Raises:
+        ValueError: an unknown metric, a negative edge option, no router attached, a layer
+            without a router, a head out of range, or a pattern naming an unrecorded (layer, head).
+        RuntimeError: (during a forward) a router input that was not captured.
 
     Hooks are removed on exit, also when the block raises. Call the model with
     ``use_cache=False`` (decode steps are skipped). Padding is not supported: record
