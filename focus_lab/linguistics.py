@@ -191,7 +191,8 @@ def pos_table(text: str, offsets: np.ndarray, nlp=None, max_chars: int | None = 
 _STR_COLS = {"word", "pos", "tag", "dep", "lemma", "ent_type", "ent_iob"}
 
 
-def _relation(w_i, w_j, head_i, head_j, dep_i, dep_j, ent_i, ent_j, lem_i, lem_j, pos_i, pos_j):
+def _relation(w_i, w_j, head_i, head_j, dep_i, dep_j, ent_i, ent_j, lem_i, lem_j, pos_i, pos_j,
+              et_i="", et_j=""):
     if w_i < 0 or w_j < 0:
         return None
     if w_i == w_j:
@@ -202,6 +203,8 @@ def _relation(w_i, w_j, head_i, head_j, dep_i, dep_j, ent_i, ent_j, lem_i, lem_j
         return f"child:{dep_j}"
     if ent_i >= 0 and ent_i == ent_j:
         return "same_entity"
+    if ent_i >= 0 and ent_j >= 0 and et_i == et_j and lem_i and lem_i.lower() == lem_j.lower():
+        return "entity_mention"
     if pos_i in CONTENT_POS and pos_j in CONTENT_POS and lem_i and lem_i.lower() == lem_j.lower():
         return "same_lemma"
     return None
@@ -217,6 +220,10 @@ def word_relation(pos_df: pd.DataFrame, pos_i: int, pos_j: int) -> str | None:
     * ``"child:<dep>"``: the word at ``pos_j`` depends on the word at ``pos_i`` with label
       ``dep`` (``"child:nsubj"`` from a verb to its subject);
     * ``"same_entity"``: two words of one named-entity span;
+    * ``"entity_mention"``: the same word (lemma, case-insensitive) in two named-entity spans of
+      one type, e.g. "Wentworth" of "Captain Wentworth" and of "Frederick Wentworth" pages
+      later: a mention chain across sentences (spaCy NER + lemma; a stand-in for coreference,
+      whose packages need a model downloaded at run time, docs/method.md §6);
     * ``"same_lemma"``: two content words (NOUN, PROPN, VERB, ADJ, ADV) with one lemma
       (case-insensitive);
     * ``None``: none of these, or a position aligned to no word.
@@ -261,5 +268,6 @@ def relations_for_pairs(pos_df: pd.DataFrame, q_positions: Sequence[int] | np.nd
     ent = pos_df["ent_index"].to_numpy()
     lem = pos_df["lemma"].to_numpy()
     pos = pos_df["pos"].to_numpy()
+    et = pos_df["ent_type"].to_numpy()
     return [_relation(w[a], w[b], head[a], head[b], dep[a], dep[b], ent[a], ent[b], lem[a], lem[b],
-                      pos[a], pos[b]) for a, b in zip(q.tolist(), k.tolist())]
+                      pos[a], pos[b], et[a], et[b]) for a, b in zip(q.tolist(), k.tolist())]

@@ -113,9 +113,12 @@ def test_entities_and_lemmas(nlp):
     assert word_relation(df, at["New"], at["York"]) == "head:compound"
     # letters / letter: one lemma, content words, no arc.
     assert word_relation(df, at["letters"], at["letter"]) == "same_lemma"
-    # The two mentions of Anne: distinct entities, same lemma.
+    # The two mentions of Anne: distinct PERSON entities, one word: a mention chain.
     assert df.loc[at["Anne"], "ent_index"] != df.loc[anne2, "ent_index"]
-    assert word_relation(df, at["Anne"], anne2) == "same_lemma"
+    assert df.loc[at["Anne"], "ent_type"] == df.loc[anne2, "ent_type"] == "PERSON"
+    assert word_relation(df, at["Anne"], anne2) == "entity_mention"
+    # "Elliot" and the second "Anne": both PERSON, other words: no relation of that kind.
+    assert word_relation(df, at["Elliot"], anne2) != "entity_mention"
     # "two" and "each": function words are never same_lemma, and they are unrelated.
     assert word_relation(df, at["two"], at["each"]) is None
     assert word_relation(df, at["wrote"], at["read"]) == "child:conj"
@@ -129,7 +132,7 @@ def test_relations_for_pairs_matches_word_relation(nlp):
     rel = relations_for_pairs(df, q.ravel(), k.ravel())
     assert rel == [word_relation(df, a, b) for a, b in zip(q.ravel(), k.ravel())]
     kinds = {r.split(":")[0] for r in rel if r}
-    assert kinds == {"same_word", "head", "child", "same_entity", "same_lemma"}  # q == k: same_word
+    assert kinds == {"same_word", "head", "child", "same_entity", "entity_mention", "same_lemma"}
     with pytest.raises(LinguisticsError, match="differ in length"):
         relations_for_pairs(df, [0, 1], [0])
     with pytest.raises(IndexError, match=f"position {n} is outside"):
