@@ -42,7 +42,7 @@ from . import core, metrics as M, record_tables as T
 from .io import atomic_path
 from .decomposition import torch_threads
 from .retrofit import (_keep_from_hf_mask, add_observer, attention_modules, focus_config, model_identity,
-                       set_config)
+                       is_plain_causal, set_config)
 from .runs import MANIFEST, SCHEMA, SCHEMA_VERSION
 
 PACKAGES = ("torch", "transformers", "spacy", "pandas", "pyarrow", "scikit-learn", "streamlit", "focus-lab")
@@ -259,7 +259,7 @@ class Recording:
         model_mask = None
         if hf_mask is not None:  # the model's own mask (sliding window, padding), if it hides more
             keep = _keep_from_hf_mask(hf_mask, B, T, T, query.device)
-            if not bool((keep.sum(-1) == torch.arange(1, T + 1, device=query.device)).all()):
+            if not is_plain_causal(keep):
                 model_mask = keep
         res = M.attention_metrics(
             q, k, M.attention_scale(module, D), routing.query_groups, routing.key_group, cfg.window,

@@ -98,9 +98,17 @@ def _focus_mask(*args, **kwargs):
 _plain_causal_cache: tuple | None = None  # (weakref to the mask, version, Tq, Tk, result)
 
 
+def is_plain_causal(keep: torch.Tensor) -> bool:
+    """True when ``keep`` (B, Tq, Tk) bool, a mask that never keeps a future key, is plain
+    causality for queries at positions Tk-Tq..Tk-1 (no padding, no sliding window): query i
+    sees exactly its i + 1 first keys."""
+    Tq, Tk = keep.shape[-2:]
+    q_pos = torch.arange(Tk - Tq, Tk, device=keep.device)
+    return bool((torch.count_nonzero(keep, dim=-1) == q_pos + 1).all())
+
+
 def _is_plain_causal(attention_mask: torch.Tensor | None, keep: torch.Tensor, Tq: int, Tk: int) -> bool:
-    """True when ``keep`` (B, Tq, Tk) is plain causality for queries at positions Tk-Tq..Tk-1
-    (no padding, no sliding window): query i sees exactly its i + 1 first keys. Cached for the
+    """``is_plain_causal(keep)`` for transformers' mask (None: plain causality), cached for the
     last mask tensor seen (transformers passes one mask object to every layer of a forward)."""
     global _plain_causal_cache
     if attention_mask is None:
@@ -108,8 +116,7 @@ def _is_plain_causal(attention_mask: torch.Tensor | None, keep: torch.Tensor, Tq
     c = _plain_causal_cache
     if c is not None and c[0]() is attention_mask and c[1:4] == (attention_mask._version, Tq, Tk):
         return c[4]
-    q_pos = torch.arange(Tk - Tq, Tk, device=keep.device)
-    ok = bool((torch.count_nonzero(keep, dim=-1) == q_pos + 1).all())  # with keep[i, j] => j <= i
+    ok = is_plain_causal(keep)
     _plain_causal_cache = (weakref.ref(attention_mask), attention_mask._version, Tq, Tk, ok)
     return ok
 
