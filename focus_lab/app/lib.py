@@ -187,10 +187,11 @@ def current_run() -> RunView:
         st.stop()
 
 
-def guarded(page: Callable[[], None]) -> None:
+def guarded(page: Callable[[], None], subject: Callable[[], str] | None = None) -> None:
     """Run a page body; a RunError (a corrupted or missing table) becomes its message, and any
     other error while reading a run (an unexpected table layout) a short message naming the
-    run, with the traceback in the server log only."""
+    run (or ``subject()``: what else the page shows, e.g. a passkey output), with the traceback
+    in the server log only."""
     try:
         page()
     except RunError as e:
@@ -198,7 +199,8 @@ def guarded(page: Callable[[], None]) -> None:
     except Exception as e:  # streamlit's stop/rerun are BaseExceptions and pass through
         import logging
         logging.getLogger("focus_lab.app").exception("page failed")
-        st.error(f"This page cannot show run **{selected_run_name()}**: {type(e).__name__}: {e}. The run may "
+        what = subject() if subject is not None else f"run **{selected_run_name()}**"
+        st.error(f"This page cannot show {what}: {type(e).__name__}: {e}. The run may "
                  "be incomplete or written by another version of focus-lab; record it again (details in the "
                  "server log).")
     finally:  # a marker the browser test waits for: the page script has run to its end
@@ -313,20 +315,6 @@ def hard_shares(asg: pd.DataFrame, num_groups: int) -> pd.DataFrame:
     return out
 
 
-def softmax_shares(asg: pd.DataFrame, tau: float) -> pd.DataFrame:
-    """Per layer and group: mean plain-softmax probability softmax(scores / tau), the
-    no-Sinkhorn routing of docs/method.md §1 (derived from the recorded raw scores)."""
-    scores = np.stack(asg["scores"].to_numpy()).astype(np.float64) / float(tau)
-    scores -= scores.max(axis=1, keepdims=True)
-    p = np.exp(scores)
-    p /= p.sum(axis=1, keepdims=True)
-    df = pd.DataFrame(p, columns=range(p.shape[1]))
-    df["layer_idx"] = asg["layer_idx"].to_numpy()
-    out = df.groupby("layer_idx").mean().stack().rename("share").reset_index()
-    out.columns = ["layer_idx", "group", "share"]
-    return out
-
-
 def layer_xaxis(fig) -> None:
     """Integer ticks on an x axis of layer indices (plotly would label 0, 0.2, ... for 2 layers)."""
     xs = [v for tr in fig.data if tr.x is not None for v in np.asarray(tr.x).ravel() if v is not None]
@@ -338,3 +326,85 @@ def download_csv(df: pd.DataFrame, name: str, label: str = "Download CSV") -> No
     """A CSV download of ``df``, generated only when clicked."""
     st.download_button(label, lambda: df.to_csv(index=False).encode(), file_name=name, mime="text/csv",
                        on_click="ignore")
+
+
+# -------------------------------------------------------------------------------------------
+# passkey probe outputs (``focus-lab probe passkey``, docs/passkey.md): not recorder runs
+
+PASSKEY_FILES = ("cases.parquet", "needle_layers.parquet")
+PASSKEY_HINT = "focus-lab probe passkey --out runs/passkey"
+#: Columns the Passkey page reads (a subset of ``focus_lab.passkey.CASES_COLUMNS`` /
+#: ``LAYER_COLUMNS``; listed here so the dashboard does not import torch through passkey.py).
+PASSKEY_CASE_COLUMNS = ("format", "length", "depth", "pattern", "seed", "key", "exact_match", "key_logprob",
+                        "first_key_token_rank", "distant_pairs_kept", "needle_edges_kept", "needle_depth",
+                        "needle_position", "continuation")
+PASSKEY_LAYER_COLUMNS = ("format", "length", "depth", "seed", "key", "layer_idx", "dense_mass_to_needle",
+                         "max_head_mass_to_needle", "kept_top1", "kept_top2")
+
+
+def is_passkey_dir(path: Path) -> bool:
+    """A passkey probe output: ``cases.parquet`` and ``needle_layers.parquet`` and no run manifest
+    (``runs.list_runs`` counts only folders with ``manifest.json``, so it never lists these)."""
+    return all((path / f).is_file() for f in PASSKEY_FILES) and not (path / "manifest.json").is_file()
+
+
+def passkey_dirs(root: Path) -> list[str]:
+    """Names (relative to ``root``, posix, sorted) of the passkey outputs directly or one level
+    below ``root``; hidden folders and folders resolving outside the root are skipped."""
+    root = Path(root).resolve()
+    if not root.is_dir():
+        return []
+    found = []
+    for p in sorted(root.iterdir()):
+        if p.name.startswith(".") or not p.is_dir():
+            continue
+        for q in [p] + sorted(c for c in p.iterdir() if c.is_dir() and not c.name.startswith(".")):
+            if is_passkey_dir(q):
+                try:
+                    found.append(q.resolve().relative_to(root).as_posix())
+                except ValueError:  # a symlink out of the root
+                    continue
+    return found
+
+
+def newest_passkey(root: Path, names: list[str]) -> str:
+    """The passkey output whose cases table was written last (the default pick)."""
+    return max(names, key=lambda n: stat_key(Path(root) / n / "cases.parquet")[0])
+
+
+@st.cache_resource(show_spinner=False, max_entries=16)
+def _read_passkey(path: str, key: tuple) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
+    """(cases, needle_layers, passkey.json as a dict or {}) of a passkey output, read-only.
+    RunError when a table is unreadable or lacks a column the page needs."""
+    import json
+    out = []
+    for name, cols in (("cases", PASSKEY_CASE_COLUMNS), ("needle_layers", PASSKEY_LAYER_COLUMNS)):
+        p = Path(path) / f"{name}.parquet"
+        try:
+            df = pd.read_parquet(p)
+        except Exception as e:  # pyarrow raises several types for corrupted files
+            raise RunError(f"{p} cannot be read ({type(e).__name__}: {e}); run the probe again: "
+                           f"`{PASSKEY_HINT}`") from e
+        missing = [c for c in cols if c not in df.columns]
+        if missing:
+            raise RunError(f"{p} lacks the columns {missing}: not a passkey table of this focus-lab; run the "
+                           f"probe again: `{PASSKEY_HINT}`")
+        out.append(df)
+    info = {}
+    try:
+        info = json.loads((Path(path) / "passkey.json").read_text())
+    except (OSError, ValueError):
+        pass
+    return out[0], out[1], info if isinstance(info, dict) else {}
+
+
+def open_passkey(name: str, root: Path | None = None) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
+    """The passkey output ``name`` below the runs root (checked like a run name):
+    (cases, needle_layers, settings). RunError when it lies outside the root or is no passkey
+    output."""
+    root = runs_root() if root is None else root
+    p = safe_run_path(root, name)
+    if not is_passkey_dir(p):
+        raise RunError(f"{name!r} is not a passkey output below the runs root {root} (it needs "
+                       f"{' and '.join(PASSKEY_FILES)}): `{PASSKEY_HINT}`")
+    return _read_passkey(str(p), tuple(stat_key(p / f) for f in (*PASSKEY_FILES, "passkey.json")))

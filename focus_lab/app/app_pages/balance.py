@@ -48,7 +48,6 @@ def page() -> None:
     if asg is None:
         return
     K = run.num_groups
-    tau = float(run.config.get("tau", 0.1))
 
     hard = lib.hard_shares(asg, K)
     piv = hard.pivot(index="layer_idx", columns="group", values="share")
@@ -67,16 +66,15 @@ def page() -> None:
         shares = rec
         source = "recorded balance table"
     else:
-        shares = pd.concat([hard.assign(method=METHOD_NAMES["hard"]),
-                            lib.softmax_shares(asg, tau).assign(method=METHOD_NAMES["softmax"])])
-        source = "derived from the assignments table (hard groups; softmax(scores / tau))"
+        shares = hard.assign(method=METHOD_NAMES["hard"])
+        source = "hard groups counted in the assignments table"
         if run.has("balance"):
             st.warning("The balance table has a layout this page does not know; showing shares derived from "
                        "the assignments instead (the raw table is below).")
         else:
-            st.info("This run has no **balance** table (Sinkhorn soft shares, marginal error, entropy); "
-                    f"{lib.RECORD_HINT}. Showing hard shares and plain-softmax shares derived from the "
-                    "recorded router scores.")
+            st.info("This run has no **balance** table (Sinkhorn soft shares, plain-softmax shares, "
+                    f"marginal error, entropy); {lib.RECORD_HINT}. Showing the hard shares counted in the "
+                    "assignments table.")
     largest = shares.groupby(["layer_idx", "method"], as_index=False)["share"].max()
     smallest = shares.groupby(["layer_idx", "method"], as_index=False)["share"].min()
     largest["stat"], smallest["stat"] = "largest", "smallest"
