@@ -29,14 +29,15 @@ With the prompt ending at "is" (the space before the digits left to the model), 
 match was only plain 7/9 / 4/9, bare 3/9 / 4/9, chat 7/9 / 5/9: every miss was the space token
 (the model went on with " the pass key ...") while the first digit after the space always
 ranked first. Hence ``answer_split``: the prompt ends with the tokens before the key's first
-token. Depth 0 puts the needle inside the 64 sink tokens (docs/method.md §2.1) in every format,
-so every pattern sees it there. Details: docs/passkey.md.
+token. Depth 0 puts the key's first mention inside the 64 sink tokens (docs/method.md §2.1) in
+every format (chat: positions 58-62), so every pattern sees it there. Details: docs/passkey.md.
 
 Greedy decoding is read off the teacher-forced forward while the model's greedy choice agrees
 with the answer's tokens (then the continuation is the key: an exact match); from the first
 disagreement it continues for real, through the KV cache for dense, window and hard router
-patterns, by full forwards for the others (random and shuffled groups are a function of the
-whole window, soft mode has no cache). Decoding stops at EOS, after ``max_new_tokens`` tokens,
+patterns, by full forwards for the others (random groups are drawn by position within a
+forward call, so a one-token cache step would get position 0's; shuffled groups permute the
+whole window; soft mode has no cache). Decoding stops at EOS, after ``max_new_tokens`` tokens,
 once the key has appeared, or once the first number of the continuation has ended (a later
 number would be a second guess).
 
