@@ -129,10 +129,15 @@ def test_needle_lands_at_the_asked_depth(tok, hay, depth):
 def test_same_seed_same_key_and_haystack_every_depth(tok, hay):
     a, b = P.make_case(hay, tok, 300, 0, seed=5), P.make_case(hay, tok, 300, 100, seed=5)
     assert a.key == b.key == P.key_for_seed(5) and len(a.key) == 5
-    strip = lambda c: np.delete(c.input_ids.numpy(), np.arange(c.needle_position, c.needle_position + 40))
     assert P.key_for_seed(6) != P.key_for_seed(5)
     assert a.needle_position < b.needle_position
-    assert sorted(strip(a).tolist()) != [] and len(strip(a)) == len(strip(b))
+    n = len(P._digit_tokens(tok, " " + P.NEEDLE.format(key=a.key), a.key)[0])
+    without = lambda c: np.delete(c.input_ids.numpy(), np.arange(c.needle_position, c.needle_position + n))
+    assert without(a).tolist() == without(b).tolist()  # the same haystack, only the needle moved
+    c = P.make_case(hay, tok, 300, 0, seed=6)
+    m = len(P._digit_tokens(tok, " " + P.NEEDLE.format(key=c.key), c.key)[0])
+    assert without(a).tolist() != np.delete(c.input_ids.numpy(),
+                                            np.arange(c.needle_position, c.needle_position + m)).tolist()
 
 
 def test_sentence_starts_skip_abbreviations(tok):
