@@ -72,6 +72,12 @@ def main() -> None:
     (run / "manifest.json").write_text(json.dumps({"schema_version": 1}))
     lib("run directory missing a table", lambda: Run.open(run).table("coverage"))
     cli("dashboard over a missing runs folder", ["app", "--runs", str(tmp / "nope")])
+    mine = tiny_llama()
+    focus_lab.attach(mine, focus_lab.FocusConfig(window=4))
+    focus_lab.save_routers(mine, tmp / "routers.safetensors")
+    cli("recording that would not fit in memory (`--memory-limit 0.001`)",
+        ["record", "--model", str(model_dir), "--routers", str(tmp / "routers.safetensors"), "--corpus", str(good),
+         "--seq-len", "32", "--no-pos", "--out", str(tmp / "runs" / "big"), "--memory-limit", "0.001"])
     from transformers import BertConfig, BertForMaskedLM
     bert = BertForMaskedLM(BertConfig(vocab_size=50, hidden_size=32, num_hidden_layers=1,
                                       num_attention_heads=2, intermediate_size=64))

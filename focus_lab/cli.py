@@ -238,7 +238,16 @@ def eval_cmd(
     return _guard(run)
 
 
-@app.command()
+RECORD_HELP = (
+    "Record held-out text through Focus into a run directory (schema: docs/run_schema.md).\n\n"
+    "Before loading anything heavy, the peak memory is estimated from the length, windows, layers, heads, "
+    "metrics and --pattern maps (focus_lab.record.estimate_memory, docs/reliability.md); a recording that "
+    "would not fit is refused with exit code 2 and nothing written: one line naming the estimate, the "
+    "available memory and the options that lower it (--layers, --heads, --seq-len, --max-windows, "
+    "--no-per-query, fewer --pattern). --memory-limit GIB sets the limit.")
+
+
+@app.command(help=RECORD_HELP)
 def record(
     routers_opt: Optional[Path] = typer.Option(None, "--routers", help="router file; default: the routers shipped "
                                            "with focus-lab for the model (focus_lab/routers/)"),
@@ -265,8 +274,11 @@ def record(
     per_query: bool = typer.Option(True, help="write the per-query tables (coverage_query, crossing_query)"),
     costly_top_n: int = typer.Option(200, help="costly_drops: keep the dropped edges of the n queries whose "
                                      "loss delta (hard minus dense, nats) is largest"),
+    memory_limit: Optional[float] = typer.Option(None, metavar="GIB", help="refuse (exit 2, nothing written) when "
+                                                 "the estimated peak memory exceeds this many GiB; default: the "
+                                                 "available memory plus what this process holds"),
 ):
-    """Record held-out text through Focus into a run directory (schema: docs/run_schema.md)."""
+    """Record held-out text through Focus into a run directory (help: ``RECORD_HELP``)."""
     def ints(spec):
         if spec is None:
             return None
@@ -285,7 +297,7 @@ def record(
         nonlocal seq_len
         import pandas as pd
         from .data import make_windows
-        from .record import ALL_METRICS, file_sha256, record_run
+        from .record import ALL_METRICS, GiB, RecordMemoryError, file_sha256, record_run
         from .retrofit import load_routers, set_config
         routers = _routers(routers_opt, model)
         chosen = ALL_METRICS if metrics.strip() == "all" else tuple(x.strip() for x in metrics.split(",") if x.strip())
@@ -300,6 +312,12 @@ def record(
             if len(lh) != 2:
                 _fail(f"--pattern {p!r}: write LAYER:HEAD, e.g. 3:0")
             pats.append((lh[0], lh[1]))
+        if memory_limit is not None and not memory_limit > 0:
+            _fail(f"--memory-limit {memory_limit}: give a positive number of GiB")
+        limit = None if memory_limit is None else memory_limit * GiB
+        chosen_layers, chosen_heads = ints(layers), ints(heads)
+        _record_memory_preflight(model, routers, seq_len, max_windows, chosen, chosen_layers, chosen_heads,
+                                 len(pats), pos, mode, per_query, edge_top_n, limit)
         m, tok, corp, seq_len = _load(model, corpus, seq_len)
         load_routers(m, routers)
         set_config(m, mode=mode)
@@ -316,15 +334,46 @@ def record(
                    f"(metrics: {', '.join(chosen)})")
         try:
             record_run(m, tok, windows, {d.name: d.text for d in corp.heldout}, out, meta=meta,
-                       with_pos=pos, extra_tables=extra, metrics=chosen, layers=ints(layers),
-                       heads=ints(heads), patterns=pats, edge_threshold=edge_threshold,
+                       with_pos=pos, extra_tables=extra, metrics=chosen, layers=chosen_layers,
+                       heads=chosen_heads, patterns=pats, edge_threshold=edge_threshold,
                        edge_top_n=edge_top_n, edge_min_weight=edge_min_weight,
-                       sink_positions=sink_positions, per_query=per_query, costly_top_n=costly_top_n)
-        except ValueError as e:  # bad layers / heads / patterns: one clear line
+                       sink_positions=sink_positions, per_query=per_query, costly_top_n=costly_top_n,
+                       memory_limit=limit)
+        except (ValueError, RecordMemoryError) as e:  # bad layers / heads / patterns, too big: one line
             _fail(str(e))
         typer.echo(f"recorded {len(windows)} windows into {out}")
         return out
     return _guard(run)
+
+
+def _record_memory_preflight(model_name, routers: Path, seq_len: int, max_windows: int, metrics, layers, heads,
+                             patterns: int, pos: bool, mode: str, per_query: bool, edge_top_n: int,
+                             limit: float | None) -> None:
+    """Refuse (exit 2, one line) a recording whose estimated peak memory exceeds ``limit`` bytes
+    (None: the available memory + this process's), before the model, corpus or spaCy load: the
+    model's config and parameter count come from ``models.peek_model`` (skipped when it cannot
+    tell: ``record_run`` checks again after loading), T is ``seq_len`` capped at the model's
+    positions, W = ``max_windows`` (an upper bound: the text may hold fewer)."""
+    from .models import peek_model
+    from .record import ModelShape, RecordMemoryError, check_memory, estimate_memory
+    from .retrofit import read_router_file
+    peek = peek_model(model_name)
+    if peek is None:
+        return
+    config, param_bytes = peek
+    fcfg, _, tensors, _ = read_router_file(routers)
+    routed = {k.split(".")[1] for k in tensors if k.startswith("layers.")}
+    n_pos = getattr(config, "max_position_embeddings", None)
+    T = min(seq_len, n_pos) if n_pos else seq_len
+    L = len(set(layers)) if layers is not None else len(routed)
+    H = len(set(heads)) if heads is not None else int(config.num_attention_heads)
+    est = estimate_memory(ModelShape.from_config(config, param_bytes), T, max_windows, L, H, metrics=metrics,
+                          patterns=patterns, per_query=per_query, with_pos=pos, mode=mode,
+                          num_groups=fcfg.num_groups, top_k=fcfg.top_k, edge_top_n=edge_top_n)
+    try:
+        check_memory(est, limit, what=f"{max_windows} windows x {T} tokens, {L} layers x {H} heads")
+    except RecordMemoryError as e:
+        _fail(str(e))
 
 
 def _app_command(runs: Path, host: str, port: int) -> list[str]:

@@ -93,6 +93,35 @@ def _dequantized(name: str, find_gguf, verbose: bool) -> Path:
     return cached
 
 
+def peek_model(name: str | None = None, dtype: torch.dtype = torch.float32):
+    """(config, parameter bytes) of the model ``load_model(name, dtype)`` would load, without
+    reading its weights: the config from its folder (the dequantized cache for the embedded
+    SmolLM2 and Gemma-3), the parameters counted on a meta-device instance (tied weights once,
+    persistent buffers included), ``dtype``'s bytes each.
+
+    Returns None when that is not possible offline and cheaply: an embedded model not yet
+    dequantized (the first ``load_model`` does it), an HF id not in the local cache, an
+    unreadable config. Never raises for these; the caller then estimates after loading.
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM
+    if name in (None, "", EMBEDDED, "embedded"):
+        source = cache_dir() / "models" / EMBEDDED
+    elif name.lower() in GEMMA3_ALIASES:
+        source = cache_dir() / "models" / GEMMA3
+    else:
+        source = name
+    if isinstance(source, Path) and not (source / "config.json").is_file():
+        return None
+    try:
+        config = AutoConfig.from_pretrained(source)
+        with torch.device("meta"):
+            meta = AutoModelForCausalLM.from_config(config)
+    except (OSError, ValueError, KeyError, ImportError):
+        return None
+    n = sum(p.numel() for p in meta.parameters()) + sum(b.numel() for b in meta.buffers())
+    return config, int(n) * torch.tensor([], dtype=dtype).element_size()
+
+
 def load_model(name: str | None = None, dtype: torch.dtype = torch.float32, verbose: bool = True):
     """Load a causal LM and its tokenizer, in eval mode.
 

@@ -462,11 +462,239 @@ def loss_delta_table(model, windows: Sequence, tokens: pd.DataFrame | None = Non
     return df[cols]
 
 
+# --------------------------------------------------------------------------------------------
+# memory: the peak a recording will need, estimated before anything is recorded
+
+GiB = 1 << 30
+#: Resident memory of ``focus-lab record`` before the model: Python, torch, transformers, pandas,
+#: pyarrow, typer, the tokenizer, the corpus and its windows (measured: 0.60 GiB, Austen).
+RUNTIME_BYTES = int(0.60 * GiB)
+#: spaCy with its English pipeline and the parse of a window (``with_pos``; measured 0.07 GiB).
+SPACY_BYTES = int(0.07 * GiB)
+#: Dropped edges the audit keeps per (query, head, layer) and per unit of ``edge_top_n``: the one
+#: data-dependent term (measured 0.50 with the defaults on SmolLM2 / Persuasion at 4096 tokens, 0.37
+#: at 1024).
+EDGES_PER_QUERY = 0.5
+#: Bytes per row of the recorder's pandas tables (measured with ``DataFrame.memory_usage(deep=True)``):
+#: assignments (two list cells of numpy arrays a row), coverage_query (4 rows a query: str pattern),
+#: crossing_query, dropped_edges (3 text columns), patterns.
+ROW_BYTES = {"assignments": 260, "coverage_query": 32, "crossing_query": 40, "dropped_edges": 66, "patterns": 25}
+
+
+class RecordMemoryError(MemoryError):
+    """A recording whose estimated peak memory exceeds the limit (nothing was recorded or written).
+
+    Attributes: ``estimate`` and ``limit`` in bytes; the message is one line naming both (GiB),
+    the available memory and the options that lower the estimate."""
+
+    def __init__(self, message: str, estimate: int, limit: int):
+        super().__init__(message)
+        self.estimate, self.limit = int(estimate), int(limit)
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What the memory estimate needs of a model: query heads H, head_dim D, hidden size d,
+    MLP width f, vocabulary V (counts) and ``param_bytes`` (parameters and buffers as loaded,
+    bytes: 4 per parameter in float32)."""
+
+    num_heads: int
+    head_dim: int
+    hidden_size: int
+    intermediate_size: int
+    vocab_size: int
+    param_bytes: int
+
+    @classmethod
+    def from_config(cls, config, param_bytes: int) -> "ModelShape":
+        """From a transformers config (GPT-2's ``n_inner = None`` means 4 d)."""
+        H = int(config.num_attention_heads)
+        d = int(config.hidden_size)
+        D = getattr(config, "head_dim", None) or d // H
+        f = getattr(config, "intermediate_size", None) or getattr(config, "n_inner", None) or 4 * d
+        return cls(H, int(D), d, int(f), int(config.vocab_size), int(param_bytes))
+
+    @classmethod
+    def of(cls, model) -> "ModelShape":
+        """From a loaded model: its config and the bytes of its (unique) parameters and buffers."""
+        n = sum(p.numel() * p.element_size() for p in model.parameters())
+        n += sum(b.numel() * b.element_size() for b in model.buffers())
+        return cls.from_config(model.config, n)
+
+
+def memory_parts(shape: ModelShape, seq_len: int, windows: int, layers: int, heads: int, *,
+                 metrics: Sequence[str] = ALL_METRICS, patterns: int = 0, per_query: bool = True,
+                 with_pos: bool = True, mode: str = "dense", num_groups: int = 4, top_k: int = 2,
+                 chunk_elements: int = 1 << 23, edge_top_n: int = 1) -> dict[str, int]:
+    """The terms of ``estimate_memory``, in bytes (``"peak"``: the estimate itself).
+
+    Args: as ``estimate_memory``. Returns {"runtime", "model", "recorded", "slack", "record",
+    "tables", "loss_delta", "write", "peak"}: ``peak = runtime + model + recorded + slack +
+    max(record, tables, loss_delta, write)`` (the phases are alternatives, not a sum).
+    """
+    T, W, L, Hs = int(seq_len), int(windows), int(layers), int(heads)
+    want = set(metrics)
+    att = bool(want & _ATTENTION_METRICS)
+    cross, cov, edges = "crossing" in want, "coverage" in want, "dropped_edges" in want
+    d, f, V, D = shape.hidden_size, shape.intermediate_size, shape.vocab_size, shape.head_dim
+    tok = W * T * L  # (window, position, layer) triples
+    nq = tok * Hs if att else 0  # (window, position, layer, head): per-query rows
+    n_edges = nq * EDGES_PER_QUERY * max(1, edge_top_n) if edges else 0
+    whole = T <= M._WHOLE_MAX
+    # kept by the Recording until the run is written (docs/run_schema.md, "Memory and cost of recording")
+    recorded = tok * (16 * num_groups + 8 * top_k + 32 + (2 * d if "linguistics" in want else 0))
+    recorded += nq * (36 + (12 if cross else 0)) + n_edges * 33
+    recorded += patterns * W * T * T * (5 + (4 if cross else 0))
+    recorded += (L * T * T if cov and T <= 1024 else 0) + (8 * T * T if att and whole else 0)
+    # freed chunks of a recorded layer the allocator keeps: activations, per-chunk index tables
+    elems = min(chunk_elements, Hs * T * T)  # dense-attention floats per chunk
+    slack = 4 * T * (3 * f + 6 * d) + ((150 if not whole else 60) * elems // max(Hs, 1) if att else 0)
+    # the largest transient of the recorded forwards: a layer's buffers or the (T, V) logits
+    mask = {"dense": 1, "hard": 2, "soft": 13}.get(mode, 13) * T * T
+    layer = mask + ((12 * elems + 16 * Hs * T * D + (2 * T * T if whole else 0)) if att else 0)
+    record = max(4 * T * V, layer)
+    # tables(): what it keeps, and the largest build of one table family
+    tabs = {"assignments": ROW_BYTES["assignments"] * tok if "assignments" in want else 0,
+            "coverage_query": 4 * ROW_BYTES["coverage_query"] * nq if cov and per_query else 0,
+            "crossing_query": ROW_BYTES["crossing_query"] * nq if cross and per_query else 0,
+            "dropped_edges": int(ROW_BYTES["dropped_edges"] * n_edges),
+            "patterns": ROW_BYTES["patterns"] * patterns * W * T * (T + 1) // 2}
+    kept = sum(tabs.values())
+    build = max(nq * (58 + (2 * 128 if per_query else 0)) if cov else 0,
+                nq * (82 + (40 if per_query else 0)) if cross else 0,
+                41 * patterns * W * T * (T + 1) // 2,
+                8 * W * T * d if "linguistics" in want else 0, tabs["assignments"])
+    held = 2 * kept  # after tables(): the tables, and about as much freed heap their build left
+    parts = {"runtime": RUNTIME_BYTES + (SPACY_BYTES if with_pos else 0), "model": int(shape.param_bytes),
+             "recorded": int(recorded), "slack": int(slack), "record": int(record), "tables": int(kept + build),
+             "loss_delta": int(held + 4 * T * V + 4 * min(T, 1024) * V) if "loss_delta" in want else 0,
+             "write": int(held + max(tabs.values()))}
+    parts["peak"] = (parts["runtime"] + parts["model"] + parts["recorded"] + parts["slack"]
+                     + max(parts[k] for k in ("record", "tables", "loss_delta", "write")))
+    return parts
+
+
+def estimate_memory(shape: ModelShape, seq_len: int, windows: int, layers: int, heads: int, *,
+                    metrics: Sequence[str] = ALL_METRICS, patterns: int = 0, per_query: bool = True,
+                    with_pos: bool = True, mode: str = "dense", num_groups: int = 4, top_k: int = 2,
+                    chunk_elements: int = 1 << 23, edge_top_n: int = 1) -> int:
+    """Estimated peak resident memory (bytes) of ``record_run`` / ``focus-lab record``.
+
+    Notation: T = ``seq_len`` tokens per window, W = ``windows`` (one forward each), L =
+    recorded ``layers``, Hs = recorded ``heads``, P = ``patterns`` (layer, head) pairs, K =
+    ``num_groups``, k = ``top_k``, E = min(``chunk_elements``, Hs T^2) dense-attention floats per
+    chunk, e = ``EDGES_PER_QUERY`` x max(1, ``edge_top_n``); from ``shape``: d hidden, f MLP
+    width, V vocabulary, D head_dim, the model's bytes; N = W T L and Nq = N Hs (0 without an
+    attention metric: coverage, crossing, dropped_edges; [att]: one of them is recorded). [x] is
+    1 when x holds, else 0.
+    Every term in bytes::
+
+        peak     = runtime + model + recorded + slack + max(record, tables, loss_delta, write)
+        runtime  = 0.60 GiB + 0.07 GiB [with_pos]                       (RUNTIME_BYTES, SPACY_BYTES)
+        model    = shape.param_bytes
+        recorded = N (16K + 8k + 32 + 2d [linguistics])       routing: scores, groups, router input
+                 + Nq (36 + 12 [crossing]) + 33 e Nq            per-query sums, dropped edges
+                 + 9 P W T^2 (5 without crossing)               full maps of --pattern
+                 + L T^2 [coverage, T <= 1024] + 8 T^2 [att, T <= 2048]   cached masks, pair tables
+        slack    = 4 T (3f + 6d) + (60 if T <= 2048 else 150) E / Hs [att]   freed heap the allocator keeps
+        record   = max(4 T V, m T^2 + (12 E + 16 Hs T D + 2 T^2 [T <= 2048]) [att])   logits | a layer;
+                   m = 1 dense, 2 hard, 13 soft (soft: from the code, not measured)
+        tables   = kept + max(Nq (58 + 256 [per_query]) [coverage], Nq (82 + 40 [per_query]) [crossing],
+                              41 P W T(T+1)/2, 8 W T d [linguistics], 260 N)
+        kept     = 260 N + 128 Nq [coverage, per_query] + 40 Nq [crossing, per_query] + 66 e Nq
+                   + 25 P W T(T+1)/2                             the tables (ROW_BYTES)
+        loss_delta = 2 kept + 4 T V + 4 min(T, 1024) V  [loss_delta]   logits + a log-softmax chunk
+        write    = 2 kept + the largest table (its Arrow copy while parquet writes it)
+
+    (2 kept: after ``tables()`` the heap holds the tables and about as much again that their
+    build freed; measured 1.7-2.3 x kept in the loss_delta phase.)
+
+    The attention metrics are the dense map of docs/method.md §2 reduced per chunk of queries
+    (``metrics.attention_metrics``); only ``patterns`` keeps T x T maps, the rest grows with T
+    (per layer and head), the logits with T V. ``per_query=False`` drops the largest tables.
+
+    Calibration (SmolLM2-135M: 134.5M float32 parameters, 30 layers, 9 heads, V = 49152, the
+    shipped routers, Persuasion, one torch thread; peak RSS of the real command, ``/usr/bin/time
+    -v`` and ``analyses/record_memory.py``), estimate vs measured, one window unless said:
+    1024 tokens, layers 0-3, assignments + balance, no POS: 1.42 vs 1.37 GB (+3%); 1024, layers
+    0-3, every metric: 1.79 vs 1.76 GB (+2%); 1024, 30 layers: 1.97 vs 1.96 GB (+1%); 1024 x 4
+    windows, 30 layers, no loss_delta: 2.26 vs 2.10 GB (+8%); 2048, layers 0-3, 2 patterns: 2.35
+    vs 2.32 GB (+1%); 4096, layers 0-3: 2.63 vs 2.58 GB (+2%); 4096, 30 layers, no loss_delta:
+    2.56 vs 2.56 GB (0%; 2.89 GB in an earlier run); 4096, 30 layers, every metric: 3.27 vs 3.36
+    GB (-3%; 3.15 GB in an earlier run). The same command's peak varies by about 10% from run to
+    run (the allocator's reuse of freed memory), and the dropped-edge count depends on the data:
+    expect +-10%.
+
+    Args:
+        shape: the model (``ModelShape.of(model)`` or ``ModelShape.from_config``).
+        seq_len: tokens per window; windows: windows recorded; layers, heads: how many are recorded.
+        metrics, per_query, chunk_elements, edge_top_n: as ``record`` (``RecordOptions``).
+        patterns: number of (layer, head) pairs whose T x T maps are kept.
+        with_pos: spaCy labels joined (``record_run``'s ``with_pos``).
+        mode: the attention mode of the recorded forwards (dense, hard, soft).
+        num_groups, top_k: the Focus config's K and k.
+    Returns:
+        bytes (int).
+    """
+    return memory_parts(shape, seq_len, windows, layers, heads, metrics=metrics, patterns=patterns,
+                        per_query=per_query, with_pos=with_pos, mode=mode, num_groups=num_groups, top_k=top_k,
+                        chunk_elements=chunk_elements, edge_top_n=edge_top_n)["peak"]
+
+
+def memory_budget() -> tuple[int, int, int]:
+    """(budget, available, held) in bytes: ``psutil.virtual_memory().available`` plus the resident
+    memory this process already holds (the estimate is of the whole process's peak, which
+    includes what it holds now)."""
+    import psutil
+    available = int(psutil.virtual_memory().available)
+    held = int(psutil.Process().memory_info().rss)
+    return available + held, available, held
+
+
+#: The options that lower the estimate, named in the refusal.
+LOWER_FLAGS = "--layers, --heads, --seq-len, --max-windows, --no-per-query, or fewer --pattern"
+
+
+def check_memory(estimate: int, limit: float | None = None, what: str = "") -> None:
+    """Raise ``RecordMemoryError`` when ``estimate`` (bytes) exceeds ``limit`` (bytes; None: the
+    available memory plus what this process holds, ``memory_budget``); ``what`` describes the
+    recording in the message."""
+    budget, available, held = memory_budget()
+    if limit is None:
+        limit, source = budget, (f"the {available / GiB:.2f} GiB available (psutil) + {held / GiB:.2f} GiB "
+                                 "this process holds")
+    else:
+        source = f"--memory-limit {limit / GiB:g} GiB; {available / GiB:.2f} GiB available (psutil)"
+    if estimate > limit:
+        raise RecordMemoryError(
+            f"recording {what + ' ' if what else ''}needs an estimated {estimate / GiB:.2f} GiB at its peak, "
+            f"more than {limit / GiB:.2f} GiB ({source}); lower it with {LOWER_FLAGS}",
+            estimate, int(limit))
+
+
+def memory_inputs(model, windows: Sequence, metrics: Sequence[str] = ALL_METRICS,
+                  layers: Sequence[int] | None = None, heads: Sequence[int] | None = None,
+                  patterns: Sequence = (), with_pos: bool = True, **options) -> dict:
+    """The arguments of ``estimate_memory`` for ``record_run(model, ..., windows, ...)``:
+    T = the longest window, the recorded layers (the routed ones, or ``layers``) and heads."""
+    from .retrofit import routers as _routers
+    cfg = focus_config(model)
+    routed = sorted(_routers(model))
+    n_layers = len(routed) if layers is None else len(set(layers))
+    n_heads = int(model.config.num_attention_heads) if heads is None else len(set(heads))
+    T = max((int(w.input_ids.shape[-1]) for w in windows), default=0)
+    known = {k: options[k] for k in ("per_query", "chunk_elements", "edge_top_n") if k in options}
+    return {"shape": ModelShape.of(model), "seq_len": T, "windows": len(windows), "layers": n_layers,
+            "heads": n_heads, "metrics": tuple(metrics), "patterns": len(list(patterns)), "with_pos": with_pos,
+            "mode": cfg.mode, "num_groups": cfg.num_groups, "top_k": cfg.top_k, **known}
+
+
 def record_run(model, tokenizer, windows: list, texts: dict[str, str], out_dir: str | Path,
                meta: dict | None = None, with_pos: bool = True, extra_tables: dict | None = None,
                progress: bool = True, metrics: Sequence[str] = ALL_METRICS,
                layers: Sequence[int] | None = None, heads: Sequence[int] | None = None,
-               patterns: Sequence[tuple[int, int]] = (), **options) -> Path:
+               patterns: Sequence[tuple[int, int]] = (), memory_limit: float | None = None,
+               **options) -> Path:
     """Record ``windows`` (Focus attached, in the mode of its config) into a run directory.
 
     Args:
@@ -481,11 +709,24 @@ def record_run(model, tokenizer, windows: list, texts: dict[str, str], out_dir: 
             ``metrics``, two more forwards per window after the recording (dense, then hard:
             ``loss_delta_table``) write the ``loss_delta`` table, and with ``dropped_edges`` also
             ``costly_drops`` (``record_tables.costly_drops_table``, option ``costly_top_n``).
+        memory_limit: bytes the process may reach; before anything is recorded, the peak is
+            estimated (``estimate_memory``) and compared with it. None: the available memory
+            plus what this process holds (``memory_budget``); ``math.inf``: no check.
     Returns:
         the run directory path.
+    Raises:
+        RecordMemoryError (a MemoryError): the estimated peak exceeds ``memory_limit``; nothing
+            was recorded and nothing written (the message names the estimate, the available
+            memory and the options that lower it).
+        ValueError: as ``record`` (metrics, layers, heads, patterns).
     """
     out_dir = Path(out_dir)
     cfg = focus_config(model)
+    if windows:
+        inputs = memory_inputs(model, windows, metrics, layers, heads, patterns, with_pos, **options)
+        check_memory(estimate_memory(**inputs), memory_limit,
+                     what=f"{inputs['windows']} windows x {inputs['seq_len']} tokens, {inputs['layers']} layers x "
+                          f"{inputs['heads']} heads")
     tok_frames, pos_frames = [], []
     pos_table = None
     if with_pos:

@@ -348,6 +348,132 @@ def test_cli_record_flags(tiny_run, tmp_path):
     assert bad.exit_code == 2 and "no router" in bad.output
 
 
+# ------------------------------------------------------------------ memory estimate and refusal
+
+from focus_lab.record import (GiB, ModelShape, RecordMemoryError, estimate_memory,  # noqa: E402
+                              memory_parts)
+
+TINY_SHAPE = ModelShape(num_heads=4, head_dim=16, hidden_size=64, intermediate_size=128, vocab_size=97,
+                        param_bytes=1_000_000)
+
+
+def test_memory_estimate_is_the_documented_formula():
+    """T = 64, W = 2, L = 2, Hs = 4, K = 4, k = 2, one pattern, every metric, by hand from the
+    docstring of ``estimate_memory``."""
+    T, W, L, Hs, K, k, d, f, V, D, P = 64, 2, 2, 4, 4, 2, 64, 128, 97, 16, 1
+    N, Nq, e = W * T * L, W * T * L * Hs, 0.5
+    recorded = (N * (16 * K + 8 * k + 32 + 2 * d) + Nq * (36 + 12) + 33 * e * Nq + 9 * P * W * T * T
+                + L * T * T + 8 * T * T)
+    E = min(1 << 23, Hs * T * T)
+    slack = 4 * T * (3 * f + 6 * d) + 60 * E // Hs
+    record_ = max(4 * T * V, 1 * T * T + 12 * E + 16 * Hs * T * D + 2 * T * T)
+    tabs = [260 * N, 128 * Nq, 40 * Nq, 66 * e * Nq, 25 * P * W * T * (T + 1) // 2]
+    kept = sum(tabs)
+    tables = kept + max(Nq * (58 + 256), Nq * (82 + 40), 41 * P * W * T * (T + 1) // 2, 8 * W * T * d, 260 * N)
+    loss = 2 * kept + 4 * T * V + 4 * min(T, 1024) * V
+    write = 2 * kept + max(tabs)
+    want = int(0.60 * GiB) + int(0.07 * GiB) + 1_000_000 + recorded + slack + max(record_, tables, loss, write)
+    got = estimate_memory(TINY_SHAPE, T, W, L, Hs, patterns=P)
+    assert got == pytest.approx(want, abs=8)  # int rounding of the terms
+    parts = memory_parts(TINY_SHAPE, T, W, L, Hs, patterns=P)
+    assert parts["recorded"] == pytest.approx(recorded, abs=2) and parts["tables"] == pytest.approx(tables, abs=2)
+    assert parts["peak"] == got
+
+
+def test_memory_estimate_grows_with_length_layers_heads_and_options():
+    base = dict(seq_len=512, windows=2, layers=4, heads=4)
+    est = lambda **kw: estimate_memory(TINY_SHAPE, **{**base, **kw})  # noqa: E731
+    for key, bigger in (("seq_len", 1024), ("windows", 4), ("layers", 8), ("heads", 8)):
+        assert est(**{key: bigger}) > est(), key
+    # per recorded layer (T > 1024: no cached masks): the routing and per-query terms, linear in L
+    rec = [memory_parts(TINY_SHAPE, 2048, 1, L, 4)["recorded"] for L in (1, 2, 3)]
+    per_layer = 2048 * (16 * 4 + 8 * 2 + 32 + 2 * 64) + 2048 * 4 * (48 + 33 * 0.5)
+    assert rec[1] - rec[0] == pytest.approx(per_layer, abs=2) and rec[2] - rec[1] == pytest.approx(per_layer, abs=2)
+    # a T x T map per pattern and window; fewer tables without per-query; fewer metrics, less memory
+    one, two = (memory_parts(TINY_SHAPE, 2048, 1, 2, 4, patterns=p)["recorded"] for p in (1, 2))
+    assert two - one == 9 * 2048 ** 2
+    assert est(metrics=("assignments", "balance"), with_pos=False) < est(metrics=("assignments", "balance")) < est()
+    # many windows: the tables dominate, and --no-per-query lowers the peak
+    smol = ModelShape(9, 64, 576, 1536, 49152, 538_060_288)
+    no_ld = tuple(m for m in ALL_METRICS if m != "loss_delta")
+    many = memory_parts(smol, 1024, 8, 30, 9, metrics=no_ld)
+    assert max(("record", "tables", "loss_delta", "write"), key=many.get) in ("tables", "write")
+    assert estimate_memory(smol, 1024, 8, 30, 9, metrics=no_ld, per_query=False) < many["peak"]
+    # the real model at 4096 tokens, every metric: the logits of loss_delta dominate (measured 3.15 GB)
+    p = memory_parts(smol, 4096, 1, 30, 9)
+    assert max(("record", "tables", "loss_delta", "write"), key=p.get) == "loss_delta"
+    assert 2.8e9 < p["peak"] < 3.4e9
+
+
+def _record_args(tiny_run, tmp_path, out):
+    from run_fixtures import TEXT
+    assets = tiny_run.parent / f".{tiny_run.name}-assets"
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text((TEXT + "\n") * 12)
+    return assets, ["record", "--model", str(assets / "model"), "--routers", str(assets / "routers.safetensors"),
+                    "--corpus", str(corpus), "--out", str(out), "--seq-len", "48", "--max-windows", "2",
+                    "--no-pos"]
+
+
+def _assert_refusal(res, out):
+    assert res.exit_code == 2, res.output
+    line = res.output.strip().splitlines()[-1]
+    assert line.startswith("error: recording ") and "needs an estimated" in line and "GiB" in line, line
+    for flag in ("--layers", "--heads", "--seq-len", "--max-windows", "--no-per-query", "--pattern", "--memory-limit",
+                 "available"):
+        assert flag in line, flag
+    assert "Traceback" not in res.output
+    assert not out.exists() and not [p for p in out.parent.iterdir() if p.name.startswith(f".{out.name}")]
+    return line
+
+
+def test_cli_refuses_a_recording_that_would_not_fit_before_loading(tiny_run, tmp_path, monkeypatch):
+    """--memory-limit below the estimate: exit 2, one line with the estimate and the flags, the
+    model never loaded, no run directory (not even a temporary one)."""
+    from typer.testing import CliRunner
+    from focus_lab import models
+    from focus_lab.cli import app
+    out = tmp_path / "runs" / "big"
+    out.parent.mkdir()
+    assets, args = _record_args(tiny_run, tmp_path, out)
+
+    def no_load(*a, **k):
+        raise AssertionError("the model was loaded before the memory check")
+    monkeypatch.setattr(models, "load_model", no_load)
+    res = CliRunner().invoke(app, args + ["--pattern", "1:0", "--memory-limit", "0.001"])
+    line = _assert_refusal(res, out)
+    config, n = models.peek_model(str(assets / "model"))
+    est = estimate_memory(ModelShape.from_config(config, n), 48, 2, 2, 4, patterns=1, with_pos=False, num_groups=4,
+                          top_k=2)
+    assert f"needs an estimated {est / GiB:.2f} GiB" in line and "more than 0.00 GiB" in line
+    assert "2 windows x 48 tokens, 2 layers x 4 heads" in line
+    # fewer layers and heads lower the estimate the message names
+    res = CliRunner().invoke(app, args + ["--layers", "1", "--heads", "0", "--memory-limit", "0.001"])
+    small = _assert_refusal(res, out)
+    assert float(small.split("needs an estimated ")[1].split()[0]) <= est / GiB
+
+
+def test_record_run_refuses_after_loading_when_the_cli_cannot_peek(tiny_run, tmp_path, monkeypatch):
+    """Without a config to read before loading (peek_model: None), record_run's own check
+    refuses: a RecordMemoryError (a MemoryError) mapped to exit 2, nothing written."""
+    from typer.testing import CliRunner
+    from focus_lab import models
+    from focus_lab.cli import app
+    out = tmp_path / "big"
+    _, args = _record_args(tiny_run, tmp_path, out)
+    monkeypatch.setattr(models, "peek_model", lambda *a, **k: None)
+    _assert_refusal(CliRunner().invoke(app, args + ["--memory-limit", "0.001"]), out)
+    # and the library alone
+    from run_fixtures import make_tokenizer, make_windows
+    model = tiny_llama()
+    focus_lab.attach(model, FocusConfig(window=8))
+    tok = make_tokenizer()
+    with pytest.raises(RecordMemoryError, match="needs an estimated") as err:
+        record_run(model, tok, make_windows(tok)[:2], {}, out, with_pos=False, progress=False, memory_limit=1e6)
+    assert isinstance(err.value, MemoryError) and err.value.limit == 1_000_000 and err.value.estimate > 1e6
+    assert not out.exists()
+
+
 # ------------------------------------------------------------------ relation direction (property)
 
 from hypothesis import HealthCheck, given, settings  # noqa: E402

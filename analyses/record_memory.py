@@ -1,0 +1,134 @@
+"""Peak memory of ``focus-lab record`` by phase, against ``record.estimate_memory``.
+
+Runs the real CLI command in this process (arguments after ``--``), samples the resident set
+size (psutil, every 10 ms) in a thread, and labels the samples by phase: ``start`` (imports,
+corpus, windows, routers), ``load`` (the model), ``record`` (the recorded forwards), ``spacy``
+(``load_spacy``, also called by each window's POS join inside the recording), ``tables``
+(``Recording.tables``), ``loss_delta`` (its two forwards per window), ``write`` (the parquet
+files), ``done`` (after ``record_run`` returned: the heap the allocator kept). Prints the peak
+RSS of each phase, the process's overall peak (``ru_maxrss``) and the estimate the recorder
+computes for the same command (``record.memory_parts``, the breakdown of
+``estimate_memory``), in GiB. Used to calibrate the estimate (docs/reliability.md).
+
+    .venv/bin/python analyses/record_memory.py -- --seq-len 1024 --max-windows 1 --layers 0-3 --out /tmp/m
+"""
+
+from __future__ import annotations
+
+import contextlib
+import resource
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+GiB = 1024 ** 3
+
+
+class Sampler:
+    def __init__(self, every: float = 0.01):
+        self.phase = "start"
+        self.peaks: dict[str, int] = {}
+        self.order: list[str] = []
+        self._proc = psutil.Process()
+        self._stop = threading.Event()
+        self._every = every
+        self._t = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        while not self._stop.is_set():
+            self.sample()
+            time.sleep(self._every)
+
+    def sample(self):
+        rss = self._proc.memory_info().rss
+        if self.phase not in self.peaks:
+            self.order.append(self.phase)
+        self.peaks[self.phase] = max(self.peaks.get(self.phase, 0), rss)
+
+    def start(self):
+        self._t.start()
+
+    def stop(self):
+        self._stop.set()
+        self._t.join()
+
+    @contextlib.contextmanager
+    def during(self, name: str):
+        prev, self.phase = self.phase, name
+        try:
+            yield
+        finally:
+            self.sample()
+            self.phase = prev
+
+
+def wrap(owner, attr: str, sampler: Sampler, phase: str):
+    fn = getattr(owner, attr)
+
+    def wrapped(*a, **k):
+        with sampler.during(phase):
+            return fn(*a, **k)
+    setattr(owner, attr, wrapped)
+
+
+def main() -> None:
+    argv = sys.argv[1:]
+    if argv and argv[0] == "--":
+        argv = argv[1:]
+    from focus_lab import record as R
+    from focus_lab import linguistics, models
+    from focus_lab.cli import app
+    import typer
+    s = Sampler()
+    wrap(models, "load_model", s, "load")
+    wrap(linguistics, "load_spacy", s, "spacy")
+    wrap(R.Recording, "tables", s, "tables")
+    wrap(R, "loss_delta_table", s, "loss_delta")
+    est = {}
+    real_record_run = R.record_run
+
+    def record_run(model, tok, windows, *a, **k):
+        est.update(R.memory_parts(**R.memory_inputs(model, windows, **{
+            n: k[n] for n in ("metrics", "layers", "heads", "patterns", "with_pos", "per_query", "chunk_elements",
+                              "edge_top_n") if n in k})))
+        s.phase = "record"
+        try:
+            return real_record_run(model, tok, windows, *a, **k)
+        finally:
+            s.phase = "done"
+    R.record_run = record_run
+    real_atomic = R.atomic_path
+
+    @contextlib.contextmanager
+    def atomic(path):
+        with s.during("write"), real_atomic(path) as tmp:
+            yield tmp
+    R.atomic_path = atomic
+    s.start()
+    t0 = time.perf_counter()
+    try:
+        typer.main.get_command(app).main(["record", "--memory-limit", "1000", *argv], prog_name="focus-lab",
+                                         standalone_mode=False)
+    finally:
+        s.stop()
+    dt = time.perf_counter() - t0
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    print(f"\nwall {dt:.0f} s; peak RSS (ru_maxrss) {peak / GiB:.3f} GiB ({peak / 1e9:.3f} GB)")
+    for ph in s.order:
+        print(f"  phase {ph:<11} peak RSS {s.peaks[ph] / GiB:.3f} GiB")
+    if est:
+        total = est["peak"]
+        print(f"estimate {total / GiB:.3f} GiB = {total / 1e9:.3f} GB ({total / peak - 1:+.1%} vs the measured "
+              "peak); peak = runtime + model + recorded + slack + max(record, tables, loss_delta, write):")
+        for k, v in est.items():
+            print(f"  {k:<11} {v / GiB:.3f} GiB")
+
+
+if __name__ == "__main__":
+    main()
