@@ -161,6 +161,93 @@ def other_schema_run(path: str | Path, source: str | Path | None = None, version
     return path
 
 
+# ------------------------------------------------------------------------------------------
+# a passkey probe output (focus_lab.passkey.run_passkey on the tiny model)
+
+PASSKEY_SENTENCES = ["Anne walked to the house on the hill.", "Her sister had written a long letter.",
+                     "The captain was waiting by the gate; he smiled.", "They spoke of the sea and of ships!",
+                     "Mr. Elliot arrived later, and nobody was pleased.", "Was it late?", "\"Yes,\" she said."]
+PASSKEY_TEXT = " ".join(PASSKEY_SENTENCES[i % len(PASSKEY_SENTENCES)] for i in range(140))
+PASSKEY_CHAT_TEMPLATE = ("{% for m in messages %}<s>{{ m['role'] }}\n{{ m['content'] }}</s>\n{% endfor %}"
+                         "{% if add_generation_prompt %}<s>assistant\n{% endif %}")
+
+
+def passkey_tokenizer():
+    """A fast BPE tokenizer (Metaspace: spaces kept, decoding exact) of 97 entries, the tiny
+    Llama's vocabulary, trained on the haystack, the needle with every digit, the intro and the
+    question; with a small chat template (the probe's default format is chat)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+    from focus_lab import passkey as P
+    tk = Tokenizer(models.BPE(unk_token="<unk>"))
+    tk.pre_tokenizer = pre_tokenizers.Metaspace()
+    tk.decoder = decoders.Metaspace()
+    trainer = trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=["<pad>", "<s>", "</s>", "<unk>"],
+                                  show_progress=False)
+    tk.train_from_iterator([PASSKEY_TEXT, P.NEEDLE.format(key="0123456789"), P.INTRO,
+                            f"\n\n{P.QUESTION} {P.ANSWER_PREFIX}"], trainer)
+    tok = PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="<unk>", pad_token="<pad>",
+                                  bos_token="<s>", eos_token="</s>")
+    tok.chat_template = PASSKEY_CHAT_TEMPLATE
+    return tok
+
+
+def make_passkey_dir(path: str | Path, *, lengths=(240, 300), depths=(0, 100), keys: int = 1,
+                     patterns: str = "dense,hard_top2", formats=("chat",)) -> Path:
+    """A passkey output folder written by ``focus_lab.passkey.run_passkey`` on a tiny random
+    Llama (2 layers, Focus window 8, 2 sink tokens, K = 4) and ``passkey_tokenizer``: cases.parquet,
+    needle_layers.parquet, passkey.html, passkey.json and cells/ (a few seconds)."""
+    from focus_lab import FocusConfig, passkey as P
+    from focus_lab.data import Document
+    from focus_lab.evaluate import parse_patterns
+    from focus_lab.retrofit import attach
+    torch.manual_seed(0)
+    tok = passkey_tokenizer()
+    model = attach(_tiny_llama(VOCAB, 2), FocusConfig(window=8, sink_tokens=2, mode="hard", num_groups=4))
+    hay = P.load_haystack([Document("tiny", PASSKEY_TEXT)], tok, name="tiny")
+    P.run_passkey(model, tok, hay, path, lengths=list(lengths), depths=list(depths), keys=keys,
+                  patterns=parse_patterns(patterns, 4), formats=list(formats),
+                  settings={"model": {"name": "tiny-llama"}, "corpus": "tiny"}, log=lambda _m: None)
+    return Path(path)
+
+
+def make_synthetic_passkey_dir(path: str | Path, seed: int = 0) -> Path:
+    """A passkey output with chosen values (the random tiny model never retrieves a key): the
+    tables ``passkey.cases_frame`` / ``layers_frame`` build (the probe's exact columns) from
+    rows drawn with ``seed``: formats chat and plain, lengths 1024 / 2048, depths 0 / 50 / 100,
+    seeds 0..2, patterns dense / window / hard_top2, 3 audited layers per case; a hit wherever
+    the key log-prob exceeds -2 nats. Written with ``io.write_parquet`` as the probe does."""
+    from focus_lab import passkey as P
+    from focus_lab.io import write_json, write_parquet
+    rng = np.random.default_rng(seed)
+    path = Path(path)
+    rows, lrows = [], []
+    for fmt in ("chat", "plain"):
+        for L in (1024, 2048):
+            for d in (0.0, 50.0, 100.0):
+                for s in range(3):
+                    key = P.key_for_seed(s)
+                    for p, kept in (("dense", 1.0), ("window", 0.1), ("hard_top2", 0.55)):
+                        lp = float(-rng.uniform(0, 6) * (1.0 if p == "dense" else 2.5))
+                        rows.append({"format": fmt, "length": L, "depth": d, "pattern": p, "seed": s, "key": key,
+                                     "exact_match": lp > -2.0, "key_logprob": lp, "key_tokens": 5,
+                                     "first_key_token_rank": int(lp < -2.0), "distant_pairs_kept": kept,
+                                     "needle_edges_kept": float(rng.uniform()), "needle_depth": d / 100,
+                                     "needle_position": int(d / 100 * (L - 80)) + 40,
+                                     "continuation": key if lp > -2.0 else "123", "mode": p.split("_")[0],
+                                     "top_k": 2 if p.startswith("hard") else None, "seconds": 1.0})
+                    for layer in range(3):
+                        lrows.append({"format": fmt, "length": L, "depth": d, "seed": s, "key": key,
+                                      "layer_idx": layer, "dense_mass_to_needle": float(rng.uniform(0, 0.3)),
+                                      "max_head_mass_to_needle": float(rng.uniform(0.3, 1.0)),
+                                      "kept_top1": float(rng.choice([0.0, 0.2, 0.6, 1.0])),
+                                      "kept_top2": float(rng.choice([0.4, 0.8, 1.0]))})
+    write_parquet(path / "cases.parquet", P.cases_frame(rows))
+    write_parquet(path / "needle_layers.parquet", P.layers_frame(lrows))
+    write_json(path / "passkey.json", {"settings": {"model": {"name": "synthetic"}, "keys": 3}, "seconds": 12.0})
+    return path
+
+
 if __name__ == "__main__":  # python tests/run_fixtures.py <runs-root>
     import time
     root = Path(sys.argv[1] if len(sys.argv) > 1 else "tmp/runs")

@@ -4,7 +4,8 @@ Each page is checked for content computed independently from the run's parquet f
 only for the absence of exceptions. Runs: ``tiny`` (K=4, 2 layers, with pos/eval/train_log and
 stand-in coverage/audit tables), ``tiny-k2`` (K=2, for Compare), ``bare`` (tokens and
 assignments only), ``broken`` (corrupted manifest), ``old`` (schema version 0) and
-``badtable`` (a corrupted assignments parquet).
+``badtable`` (a corrupted assignments parquet). Passkey outputs (not runs): ``passkey`` (written
+by the probe on the tiny model) and ``probes/passkey-synth`` (chosen values).
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ MAIN = HERE.parent / "focus_lab" / "app" / "main.py"
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "focus_lab" / "app"))
 
-from run_fixtures import corrupt_run, make_tiny_run, other_schema_run  # noqa: E402
+from run_fixtures import (corrupt_run, make_passkey_dir, make_synthetic_passkey_dir, make_tiny_run,  # noqa: E402
+                          other_schema_run)
 
 st_testing = pytest.importorskip("streamlit.testing.v1")
 TIMEOUT = 120
@@ -47,6 +49,8 @@ def runs_root(tmp_path_factory) -> Path:
     bad = root / "badtable"
     shutil.copytree(tiny, bad)
     (bad / "assignments.parquet").write_bytes(b"PAR1 this is not parquet")
+    make_passkey_dir(root / "passkey")  # the probe's own output on the tiny model (not a run)
+    make_synthetic_passkey_dir(root / "probes" / "passkey-synth")  # chosen values, one level down
     return root
 
 
@@ -378,6 +382,118 @@ def test_live_probe_routes_a_passage(app):
     assert set(np.unique(z)) <= {0, 1, 2, 3}
     groups = [m.value for m in at.markdown if m.value.startswith('<div style="margin:4px 0"><b')]
     assert len(groups) == 4
+
+
+# ---------------------------------------------------------------------------------------- passkey
+
+def open_passkey(app, name: str, fmt: str | None = None):
+    at = app("passkey")
+    if at.selectbox(key="passkey_dir").value != name:
+        at.selectbox(key="passkey_dir").set_value(name).run()
+    if fmt is not None:
+        at.selectbox(key="passkey_format").set_value(fmt).run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    return at
+
+
+def expected_heatmaps(cases: pd.DataFrame) -> dict:
+    """{pattern: (exact-match rate, mean key log-prob text)} per length (rows) x depth (columns)."""
+    out = {}
+    lengths, depths = sorted(cases.length.unique()), sorted(cases.depth.unique())
+    for p, sub in cases.groupby("pattern"):
+        g = sub.groupby(["length", "depth"])
+        em = g.exact_match.mean().unstack().reindex(index=lengths, columns=depths).to_numpy(float)
+        lp = g.key_logprob.mean().unstack().reindex(index=lengths, columns=depths).to_numpy(float)
+        out[p] = (em, [[f"{v:.1f}" for v in row] for row in lp])
+    return out
+
+
+def heatmap_traces(at) -> dict:
+    fig = next(f for f in figures(at) if title(f).startswith("exact-match rate"))
+    return {tr["name"]: (decode(tr["z"]).astype(float), [list(r) for r in tr["text"]]) for tr in fig["data"]}
+
+
+def test_passkey_folders_are_not_runs(runs_root):
+    import lib
+    from focus_lab.runs import list_runs
+    assert lib.passkey_dirs(runs_root) == ["passkey", "probes/passkey-synth"]
+    runs = lib.available_runs(runs_root)
+    assert "tiny" in runs and not any(r.startswith(("passkey", "probes")) for r in runs)
+    assert not any("passkey" in str(p) for p in list_runs(runs_root))
+
+
+@pytest.mark.parametrize("fmt", ["chat", "plain"])
+def test_passkey_heatmaps_and_table_follow_the_parquet(app, runs_root, fmt):
+    cases = pd.read_parquet(runs_root / "probes" / "passkey-synth" / "cases.parquet")
+    cases = cases[cases.format == fmt]
+    at = open_passkey(app, "probes/passkey-synth", fmt)
+    assert at.title[0].value == "Passkey"
+    got, want = heatmap_traces(at), expected_heatmaps(cases)
+    assert list(got) == ["dense", "window", "hard_top2"]  # the table's order
+    assert 0 < cases.exact_match.mean() < 1  # the values differ between cells
+    for p, (em, text) in want.items():
+        assert np.allclose(got[p][0], em, equal_nan=True), p
+        assert got[p][1] == text, p
+    tab = next(d.value for d in at.dataframe if "hits" in d.value.columns)
+    g = cases.groupby(["pattern", "length"])
+    for r in tab.itertuples(index=False):
+        sub = cases[(cases.pattern == r.pattern) & (cases.length == r.length)]
+        assert r.cases == len(sub) and r.hits == int(sub.exact_match.sum())
+        assert r.exact_match == pytest.approx(sub.exact_match.mean())
+        assert r.key_logprob == pytest.approx(sub.key_logprob.mean())
+        assert r.distant_pairs_kept == pytest.approx(sub.distant_pairs_kept.mean())
+    assert len(tab) == g.ngroups
+
+
+def test_passkey_needle_audit_follows_the_selected_case(app, runs_root):
+    layers = pd.read_parquet(runs_root / "probes" / "passkey-synth" / "needle_layers.parquet")
+    at = open_passkey(app, "probes/passkey-synth")
+    at.selectbox(key="passkey_length").set_value(2048).run()
+    at.selectbox(key="passkey_depth").set_value(100.0).run()
+    at.selectbox(key="passkey_seed").set_value(1).run()
+    assert not at.exception and not at.error
+    want = layers[(layers.format == "chat") & (layers.length == 2048) & (layers.depth == 100.0)
+                  & (layers.seed == 1)].sort_values("layer_idx")
+    fig = next(f for f in figures(at) if title(f).startswith("needle audit: length 2048, depth 100%, seed 1"))
+    tr = {t["name"]: t for t in fig["data"]}
+    assert decode(tr["mass, mean over heads"]["x"]).tolist() == want.layer_idx.tolist()
+    assert np.allclose(decode(tr["mass, mean over heads"]["y"]), want.dense_mass_to_needle)
+    assert np.allclose(decode(tr["mass, largest head"]["y"]), want.max_head_mass_to_needle)
+    assert np.allclose(decode(tr["kept by top-1"]["y"]), want.kept_top1)
+    assert np.allclose(decode(tr["kept by top-2"]["y"]), want.kept_top2)
+    share = (want.dense_mass_to_needle * want.kept_top1).sum() / want.dense_mass_to_needle.sum()
+    assert any(m.label.startswith("top-1 keeps") and m.value == f"{share:.0%}" for m in at.metric)
+    case = next(d.value for d in at.dataframe if "continuation" in d.value.columns)
+    assert case["pattern"].tolist() == ["dense", "window", "hard_top2"]
+
+
+def test_passkey_page_reads_the_probes_own_output(app, runs_root):
+    """The folder ``run_passkey`` wrote on the tiny model: heatmaps and the audit of its 2 layers."""
+    path = runs_root / "passkey"
+    cases, layers = pd.read_parquet(path / "cases.parquet"), pd.read_parquet(path / "needle_layers.parquet")
+    at = open_passkey(app, "passkey")
+    got, want = heatmap_traces(at), expected_heatmaps(cases)
+    assert set(got) == {"dense", "hard_top2"}
+    for p, (em, text) in want.items():
+        assert np.allclose(got[p][0], em) and got[p][1] == text, p
+    L, D = at.selectbox(key="passkey_length").value, at.selectbox(key="passkey_depth").value
+    want_l = layers[(layers.length == L) & (layers.depth == D) & (layers.seed == 0)].sort_values("layer_idx")
+    fig = next(f for f in figures(at) if title(f).startswith("needle audit"))
+    tr = {t["name"]: t for t in fig["data"]}
+    assert decode(tr["mass, mean over heads"]["x"]).tolist() == [0, 1]
+    assert np.allclose(decode(tr["mass, mean over heads"]["y"]), want_l.dense_mass_to_needle)
+    assert np.allclose(decode(tr["kept by top-2"]["y"]), want_l.kept_top2)
+
+
+def test_passkey_page_without_output_names_the_probe_command(tmp_path, monkeypatch):
+    monkeypatch.setenv("FOCUS_LAB_RUNS", str(tmp_path))
+    at = st_testing.AppTest.from_file(str(MAIN), default_timeout=TIMEOUT)
+    at.run()
+    at.switch_page("app_pages/passkey.py")
+    at.run()
+    assert not at.exception and not at.error
+    assert any("focus-lab probe passkey --out runs/passkey" in i.value for i in at.info)
+    assert not at.get("plotly_chart")
 
 
 # ------------------------------------------------------------------------------------- bad runs

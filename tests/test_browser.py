@@ -30,7 +30,8 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networki
 # (url path, title on the page, plotly charts expected at least)
 PAGES = [("groups", "", "Groups", 3), ("overview", "overview", "Overview", 2), ("balance", "balance", "Balance", 2),
          ("coverage", "coverage", "Coverage", 2), ("audit", "audit", "Dependency audit", 2),
-         ("compare", "compare", "Compare", 1), ("probe", "probe", "Live probe", 1)]
+         ("compare", "compare", "Compare", 1), ("passkey", "passkey", "Passkey", 2),
+         ("probe", "probe", "Live probe", 1)]
 
 
 def free_port() -> int:
@@ -160,10 +161,11 @@ def _have_browser() -> str | None:
 @pytest.mark.skipif(_have_browser() is not None, reason=str(_have_browser()))
 def test_every_page_renders_in_chromium(tmp_path):
     sys.path.insert(0, str(HERE))
-    from run_fixtures import make_tiny_run
+    from run_fixtures import make_synthetic_passkey_dir, make_tiny_run
     runs = tmp_path / "runs"
     make_tiny_run(runs / "tiny")
     make_tiny_run(runs / "tiny-k2", num_groups=2, top_k=1, seed=1)
+    make_synthetic_passkey_dir(runs / "passkey")  # the Passkey page's folder (not a run)
     shots = tmp_path / "screenshots"
     with dashboard(runs) as url:
         res = visit_all(url, "tiny", shots)

@@ -1,7 +1,8 @@
 """focus-lab dashboard: `focus-lab app --runs runs/` or
 `python -m streamlit run focus_lab/app/main.py -- --runs <folder>` (bound to 127.0.0.1 by focus-lab app).
 
-The sidebar picks a run below the runs root; the pages in app_pages/ read it through lib.
+The sidebar picks a run below the runs root; the pages in app_pages/ read it through lib. The
+Passkey page picks its own folder (a ``focus-lab probe passkey`` output, not a recorder run).
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ pages = [
     st.Page("app_pages/coverage.py", title="Coverage", icon=":material/track_changes:"),
     st.Page("app_pages/audit.py", title="Dependency audit", icon=":material/link_off:"),
     st.Page("app_pages/compare.py", title="Compare", icon=":material/compare_arrows:"),
+    st.Page("app_pages/passkey.py", title="Passkey", icon=":material/key:"),
     st.Page("app_pages/probe.py", title="Live probe", icon=":material/science:"),
 ]
 st.navigation(pages).run()

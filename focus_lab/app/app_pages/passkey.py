@@ -1,0 +1,207 @@
+"""Passkey: retrieval of a 5-digit key hidden in held-out text, per attention pattern, and where a
+miss comes from (``focus-lab probe passkey``, docs/passkey.md; the question of docs/method.md §6,
+the patterns and controls of §2.4 and §7).
+
+Reads a passkey output folder below the runs root (``cases.parquet``, ``needle_layers.parquet``,
+``passkey.json``; not a recorder run): the length x depth heatmaps and the pattern x length table
+are computed here from ``cases.parquet`` (the probe's HTML figure is not read), the per-layer
+needle audit of one case from ``needle_layers.parquet``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+import streamlit as st
+from plotly.subplots import make_subplots
+
+import lib
+
+
+def heatmap_figure(cases: pd.DataFrame) -> go.Figure:
+    """One heatmap per pattern (in the order of the table), rows = prompt length (tokens),
+    columns = needle depth (% of the haystack); colour = exact-match rate over the cell's cases
+    (0..1), text = their mean key log-prob (nats, summed over the key's tokens)."""
+    patterns = list(dict.fromkeys(cases["pattern"]))
+    lengths = sorted(cases["length"].unique())
+    depths = sorted(cases["depth"].unique())
+    cols = min(len(patterns), 3)
+    rows = math.ceil(len(patterns) / cols)
+    fig = make_subplots(rows=rows, cols=cols, subplot_titles=patterns, horizontal_spacing=0.07,
+                        vertical_spacing=0.18 if rows > 1 else 0.1)
+    c = cases.assign(exact_match=cases["exact_match"].astype(float))
+    for n, p in enumerate(patterns):
+        sub = c[c["pattern"] == p]
+        piv = {v: sub.pivot_table(index="length", columns="depth", values=v, aggfunc=f)
+                      .reindex(index=lengths, columns=depths)
+               for v, f in (("exact_match", "mean"), ("key_logprob", "mean"))}
+        count = sub.groupby(["length", "depth"]).size().unstack().reindex(index=lengths, columns=depths)
+        text = [["" if np.isnan(v) else f"{v:.1f}" for v in row] for row in piv["key_logprob"].to_numpy(float)]
+        fig.add_trace(go.Heatmap(
+            z=piv["exact_match"].to_numpy(float), x=[f"{d:g}%" for d in depths], y=[str(x) for x in lengths],
+            zmin=0, zmax=1, colorscale="Viridis", text=text, texttemplate="%{text}", name=p,
+            customdata=count.fillna(0).to_numpy(int), showscale=n == 0,
+            colorbar=dict(title="exact match", len=0.9),
+            hovertemplate=f"{p}<br>length %{{y}} tokens, depth %{{x}}<br>exact match %{{z:.2f}} of "
+                          "%{customdata} cases<br>mean key log-prob %{text} nats<extra></extra>"),
+            row=n // cols + 1, col=n % cols + 1)
+    fig.update_xaxes(title_text="needle depth", type="category")
+    fig.update_yaxes(type="category", autorange="reversed")  # shortest prompt on top
+    for r in range(1, rows + 1):
+        fig.update_yaxes(title_text="prompt tokens", row=r, col=1)
+    fig.update_layout(title="exact-match rate (colour) and mean key log-prob in nats (text), per pattern",
+                      height=280 * rows + 90, margin=dict(l=10, r=10, t=70, b=10))
+    return fig
+
+
+def summary_table(cases: pd.DataFrame) -> pd.DataFrame:
+    """Per (pattern, length): cases, hits, exact-match rate, mean key log-prob (nats), mean
+    distant pairs kept (the pattern's sparsity, docs/method.md §2.5) and needle edges kept."""
+    order = {p: i for i, p in enumerate(dict.fromkeys(cases["pattern"]))}
+    g = cases.assign(exact_match=cases["exact_match"].astype(bool)).groupby(["pattern", "length"])
+    tab = g.agg(cases=("exact_match", "size"), hits=("exact_match", "sum"), exact_match=("exact_match", "mean"),
+                key_logprob=("key_logprob", "mean"), distant_pairs_kept=("distant_pairs_kept", "mean"),
+                needle_edges_kept=("needle_edges_kept", "mean")).reset_index()
+    tab["hits"] = tab["hits"].astype(int)
+    tab = tab.sort_values(["pattern", "length"], key=lambda s: s.map(order) if s.name == "pattern" else s)
+    return tab.reset_index(drop=True)
+
+
+def audit_figure(lay: pd.DataFrame, title: str) -> go.Figure:
+    """The needle audit of one case, per routed layer: the dense attention mass from the answer
+    position to the needle's key tokens (bar: mean over heads; markers: the largest head), and
+    the share of those (query, key) edges the hard top-1 / top-2 masks keep (0..1)."""
+    x = lay["layer_idx"].to_numpy(int)
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.12,
+                        subplot_titles=("dense attention mass, answer position → needle key tokens",
+                                        "share of those edges the hard mask keeps"))
+    fig.add_trace(go.Bar(x=x, y=lay["dense_mass_to_needle"].to_numpy(float), name="mass, mean over heads",
+                         marker_color="#4e79a7"), row=1, col=1)
+    fig.add_trace(go.Scatter(x=x, y=lay["max_head_mass_to_needle"].to_numpy(float), mode="markers",
+                             name="mass, largest head", marker=dict(color="#e15759", size=7)), row=1, col=1)
+    for name, colr, dash in (("kept_top1", "#f28e2b", "solid"), ("kept_top2", "#59a14f", "dot")):
+        fig.add_trace(go.Scatter(x=x, y=lay[name].to_numpy(float), mode="lines+markers",
+                                 name=f"kept by {name.split('_')[1].replace('top', 'top-')}",
+                                 line=dict(color=colr, dash=dash)), row=2, col=1)
+    fig.update_yaxes(title_text="attention mass", row=1, col=1)
+    fig.update_yaxes(title_text="kept", range=[-0.05, 1.05], row=2, col=1)
+    fig.update_xaxes(title_text="layer", row=2, col=1)
+    fig.update_layout(title=title, height=540, margin=dict(l=10, r=10, t=70, b=10),
+                      legend=dict(orientation="h", y=-0.16, x=0))
+    lib.layer_xaxis(fig)
+    return fig
+
+
+def _kept_share(lay: pd.DataFrame, col: str) -> float:
+    """Mass-weighted share of the needle mass a mask keeps: sum_l m_l kept_l / sum_l m_l."""
+    m = lay["dense_mass_to_needle"].to_numpy(float)
+    k = lay[col].to_numpy(float)
+    ok = ~np.isnan(k)
+    return float((m[ok] * k[ok]).sum() / m[ok].sum()) if m[ok].sum() > 0 else float("nan")
+
+
+def settings_caption(name: str, info: dict) -> str:
+    """One line from ``passkey.json``'s settings; fields it lacks are left out."""
+    s = info.get("settings", {}) if isinstance(info.get("settings"), dict) else {}
+    model = s.get("model", {}) if isinstance(s.get("model"), dict) else {}
+    routers = s.get("routers", {}) if isinstance(s.get("routers"), dict) else {}
+    parts = [f"output **{name}**"]
+    if model.get("name"):
+        parts.append(f"model **{model['name']}**")
+    if routers.get("path"):
+        parts.append(f"routers `{str(routers['path']).rsplit('/', 1)[-1]}`")
+    if s.get("haystack") or s.get("corpus"):
+        parts.append(f"haystack {s.get('haystack') or s.get('corpus')}")
+    if s.get("keys"):
+        parts.append(f"{s['keys']} keys a cell")
+    if isinstance(info.get("seconds"), (int, float)):
+        parts.append(f"{info['seconds']:,.0f} s of probe time")
+    return " · ".join(parts)
+
+
+def page() -> None:
+    st.title("Passkey")
+    root = lib.runs_root()
+    names = lib.passkey_dirs(root)
+    if not names:
+        st.info(f"No passkey probe output below the runs root `{root}`. Run the probe with "
+                f"`{lib.PASSKEY_HINT}` (docs/passkey.md), then reload this page.")
+        return
+    if st.session_state.get("passkey_dir") not in names:
+        st.session_state["passkey_dir"] = lib.newest_passkey(root, names)
+    name = st.selectbox("Passkey output", names, key="passkey_dir",
+                        help=f"folders below {root} holding {' and '.join(lib.PASSKEY_FILES)}")
+    cases, layers, info = lib.open_passkey(name, root)
+    st.caption(settings_caption(name, info) + " · a 5-digit key hidden at a depth of held-out text; exact match: "
+               "the key in the greedy answer; key log-prob: teacher forced, nats (0 = certain)")
+    if cases.empty:
+        st.info(f"The cases table of **{name}** is empty; run the probe again: `{lib.PASSKEY_HINT}`.")
+        return
+    formats = list(dict.fromkeys(cases["format"]))
+    fmt = formats[0]
+    if len(formats) > 1:
+        fmt = st.selectbox("Prompt format", formats, index=formats.index("chat") if "chat" in formats else 0,
+                           key="passkey_format")
+    cases = cases[cases["format"] == fmt]
+    layers = layers[layers["format"] == fmt]
+
+    st.subheader("Retrieval by length and depth")
+    st.plotly_chart(heatmap_figure(cases), width="stretch")
+
+    st.subheader("Per pattern and length")
+    tab = summary_table(cases)
+    st.dataframe(tab, hide_index=True, width="stretch", key="passkey_summary",
+                 column_config={"exact_match": st.column_config.NumberColumn("exact match", format="%.2f"),
+                                "key_logprob": st.column_config.NumberColumn("mean key log-prob (nats)",
+                                                                             format="%.2f"),
+                                "distant_pairs_kept": st.column_config.NumberColumn("distant pairs kept",
+                                                                                    format="%.3f"),
+                                "needle_edges_kept": st.column_config.NumberColumn("needle edges kept",
+                                                                                   format="%.3f")})
+    lib.download_csv(tab, f"passkey_{name.replace('/', '_')}_{fmt}.csv")
+
+    st.subheader("Needle audit of one case")
+    st.caption("In the dense forward, per routed layer: the attention of the answer position (the last prompt "
+               "token) to the needle's key tokens, and the share of those edges the hard top-1 / top-2 masks keep "
+               "(groups routed from the same forward; docs/method.md §2.2, §6).")
+    c1, c2, c3 = st.columns(3)
+    lengths = sorted(int(x) for x in cases["length"].unique())
+    depths = sorted(float(x) for x in cases["depth"].unique())
+    L = c1.selectbox("length (tokens)", lengths, key="passkey_length")
+    D = c2.selectbox("depth", depths, index=depths.index(50.0) if 50.0 in depths else 0,
+                     format_func=lambda d: f"{d:g}%", key="passkey_depth")
+    seeds = sorted(int(x) for x in cases.loc[(cases["length"] == L) & (cases["depth"] == D), "seed"].unique())
+    if not seeds:
+        st.info(f"No case at length {L} and depth {D:g}%.")
+        return
+    S = c3.selectbox("seed", seeds, key="passkey_seed")
+    case = cases[(cases["length"] == L) & (cases["depth"] == D) & (cases["seed"] == S)]
+    lay = layers[(layers["length"] == L) & (layers["depth"] == D) & (layers["seed"] == S)].sort_values("layer_idx")
+    key = str(case["key"].iloc[0])
+    pos = case["needle_position"].iloc[0]
+    st.markdown(f"key **{key}**, needle at token {int(pos)} (depth {float(case['needle_depth'].iloc[0]):.0%} "
+                f"of the haystack)")
+    show = case[["pattern", "exact_match", "key_logprob", "first_key_token_rank", "needle_edges_kept",
+                 "distant_pairs_kept", "continuation"]]
+    st.dataframe(show, hide_index=True, width="stretch", key="passkey_case",
+                 column_config={"key_logprob": st.column_config.NumberColumn("key log-prob (nats)", format="%.2f"),
+                                "needle_edges_kept": st.column_config.NumberColumn(format="%.3f"),
+                                "distant_pairs_kept": st.column_config.NumberColumn(format="%.3f")})
+    if lay.empty:
+        st.info("This case has no needle audit rows (the probe audits the layers in its dense forward); run the "
+                f"probe again with this focus-lab: `{lib.PASSKEY_HINT}`.")
+        return
+    m = st.columns(4)
+    heaviest = lay.loc[lay["dense_mass_to_needle"].idxmax()]
+    m[0].metric("needle mass, sum over layers", f"{lay['dense_mass_to_needle'].sum():.3f}")
+    m[1].metric("heaviest layer", f"{int(heaviest['layer_idx'])} ({heaviest['dense_mass_to_needle']:.3f})")
+    m[2].metric("top-1 keeps (mass-weighted)", f"{_kept_share(lay, 'kept_top1'):.0%}")
+    m[3].metric("top-2 keeps (mass-weighted)", f"{_kept_share(lay, 'kept_top2'):.0%}")
+    st.plotly_chart(audit_figure(lay, f"needle audit: length {L}, depth {D:g}%, seed {S} (key {key})"),
+                    width="stretch")
+
+
+lib.guarded(page, subject=lambda: f"passkey output **{st.session_state.get('passkey_dir')}**")
