@@ -30,7 +30,9 @@ match was only plain 7/9 / 4/9, bare 3/9 / 4/9, chat 7/9 / 5/9: every miss was t
 (the model went on with " the pass key ...") while the first digit after the space always
 ranked first. Hence ``answer_split``: the prompt ends with the tokens before the key's first
 token. Depth 0 puts the key's first mention inside the 64 sink tokens (docs/method.md §2.1) in
-every format (chat: positions 58-62), so every pattern sees it there. Details: docs/passkey.md.
+every format (chat: positions 58-62), so every pattern's answer query can attend to it there (at
+4K tokens that was not enough for window and hard patterns). Details and the measured table of
+every pattern: docs/passkey.md.
 
 Greedy decoding is read off the teacher-forced forward while the model's greedy choice agrees
 with the answer's tokens (then the continuation is the key: an exact match); from the first
