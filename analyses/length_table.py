@@ -28,7 +28,8 @@ WINDOWS = "512:8,1024:8,2048:8,4096:8,8192:4"
 SCHEMA_VERSION = 1
 # patterns whose result does not depend on the router (random groups ignore its bias): --reuse
 # takes them from another table's cells on the same windows instead of recomputing them
-ROUTER_FREE = ("dense", "window", "random_top1", "random_top2", "random_top3", "random_top4")
+def router_free(label: str) -> bool:
+    return label in ("dense", "window") or label.startswith("random_top")
 
 
 def run_cells(args) -> None:
@@ -57,7 +58,7 @@ def run_cells(args) -> None:
             reused = args.reuse / "cells" / cell.name if args.reuse else None
             if reused is not None and reused.is_file():
                 old = pd.read_parquet(reused)
-                old = old[old.label.isin(ROUTER_FREE) & old.label.isin([p for p, _ in pats])
+                old = old[old.label.map(router_free) & old.label.isin([p for p, _ in pats])
                           & old.window.isin([w.index for w in ws])]
                 have = {lab for lab, g in old.groupby("label") if len(g) == len(ws)}
                 rows.append(old[old.label.isin(have)][[c for c in old.columns if c not in (

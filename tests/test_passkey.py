@@ -17,33 +17,10 @@ from focus_lab.data import CorpusError, Document
 from focus_lab.evaluate import parse_patterns
 from focus_lab.retrofit import attach, attention_modules, detach, routers, set_config
 
-SENTENCES = ["Anne walked to the house on the hill.", "Her sister had written a long letter.",
-             "The captain was waiting by the gate; he smiled.", "They spoke of the sea and of ships!",
-             "Mr. Elliot arrived later, and nobody was pleased.", "Was it late?", "\"Yes,\" she said."]
-TEXT = " ".join(SENTENCES[i % len(SENTENCES)] for i in range(140))
+from run_fixtures import PASSKEY_SENTENCES as SENTENCES  # noqa: E402
+from run_fixtures import PASSKEY_TEXT as TEXT, passkey_tokenizer as make_tokenizer  # noqa: E402
+
 ALL = "dense,window,random_top2,hard_top1,hard_top2"
-
-
-def make_tokenizer():
-    """A fast BPE tokenizer (Metaspace: spaces kept, decoding exact) of 97 entries, the tiny
-    Llama's vocabulary; trained on the haystack text, the needle with every digit, the question."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-    tk = Tokenizer(models.BPE(unk_token="<unk>"))
-    tk.pre_tokenizer = pre_tokenizers.Metaspace()
-    tk.decoder = decoders.Metaspace()
-    trainer = trainers.BpeTrainer(vocab_size=97, special_tokens=["<pad>", "<s>", "</s>", "<unk>"],
-                                  show_progress=False)
-    tk.train_from_iterator([TEXT, P.NEEDLE.format(key="0123456789"), P.INTRO,
-                            f"\n\n{P.QUESTION} {P.ANSWER_PREFIX}"], trainer)
-    tok = PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="<unk>", pad_token="<pad>",
-                                  bos_token="<s>", eos_token="</s>")
-    tok.chat_template = CHAT_TEMPLATE
-    return tok
-
-
-CHAT_TEMPLATE = ("{% for m in messages %}<s>{{ m['role'] }}\n{{ m['content'] }}</s>\n{% endfor %}"
-                 "{% if add_generation_prompt %}<s>assistant\n{% endif %}")
 
 
 @pytest.fixture(scope="module")
