@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 from functools import cached_property
 from pathlib import Path
+from typing import Iterable, Sequence
 
 import pandas as pd
 
@@ -98,20 +99,26 @@ def list_runs(root: str | Path) -> list[Path]:
 
 
 class Run:
-    """A recorded run, read-only. Tables load lazily as pandas DataFrames.
+    """A recorded run, read-only. Tables load lazily as pandas DataFrames (kept by the instance).
+
+    The one reader of run directories: ``focus_lab.runs`` users and the dashboard (whose
+    ``app.lib.RunView`` is this class with its reads behind Streamlit's caches).
 
     Raises RunError (never a deep traceback) when the directory is not a run, its manifest is
     corrupted, its schema version differs from ``SCHEMA_VERSION``, or a table is missing.
     """
 
-    def __init__(self, path: Path, manifest: dict):
-        self.path = path
+    def __init__(self, path: Path, manifest: dict, name: str | None = None):
+        self.path = Path(path)
         self.manifest = manifest
+        #: how the run is called: the folder's name, or what the opener chose (the dashboard:
+        #: the path relative to its runs root)
+        self.name = name or self.path.name
         self._tables: dict[str, pd.DataFrame] = {}
 
-    @classmethod
-    def open(cls, path: str | Path) -> "Run":
-        """Open the run directory ``path`` (reads only its manifest; tables load on demand).
+    @staticmethod
+    def read_manifest(path: str | Path) -> dict:
+        """The manifest of the run directory ``path``, checked.
 
         Raises:
             RunError: not a directory, no or a corrupted manifest, or another schema version;
@@ -132,31 +139,61 @@ class Run:
         if version != SCHEMA_VERSION:
             raise RunError(f"run {path} has schema version {version!r}, this focus-lab reads version "
                            f"{SCHEMA_VERSION}: record it again with this version of focus-lab")
-        return cls(path, manifest)
+        return manifest
 
-    @property
-    def name(self) -> str:
-        return self.path.name
+    @classmethod
+    def open(cls, path: str | Path) -> "Run":
+        """Open the run directory ``path`` (reads only its manifest; tables load on demand).
+
+        Raises:
+            RunError: as ``read_manifest``.
+        """
+        return cls(Path(path), cls.read_manifest(path))
+
+    def table_path(self, name: str) -> Path:
+        """Where the table ``name`` is (or would be) stored."""
+        return self.path / f"{name}.parquet"
 
     @property
     def tables(self) -> list[str]:
         return sorted(p.stem for p in self.path.glob("*.parquet"))
 
     def has(self, name: str) -> bool:
-        return (self.path / f"{name}.parquet").is_file()
+        return self.table_path(name).is_file()
+
+    def _missing(self, name: str) -> RunError:
+        return RunError(f"run {self.path.name} has no table '{name}' (it has: "
+                        f"{', '.join(self.tables) or 'none'}); record it with that metric enabled")
+
+    def read_table(self, name: str, columns: Sequence[str] | None = None) -> pd.DataFrame:
+        """The table ``name`` (only ``columns`` when given: parquet reads only those), read from
+        disk now, not kept. RunError if the table is missing, unreadable or lacks a column."""
+        p = self.table_path(name)
+        if not p.is_file():
+            raise self._missing(name)
+        try:
+            return pd.read_parquet(p, columns=None if columns is None else list(columns))
+        except Exception as e:  # pyarrow raises several types for corrupted files / missing columns
+            what = "is corrupted" if columns is None else f"cannot be read with the columns {list(columns)}"
+            raise RunError(f"table {p} {what} ({type(e).__name__}: {e}); record the run again") from e
 
     def table(self, name: str) -> pd.DataFrame:
-        """The table ``name`` as a DataFrame; RunError if missing or unreadable."""
+        """The table ``name`` as a DataFrame (read once, then kept); RunError as ``read_table``."""
         if name not in self._tables:
-            p = self.path / f"{name}.parquet"
-            if not p.is_file():
-                raise RunError(f"run {self.path.name} has no table '{name}' (it has: "
-                               f"{', '.join(self.tables) or 'none'}); record it with that metric enabled")
-            try:
-                self._tables[name] = pd.read_parquet(p)
-            except Exception as e:  # pyarrow raises several types for corrupted files
-                raise RunError(f"table {p} is corrupted ({type(e).__name__}: {e}); record the run again") from e
+            self._tables[name] = self.read_table(name)
         return self._tables[name]
+
+    def columns(self, name: str, columns: Iterable[str]) -> pd.DataFrame:
+        """Only ``columns`` of the table ``name`` (faster than ``table`` for wide or long
+        tables; a kept whole table is sliced, else only those columns are read)."""
+        columns = list(columns)
+        if name in self._tables:
+            df = self._tables[name]
+            missing = [c for c in columns if c not in df.columns]
+            if missing:
+                raise RunError(f"table {self.table_path(name)} has no columns {missing}; record the run again")
+            return df[columns]
+        return self.read_table(name, columns)
 
     def __getattr__(self, name: str) -> pd.DataFrame:
         if name.startswith("_"):
@@ -165,15 +202,31 @@ class Run:
 
     @cached_property
     def config(self) -> dict:
-        return self.manifest.get("focus_config", {})
+        """The recorded ``FocusConfig`` as a dict ({} when the manifest has none)."""
+        return self.manifest.get("focus_config", {}) or {}
 
     @property
     def num_layers(self) -> int:
         return int(self.manifest.get("model", {}).get("num_layers", 0))
 
-    def token_frame(self) -> pd.DataFrame:
-        """tokens joined with pos on (window, position), when pos exists."""
+    @property
+    def num_groups(self) -> int:
+        """K: from the config, else counted in the assignments table, else 0."""
+        k = self.config.get("num_groups")
+        if k:
+            return int(k)
+        if self.has("assignments"):
+            return int(self.columns("assignments", ["group"])["group"].max()) + 1
+        return 0
+
+    def token_frame(self, pos_columns: Iterable[str] | None = None) -> pd.DataFrame:
+        """tokens joined with pos on (window, position), when pos exists (all its columns, or
+        those of ``pos_columns`` it has)."""
         tok = self.table("tokens")
         if self.has("pos"):
-            tok = tok.merge(self.table("pos"), on=["window", "position"], how="left")
+            pos = self.table("pos")
+            if pos_columns is not None:
+                pos = pos[["window", "position"] + [c for c in pos_columns if c in pos.columns
+                                                    and c not in ("window", "position")]]
+            tok = tok.merge(pos, on=["window", "position"], how="left")
         return tok

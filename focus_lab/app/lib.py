@@ -25,7 +25,7 @@ if str(REPO) not in sys.path:  # `streamlit run focus_lab/app/main.py` from a ch
     sys.path.insert(0, str(REPO))
 
 
-from focus_lab.runs import Run, RunError, list_runs  # noqa: E402  (light: `import focus_lab` is lazy)
+from focus_lab.runs import MANIFEST, Run, RunError, list_runs  # noqa: E402  (light: `import focus_lab` is lazy)
 
 ENV_RUNS = "FOCUS_LAB_RUNS"
 RECORD_HINT = "record it with `focus-lab record` (the recorder's metrics of issue 3)"
@@ -85,7 +85,7 @@ def available_runs(root: Path) -> list[str]:
 
 def newest_run(root: Path, names: list[str]) -> str:
     """The run whose manifest was written last (the default pick)."""
-    return max(names, key=lambda n: stat_key(Path(root) / n / "manifest.json")[0])
+    return max(names, key=lambda n: stat_key(Path(root) / n / MANIFEST)[0])
 
 
 def runs_root() -> Path:
@@ -102,63 +102,38 @@ def stat_key(p: Path) -> tuple[int, int]:
 
 @st.cache_data(show_spinner=False, max_entries=64)
 def _read_manifest(path: str, key: tuple) -> dict:
-    return Run.open(path).manifest
+    return Run.read_manifest(path)
 
 
 @st.cache_resource(show_spinner=False, max_entries=48)
 def _read_table(path: str, name: str, key: tuple) -> pd.DataFrame:
     """A run table, shared (not copied) between reruns and sessions: pages treat tables as
     read-only (cache_data would unpickle a copy per use, ~0.1 s for the assignments table)."""
-    return Run.open(path).table(name)
+    return Run.open(path).read_table(name)
 
 
 @st.cache_resource(show_spinner=False, max_entries=48)
 def _read_columns(path: str, name: str, columns: tuple[str, ...], key: tuple) -> pd.DataFrame:
-    """Some columns of a run table (parquet reads only those), shared like ``_read_table``.
-    RunError when the file is unreadable or lacks one of ``columns``."""
-    p = Path(path) / f"{name}.parquet"
-    try:
-        return pd.read_parquet(p, columns=list(columns))
-    except Exception as e:  # pyarrow raises several types for corrupted files / missing columns
-        raise RunError(f"table {p} cannot be read with the columns {list(columns)} ({type(e).__name__}: "
-                       f"{e}); record the run again") from e
+    """Some columns of a run table (parquet reads only those), shared like ``_read_table``."""
+    return Run.open(path).read_table(name, columns)
 
 
-class RunView:
-    """A run opened by the dashboard: manifest and tables through ``st.cache_data``, keyed
-    by the run path and each file's mtime and size (a re-recorded run is re-read)."""
+class RunView(Run):
+    """A run opened by the dashboard: ``focus_lab.runs.Run`` (every path, schema and version
+    rule is Run's) whose manifest and tables go through Streamlit's caches, keyed by the run
+    path and each file's mtime and size (a re-recorded run is re-read). ``name`` is the run's
+    path relative to the runs root."""
 
     def __init__(self, name: str, path: Path):
-        self.name = name
-        self.path = path
-        self.manifest = _read_manifest(str(path), stat_key(path / "manifest.json"))
-
-    def has(self, table: str) -> bool:
-        return (self.path / f"{table}.parquet").is_file()
-
-    @property
-    def tables(self) -> list[str]:
-        return sorted(p.stem for p in self.path.glob("*.parquet"))
+        path = Path(path)
+        super().__init__(path, _read_manifest(str(path), stat_key(path / MANIFEST)), name=name)
 
     def table(self, table: str) -> pd.DataFrame:
-        return _read_table(str(self.path), table, stat_key(self.path / f"{table}.parquet"))
+        return _read_table(str(self.path), table, stat_key(self.table_path(table)))
 
     def columns(self, table: str, columns: Iterable[str]) -> pd.DataFrame:
         """Only ``columns`` of ``table`` (cached; faster than ``table`` for wide or long tables)."""
-        return _read_columns(str(self.path), table, tuple(columns), stat_key(self.path / f"{table}.parquet"))
-
-    @property
-    def config(self) -> dict:
-        return self.manifest.get("focus_config", {}) or {}
-
-    @property
-    def num_groups(self) -> int:
-        k = self.config.get("num_groups")
-        if k:
-            return int(k)
-        if self.has("assignments"):
-            return int(self.table("assignments")["group"].max()) + 1
-        return 0
+        return _read_columns(str(self.path), table, tuple(columns), stat_key(self.table_path(table)))
 
 
 def open_run(name: str, root: Path | None = None) -> RunView:
@@ -253,11 +228,7 @@ def show_token(tok: str) -> str:
 
 def token_frame(run: RunView) -> pd.DataFrame:
     """tokens (+ pos when present) with a ``display`` column and ``pos`` always present."""
-    tok = run.table("tokens")
-    if run.has("pos"):
-        pos = run.table("pos")
-        keep = [c for c in ("window", "position", "pos", "tag", "dep", "word", "lemma") if c in pos.columns]
-        tok = tok.merge(pos[keep], on=["window", "position"], how="left")
+    tok = run.token_frame(pos_columns=("pos", "tag", "dep", "word", "lemma"))
     if "pos" not in tok.columns:
         tok = tok.assign(pos="(none)")
     tok = tok.assign(pos=tok["pos"].fillna("").replace("", "(none)"),
@@ -345,7 +316,7 @@ PASSKEY_LAYER_COLUMNS = ("format", "length", "depth", "seed", "key", "layer_idx"
 def is_passkey_dir(path: Path) -> bool:
     """A passkey probe output: ``cases.parquet`` and ``needle_layers.parquet`` and no run manifest
     (``runs.list_runs`` counts only folders with ``manifest.json``, so it never lists these)."""
-    return all((path / f).is_file() for f in PASSKEY_FILES) and not (path / "manifest.json").is_file()
+    return all((path / f).is_file() for f in PASSKEY_FILES) and not (path / MANIFEST).is_file()
 
 
 def passkey_dirs(root: Path) -> list[str]:

@@ -215,7 +215,7 @@ def edges_section(run) -> None:
     raw = lib.need_table(run, "dropped_edges", "the dependency audit")
     if raw is None:
         return
-    edges, tokens = load_edges(run.name, str(run.path), lib.stat_key(run.path / "dropped_edges.parquet"))
+    edges, tokens = load_edges(run.name, str(run.path), lib.stat_key(run.table_path("dropped_edges")))
     if edges.empty:
         st.success("The recorded run has no dropped edge above the recorder's threshold.")
         return
