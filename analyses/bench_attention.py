@@ -51,8 +51,6 @@ import pandas as pd  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from focus_lab.decomposition import DecompositionOptions, hard_focus_attention, reference_hard_attention  # noqa: E402
 
 SERIAL_MODE = "auto"  # --serial-bookkeeping, chosen per run

@@ -15,14 +15,12 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
 
 import focus_lab  # noqa: E402
 from focus_lab.models import load_model  # noqa: E402

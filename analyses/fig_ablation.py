@@ -1,15 +1,13 @@
 """Figure 7: ablation over K, window, tau and Sinkhorn iterations (docs/method.md §3, Table 9: "16
 settings move fine-tuned PPL by only 0.6"). One axis at a time around the base setting, each a
-short router training from the same initialization (``figures.exp_ablation``), evaluated on
+short router training from the same initialization (``analyses/exp_ablation.py``), evaluated on
 held-out Austen in soft mode and hard top-(K/2). Dotted: dense."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from focus_lab.figures import read  # noqa: E402
+from analyses.common import read
 
 TITLE = "Ablation: K, window, tau, Sinkhorn iterations (short runs)"
 DATA = ("ablation",)

@@ -6,11 +6,9 @@ tokens <= i only, ``baselines.PrefixCausalRouter``); causal hard top-k inference
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from focus_lab.figures import read  # noqa: E402
+from analyses.common import read
 
 TITLE = "The causal leak: soft (whole-window Sinkhorn) vs prefix-causal soft vs hard causal inference"
 DATA = ("causal_leak",)

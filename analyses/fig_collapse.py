@@ -1,18 +1,16 @@
 """Figure 3: Sinkhorn vs plain softmax: the largest group's share of tokens over training steps
 (docs/method.md §1: "with plain softmax one group absorbs almost every token, 99.4% vs 15.9% with
 Sinkhorn, K = 8"). Same router initialization and windows, a few steps each
-(``figures.exp_collapse``). Left: share of tokens whose most probable group (under the gate the
+(``analyses/exp_collapse.py``). Left: share of tokens whose most probable group (under the gate the
 training uses) is the largest group; right: the causal hard top-1 assignment. Mean over layers,
 band = min..max over layers; dotted line = 1/K.
 """
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from focus_lab.figures import read  # noqa: E402
+from analyses.common import read
 
 TITLE = "Group collapse: Sinkhorn vs plain softmax during router training"
 DATA = ("collapse",)

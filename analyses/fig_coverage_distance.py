@@ -11,13 +11,11 @@ dense mass lies.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pandas as pd
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from focus_lab.figures import METHOD_COLORS, METHOD_NAMES, RECORD_METHODS  # noqa: E402
+from analyses.common import METHOD_COLORS, METHOD_NAMES, RECORD_METHODS
 
 TITLE = "Coverage of dense attention mass vs distance: Focus vs baselines"
 DATA = ("records",)

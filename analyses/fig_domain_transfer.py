@@ -5,13 +5,11 @@ Random groups at the router's top-k are the control."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pandas as pd
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from focus_lab.figures import read  # noqa: E402
+from analyses.common import read
 
 TITLE = "Domain transfer: Austen router on Shakespeare and Python docs (PPL relative to dense)"
 DATA = ("baselines", "transfer_domain")

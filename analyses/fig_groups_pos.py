@@ -6,11 +6,9 @@ and POS, per layer, for Focus vs k-means on the router input vs random groups (t
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from focus_lab.figures import METHOD_COLORS  # noqa: E402
+from analyses.common import METHOD_COLORS
 
 TITLE = "Groups vs part of speech by layer, with NMI against k-means and random groups"
 DATA = ("records",)

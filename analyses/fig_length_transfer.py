@@ -5,13 +5,11 @@ perplexity relative to dense at the same length; right: absolute perplexity."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pandas as pd
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from focus_lab.figures import read  # noqa: E402
+from analyses.common import read
 
 TITLE = "Sequence-length transfer: router trained at 512 tokens, evaluated longer"
 DATA = ("baselines", "transfer_length")

@@ -8,13 +8,11 @@ router's schedule on the same windows (``data/lora``); Focus numbers from ``data
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pandas as pd
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from focus_lab.figures import METHOD_COLORS, read  # noqa: E402
+from analyses.common import METHOD_COLORS, read
 
 TITLE = "LoRA vs Focus at equal parameter budget: domain gain and general-text cost"
 DATA = ("lora", "baselines", "transfer_domain")

@@ -17,8 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from focus_lab.figures import METHOD_COLORS, METHOD_NAMES, bench_dir, pareto_front, read  # noqa: E402
+from analyses.common import METHOD_COLORS, METHOD_NAMES, bench_dir, pareto_front, read
 
 TITLE = "Quality vs speed of the retrofits (held-out PPL vs measured speedup and pairs kept)"
 DATA = ("baselines",)

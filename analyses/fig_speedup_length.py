@@ -6,13 +6,11 @@ Dashed: the ideal ``1 / (k/K + 2w/n)``. Right: the benchmark's end-to-end table 
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pandas as pd
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from focus_lab.figures import bench_dir, read  # noqa: E402
+from analyses.common import bench_dir, read
 
 TITLE = "Speedup of the decomposition over dense attention vs sequence length (CPU)"
 DATA = ("bench",)

@@ -4,11 +4,9 @@ dense and sliding-window PPL as reference lines."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from focus_lab.figures import METHOD_COLORS, METHOD_NAMES, read  # noqa: E402
+from analyses.common import METHOD_COLORS, METHOD_NAMES, read
 
 TITLE = "Top-k sweep: perplexity and distant pairs kept, k = 1..K"
 DATA = ("baselines",)

@@ -16,18 +16,15 @@ Usage (~3 min per recipe for one 1024-token window on 2 CPU cores)::
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 import pandas as pd
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import focus_lab  # noqa: E402
-from focus_lab.data import load_corpus, make_windows  # noqa: E402
-from focus_lab.io import write_parquet  # noqa: E402
-from focus_lab.models import load_model  # noqa: E402
+import focus_lab
+from focus_lab.data import load_corpus, make_windows
+from focus_lab.io import write_parquet
+from focus_lab.models import load_model
 
 KEY_BUCKETS = [0, 4, 16, 64, 128, 256, 1 << 30]
 

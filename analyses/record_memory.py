@@ -20,12 +20,8 @@ import resource
 import sys
 import threading
 import time
-from pathlib import Path
 
 import psutil
-
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
 
 GiB = 1024 ** 3
 

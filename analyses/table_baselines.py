@@ -4,13 +4,11 @@ measured tokens/s and speedup over dense in the same run (``data/baselines``).""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pandas as pd
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from focus_lab.figures import METHOD_NAMES, read  # noqa: E402
+from analyses.common import METHOD_NAMES, read
 
 TITLE = "Baselines at matched sparsity (held-out Austen)"
 DATA = ("baselines",)

@@ -8,14 +8,12 @@ CPU only, short schedules, few windows: differences of about 1% are within noise
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from focus_lab.figures import bench_dir, read  # noqa: E402
+from analyses.common import bench_dir, read
 
 TITLE = "Reproduction of the paper's claims"
 DATA = ("router", "baselines", "collapse", "ablation", "transfer_domain", "lora", "transfer_length",

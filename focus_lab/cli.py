@@ -445,7 +445,13 @@ def figures(
     routers: Optional[Path] = typer.Option(None, help="router file (default checkpoints/smollm2-austen/routers.safetensors)"),
 ):
     """Regenerate every paper figure and the reproduction table (cached, resumable experiments)."""
-    from .figures import run_figures
+    try:  # the experiments and figures are not part of the library (issue 17 item 1)
+        from analyses.figures import run_figures
+    except ModuleNotFoundError as e:
+        if e.name not in ("analyses", "analyses.figures"):
+            raise
+        _fail("the figure scripts live in the repository's analyses/ package: run from a checkout "
+              "installed with `pip install -e .`")
 
     def run():
         res = run_figures(out, quick=quick, only=only, threads=threads, png=png, update_readme=update_readme,

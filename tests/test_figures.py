@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from focus_lab import figures as F
+from analyses import common as C, figures as F
 from focus_lab.cli import app
 
 
@@ -27,7 +27,7 @@ def test_every_output_exists_and_is_listed(quick):
     readme = (out / "README.md").read_text()
     png_ok = any((out / f"{o.name}.png").is_file() for o in F.FIGURES)
     for o in F.FIGURES:
-        is_table = F.load_analysis(o.module).__dict__.get("make_table") is not None
+        is_table = F.load_output(o.module).__dict__.get("make_table") is not None
         files = [out / f"{o.name}.md"] if is_table else [out / f"{o.name}.html"]
         if png_ok and not is_table:
             files.append(out / f"{o.name}.png")
@@ -75,5 +75,29 @@ def test_pareto_front():
     import numpy as np
     x = np.array([1.0, 2.0, 3.0, 4.0])
     y = np.array([5.0, 4.0, 4.5, 3.0])
-    assert list(F.pareto_front(x, y, larger_x_better=False)) == [0, 1, 3]
-    assert list(F.pareto_front(x, y, larger_x_better=True)) == [3]
+    assert list(C.pareto_front(x, y, larger_x_better=False)) == [0, 1, 3]
+    assert list(C.pareto_front(x, y, larger_x_better=True)) == [3]
+
+
+def test_experiments_are_modules_of_the_analyses_package():
+    """Issue 17 item 1: one module per experiment in ``analyses/``, imported as a package module
+    (no loading by file path, no ``sys.path`` edits, nothing from tests/)."""
+    import importlib
+    root = Path(F.__file__).parent
+    assert {f"exp_{e.name}.py" for e in F.EXPERIMENTS} == {p.name for p in root.glob("exp_*.py")}
+    for e in F.EXPERIMENTS:
+        assert callable(importlib.import_module(e.module).make_data), e.module
+    for p in root.glob("*.py"):
+        text = p.read_text()
+        for bad in ("spec_from_file_location", "sys.path.insert", "from tests", "import tests"):
+            assert bad not in text, f"{p.name}: {bad}"
+    assert not (root.parent / "focus_lab" / "figures.py").exists()
+
+
+def test_cli_says_where_the_figures_live_without_the_package(monkeypatch):
+    import sys
+    monkeypatch.setitem(sys.modules, "analyses", None)
+    monkeypatch.setitem(sys.modules, "analyses.figures", None)
+    res = CliRunner().invoke(app, ["figures", "--quick"])
+    assert res.exit_code == 2
+    assert "analyses/ package" in res.output and "pip install -e ." in res.output

@@ -1,0 +1,318 @@
+"""What the experiments and the figure modules of ``analyses/`` share (issue 17 item 1).
+
+* ``Settings`` (``FULL``, ``QUICK``): the sizes of every experiment.
+* ``Context``: settings, the output folders (``<out>/data``), a model factory, corpora and
+  windows; ``cached_part`` makes one resumable unit of a multi-part experiment
+  (``<out>/data/<name>.parts/<part>.parquet``).
+* ``--quick`` inputs: built-in texts of three domains and a tiny BPE tokenizer over them
+  (``focus_lab.tiny`` builds the tokenizer and the tiny random Llama).
+* for the figure and table modules: ``read`` (an experiment's cached result), ``placeholder``,
+  ``bench_dir``, ``RECORD_METHODS``, ``METHOD_NAMES``, ``METHOD_COLORS``, ``pareto_front``.
+
+Sources: docs/method.md §1-§6; the issue 8 figure list.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import pandas as pd
+
+from focus_lab.config import FocusConfig
+from focus_lab.io import write_parquet
+
+REPO = Path(__file__).resolve().parent.parent
+DEFAULT_ROUTERS = REPO / "checkpoints" / "smollm2-austen" / "routers.safetensors"
+
+# ============================================================================================
+# settings and context
+
+@dataclass
+class Settings:
+    """Sizes of every experiment. ``FULL`` (embedded model, ~2 h on 2 CPU cores) and ``QUICK``."""
+
+    name: str
+    seq_len: int = 512                  # eval / record / fit window length
+    eval_windows: int = 4               # held-out windows per corpus
+    fit_windows: int = 4                # training windows for k-means / online k-means
+    record_windows: int = 2             # windows per recorded run
+    num_groups: int = 4
+    window: int = 128
+    sink_tokens: int = 4
+    router_steps: int = 60              # only when no trained router exists
+    router_batch: int = 2
+    collapse_groups: int = 8            # docs/method.md §1: the collapse was reported with K = 8
+    collapse_steps: int = 12
+    collapse_seq_len: int = 512
+    ablation_steps: int = 8
+    ablation_seq_len: int = 512
+    ablation_eval_windows: int = 2
+    ablation_grid: dict = field(default_factory=lambda: {
+        "num_groups": [2, 8], "window": [64, 256], "tau": [0.05, 0.2], "sinkhorn_iters": [1, 3]})
+    lora_steps: int | None = None       # None: the router's own schedule (train_config.json)
+    lora_lr: float = 1e-3
+    lora_targets: tuple = ("q_proj", "v_proj")
+    long_lens: tuple = (2048, 4096)
+    long_windows: int = 1
+    bench_args: tuple = ("--sizes", "1024,2048,4096,8192,16384", "--Ks", "4,8", "--ks", "1,2",
+                         "--repeats", "2", "--no-e2e", "--check-max-n", "0")
+
+
+FULL = Settings("full")
+QUICK = Settings(
+    "quick", seq_len=64, eval_windows=2, fit_windows=2, record_windows=1, window=16, sink_tokens=2,
+    router_steps=4, router_batch=1, collapse_groups=4, collapse_steps=3, collapse_seq_len=64,
+    ablation_steps=2, ablation_seq_len=64, ablation_eval_windows=1,
+    ablation_grid={"num_groups": [2], "window": [8], "tau": [0.2], "sinkhorn_iters": [1]},
+    lora_steps=2, long_lens=(128, 256), long_windows=1,
+    bench_args=("--sizes", "256,512", "--Ks", "4", "--ks", "1", "--repeats", "1", "--no-e2e",
+                "--check-max-n", "0", "--heads", "2", "--kv-heads", "1", "--head-dim", "16", "--window", "32"))
+
+
+class Context:
+    """What experiments share: settings, the output folders, a model factory, corpora, windows."""
+
+    def __init__(self, out: Path, quick: bool, log: Callable[[str], None] = print,
+                 routers: Path | None = None):
+        self.out = Path(out)
+        self.data = self.out / "data"
+        self.quick = quick
+        self.settings = QUICK if quick else FULL
+        self.log = log
+        self._tok = None
+        self._corpora: dict = {}
+        self._windows: dict = {}
+        self.default_routers = routers if routers is not None else (None if quick else DEFAULT_ROUTERS)
+
+    # ---------------------------------------------------------------- model and data
+    def model(self):
+        """A fresh model (its tokenizer is ``self.tokenizer``)."""
+        if self.quick:
+            from focus_lab.tiny import tiny_llama
+            m = tiny_llama(seed=0, layers=2, vocab_size=len(self.tokenizer), max_positions=1024,
+                           bos_token_id=0, eos_token_id=0, pad_token_id=0)
+            m.config._name_or_path = "tiny-random-llama"
+            return m
+        from focus_lab.models import load_model
+        m, tok = load_model(verbose=False)
+        if self._tok is None:
+            self._tok = tok
+        return m
+
+    @property
+    def tokenizer(self):
+        if self._tok is None:
+            if self.quick:
+                self._tok = quick_tokenizer()
+            else:
+                from focus_lab.models import load_model
+                m, self._tok = load_model(verbose=False)
+                del m
+        return self._tok
+
+    def corpus(self, name: str):
+        if name not in self._corpora:
+            if self.quick:
+                self._corpora[name] = quick_corpus(name)
+            else:
+                from focus_lab.data import load_corpus
+                self._corpora[name] = load_corpus(name)
+        return self._corpora[name]
+
+    def windows(self, corpus: str, split: str, seq_len: int, n: int | None) -> list:
+        """Windows of a corpus split ("train" / "heldout"), ``n`` spread evenly (None: all)."""
+        key = (corpus, split, seq_len, n)
+        if key not in self._windows:
+            from focus_lab.data import make_windows
+            c = self.corpus(corpus)
+            self._windows[key] = make_windows(getattr(c, split), self.tokenizer, seq_len, max_windows=n)
+        return self._windows[key]
+
+    def texts(self, corpus: str) -> dict[str, str]:
+        c = self.corpus(corpus)
+        return {d.name: d.text for d in c.train + c.heldout}
+
+    def base_config(self, **changes) -> FocusConfig:
+        s = self.settings
+        return FocusConfig(num_groups=s.num_groups, window=s.window, top_k=max(1, s.num_groups // 2),
+                           sink_tokens=s.sink_tokens).replace(**changes)
+
+    def routers(self) -> Path:
+        """The trained router file (experiment "router" must have run)."""
+        p = self.data / "router.parquet"
+        if not p.is_file():
+            raise FileNotFoundError(f"{p} is missing: run experiment 'router' first (focus-lab figures --only router)")
+        return Path(pd.read_parquet(p)["path"].iloc[0])
+
+    def router_train_config(self) -> dict:
+        p = self.routers().parent / "train_config.json"
+        return json.loads(p.read_text())["train_config"] if p.is_file() else {}
+
+
+# ============================================================================================
+# quick mode: a tiny tokenizer and built-in texts
+
+_QUICK_TEXTS = {
+    "austen": [
+        "Anne had been walking in the garden when the letter arrived, and she read it twice before "
+        "she understood that the captain would return to Bath within the week.",
+        "Her sister thought the news of no importance; her father thought only of the card he "
+        "would leave, and of the figure he would make at the concert.",
+        "It is a truth universally acknowledged that a single man in possession of a good fortune "
+        "must be in want of a wife, and every family in the village believed it.",
+        "Elinor said nothing, for she had learnt that silence was the kindest answer her mother "
+        "could receive, and she walked to the window to watch the rain.",
+        "The evening passed in conversation and music; Mr. Elliot was attentive, Lady Russell was "
+        "pleased, and Anne was tired of them all before the candles were lit.",
+        "Persuasion had been her misfortune once, and she resolved that no persuasion of friend or "
+        "relation should ever again divide her from the man she loved.",
+    ],
+    "shakespeare": [
+        "To be, or not to be, that is the question: whether 'tis nobler in the mind to suffer the "
+        "slings and arrows of outrageous fortune.",
+        "Now is the winter of our discontent made glorious summer by this sun of York, and all the "
+        "clouds that lour'd upon our house.",
+        "All the world's a stage, and all the men and women merely players; they have their exits "
+        "and their entrances, and one man in his time plays many parts.",
+        "Friends, Romans, countrymen, lend me your ears; I come to bury Caesar, not to praise him.",
+        "What light through yonder window breaks? It is the east, and Juliet is the sun.",
+        "The quality of mercy is not strain'd; it droppeth as the gentle rain from heaven upon the "
+        "place beneath.",
+    ],
+    "python-docs": [
+        "The for statement in Python iterates over the items of any sequence, a list or a string, "
+        "in the order that they appear in the sequence.",
+        "If you need to iterate over a sequence of numbers, the built-in function range() comes in "
+        "handy; it generates arithmetic progressions.",
+        "A dictionary maps hashable keys to arbitrary objects; the main operations are storing a "
+        "value with some key and extracting the value given the key.",
+        "Exceptions are raised when an error is detected; a try statement may have more than one "
+        "except clause, to specify handlers for different exceptions.",
+        "Modules can import other modules; it is customary but not required to place all import "
+        "statements at the beginning of a module.",
+        "The with statement wraps the execution of a block with methods defined by a context "
+        "manager, so that cleanup code always runs.",
+    ],
+}
+
+
+def _quick_doc(name: str, seed: int, n: int = 60) -> str:
+    sents = _QUICK_TEXTS[name]
+    rng = np.random.default_rng(seed)
+    paras = []
+    for _ in range(n // 3):
+        paras.append(" ".join(sents[i] for i in rng.choice(len(sents), 3, replace=False)))
+    return "\n\n".join(paras) + "\n"
+
+
+def quick_corpus(name: str):
+    """A built-in corpus for --quick: two training documents and one held-out document."""
+    from focus_lab.data import Corpus, Document
+    base = {"austen": 0, "shakespeare": 100, "python-docs": 200}[name]
+    return Corpus(name, [Document(f"{name}-train-{i}", _quick_doc(name, base + i)) for i in range(2)],
+                  [Document(f"{name}-heldout", _quick_doc(name, base + 50))])
+
+
+def quick_tokenizer(vocab: int = 300):
+    """A tiny fast BPE tokenizer trained on the built-in texts (offsets for spaCy alignment)."""
+    from focus_lab.tiny import bpe_tokenizer
+    return bpe_tokenizer([s for v in _QUICK_TEXTS.values() for s in v], vocab, special_tokens=("<unk>",),
+                         split_punctuation=True)
+
+
+# ============================================================================================
+# shared by the experiments
+
+def _parts(ctx: Context, name: str) -> Path:
+    p = ctx.data / f"{name}.parts"
+    p.mkdir(parents=True, exist_ok=True)
+    return p
+
+
+def cached_part(ctx: Context, name: str, part: str, fn: Callable[[], pd.DataFrame]) -> pd.DataFrame:
+    """One resumable unit of a multi-part experiment."""
+    p = _parts(ctx, name) / f"{part}.parquet"
+    if p.is_file():
+        ctx.log(f"  [{name}] {part}: cached")
+        return pd.read_parquet(p)
+    t0 = time.perf_counter()
+    df = fn()
+    df["part_seconds"] = time.perf_counter() - t0
+    write_parquet(p, df)
+    ctx.log(f"  [{name}] {part}: {time.perf_counter() - t0:.0f}s")
+    return df
+
+
+def convert_router(cls, r, **kw):
+    """A router of class ``cls`` (``baselines.SoftmaxRouter``, ``baselines.PrefixCausalRouter``)
+    holding router ``r``'s weights, for ``baselines.swap_routers``."""
+    new = cls(r.proj.shape[0], r.config, r.layer_idx, **kw)
+    new.load_state_dict(r.state_dict(), strict=False)
+    return new
+
+
+def focus_patterns(K: int, soft: bool = True, window: bool = True) -> list:
+    """``evaluate.standard_patterns(K)``, optionally without the soft and the window pattern."""
+    from focus_lab.evaluate import standard_patterns
+    return [p for p in standard_patterns(K) if (soft or p[0] != "soft") and (window or p[0] != "window")]
+
+
+RECORD_METHODS = ("focus", "kmeans", "online_kmeans", "moba")
+
+
+def bench_dir(out: Path) -> Path | None:
+    """Where the benchmark's outputs are: ``<out>/bench_attention`` (the benchmark's own default
+    folder when ``out`` is figures/), else ``<out>/data/bench_attention``, else None."""
+    for p in (Path(out) / "bench_attention", Path(out) / "data" / "bench_attention"):
+        if (p / "kernel.csv").is_file():
+            return p
+    return None
+
+
+# ============================================================================================
+# shared by the figure and table modules
+
+def read(data_dir: Path, name: str) -> pd.DataFrame:
+    """An experiment's cached result; FileNotFoundError naming the command that makes it."""
+    p = Path(data_dir) / f"{name}.parquet"
+    if not p.is_file():
+        raise FileNotFoundError(f"{p} is missing: run `focus-lab figures` (experiment {name!r})")
+    return pd.read_parquet(p)
+
+
+def placeholder(title: str, why: str):
+    """A figure that says which data is missing (so every output file exists)."""
+    import plotly.graph_objects as go
+    fig = go.Figure()
+    fig.add_annotation(text=f"no data yet: {why}", showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper")
+    fig.update_layout(title=title, template="plotly_white", width=900, height=400)
+    return fig
+
+
+METHOD_NAMES = {"dense": "dense (full attention)", "window": "sliding window", "window_matched":
+                "window at matched sparsity", "focus": "Focus (trained router)", "random": "random groups",
+                "kmeans": "k-means groups", "online_kmeans": "online k-means (Routing Transformer)",
+                "moba": "MoBA block gate", "lora": "LoRA (equal budget)"}
+METHOD_COLORS = {"dense": "#222222", "window": "#7f7f7f", "window_matched": "#bcbd22", "focus": "#d62728",
+                 "random": "#1f77b4", "kmeans": "#2ca02c", "online_kmeans": "#9467bd", "moba": "#ff7f0e",
+                 "lora": "#17becf"}
+
+
+def pareto_front(x: np.ndarray, y: np.ndarray, larger_x_better: bool) -> np.ndarray:
+    """Indices of the points on the Pareto frontier (lower y better; larger or smaller x
+    better), ordered by x."""
+    x, y = np.asarray(x, float), np.asarray(y, float)
+    ok = np.isfinite(x) & np.isfinite(y)
+    idx = np.where(ok)[0]
+    order = idx[np.argsort(-x[idx] if larger_x_better else x[idx], kind="stable")]
+    front, best = [], np.inf
+    for i in order:
+        if y[i] < best:
+            front.append(i)
+            best = y[i]
+    return np.array(sorted(front, key=lambda i: x[i]), dtype=int)

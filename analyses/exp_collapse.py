@@ -1,0 +1,68 @@
+"""Experiment ``collapse``: ``make_data(ctx)`` makes ``<out>/data/collapse.parquet`` (run and cached by
+``analyses/figures.py``, ``focus-lab figures``). Read by ``analyses/fig_collapse.py``,
+``analyses/table_reproduction.py``.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+import torch
+
+from focus_lab.config import TrainConfig
+
+from analyses.common import Context, cached_part, convert_router
+
+
+def _train_log_observer(rows: list, gate: str, K: int, n_layers: int):
+    calls = {"n": 0}
+
+    def observe(module, q, k, v, routing, bias, out):
+        if routing is None or routing.log_p is None:
+            return
+        step = calls["n"] // n_layers
+        calls["n"] += 1
+        p = routing.log_p.detach().exp()  # (B, T, K)
+        T = p.shape[0] * p.shape[1]
+        argmax = torch.bincount(p.argmax(-1).reshape(-1), minlength=K).float() / T
+        hard = torch.bincount(routing.key_group.reshape(-1), minlength=K).float() / T
+        rows.append({"gate": gate, "step": step, "layer_idx": module.focus_router.layer_idx,
+                     "soft_mass_largest_share": float(p.sum((0, 1)).max() / T),
+                     "argmax_largest_share": float(argmax.max()),
+                     "hard_largest_share": float(hard.max())})
+    return observe
+
+
+def make_data(ctx: Context) -> pd.DataFrame:
+    """Sinkhorn vs plain softmax (docs/method.md §1): train the same router init for a few steps with
+    each gate (``baselines.SoftmaxRouter``) and log, per step and layer, the largest group's share
+    of tokens under the gate's own assignment (argmax of P), its share of the soft mass, and the
+    causal hard top-1 share."""
+    from focus_lab.baselines import SoftmaxRouter, swap_routers
+    from focus_lab.retrofit import add_observer, attach, attention_modules
+    from focus_lab.train import train
+    s = ctx.settings
+    K = s.collapse_groups
+    win = ctx.windows("austen", "train", s.collapse_seq_len, None)
+    frames = []
+    for gate in ("sinkhorn", "softmax"):
+        def run(gate=gate):
+            model = ctx.model()
+            cfg = ctx.base_config(num_groups=K, top_k=1)
+            attach(model, cfg.replace(mode="soft"))
+            if gate == "softmax":
+                swap_routers(model, lambda r, m: convert_router(SoftmaxRouter, r))
+            rows: list = []
+            n_layers = len([1 for _, m in attention_modules(model) if hasattr(m, "focus_router")])
+            add_observer(model, _train_log_observer(rows, gate, K, n_layers))
+            res = train(model, win, cfg, TrainConfig(steps=s.collapse_steps, seq_len=s.collapse_seq_len,
+                                                     batch_size=1, warmup=1),
+                        ctx.data / "collapse" / gate, progress=False)
+            df = pd.DataFrame(rows)
+            log = pd.read_parquet(ctx.data / "collapse" / gate / "train_log.parquet")
+            loss = log.groupby("step")["loss"].first()
+            df["loss"] = df["step"].map(loss)
+            df["num_groups"] = K
+            df["train_seconds"] = res.seconds
+            return df
+        frames.append(cached_part(ctx, "collapse", gate, run))
+    return pd.concat(frames, ignore_index=True)

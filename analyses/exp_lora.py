@@ -1,0 +1,56 @@
+"""Experiment ``lora``: ``make_data(ctx)`` makes ``<out>/data/lora.parquet`` (run and cached by
+``analyses/figures.py``, ``focus-lab figures``). Read by ``analyses/fig_lora.py``,
+``analyses/table_reproduction.py``.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pandas as pd
+
+from focus_lab.config import FocusConfig, TrainConfig
+
+from analyses.common import Context
+
+
+def make_data(ctx: Context) -> pd.DataFrame:
+    """LoRA (peft, q/v projections) at the router's parameter budget, trained with the router's
+    schedule on the same Austen windows; dense PPL on held-out Austen (domain) and Shakespeare /
+    Python docs (general text). Focus numbers on the same windows come from "baselines" and
+    "transfer_domain"."""
+    from focus_lab.baselines import lora_param_count, lora_rank_for_budget, router_parameter_count, train_lora
+    from focus_lab.evaluate import evaluate
+    from focus_lab.retrofit import attach, read_router_file
+    s = ctx.settings
+    rcfg = read_router_file(ctx.routers())[0]
+    tc = ctx.router_train_config()
+    steps = s.lora_steps or int(tc.get("steps") or 60)
+    seq = int(tc.get("seq_len") or s.seq_len)
+    batch = int(tc.get("batch_size") or 2)
+    model = ctx.model()
+    budget = router_parameter_count(model, rcfg)
+    rank = lora_rank_for_budget(model, budget, s.lora_targets)
+    tcfg = TrainConfig(steps=steps, seq_len=seq, batch_size=batch, lr=s.lora_lr, seed=int(tc.get("seed") or 0))
+    t0 = time.perf_counter()
+    win = ctx.windows("austen", "train", seq, None)
+    ctx.log(f"  LoRA rank {rank} ({lora_param_count(model, rank, s.lora_targets)} params; router budget "
+            f"{budget}), {steps} steps of {batch} x {seq} tokens, lr {s.lora_lr}")
+    merged, log = train_lora(model, win, tcfg, rank, s.lora_targets)
+    secs = time.perf_counter() - t0
+    attach(merged, FocusConfig(mode="dense", num_groups=rcfg.num_groups))
+    rows = []
+    for corpus in ("austen", "shakespeare", "python-docs"):
+        ev = ctx.windows(corpus, "heldout", s.seq_len, s.eval_windows)
+        df = evaluate(merged, ev, [("lora", {"mode": "dense"})], progress=False)
+        df["corpus"] = corpus
+        rows.append(df)
+    out = pd.concat(rows, ignore_index=True)
+    out.insert(0, "method", "lora")
+    out["rank"] = rank
+    out["lora_parameters"] = int(log["lora_parameters"].iloc[0])
+    out["router_parameters"] = budget
+    out["steps"], out["train_seq_len"], out["batch_size"], out["lr"] = steps, seq, batch, s.lora_lr
+    out["train_seconds"] = secs
+    out["first_loss"], out["last_loss"] = float(log["loss"].iloc[0]), float(log["loss"].iloc[-1])
+    return out
