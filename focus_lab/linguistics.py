@@ -23,6 +23,8 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
+from .runs import SCHEMA
+
 __all__ = ["LinguisticsError", "DEFAULT_SPACY_MODEL", "CONTENT_POS", "load_spacy", "align_tokens",
            "pos_table", "word_relation", "relations_for_pairs"]
 
@@ -112,8 +114,8 @@ def align_tokens(offsets: np.ndarray, doc, text: str) -> np.ndarray:
     return out
 
 
-_COLUMNS = ["position", "word_index", "word", "pos", "tag", "dep", "lemma", "head_word_index",
-            "head_position", "ent_type", "ent_iob", "ent_index", "sent_index"]
+#: the pos table's columns (``runs.SCHEMA["pos"]``) but ``window``, which ``record_run`` adds
+_COLUMNS = [c for c in SCHEMA["pos"] if c != "window"]
 
 
 def pos_table(text: str, offsets: np.ndarray, nlp=None, max_chars: int | None = None) -> pd.DataFrame:

@@ -750,9 +750,9 @@ def record_run(model, tokenizer, windows: list, texts: dict[str, str], out_dir: 
                 p = pos_table(texts[w.doc], offs)
                 p.insert(0, "window", np.int32(w_idx))
                 pos_frames.append(p)
-    tables = {"tokens": pd.concat(tok_frames, ignore_index=True)}
+    tables = {"tokens": T.schema_frame("tokens", pd.concat(tok_frames, ignore_index=True))}
     if pos_frames:
-        tables["pos"] = pd.concat(pos_frames, ignore_index=True)
+        tables["pos"] = T.schema_frame("pos", pd.concat(pos_frames, ignore_index=True))
     tables.update(rec.tables(tokens=tables["tokens"], pos=tables.get("pos")))
     if "loss_delta" in rec.options.metrics and windows:  # after the block: the recorder sees none of these
         tables["loss_delta"] = loss_delta_table(model, windows, tokens=tables["tokens"], progress=progress)

@@ -3,7 +3,8 @@
 Each function reads what a ``record.Recording`` collected during the forwards (``rec._routes``:
 per-layer routing; ``rec._att``: per-query attention metrics; ``rec._edges``,
 ``rec._patterns``) and returns tidy DataFrames. ``Recording.tables()`` calls them; nothing
-here touches the model. Sources: docs/method.md §1-§2, §6.
+here touches the model. Each table takes its columns, in order, from ``runs.SCHEMA`` (the one
+column list; ``schema_frame`` / ``_rows_frame``). Sources: docs/method.md §1-§2, §6.
 """
 
 from __future__ import annotations
@@ -15,6 +16,27 @@ import pandas as pd
 import torch
 
 from . import core, metrics as M
+from .runs import SCHEMA
+
+
+def schema_frame(name: str, df: pd.DataFrame, optional: Sequence[str] = ()) -> pd.DataFrame:
+    """``df`` with the columns of ``runs.SCHEMA[name]``, in that order. Columns named in
+    ``optional`` may be absent (left out); a missing other column, or a column of ``df`` the
+    schema does not list, is a recorder bug: KeyError naming them."""
+    cols = list(SCHEMA[name])
+    extra = [c for c in df.columns if c not in cols]
+    missing = [c for c in cols if c not in df.columns and c not in optional]
+    if extra or missing:
+        raise KeyError(f"table {name}: columns {extra} not in runs.SCHEMA, {missing} missing")
+    return df[[c for c in cols if c in df.columns]]
+
+
+def _rows_frame(name: str, rows: list[dict]) -> pd.DataFrame:
+    """A table of ``rows`` (dicts keyed by column) with the columns of ``runs.SCHEMA[name]``,
+    in that order (also when there are no rows); KeyError as ``schema_frame``."""
+    if not rows:
+        return pd.DataFrame(columns=list(SCHEMA[name]))
+    return schema_frame(name, pd.DataFrame(rows))
 
 
 def _typed(df: pd.DataFrame) -> pd.DataFrame:
@@ -63,10 +85,9 @@ def assignments_table(rec) -> pd.DataFrame:
                 "scores": list(scores[b].numpy().astype(np.float32)),
             }))
     if not frames:
-        return pd.DataFrame(columns=["window", "position", "layer_idx", "group", "top_k_groups",
-                                     "prob", "margin", "scores"])
-    return pd.concat(frames, ignore_index=True).sort_values(
-        ["window", "layer_idx", "position"], kind="stable").reset_index(drop=True)
+        return _rows_frame("assignments", [])
+    return schema_frame("assignments", pd.concat(frames, ignore_index=True).sort_values(
+        ["window", "layer_idx", "position"], kind="stable").reset_index(drop=True))
 
 def balance_tables(rec) -> dict[str, pd.DataFrame]:
     pools: dict[int, dict] = {}
@@ -97,11 +118,8 @@ def balance_tables(rec) -> dict[str, pd.DataFrame]:
                          "sinkhorn_hard_share": p["hard_sinkhorn"][g] / n,
                          "softmax_hard_share": p["hard_softmax"][g] / n,
                          "query_share": p["query"][g] / n, "tokens": int(p["hard_causal"][g])})
-    bal = pd.DataFrame(rows, columns=["layer_idx", "group", "hard_share", "soft_share", "softmax_share",
-                                      "sinkhorn_hard_share", "softmax_hard_share", "query_share", "tokens"])
-    layer = pd.DataFrame(rows_layer, columns=[
-        "window", "layer_idx", "assignment", "tokens", "soft_largest_share", "hard_largest_share",
-        "soft_entropy", "hard_entropy", "empty_groups", "marginal_error"])
+    bal = _rows_frame("balance", rows)
+    layer = _rows_frame("balance_layer", rows_layer)
     layer = layer.sort_values(["window", "layer_idx", "assignment"], kind="stable").reset_index(drop=True)
     return {"balance": _typed(bal), "balance_layer": _typed(layer)}
 
@@ -158,13 +176,11 @@ def coverage_tables(rec) -> dict[str, pd.DataFrame]:
             lq["pattern"] = p
             lq["coverage"] = q[col].to_numpy()
             long.append(lq)
-    cov = pd.concat(rows, ignore_index=True)[
-        ["layer_idx", "head", "pattern", "coverage", "min_coverage", "p10_coverage",
-         "coverage_distant_queries", "density", "distant_density", "window_width", "queries"]]
+    cov = schema_frame("coverage", pd.concat(rows, ignore_index=True))
     cov["pattern"] = cov["pattern"].astype(str)
     out = {"coverage": _typed(cov.sort_values(["layer_idx", "head", "pattern"]).reset_index(drop=True))}
     if long:
-        out["coverage_query"] = _typed(pd.concat(long, ignore_index=True))
+        out["coverage_query"] = _typed(schema_frame("coverage_query", pd.concat(long, ignore_index=True)))
     # distance buckets: sums over queries and windows
     drow = []
     heads = rec.heads
@@ -187,9 +203,7 @@ def coverage_tables(rec) -> dict[str, pd.DataFrame]:
                          "coverage": a[p] / a["mass"] if a["mass"] > 0 else float("nan"),
                          "mass": a["mass"] / a["queries"], "kept_mass": a[p] / a["queries"],
                          "queries": a["queries"]})
-    out["coverage_distance"] = _typed(pd.DataFrame(drow, columns=[
-        "layer_idx", "head", "pattern", "distance_lo", "distance_hi", "coverage", "mass", "kept_mass",
-        "queries"]))
+    out["coverage_distance"] = _typed(_rows_frame("coverage_distance", drow))
     return out
 
 CROSS = ["dropped", "dense_distant", "sink_mass", "sink_dropped", "soft_distant", "soft_crossing",
@@ -208,15 +222,15 @@ def crossing_tables(rec) -> dict[str, pd.DataFrame]:
         agg["soft_crossing_distant_queries"] = q[q["_distant_query"]].groupby(["layer_idx", "head"])[
             "soft_crossing"].mean()
     agg["queries"] = q.groupby(["layer_idx", "head"]).size()
-    out = {"crossing": _typed(agg.reset_index())}
+    soft = ("soft_distant", "soft_crossing", "soft_crossing_expected", "soft_crossing_distant_queries")
+    out = {"crossing": _typed(schema_frame("crossing", agg.reset_index(), optional=soft))}
     if rec.options.per_query:
-        out["crossing_query"] = _typed(q.drop(columns=["_distant_query"]))
+        out["crossing_query"] = _typed(schema_frame("crossing_query", q.drop(columns=["_distant_query"]),
+                                                     optional=soft))
     return out
 
 def edges_table(rec, tokens, pos) -> pd.DataFrame:
-    cols = ["window", "layer_idx", "head", "query_position", "key_position", "distance", "weight",
-            "soft_weight", "query_group", "key_group", "key_is_sink", "query_token", "key_token",
-            "relation"]
+    cols = list(SCHEMA["dropped_edges"])
     if not rec._edges:
         return pd.DataFrame({c: pd.Series(dtype=object if c in ("query_token", "key_token", "relation")
                                           else np.float32) for c in cols})
@@ -258,7 +272,7 @@ def patterns_table(rec) -> pd.DataFrame:
                 "dense_weight": r["dense"][b][i, j].astype(np.float32),
                 "soft_weight": (r["soft"][b][i, j] if "soft" in r else np.full(len(i), np.nan)).astype(np.float32),
                 "kept": r["kept"][b][i, j]}))
-    return pd.concat(frames, ignore_index=True)
+    return schema_frame("patterns", pd.concat(frames, ignore_index=True))
 
 def linguistics_tables(rec, tokens, pos) -> dict[str, pd.DataFrame]:
     K = rec.config.num_groups
@@ -318,9 +332,9 @@ def linguistics_tables(rec, tokens, pos) -> dict[str, pd.DataFrame]:
                     "top_dep": dd[0][0] if dd else "", "top_dep_share": dd[0][1] if dd else float("nan"),
                     "top_tokens": [str(x) for x in top_tok]})
     contab = pd.concat(cont, ignore_index=True).rename(columns={"label": "pos", "share_of_label": "share_of_pos"})
-    return {"pos_contingency": _typed(contab),
-            "linguistic_scores": _typed(pd.DataFrame(scores)),
-            "group_labels": _typed(pd.DataFrame(labels))}
+    return {"pos_contingency": _typed(schema_frame("pos_contingency", contab)),
+            "linguistic_scores": _typed(_rows_frame("linguistic_scores", scores)),
+            "group_labels": _typed(_rows_frame("group_labels", labels))}
 
 def costly_drops_table(loss_delta: pd.DataFrame, dropped_edges: pd.DataFrame, top_n: int) -> pd.DataFrame:
     """The ``costly_drops`` table: the dropped edges of the queries whose loss delta is largest.
@@ -342,7 +356,6 @@ def costly_drops_table(loss_delta: pd.DataFrame, dropped_edges: pd.DataFrame, to
     Raises:
         ValueError: ``top_n`` < 0.
     """
-    from .runs import SCHEMA
     cols = list(SCHEMA["costly_drops"])
     if top_n < 0:
         raise ValueError(f"top_n must be >= 0, got {top_n}")

@@ -30,8 +30,9 @@ import pandas as pd
 SCHEMA_VERSION = 1
 MANIFEST = "manifest.json"
 
-#: Every table of schema v1 and its columns, in order (described in docs/run_schema.md; the
-#: tests check the recorder writes exactly these and that the document describes each one).
+#: Every table of schema v1 and its columns, in order: the one column list (the recorder,
+#: ``record_tables``, builds its frames from it; the tests check it writes exactly these and that
+#: the tables of docs/run_schema.md name the same tables and columns in the same order).
 #: Adding a table or a column is compatible; renaming or removing one needs a new version.
 SCHEMA: dict[str, tuple[str, ...]] = {
     "tokens": ("window", "position", "doc", "token_id", "token", "char_start", "char_end"),

@@ -5,6 +5,7 @@ are written by hand (a manifest and two parquet tables): no torch, no recorder."
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -93,3 +94,70 @@ def test_the_dashboard_reads_runs_through_run(tmp_path, monkeypatch):
     pd.DataFrame({"window": [0], "position": [0], "layer_idx": [0], "group": [1]}).to_parquet(
         path / "assignments.parquet")
     assert len(lib.open_run("sub/r", root=tmp_path / "root").table("assignments")) == 1
+
+
+# ------------------------------------------------------------------------------------------
+# docs/run_schema.md states the same tables and columns as runs.SCHEMA (one column list)
+
+SCHEMA_DOC = Path(__file__).resolve().parent.parent / "docs" / "run_schema.md"
+
+
+def doc_tables(text: str) -> dict[str, list[str]]:
+    """{table: its columns in order}: each ``### `name` `` section of the document's "Tables"
+    part with the first cells of its table rows ``| `column` | meaning |`` (a section without a
+    table, like eval's, has no columns)."""
+    part = text.split("\n## Tables\n", 1)[1].split("\n## ", 1)[0]
+    out: dict[str, list[str]] = {}
+    for sec in part.split("\n### ")[1:]:
+        heading = sec.split("\n", 1)[0].strip()
+        name = heading.strip("`") if re.fullmatch(r"`\w+`", heading) else heading  # else: no table
+        assert name not in out, f"docs/run_schema.md: two sections ### {heading}"
+        out[name] = re.findall(r"^\|\s*`([^`]+)`\s*\|", sec, flags=re.M)
+    return out
+
+
+def schema_mismatches(doc: dict[str, list[str]], schema: dict[str, tuple[str, ...]]) -> list[str]:
+    """What differs between the documented tables and ``schema``, one line each, naming the
+    tables and columns missing from the document, those it has in excess, and order changes."""
+    out = [f"table {n}: no section ### `{n}`" for n in schema if n not in doc]
+    out += [f"section ### {n}: not a table of runs.SCHEMA" for n in doc if n not in schema]
+    for name in (n for n in schema if n in doc):
+        want, got = list(schema[name]), doc[name]
+        missing = [c for c in want if c not in got]
+        extra = [c for c in got if c not in want]
+        if missing or extra:
+            out.append(f"table {name}: columns missing from the document {missing}, documented but not in "
+                       f"runs.SCHEMA {extra}")
+        elif got != want:
+            out.append(f"table {name}: documented in the order {got}, runs.SCHEMA has {want}")
+    return out
+
+
+def test_docs_tables_are_the_schema():
+    doc = doc_tables(SCHEMA_DOC.read_text())
+    assert len(doc) == len(SCHEMA) >= 19
+    problems = schema_mismatches(doc, SCHEMA)
+    assert not problems, "docs/run_schema.md disagrees with runs.SCHEMA:\n" + "\n".join(problems)
+
+
+def test_docs_check_fails_on_each_kind_of_difference():
+    """The comparison above can fail: a dropped, an added, a reordered column, a missing and an
+    unknown section are each reported by name."""
+    text = SCHEMA_DOC.read_text()
+    assert "| `soft_share` |" in text and "### `patterns`" in text
+
+    def problems(t: str) -> str:
+        return "\n".join(schema_mismatches(doc_tables(t), SCHEMA))
+
+    dropped = re.sub(r"^\| `soft_share` \|.*\n", "", text, flags=re.M)
+    assert "table balance" in problems(dropped) and "missing from the document ['soft_share']" in problems(dropped)
+    added = text.replace("| `hard_share` |", "| `bogus_share` | an undocumented column |\n| `hard_share` |", 1)
+    assert "runs.SCHEMA ['bogus_share']" in problems(added)
+    rows = re.findall(r"^\| `(?:layer_idx|group)` \|.*\n", text.split("### `balance`")[1], flags=re.M)[:2]
+    swapped = text.replace(rows[0] + rows[1], rows[1] + rows[0], 1)
+    assert swapped != text and "table balance: documented in the order" in problems(swapped)
+    untitled = problems(text.replace("### `patterns`", "### Patterns maps"))
+    assert "table patterns: no section" in untitled and "### Patterns maps: not a table" in untitled
+    assert "### pattern_maps: not a table of runs.SCHEMA" in problems(text.replace("### `patterns`",
+                                                                                    "### `pattern_maps`"))
+    assert problems(text) == ""
