@@ -17,10 +17,11 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_NAME = "smollm2-austen"
 from .recipes import DEFAULT_RECIPE  # noqa: E402  (light: no torch import)
-from .config import FocusConfig as _FocusConfig, TrainConfig as _TrainConfig  # noqa: E402
+from .config import (FocusConfig as _FocusConfig, RecordOptions as _RecordOptions,  # noqa: E402
+                     TrainConfig as _TrainConfig)
 
 # the CLI's defaults are the dataclasses' (one place for each default)
-_F, _T = _FocusConfig(), _TrainConfig()
+_F, _T, _R = _FocusConfig(), _TrainConfig(), _RecordOptions()
 
 
 def _fail(msg: str) -> None:
@@ -266,14 +267,16 @@ def record(
     heads: Optional[str] = typer.Option(None, help="query heads to record, e.g. '0-3' (default: all)"),
     pattern: Optional[list[str]] = typer.Option(None, help="LAYER:HEAD whose full T x T maps are "
                                                 "kept (repeatable)"),
-    edge_threshold: float = typer.Option(0.05, help="dropped-edge audit: dense weight above which a "
-                                         "dropped edge is kept"),
-    edge_top_n: int = typer.Option(1, help="also keep each query's n heaviest dropped edges ..."),
-    edge_min_weight: float = typer.Option(0.01, help="... when their weight exceeds this"),
-    sink_positions: int = typer.Option(4, help="first key positions reported as attention sinks"),
-    per_query: bool = typer.Option(True, help="write the per-query tables (coverage_query, crossing_query)"),
-    costly_top_n: int = typer.Option(200, help="costly_drops: keep the dropped edges of the n queries whose "
-                                     "loss delta (hard minus dense, nats) is largest"),
+    edge_threshold: float = typer.Option(_R.edge_threshold, help="dropped-edge audit: dense weight above "
+                                         "which a dropped edge is kept"),
+    edge_top_n: int = typer.Option(_R.edge_top_n, help="also keep each query's n heaviest dropped edges ..."),
+    edge_min_weight: float = typer.Option(_R.edge_min_weight, help="... when their weight exceeds this"),
+    sink_positions: int = typer.Option(_R.sink_positions, help="first key positions reported as attention "
+                                       "sinks"),
+    per_query: bool = typer.Option(_R.per_query, help="write the per-query tables (coverage_query, "
+                                   "crossing_query)"),
+    costly_top_n: int = typer.Option(_R.costly_top_n, help="costly_drops: keep the dropped edges of the n "
+                                     "queries whose loss delta (hard minus dense, nats) is largest"),
     memory_limit: Optional[float] = typer.Option(None, metavar="GIB", help="refuse (exit 2, nothing written) when "
                                                  "the estimated peak memory exceeds this many GiB; default: the "
                                                  "available memory plus what this process holds"),

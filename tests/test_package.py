@@ -80,3 +80,25 @@ def test_cli_defaults_are_the_dataclasses_defaults():
             assert p.default == fields[p.name], (p.name, p.default, fields[p.name])
             checked += 1
     assert checked >= 12, checked
+
+
+def test_record_cli_defaults_are_the_record_options_defaults():
+    """Every `focus-lab record` option named like a RecordOptions field defaults to that field's
+    default ('all' metrics: ALL_METRICS); layers / heads / pattern default to None: all layers and
+    heads, no pattern maps, as the dataclass's None / []."""
+    import dataclasses
+    import typer
+    from focus_lab.cli import app
+    from focus_lab.config import ALL_METRICS, RecordOptions
+    cmd = typer.main.get_command(app).commands["record"]
+    fields = {f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()
+              for f in dataclasses.fields(RecordOptions)}
+    params = {p.name: p.default for p in cmd.params}
+    assert params["metrics"] == "all" and fields["metrics"] == ALL_METRICS
+    assert params["layers"] is None is fields["layers"] and params["heads"] is None is fields["heads"]
+    assert params["pattern"] is None and fields["patterns"] == []
+    checked = [n for n in params if n in fields and n not in ("metrics", "layers", "heads")]
+    for name in checked:
+        assert params[name] == fields[name], (name, params[name], fields[name])
+    assert sorted(checked) == ["costly_top_n", "edge_min_weight", "edge_threshold", "edge_top_n", "per_query",
+                               "sink_positions"], checked
