@@ -17,6 +17,7 @@ from typing import Callable, Iterable
 
 import numpy as np
 import pandas as pd
+import plotly.graph_objects as go
 import streamlit as st
 
 APP_DIR = Path(__file__).resolve().parent  # focus_lab/app: the dashboard ships inside the package
@@ -162,6 +163,24 @@ def current_run() -> RunView:
         st.stop()
 
 
+class PageEnd(Exception):
+    """Ends a page body early, after it said why (``guarded`` shows nothing more)."""
+
+
+def run_page(title: str, about: str | Callable[[RunView], str], need: tuple[str, str] | None = None
+             ) -> RunView:
+    """The start of a page about the picked run: the run (``current_run``: the page stops with
+    a message when there is none), the title, and a caption ``run **name** · about`` (``about``
+    may be a function of the run). ``need`` = (table, what the page shows with it): without
+    that table the page ends after ``need_table``'s message (``PageEnd``)."""
+    run = current_run()
+    st.title(title)
+    st.caption(f"run **{run.name}** · {about(run) if callable(about) else about}")
+    if need is not None and need_table(run, *need) is None:
+        raise PageEnd
+    return run
+
+
 def guarded(page: Callable[[], None], subject: Callable[[], str] | None = None) -> None:
     """Run a page body; a RunError (a corrupted or missing table) becomes its message, and any
     other error while reading a run (an unexpected table layout) a short message naming the
@@ -169,6 +188,8 @@ def guarded(page: Callable[[], None], subject: Callable[[], str] | None = None) 
     in the server log only."""
     try:
         page()
+    except PageEnd:
+        pass
     except RunError as e:
         st.error(str(e))
     except Exception as e:  # streamlit's stop/rerun are BaseExceptions and pass through
@@ -291,6 +312,20 @@ def layer_xaxis(fig) -> None:
     xs = [v for tr in fig.data if tr.x is not None for v in np.asarray(tr.x).ravel() if v is not None]
     n = int(max(xs)) + 1 if len(xs) else 1
     fig.update_xaxes(tick0=0, dtick=max(1, round(n / 16)))
+
+
+def layer_heatmap(z, x: list, layers: Iterable, *, title: str, xaxis_title: str, hovertemplate: str,
+                  colorbar: dict, base_px: int = 160, row_px: int = 18, max_px: int = 760,
+                  **heatmap) -> go.Figure:
+    """A heatmap with one row per layer (``layers``: the row labels, layer 0 on top), its height
+    growing with the rows (``base_px + row_px`` per row, at most ``max_px``); ``heatmap``: further
+    ``go.Heatmap`` arguments (colorscale, zmin, text, ...)."""
+    layers = [str(v) for v in layers]
+    fig = go.Figure(go.Heatmap(z=z, x=x, y=layers, hovertemplate=hovertemplate, colorbar=colorbar, **heatmap))
+    fig.update_layout(title=title, xaxis_title=xaxis_title, yaxis_title="layer",
+                      height=min(base_px + row_px * len(layers), max_px), margin=dict(l=10, r=10, t=40, b=10),
+                      yaxis_autorange="reversed", yaxis_type="category")
+    return fig
 
 
 def download_csv(df: pd.DataFrame, name: str, label: str = "Download CSV") -> None:

@@ -203,9 +203,7 @@ def costly_section(run) -> None:
 
 
 def page() -> None:
-    run = lib.current_run()
-    st.title("Dependency audit")
-    st.caption(f"run **{run.name}** · dense edges beyond the local window that the hard mask drops")
+    run = lib.run_page("Dependency audit", "dense edges beyond the local window that the hard mask drops")
     edges_section(run)
     costly_section(run)
 

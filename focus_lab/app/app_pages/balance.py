@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pandas as pd
 import plotly.express as px
-import plotly.graph_objects as go
 import streamlit as st
 
 import lib
@@ -40,25 +39,20 @@ def recorded_shares(bal: pd.DataFrame) -> pd.DataFrame | None:
 
 
 def page() -> None:
-    run = lib.current_run()
-    st.title("Balance")
-    st.caption(f"run **{run.name}** · are the groups balanced? Sinkhorn's hard constraint vs plain softmax "
-               "(docs/method.md §1: plain softmax puts almost every token in one group)")
-    asg = lib.need_table(run, "assignments", "group shares")
-    if asg is None:
-        return
+    run = lib.run_page("Balance", "are the groups balanced? Sinkhorn's hard constraint vs plain softmax "
+                       "(docs/method.md §1: plain softmax puts almost every token in one group)",
+                       need=("assignments", "group shares"))
+    asg = run.table("assignments")
     K = run.num_groups
 
     hard = lib.hard_shares(asg, K)
     piv = hard.pivot(index="layer_idx", columns="group", values="share")
-    fig = go.Figure(go.Heatmap(z=piv.to_numpy(), x=[f"g{g}" for g in piv.columns], y=[str(i) for i in piv.index],
-                               colorscale="RdBu_r", zmid=1.0 / K if K else None, text=piv.to_numpy(),
-                               texttemplate="%{text:.0%}" if piv.shape[0] <= 40 else None,
-                               hovertemplate="layer %{y}, %{x}: %{z:.1%}<extra></extra>",
-                               colorbar=dict(title="share", tickformat=".0%")))
-    fig.update_layout(title="hard (top-1) group share per layer (white = 1/K)", xaxis_title="group",
-                      yaxis_title="layer", height=min(160 + 18 * len(piv), 760),
-                      margin=dict(l=10, r=10, t=40, b=10), yaxis_autorange="reversed", yaxis_type="category")
+    fig = lib.layer_heatmap(piv.to_numpy(), [f"g{g}" for g in piv.columns], piv.index,
+                            title="hard (top-1) group share per layer (white = 1/K)", xaxis_title="group",
+                            hovertemplate="layer %{y}, %{x}: %{z:.1%}<extra></extra>",
+                            colorbar=dict(title="share", tickformat=".0%"), colorscale="RdBu_r",
+                            zmid=1.0 / K if K else None, text=piv.to_numpy(),
+                            texttemplate="%{text:.0%}" if piv.shape[0] <= 40 else None)
     st.plotly_chart(fig, width="stretch")
 
     rec = recorded_shares(run.table("balance")) if run.has("balance") else None
@@ -118,13 +112,11 @@ def page() -> None:
     if log is None or log.empty:
         return
     p = log.pivot_table(index="layer_idx", columns="step", values="max_group_share")
-    fig = go.Figure(go.Heatmap(z=p.to_numpy(), x=p.columns.tolist(), y=[str(i) for i in p.index],
-                               colorscale="Magma", zmin=1.0 / K if K else 0, zmax=1,
-                               hovertemplate="layer %{y}, step %{x}: %{z:.1%}<extra></extra>",
-                               colorbar=dict(title="largest", tickformat=".0%")))
-    fig.update_layout(title="largest group share per layer over training steps", xaxis_title="step",
-                      yaxis_title="layer", height=min(160 + 16 * len(p), 700),
-                      margin=dict(l=10, r=10, t=40, b=10), yaxis_autorange="reversed", yaxis_type="category")
+    fig = lib.layer_heatmap(p.to_numpy(), p.columns.tolist(), p.index,
+                            title="largest group share per layer over training steps", xaxis_title="step",
+                            hovertemplate="layer %{y}, step %{x}: %{z:.1%}<extra></extra>",
+                            colorbar=dict(title="largest", tickformat=".0%"), row_px=16, max_px=700,
+                            colorscale="Magma", zmin=1.0 / K if K else 0, zmax=1)
     st.plotly_chart(fig, width="stretch")
     agg = log.groupby("step").agg(largest=("max_group_share", "max"), smallest=("min_group_share", "min"),
                                   mean_largest=("max_group_share", "mean")).reset_index()

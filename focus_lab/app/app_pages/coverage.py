@@ -109,14 +109,10 @@ def patterns_section(run: lib.RunView) -> None:
 
 
 def page() -> None:
-    run = lib.current_run()
-    st.title("Coverage")
-    st.caption(f"run **{run.name}** · coverage = dense softmax mass on the pairs the hard mask keeps "
-               "(1 - total-variation distance), averaged over queries")
-    raw = lib.need_table(run, "coverage", "the coverage heatmap")
-    if raw is None:
-        return
-    cov = normalize(raw)
+    run = lib.run_page("Coverage", "coverage = dense softmax mass on the pairs the hard mask keeps "
+                       "(1 - total-variation distance), averaged over queries",
+                       need=("coverage", "the coverage heatmap"))
+    cov = normalize(run.table("coverage"))
     patterns = sorted(cov["pattern"].unique(), key=lambda p: (p != "focus", p))
     pattern = st.selectbox("Mask", patterns, index=0, key="coverage_pattern",
                            help="focus = the run's hard mask; window = sliding window only; "
@@ -124,13 +120,12 @@ def page() -> None:
     sel = cov[cov["pattern"] == pattern]
     by_lh = sel.groupby(["layer_idx", "head"]).apply(wmean, include_groups=False).rename("coverage").reset_index()
     piv = by_lh.pivot(index="layer_idx", columns="head", values="coverage")
-    fig = go.Figure(go.Heatmap(z=piv.to_numpy(), x=[str(h) for h in piv.columns], y=[str(l) for l in piv.index],
-                               colorscale="Viridis", zmin=float(np.nanmin(piv.to_numpy())) if piv.size else 0,
-                               zmax=1.0, hovertemplate="layer %{y}, head %{x}: %{z:.3f}<extra></extra>",
-                               colorbar=dict(title="coverage")))
-    fig.update_layout(title=f"coverage of dense attention, {pattern} mask (layer x head)", xaxis_title="head",
-                      yaxis_title="layer", height=min(180 + 18 * len(piv), 760),
-                      margin=dict(l=10, r=10, t=40, b=10), yaxis_autorange="reversed", yaxis_type="category", xaxis_type="category")
+    fig = lib.layer_heatmap(piv.to_numpy(), [str(h) for h in piv.columns], piv.index,
+                            title=f"coverage of dense attention, {pattern} mask (layer x head)", xaxis_title="head",
+                            hovertemplate="layer %{y}, head %{x}: %{z:.3f}<extra></extra>",
+                            colorbar=dict(title="coverage"), base_px=180, colorscale="Viridis",
+                            zmin=float(np.nanmin(piv.to_numpy())) if piv.size else 0, zmax=1.0)
+    fig.update_layout(xaxis_type="category")
     st.plotly_chart(fig, width="stretch")
 
     per_layer = cov.groupby(["layer_idx", "pattern"]).apply(wmean, include_groups=False).rename(

@@ -96,12 +96,8 @@ def nmi_score(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def page() -> None:
-    run = lib.current_run()
-    st.title("Groups")
-    st.caption(f"run **{run.name}** · what each group of a layer contains")
-    asg = lib.need_table(run, "assignments", "the groups")
-    if asg is None:
-        return
+    run = lib.run_page("Groups", "what each group of a layer contains", need=("assignments", "the groups"))
+    asg = run.table("assignments")
     if not run.has("pos"):
         st.info("This run has no **pos** table: POS composition shows '(none)'; record it with "
                 "`focus-lab record --pos` (spaCy).")

@@ -39,9 +39,7 @@ def manifest_summary(mf: dict) -> pd.DataFrame:
 
 
 def page() -> None:
-    run = lib.current_run()
-    st.title("Overview")
-    st.caption(f"run **{run.name}** · `{run.path}`")
+    run = lib.run_page("Overview", lambda r: f"`{r.path}`")
     mf = run.manifest
     cfg = run.config
     model = mf.get("model") if isinstance(mf.get("model"), dict) else {}
