@@ -261,6 +261,20 @@ def focus_patterns(K: int, soft: bool = True, window: bool = True) -> list:
     from focus_lab.evaluate import standard_patterns
     return [p for p in standard_patterns(K) if (soft or p[0] != "soft") and (window or p[0] != "window")]
 
+def evaluate_with_random(model, windows: list, patterns: list, top_k: int) -> pd.DataFrame:
+    """``evaluate`` the patterns (method: dense / window / focus), then hard top-``top_k`` with
+    balanced random groups at the same sparsity (method: random), one frame. Leaves the model's
+    assignment at "random", as the experiments that use it load fresh routers each time."""
+    from focus_lab.evaluate import evaluate
+    from focus_lab.retrofit import set_config
+    df = evaluate(model, windows, patterns, progress=False)
+    df.insert(0, "method", df["label"].map(lambda l: l if l in ("dense", "window") else "focus"))
+    set_config(model, assignment="random")
+    r = evaluate(model, windows, [(f"hard_top{top_k}", {"mode": "hard"})], progress=False)
+    r.insert(0, "method", "random")
+    return pd.concat([df, r], ignore_index=True)
+
+
 
 RECORD_METHODS = ("focus", "kmeans", "online_kmeans", "moba")
 

@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import pandas as pd
 
-from analyses.common import Context, cached_part, focus_patterns
+from analyses.common import Context, cached_part, evaluate_with_random, focus_patterns
 
 
 def make_data(ctx: Context) -> pd.DataFrame:
     """The Austen router on held-out Shakespeare and Python docs: dense, window, soft, hard
     top-1..K, and random groups at hard top-k (the control)."""
-    from focus_lab.evaluate import evaluate
-    from focus_lab.retrofit import load_routers, set_config
+    from focus_lab.retrofit import load_routers
     s = ctx.settings
     frames = []
     for corpus in ("shakespeare", "python-docs"):
@@ -22,12 +21,7 @@ def make_data(ctx: Context) -> pd.DataFrame:
             model = ctx.model()
             cfg = load_routers(model, ctx.routers())
             ev = ctx.windows(corpus, "heldout", s.seq_len, s.eval_windows)
-            df = evaluate(model, ev, focus_patterns(cfg.num_groups), progress=False)
-            df.insert(0, "method", df["label"].map(lambda l: l if l in ("dense", "window") else "focus"))
-            set_config(model, assignment="random")
-            r = evaluate(model, ev, [(f"hard_top{cfg.top_k}", {"mode": "hard"})], progress=False)
-            r.insert(0, "method", "random")
-            df = pd.concat([df, r], ignore_index=True)
+            df = evaluate_with_random(model, ev, focus_patterns(cfg.num_groups), cfg.top_k)
             df["corpus"] = corpus
             return df
         frames.append(cached_part(ctx, "transfer_domain", corpus, run))

@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import pandas as pd
 
-from analyses.common import Context, cached_part, focus_patterns
+from analyses.common import Context, cached_part, evaluate_with_random, focus_patterns
 
 
 def make_data(ctx: Context) -> pd.DataFrame:
     """The router trained at 512 tokens, evaluated at longer contexts (settings.long_lens):
     dense, window, soft, hard top-1 and top-k, random groups at top-k."""
-    from focus_lab.evaluate import evaluate
-    from focus_lab.retrofit import load_routers, set_config
+    from focus_lab.retrofit import load_routers
     s = ctx.settings
     frames = []
     for T in s.long_lens:
@@ -24,12 +23,7 @@ def make_data(ctx: Context) -> pd.DataFrame:
             ev = ctx.windows("austen", "heldout", T, s.long_windows)
             pats = [p for p in focus_patterns(cfg.num_groups) if p[0] in
                     ("dense", "window", "soft", "hard_top1", f"hard_top{cfg.top_k}")]
-            df = evaluate(model, ev, pats, progress=False)
-            df.insert(0, "method", df["label"].map(lambda l: l if l in ("dense", "window") else "focus"))
-            set_config(model, assignment="random")
-            r = evaluate(model, ev, [(f"hard_top{cfg.top_k}", {"mode": "hard"})], progress=False)
-            r.insert(0, "method", "random")
-            df = pd.concat([df, r], ignore_index=True)
+            df = evaluate_with_random(model, ev, pats, cfg.top_k)
             df["seq_len"] = T
             return df
         frames.append(cached_part(ctx, "transfer_length", f"T{T}", run))
