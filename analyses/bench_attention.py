@@ -301,7 +301,7 @@ def end_to_end(args) -> pd.DataFrame | None:
 
     def use(label: str) -> None:
         if label == "dense":  # the model's own attention (SDPA, is_causal)
-            model.set_attn_implementation(model._focus_state["attn_implementation"])
+            model.set_attn_implementation(model._focus_state.attn_implementation)
         else:  # hard Focus through the decomposition; random groups: the balanced control
             model.set_attn_implementation("focus")
             set_config(model, mode="hard", backend="auto",

@@ -263,14 +263,12 @@ def focus_patterns(K: int, soft: bool = True, window: bool = True) -> list:
 
 def evaluate_with_random(model, windows: list, patterns: list, top_k: int) -> pd.DataFrame:
     """``evaluate`` the patterns (method: dense / window / focus), then hard top-``top_k`` with
-    balanced random groups at the same sparsity (method: random), one frame. Leaves the model's
-    assignment at "random", as the experiments that use it load fresh routers each time."""
+    balanced random groups at the same sparsity (method: random), one frame."""
     from focus_lab.evaluate import evaluate
-    from focus_lab.retrofit import set_config
     df = evaluate(model, windows, patterns, progress=False)
     df.insert(0, "method", df["label"].map(lambda l: l if l in ("dense", "window") else "focus"))
-    set_config(model, assignment="random")
-    r = evaluate(model, windows, [(f"hard_top{top_k}", {"mode": "hard"})], progress=False)
+    r = evaluate(model, windows, [(f"hard_top{top_k}", {"mode": "hard", "assignment": "random"})],
+                 progress=False)
     r.insert(0, "method", "random")
     return pd.concat([df, r], ignore_index=True)
 

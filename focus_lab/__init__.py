@@ -17,7 +17,8 @@ _EXPORTS = {
     "RouterMismatchError": "retrofit", "UnsupportedModelError": "retrofit", "attach": "retrofit",
     "detach": "retrofit", "focus_config": "retrofit", "load_routers": "retrofit",
     "model_identity": "retrofit", "routers": "retrofit", "save_routers": "retrofit",
-    "set_config": "retrofit",
+    "set_config": "retrofit", "FocusForward": "retrofit", "FocusCache": "retrofit",
+    "forward_state": "retrofit",
 }
 
 __all__ = [*_EXPORTS, "record", "__version__"]

@@ -40,8 +40,8 @@ from .config import FocusConfig, TrainConfig
 from . import core
 from .core import Router, distant_pairs_kept, hard_assign, sinkhorn
 from .evaluate import evaluate, standard_patterns
-from .retrofit import (attach, attention_modules, detach, focus_config, is_attached, load_routers, router_inputs,
-                       set_config)
+from .retrofit import (attach, attention_modules, detach, focus_config, forward_state, is_attached, load_routers,
+                       router_inputs)
 
 __all__ = [
     "SoftmaxRouter", "PrefixCausalRouter", "KMeansRouter", "OnlineKMeansRouter", "MoBARouter",
@@ -126,8 +126,8 @@ class KMeansRouter(Router):
         K = config.num_groups
         self.register_buffer("means", torch.zeros(K, d_model) if means is None else means.float().clone())
 
-    def forward(self, h: torch.Tensor) -> torch.Tensor:
-        x = _normalized(h, self.config)  # (B, T, d)
+    def forward(self, h: torch.Tensor, config: FocusConfig | None = None) -> torch.Tensor:
+        x = _normalized(h, config or self.config)  # (B, T, d)
         mu = self.means.to(x.device)
         d2 = x.pow(2).sum(-1, keepdim=True) - 2 * x @ mu.T + mu.pow(2).sum(-1)  # (B, T, K)
         return -d2
@@ -147,10 +147,10 @@ class OnlineKMeansRouter(KMeansRouter):
         self.learning = False
         self.register_buffer("initialized", torch.tensor(False))
 
-    def forward(self, h: torch.Tensor) -> torch.Tensor:
+    def forward(self, h: torch.Tensor, config: FocusConfig | None = None) -> torch.Tensor:
         if self.learning:
             with torch.no_grad():
-                x = _normalized(h, self.config).reshape(-1, h.shape[-1])  # (N, d)
+                x = _normalized(h, config or self.config).reshape(-1, h.shape[-1])  # (N, d)
                 if not bool(self.initialized):
                     g = torch.Generator().manual_seed(core.layer_seed(self.config.seed, self.layer_idx))
                     idx = torch.randperm(x.shape[0], generator=g)[: self.means.shape[0]]
@@ -164,7 +164,7 @@ class OnlineKMeansRouter(KMeansRouter):
                 hit = counts > 0
                 new = sums[hit] / counts[hit, None]
                 self.means[hit] = self.decay * self.means[hit] + (1 - self.decay) * new.to(self.means)
-        return super().forward(h)
+        return super().forward(h, config)
 
 
 class MoBARouter(Router):
@@ -200,7 +200,7 @@ class MoBARouter(Router):
                              f"than num_groups={self.config.num_groups}; use use_moba(..., seq_len={T})")
         return blk
 
-    def forward(self, h: torch.Tensor) -> torch.Tensor:
+    def forward(self, h: torch.Tensor, config: FocusConfig | None = None) -> torch.Tensor:
         B, T, _ = h.shape
         K = self.config.num_groups
         blk = self._blocks(T, h.device)
@@ -214,7 +214,7 @@ class MoBARouter(Router):
             kmean = torch.zeros(B, K, Hkv, D, device=h.device).index_add_(1, blk, k) / counts[None, :, None, None]
             kmean = kmean.repeat_interleave(H // Hkv, dim=2)  # (B, K, H, D)
             return torch.einsum("bthd,bkhd->btk", q, kmean) * scale / H  # (B, T, K)
-        x = _normalized(h, self.config)
+        x = _normalized(h, config or self.config)
         xmean = torch.zeros(B, K, x.shape[-1], device=h.device).index_add_(1, blk, x) / counts[None, :, None]
         return x @ xmean.transpose(1, 2) / math.sqrt(x.shape[-1])
 
@@ -273,23 +273,20 @@ def _same_weights(cls, **kw):
 def capture_router_inputs(model, windows: Sequence, max_tokens: int | None = None) -> dict[int, np.ndarray]:
     """Router inputs of every routed layer under the dense model, RMS-normalized as the router
     normalizes them: {layer: (N, d_model) float32}. A forward pre-hook on each attention module
-    captures its input (the same capture as ``retrofit.attach``); Focus is switched to
-    ``mode="dense"`` for the pass (exactly the pretrained model) and restored."""
+    captures its input (``retrofit.router_inputs``); the forwards run with ``mode="dense"``
+    (exactly the pretrained model) in their own FocusForward, the model's config unchanged."""
     cfg = focus_config(model)
+    state = forward_state(model, mode="dense")
     got: dict[int, list] = {}
     seen = 0
-    try:
-        with router_inputs(model) as inputs:
-            set_config(model, mode="dense")
-            for w in windows:
-                model(input_ids=w.input_ids[None], use_cache=False)
-                for i, h in inputs.items():
-                    got.setdefault(i, []).append(_normalized(h, cfg).reshape(-1, h.shape[-1]).cpu())
-                seen += int(w.input_ids.numel())
-                if max_tokens is not None and seen >= max_tokens:
-                    break
-    finally:
-        set_config(model, mode=cfg.mode)
+    with router_inputs(model) as inputs:
+        for w in windows:
+            model(input_ids=w.input_ids[None], use_cache=False, focus=state)
+            for i, h in inputs.items():
+                got.setdefault(i, []).append(_normalized(h, cfg).reshape(-1, h.shape[-1]).cpu())
+            seen += int(w.input_ids.numel())
+            if max_tokens is not None and seen >= max_tokens:
+                break
     return {i: torch.cat(v)[:max_tokens].numpy() for i, v in got.items()}
 
 
@@ -318,20 +315,18 @@ def fit_online_kmeans_routers(model, windows: Sequence, decay: float = 0.9, pass
     learning on (each layer's centroids follow the inputs routed by the layers below, as in the
     Routing Transformer); then learning off. Returns the old routers."""
     old = swap_routers(model, lambda r, m: OnlineKMeansRouter(r.proj.shape[0], r.config, r.layer_idx, decay))
-    cfg = focus_config(model)
     from .retrofit import routers
     rs = [r for r in routers(model).values() if isinstance(r, OnlineKMeansRouter)]
-    set_config(model, mode="hard")
+    state = forward_state(model, mode="hard")
     try:
         for r in rs:
             r.learning = True
         for _ in range(passes):
             for w in windows:
-                model(input_ids=w.input_ids[None], use_cache=False)
+                model(input_ids=w.input_ids[None], use_cache=False, focus=state)
     finally:
         for r in rs:
             r.learning = False
-        set_config(model, mode=cfg.mode)
     return old
 
 
@@ -513,9 +508,7 @@ def evaluate_baselines(model, router_file: str | Path | None, fit_windows: Seque
         # Focus window, like every other row
         df["distant_pairs_kept"] = [window_distant_kept(T, cfg.window, p[1]["window"], cfg.sink_tokens) for p in pats]
     if "random" in methods:
-        set_config(model, assignment="random")
-        run("random", _hard(K))
-        set_config(model, assignment=cfg.assignment)
+        run("random", [(label, {**changes, "assignment": "random"}) for label, changes in _hard(K)])
     if "kmeans" in methods:
         old = fit_kmeans_routers(model, fit_windows, seed=cfg.seed)
         run("kmeans", _hard(K))

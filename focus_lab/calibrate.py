@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from .retrofit import add_observer, focus_config, routers, set_config
+from .retrofit import add_observer, forward_state, routers
 
 
 @torch.no_grad()
@@ -24,12 +24,13 @@ def calibrate_bias(model, windows: list, progress: bool = True) -> dict[int, tor
         {layer_idx: (K,) new bias in logit units (score / tau), mean 0}.
     Raises:
         ValueError: no window given, or Focus not attached.
-    The config and the routers' train/eval modes in force before the call are restored.
+    The model's config is not changed (the forwards get their own FocusForward); the routers'
+    train/eval modes in force before the call are restored.
     """
     if not windows:
         raise ValueError("calibrate_bias: no windows; the corpus is shorter than one window")
     rs = routers(model)
-    old = focus_config(model)
+    state = forward_state(model, mode="hard", bias_momentum=0.0)  # potentials computed, bias frozen
     sums: dict[int, torch.Tensor] = {}
     counts: dict[int, int] = {}
 
@@ -43,15 +44,13 @@ def calibrate_bias(model, windows: list, progress: bool = True) -> dict[int, tor
     modes = {i: r.training for i, r in rs.items()}
     remove = add_observer(model, observe)
     try:
-        set_config(model, mode="hard", bias_momentum=0.0)  # potentials computed, bias frozen
         for r in rs.values():
             r.train()  # a training router runs Sinkhorn (Router.assign) even in hard mode
         from tqdm.auto import tqdm
         for w in tqdm(windows, desc="calibrate bias", disable=not progress, dynamic_ncols=True):
-            model(input_ids=w.input_ids[None], use_cache=False)
+            model(input_ids=w.input_ids[None], use_cache=False, focus=state)
     finally:
         remove()
-        set_config(model, **old.to_dict())
         for i, r in rs.items():
             r.train(modes[i])
     new = {}

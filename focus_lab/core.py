@@ -59,6 +59,8 @@ class Router(nn.Module):
 
     def __init__(self, d_model: int, config: FocusConfig, layer_idx: int):
         super().__init__()
+        # the config the router was built with: its shape (num_groups, router_dim), seed and the
+        # defaults of ``forward``; the config in force for a forward is passed to ``route``
         self.config = config
         self.layer_idx = layer_idx
         g = torch.Generator().manual_seed(layer_seed(config.seed, layer_idx))
@@ -68,12 +70,16 @@ class Router(nn.Module):
         self.centroids = nn.Parameter(torch.randn(K, dg, generator=g) * (config.tau / math.sqrt(dg)))
         self.register_buffer("group_bias", torch.zeros(K))
 
-    def forward(self, h: torch.Tensor) -> torch.Tensor:
-        """Router scores. h: (B, T, d) attention input -> S: (B, T, K), fp32."""
-        if self.config.assignment == "random":
-            return random_scores(h.shape[0], h.shape[1], self.config.num_groups,
-                                 seed=layer_seed(self.config.seed, self.layer_idx), device=h.device)
-        h = rms_normalize(h) if self.config.normalize_input else h.float()  # (B, T, d)
+    def forward(self, h: torch.Tensor, config: FocusConfig | None = None) -> torch.Tensor:
+        """Router scores. h: (B, T, d) attention input -> S: (B, T, K), fp32.
+
+        ``config``: the forward's config (``assignment``, ``normalize_input``); default the
+        router's own."""
+        cfg = config or self.config
+        if cfg.assignment == "random":
+            return random_scores(h.shape[0], h.shape[1], cfg.num_groups,
+                                 seed=layer_seed(cfg.seed, self.layer_idx), device=h.device)
+        h = rms_normalize(h) if cfg.normalize_input else h.float()  # (B, T, d)
         return (h @ self.proj) @ self.centroids.T  # (B, T, K)
 
     def assign(self, scores: torch.Tensor, config: FocusConfig, token_mask: torch.Tensor | None = None
@@ -101,8 +107,9 @@ class Router(nn.Module):
         return log_p, col, qg, kg
 
     @torch.no_grad()
-    def update_bias(self, col_potential: torch.Tensor) -> None:
-        """EMA of Sinkhorn's column potentials. col_potential: (B, K) in logit units.
+    def update_bias(self, col_potential: torch.Tensor, momentum: float | None = None) -> None:
+        """EMA of Sinkhorn's column potentials. col_potential: (B, K) in logit units;
+        ``momentum``: the forward's ``bias_momentum`` (default the router's config's).
 
         Under torch.distributed the batch mean is averaged over ranks, so every rank keeps the
         same bias, equal to a single process's on the same global batch."""
@@ -111,7 +118,7 @@ class Router(nn.Module):
             torch.distributed.all_reduce(v)
             v = v / torch.distributed.get_world_size()
         v = v - v.mean()
-        m = self.config.bias_momentum
+        m = self.config.bias_momentum if momentum is None else momentum
         self.group_bias.mul_(1 - m).add_(m * v)
 
 
@@ -283,7 +290,8 @@ def route(router: Router, h: torch.Tensor, token_mask: torch.Tensor | None = Non
 
     Args:
         router: the layer's Router; h: (B, T, d) its attention input;
-        token_mask: (B, T) bool, False on padding; config: overrides ``router.config``.
+        token_mask: (B, T) bool, False on padding; config: the forward's FocusConfig
+            (``retrofit.FocusForward.config``); default ``router.config``, the one it was built with.
     Returns:
         Routing: scores (B, T, K) fp32; log_p (B, T, K) and col_potential (B, K) when Sinkhorn
         ran (soft mode or training), else None; query_groups (B, T, k); key_group (B, T).
@@ -293,7 +301,7 @@ def route(router: Router, h: torch.Tensor, token_mask: torch.Tensor | None = Non
     Source: docs/method.md §1.
     """
     cfg = config or router.config
-    scores = router(h)  # (B, T, K)
+    scores = router(h, cfg)  # (B, T, K)
     if not torch.isfinite(scores).all():
         raise FloatingPointError(
             f"router scores of layer {router.layer_idx} contain NaN or inf: the layer's attention input "

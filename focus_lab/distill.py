@@ -62,7 +62,7 @@ def layer_distill_loss(module: torch.nn.Module, router, h: torch.Tensor, query: 
         (loss () float32, relative squared error; col_potential (B, K); scores (B, T, K) detached).
     """
     T = key.shape[2]
-    scores = router(h)  # (B, T, K)
+    scores = router(h, config)  # (B, T, K)
     log_p, col = sinkhorn(scores, config.tau, config.sinkhorn_iters)  # (B, T, K), (B, K)
     k_pos = torch.arange(T, device=key.device)
     gate = soft_gate_bias(log_p[:, q_pos], log_p, config.window, q_pos, k_pos, config.eps,
@@ -104,7 +104,7 @@ def distill_step(model, ids: torch.Tensor, config: FocusConfig, step: int, num_q
         RuntimeError: no routed layer ran (Focus not attached); ValueError: T <= window.
     """
     from .metrics import attention_scale
-    from .retrofit import add_observer, focus_config, router_inputs, set_config
+    from .retrofit import FocusForward, add_observer, router_inputs
 
     T = ids.shape[1]
     gen = torch.Generator().manual_seed(seed * 7919 + step)
@@ -118,20 +118,17 @@ def distill_step(model, ids: torch.Tensor, config: FocusConfig, step: int, num_q
             loss, col, scores = layer_distill_loss(module, r, h, q, k, v, out, q_pos, config,
                                                    attention_scale(module, q.shape[-1]))
             loss.backward()
-        r.update_bias(col)
+        r.update_bias(col, config.bias_momentum)
         losses.append(loss.detach())
         if shares is not None:
             _, kg = hard_assign(scores, config.tau, 1, r.group_bias)
             shares[r.layer_idx] = hard_group_shares(kg, config.num_groups)
 
     remove = add_observer(model, observe)
-    old = focus_config(model)
     try:
         with router_inputs(model) as inputs, torch.no_grad():
-            set_config(model, mode="dense")
-            model(input_ids=ids, use_cache=False)
+            model(input_ids=ids, use_cache=False, focus=FocusForward(config.replace(mode="dense")))
     finally:
-        set_config(model, **old.to_dict())
         remove()
     if not losses:
         raise RuntimeError("distill objective: no routed layer ran (is Focus attached?)")

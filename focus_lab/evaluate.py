@@ -14,7 +14,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .core import distant_pairs_kept, hard_group_shares
-from .retrofit import add_observer, focus_config, set_config
+from .retrofit import add_observer, focus_config, forward_state
 
 EVAL_SCHEMA = 1
 
@@ -84,7 +84,8 @@ def evaluate(model, windows: list, patterns: list[tuple[str, dict]] | None = Non
         i - j >= window that the mask keeps, averaged over routed layers; 1 for dense and soft,
         0 for window), max_group_share (hard modes: largest hard top-1 group's share of tokens,
         averaged over layers; 1/K is perfect balance), seconds, tokens_per_second.
-    The config in force before the call is restored afterwards.
+    Each pattern runs with its own ``retrofit.FocusForward`` (the model's default config with the
+    pattern's changes); nothing on the model is changed.
     """
     original = focus_config(model)
     patterns = patterns or standard_patterns(original.num_groups)
@@ -92,8 +93,10 @@ def evaluate(model, windows: list, patterns: list[tuple[str, dict]] | None = Non
     kept: list[float] = []
     shares: list[float] = []
 
+    current: dict = {}
+
     def observe(module, q, k, v, routing, bias, out):
-        cfg = module.focus_router.config
+        cfg = current["config"]
         if cfg.mode == "hard" and routing is not None:
             kept.append(distant_pairs_kept(routing.query_groups, routing.key_group, cfg.window,
                                            cfg.sink_tokens))
@@ -102,7 +105,8 @@ def evaluate(model, windows: list, patterns: list[tuple[str, dict]] | None = Non
     remove = add_observer(model, observe)
     try:
         for label, changes in patterns:
-            cfg = set_config(model, **changes)
+            state = forward_state(model, **changes)
+            cfg = current["config"] = state.config
             kept.clear()
             shares.clear()
             nll_sum, n_tok = 0.0, 0
@@ -110,7 +114,7 @@ def evaluate(model, windows: list, patterns: list[tuple[str, dict]] | None = Non
             for i in tqdm(range(0, len(windows), batch_size), desc=f"eval {label}",
                           disable=not progress, leave=False, dynamic_ncols=True):
                 ids = torch.stack([w.input_ids for w in windows[i:i + batch_size]])  # (b, T)
-                logits = model(input_ids=ids, use_cache=False).logits  # (b, T, V)
+                logits = model(input_ids=ids, use_cache=False, focus=state).logits  # (b, T, V)
                 nll = torch.nn.functional.cross_entropy(
                     logits[:, :-1].flatten(0, 1).float(), ids[:, 1:].flatten(), reduction="sum")
                 nll_sum += float(nll)
@@ -134,7 +138,6 @@ def evaluate(model, windows: list, patterns: list[tuple[str, dict]] | None = Non
                          "tokens_per_second": n_tok / dt if dt > 0 else float("nan")})
     finally:
         remove()
-        set_config(model, **original.to_dict())
     df = pd.DataFrame(rows)
     df["schema_version"] = EVAL_SCHEMA
     return df

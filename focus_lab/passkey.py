@@ -359,9 +359,9 @@ def needle_edges_kept(query_groups: torch.Tensor, key_group: torch.Tensor, windo
 class _Probe:
     """Observer + pre-hooks of one teacher-forced forward (``retrofit.add_observer``)."""
 
-    def __init__(self, model, case: PasskeyCase, audit: bool):
+    def __init__(self, model, case: PasskeyCase, audit: bool, config):
         from .retrofit import add_observer, attention_modules
-        self.case, self.audit, self.active = case, audit, False
+        self.case, self.audit, self.active, self.config = case, audit, False, config
         self.row = case.length - 1
         self.h: dict[int, torch.Tensor] = {}
         self.kept_pairs: list[float] = []
@@ -392,7 +392,7 @@ class _Probe:
         from .core import distant_pairs_kept, route
         from .metrics import attention_scale
         router = module.focus_router
-        cfg = router.config
+        cfg = self.config
         pos = self.case.needle_key_positions
         q_in = self.row - (key.shape[2] - query.shape[2])
         if 0 <= q_in < bias.shape[1]:  # the mask this pattern's forward used, at the answer row
@@ -423,13 +423,21 @@ def _number_ended(text: str) -> bool:
 
 
 def greedy_continuation(model, prefix: torch.Tensor, steps: int, use_cache: bool,
-                        stop: Callable[[list[int]], bool] | None = None) -> list[int]:
+                        stop: Callable[[list[int]], bool] | None = None, focus=None) -> list[int]:
     """Greedy decoding of up to ``steps`` tokens after ``prefix`` ((T,) int64 token ids).
 
     ``use_cache``: a prefill forward and one-token steps through ``past_key_values`` (dense,
     window, hard router patterns: docs/method.md §4 KV cache); otherwise one full forward per
-    token. ``stop(tokens so far)`` ends decoding early. Returns the new token ids.
+    token. ``stop(tokens so far)`` ends decoding early. ``focus``: the ``retrofit.FocusForward``
+    of every forward (with a FocusCache when ``use_cache``); None: the model's default.
+    Returns the new token ids.
     """
+    if focus is not None:
+        from .retrofit import FocusCache, FocusForward, _state_of
+        focus = _state_of(focus)
+        if use_cache and focus.cache is None:
+            focus = FocusForward(focus.config, FocusCache())
+    fkw = {} if focus is None else {"focus": focus}
     out: list[int] = []
     eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
     eos = set(eos if isinstance(eos, (list, tuple)) else [eos]) - {None}
@@ -437,13 +445,13 @@ def greedy_continuation(model, prefix: torch.Tensor, steps: int, use_cache: bool
     past = None
     for _ in range(steps):
         if use_cache and past is None:  # prefill
-            res = _forward(model, ids, keep=1, use_cache=True)
+            res = _forward(model, ids, keep=1, use_cache=True, **fkw)
             past = res.past_key_values
         elif use_cache:  # one token through the cache
-            res = _forward(model, ids[-1:], keep=1, use_cache=True, past_key_values=past)
+            res = _forward(model, ids[-1:], keep=1, use_cache=True, past_key_values=past, **fkw)
             past = res.past_key_values
         else:
-            res = _forward(model, ids, keep=1, use_cache=False)
+            res = _forward(model, ids, keep=1, use_cache=False, **fkw)
         nxt = int(res.logits[0, -1].argmax())
         out.append(nxt)
         ids = torch.cat([ids, torch.tensor([nxt], dtype=ids.dtype)])
@@ -461,7 +469,7 @@ def run_case(model, tokenizer, case: PasskeyCase, patterns: list[tuple[str, dict
              max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS, audit: bool = True
              ) -> tuple[list[dict], list[dict]]:
     """Run one prompt under each pattern (``[(label, FocusConfig changes)]``,
-    ``evaluate.parse_patterns``); the model's config is restored afterwards.
+    ``evaluate.parse_patterns``), each with its own FocusForward; the model's config is not changed.
 
     Per pattern: one teacher-forced forward over prompt + answer (``length + n`` tokens) gives the
     key's log-probability (nats, the sum over the key's tokens of ``log softmax`` at the position
@@ -477,8 +485,7 @@ def run_case(model, tokenizer, case: PasskeyCase, patterns: list[tuple[str, dict
     ``LAYER_COLUMNS`` except ``schema_version``; layer rows are empty without ``audit``.
     """
     from .evaluate import _window_kept
-    from .retrofit import focus_config, set_config
-    original = focus_config(model)
+    from .retrofit import forward_state
     labels = [lab for lab, _ in patterns]
     runs = list(patterns)
     if audit and not any(c.get("mode") == "dense" for _, c in runs):
@@ -488,56 +495,56 @@ def run_case(model, tokenizer, case: PasskeyCase, patterns: list[tuple[str, dict
     L = case.length
     rows, layer_rows = [], []
     audited = False
-    try:
-        for label, changes in runs:
-            cfg = set_config(model, **changes)
-            do_audit = audit and not audited and cfg.mode == "dense"
-            probe = _Probe(model, case, do_audit)
-            t0 = time.perf_counter()
-            try:
-                probe.active = True
-                logits = _forward(model, ids, keep=n + 1, use_cache=False).logits[0, -(n + 1):-1].float()  # (n, V)
-                probe.active = False
-            finally:
-                probe.close()
-            if do_audit:
-                audited = True
-                layer_rows = [{"format": case.format, "length": L, "depth": case.depth, "seed": case.seed,
-                               "key": case.key, **probe.layers[i]} for i in sorted(probe.layers)]
-            if label == "__audit__":
-                continue
-            logp = torch.log_softmax(logits, -1)  # (n, V)
-            tok_lp = logp.gather(1, case.answer_ids[:, None])[:, 0]  # (n,)
-            key_lp = float(tok_lp[case.key_index].sum())
-            k0 = case.key_index[0]
-            rank = int((logp[k0] > logp[k0, case.answer_ids[k0]]).sum())  # 0: greedy picks it
-            agree = (logits.argmax(-1) == case.answer_ids).tolist()
-            m = agree.index(False) if False in agree else n
-            cont = case.answer_ids[:m].tolist()
-            if m < n:
-                def stop(new, base=list(cont)):
-                    text = tokenizer.decode(base + new)
-                    return case.key in text or _number_ended(text)
-                cont += greedy_continuation(model, torch.cat([case.input_ids, case.answer_ids[:m]]),
-                                            max(1, max_new_tokens - m), _cache_ok(cfg), stop)
-            text = tokenizer.decode(cont)
-            dt = time.perf_counter() - t0
-            frac = {"dense": 1.0, "soft": 1.0}.get(cfg.mode)
-            if cfg.mode == "window":
-                frac = _window_kept(L + n, cfg.window, cfg.sink_tokens)
-            if cfg.mode == "hard":
-                frac = float(np.mean(probe.kept_pairs)) if probe.kept_pairs else float("nan")
-            rows.append({"format": case.format, "length": L, "depth": case.depth, "pattern": label,
-                         "seed": case.seed, "key": case.key, "exact_match": case.key in text,
-                         "key_logprob": key_lp, "key_tokens": len(case.key_index),
-                         "first_key_token_rank": rank, "distant_pairs_kept": frac,
-                         "needle_edges_kept": float(np.mean(probe.needle_kept)) if probe.needle_kept
-                         else float("nan"),
-                         "needle_depth": case.needle_depth, "needle_position": case.needle_position,
-                         "continuation": text, "mode": cfg.mode,
-                         "top_k": cfg.top_k if cfg.mode == "hard" else None, "seconds": dt})
-    finally:
-        set_config(model, **original.to_dict())
+    # each pattern runs with its own FocusForward: the model's config is not changed
+    for label, changes in runs:
+        state = forward_state(model, cache=True, **changes)
+        cfg = state.config
+        do_audit = audit and not audited and cfg.mode == "dense"
+        probe = _Probe(model, case, do_audit, cfg)
+        t0 = time.perf_counter()
+        try:
+            probe.active = True
+            logits = _forward(model, ids, keep=n + 1, use_cache=False,
+                              focus=state).logits[0, -(n + 1):-1].float()  # (n, V)
+            probe.active = False
+        finally:
+            probe.close()
+        if do_audit:
+            audited = True
+            layer_rows = [{"format": case.format, "length": L, "depth": case.depth, "seed": case.seed,
+                           "key": case.key, **probe.layers[i]} for i in sorted(probe.layers)]
+        if label == "__audit__":
+            continue
+        logp = torch.log_softmax(logits, -1)  # (n, V)
+        tok_lp = logp.gather(1, case.answer_ids[:, None])[:, 0]  # (n,)
+        key_lp = float(tok_lp[case.key_index].sum())
+        k0 = case.key_index[0]
+        rank = int((logp[k0] > logp[k0, case.answer_ids[k0]]).sum())  # 0: greedy picks it
+        agree = (logits.argmax(-1) == case.answer_ids).tolist()
+        m = agree.index(False) if False in agree else n
+        cont = case.answer_ids[:m].tolist()
+        if m < n:
+            def stop(new, base=list(cont)):
+                text = tokenizer.decode(base + new)
+                return case.key in text or _number_ended(text)
+            cont += greedy_continuation(model, torch.cat([case.input_ids, case.answer_ids[:m]]),
+                                        max(1, max_new_tokens - m), _cache_ok(cfg), stop, state)
+        text = tokenizer.decode(cont)
+        dt = time.perf_counter() - t0
+        frac = {"dense": 1.0, "soft": 1.0}.get(cfg.mode)
+        if cfg.mode == "window":
+            frac = _window_kept(L + n, cfg.window, cfg.sink_tokens)
+        if cfg.mode == "hard":
+            frac = float(np.mean(probe.kept_pairs)) if probe.kept_pairs else float("nan")
+        rows.append({"format": case.format, "length": L, "depth": case.depth, "pattern": label,
+                     "seed": case.seed, "key": case.key, "exact_match": case.key in text,
+                     "key_logprob": key_lp, "key_tokens": len(case.key_index),
+                     "first_key_token_rank": rank, "distant_pairs_kept": frac,
+                     "needle_edges_kept": float(np.mean(probe.needle_kept)) if probe.needle_kept
+                     else float("nan"),
+                     "needle_depth": case.needle_depth, "needle_position": case.needle_position,
+                     "continuation": text, "mode": cfg.mode,
+                     "top_k": cfg.top_k if cfg.mode == "hard" else None, "seconds": dt})
     assert [r["pattern"] for r in rows] == labels
     return rows, layer_rows
 

@@ -41,8 +41,8 @@ from tqdm.auto import tqdm
 from . import core, metrics as M, record_tables as T
 from .io import atomic_path
 from .decomposition import torch_threads
-from .retrofit import (_keep_from_hf_mask, add_observer, attention_modules, focus_config, model_identity,
-                       is_plain_causal, set_config)
+from .retrofit import (_keep_from_hf_mask, add_observer, attention_modules, focus_config, forward_state,
+                       model_identity, is_plain_causal)
 from .runs import MANIFEST, SCHEMA, SCHEMA_VERSION
 from .config import ALL_METRICS, RecordOptions  # noqa: F401  (defined with the other option dataclasses)
 
@@ -156,11 +156,11 @@ class Recording:
         B, H, T, D = query.shape
         if key.shape[2] != T:  # a decode step: nothing to audit
             return
-        cfg = router.config
+        cfg = self.config
         if routing is None:
             if h is None:
                 raise RuntimeError(f"layer {layer}: the router input was not captured")
-            routing = core.route(router, h)
+            routing = core.route(router, h, config=cfg)
         base = self._seen.get(layer, 0)
         self._seen[layer] = base + B
         self.num_windows = max(self.num_windows, base + B)
@@ -322,13 +322,15 @@ def assignments_for_window(model, input_ids: torch.Tensor) -> pd.DataFrame:
 
 
 @torch.no_grad()
-def next_token_nll(model, input_ids: torch.Tensor, chunk: int = 1024) -> torch.Tensor:
-    """Next-token negative log-likelihood of one window, in nats, in the model's current mode.
+def next_token_nll(model, input_ids: torch.Tensor, chunk: int = 1024, focus=None) -> torch.Tensor:
+    """Next-token negative log-likelihood of one window, in nats.
 
     Args:
         input_ids: (T,) long, T >= 2, one unpadded window.
         chunk: positions per ``cross_entropy`` call (bounds the log-softmax copy of the
             (T, V) logits; the result does not depend on it).
+        focus: the forward's ``retrofit.FocusForward`` (or FocusConfig); None: the model's
+            default (and a model without Focus runs as it is).
     Returns:
         (T - 1,) float32: entry t is ``-log p(x_{t+1} | x_{<=t})`` from the logits at position t.
     Raises:
@@ -337,7 +339,8 @@ def next_token_nll(model, input_ids: torch.Tensor, chunk: int = 1024) -> torch.T
     if input_ids.dim() != 1 or input_ids.shape[0] < 2:
         raise ValueError(f"need one window of at least 2 token ids, shape (T,); got {tuple(input_ids.shape)}")
     ids = input_ids.long()
-    logits = model(input_ids=ids[None], use_cache=False).logits[0]  # (T, V)
+    kw = {} if focus is None else {"focus": focus}
+    logits = model(input_ids=ids[None], use_cache=False, **kw).logits[0]  # (T, V)
     n = ids.shape[0] - 1
     nll = torch.empty(n, dtype=torch.float32)
     for s in range(0, n, chunk):
@@ -352,10 +355,9 @@ def loss_delta_table(model, windows: Sequence, tokens: pd.DataFrame | None = Non
                      chunk: int = 1024) -> pd.DataFrame:
     """The ``loss_delta`` table: per token, the next-token loss under dense and hard Focus attention.
 
-    Two forwards per window, outside any recording: ``set_config(mode="dense")`` (full causal
-    attention) and ``set_config(mode="hard")`` (the top-k mask of the attached FocusConfig: its
-    top_k, window, sink_tokens, groups). The config in force before the call is restored in a
-    finally block, also when a forward raises. Sources: docs/method.md §6 (which dropped
+    Two forwards per window, outside any recording, each with its own ``FocusForward``:
+    ``mode="dense"`` (full causal attention) and ``mode="hard"`` (the top-k mask of the model's
+    FocusConfig: its top_k, window, sink_tokens, groups). The model's config is not changed. Sources: docs/method.md §6 (which dropped
     dependencies cost anything), §2.2 (the hard mask).
 
     Convention: the row at ``position`` t is the prediction made at query position t, of token
@@ -377,21 +379,16 @@ def loss_delta_table(model, windows: Sequence, tokens: pd.DataFrame | None = Non
     Raises:
         ValueError: Focus is not attached, or a window has fewer than 2 tokens.
     """
-    original = focus_config(model)
+    dense_state, hard_state = forward_state(model, mode="dense"), forward_state(model, mode="hard")
     frames = []
-    try:
-        for w_idx, w in enumerate(tqdm(windows, desc="loss_delta", disable=not progress, dynamic_ncols=True)):
-            ids = w.input_ids
-            set_config(model, mode="dense")
-            dense = next_token_nll(model, ids, chunk).numpy()
-            set_config(model, mode="hard")
-            hard = next_token_nll(model, ids, chunk).numpy()
-            n = len(dense)
-            frames.append(pd.DataFrame({
-                "window": np.full(n, w_idx, np.int32), "position": np.arange(n, dtype=np.int32),
-                "nll_dense": dense.astype(np.float32), "nll_hard": hard.astype(np.float32)}))
-    finally:
-        set_config(model, **original.to_dict())
+    for w_idx, w in enumerate(tqdm(windows, desc="loss_delta", disable=not progress, dynamic_ncols=True)):
+        ids = w.input_ids
+        dense = next_token_nll(model, ids, chunk, dense_state).numpy()
+        hard = next_token_nll(model, ids, chunk, hard_state).numpy()
+        n = len(dense)
+        frames.append(pd.DataFrame({
+            "window": np.full(n, w_idx, np.int32), "position": np.arange(n, dtype=np.int32),
+            "nll_dense": dense.astype(np.float32), "nll_hard": hard.astype(np.float32)}))
     cols = list(SCHEMA["loss_delta"])
     if not frames:
         return pd.DataFrame({c: pd.Series(dtype=object if c in ("token", "next_token") else np.float32)

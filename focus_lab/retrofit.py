@@ -13,7 +13,7 @@ import hashlib
 import json
 import re
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from contextlib import contextmanager
 from typing import Callable, Iterator
@@ -93,11 +93,6 @@ def _focus_mask(*args, **kwargs):
     return sdpa_mask(*args, **kwargs)
 
 
-# One check per forward, not per layer: every layer gets the same mask tensor, and summing a
-# (B, T, T) bool mask cost 35 ms a layer at 4K tokens (1.0 s of a 12-14 s SmolLM2 forward).
-_plain_causal_cache: tuple | None = None  # (weakref to the mask, version, Tq, Tk, result)
-
-
 def is_plain_causal(keep: torch.Tensor) -> bool:
     """True when ``keep`` (B, Tq, Tk) bool, a mask that never keeps a future key, is plain
     causality for queries at positions Tk-Tq..Tk-1 (no padding, no sliding window): query i
@@ -107,18 +102,99 @@ def is_plain_causal(keep: torch.Tensor) -> bool:
     return bool((torch.count_nonzero(keep, dim=-1) == q_pos + 1).all())
 
 
-def _is_plain_causal(attention_mask: torch.Tensor | None, keep: torch.Tensor, Tq: int, Tk: int) -> bool:
-    """``is_plain_causal(keep)`` for transformers' mask (None: plain causality), cached for the
-    last mask tensor seen (transformers passes one mask object to every layer of a forward)."""
-    global _plain_causal_cache
-    if attention_mask is None:
-        return True
-    c = _plain_causal_cache
-    if c is not None and c[0]() is attention_mask and c[1:4] == (attention_mask._version, Tq, Tk):
-        return c[4]
-    ok = is_plain_causal(keep)
-    _plain_causal_cache = (weakref.ref(attention_mask), attention_mask._version, Tq, Tk, ok)
-    return ok
+# --------------------------------------------------------------------------------------------
+# the state of a forward: config, router inputs, KV-cache key groups
+
+@dataclass
+class FocusCache:
+    """Hard-mode KV-cache state: the key group of every token seen so far, per routed layer.
+
+    ``key_groups``: {layer_idx: (B, T_seen) int64}. A forward from position 0 (Tq == Tk) starts a
+    layer's entry over; a decode step (Tq < Tk) appends its tokens' groups, since the router needs
+    hidden states that the KV cache does not keep. Source: docs/method.md §4 (KV cache).
+    """
+
+    key_groups: dict[int, torch.Tensor] = field(default_factory=dict)
+
+    def extend(self, layer_idx: int, key_group: torch.Tensor, Tq: int, Tk: int) -> torch.Tensor:
+        """Record this forward's key groups (B, Tq) of layer ``layer_idx``; return the groups of
+        every token seen so far, (B, T_seen), T_seen >= Tk (more under a sliding-window cache).
+
+        Raises:
+            RuntimeError: a decode step (Tq < Tk) whose earlier tokens' groups are unknown
+                (no prefill went through this cache)."""
+        past = self.key_groups.get(layer_idx) if Tq < Tk else None
+        B = key_group.shape[0]
+        if Tq < Tk and (past is None or past.shape[0] != B or past.shape[1] < Tk - Tq):
+            raise RuntimeError(
+                f"hard-mode KV-cache step with {Tk - Tq} cached tokens, but layer {layer_idx} saw "
+                f"{None if past is None else tuple(past.shape)} key groups: start generation "
+                "with a forward from position 0 through the same FocusCache (the model's default "
+                "one, or the FocusForward's cache)")
+        seen = key_group if past is None else torch.cat([past, key_group], 1)  # (B, T_seen)
+        self.key_groups[layer_idx] = seen
+        return seen
+
+
+@dataclass
+class FocusForward:
+    """The Focus state of one forward, passed as ``model(input_ids, focus=FocusForward(cfg))``.
+
+    transformers hands the ``focus`` keyword to every attention module; the pre-hook that
+    ``attach`` installs stores each routed layer's router input in it, and ``focus_attention``
+    reads the config and the inputs from it. A forward without ``focus=`` (e.g. inside
+    ``model.generate``) uses the model's default state: ``focus_config(model)`` (changed by
+    ``set_config``) with the model's own FocusCache.
+
+    Attributes:
+        config: the FocusConfig in force for this forward (mode, top_k, assignment, window, ...).
+            Shape fields (num_groups, router_dim, layers) must be the attached ones.
+        cache: a FocusCache for hard-mode decoding through a KV cache; None: no decode step
+            possible with this state (full forwards only).
+        inputs: {layer_idx: (B, T, d_model)} router inputs of the forward in flight (internal:
+            filled by the pre-hook, consumed by the attention function).
+    Source: docs/method.md §1-§4.
+    """
+
+    config: FocusConfig
+    cache: FocusCache | None = None
+    inputs: dict[int, torch.Tensor] = field(default_factory=dict, repr=False)
+    # one plain-causality check per forward, not per layer: every layer gets the same mask tensor
+    # (summing a (B, T, T) bool mask cost 35 ms a layer at 4K tokens)
+    _plain: tuple | None = field(default=None, repr=False)
+
+    def is_plain_causal(self, attention_mask: torch.Tensor | None, keep: torch.Tensor) -> bool:
+        """``is_plain_causal(keep)`` for transformers' mask (None: plain causality), computed
+        once for the mask tensor of this forward (one mask object serves every layer)."""
+        if attention_mask is None:
+            return True
+        Tq, Tk = keep.shape[-2:]
+        key = (attention_mask._version, Tq, Tk)
+        if self._plain is not None and self._plain[0]() is attention_mask and self._plain[1] == key:
+            return self._plain[2]
+        ok = is_plain_causal(keep)
+        self._plain = (weakref.ref(attention_mask), key, ok)
+        return ok
+
+
+@dataclass
+class _Attachment:
+    """What ``attach`` leaves on a model (``model._focus_state``): the default forward state and
+    what ``detach`` restores."""
+
+    default: FocusForward
+    hooks: list
+    requires_grad: dict[str, bool]
+    attn_implementation: str
+
+
+def _state_of(focus) -> FocusForward | None:
+    """A FocusForward from the ``focus`` keyword (a FocusForward, a FocusConfig or None)."""
+    if focus is None or isinstance(focus, FocusForward):
+        return focus
+    if isinstance(focus, FocusConfig):
+        return FocusForward(focus)
+    raise TypeError(f"focus= takes a FocusForward or a FocusConfig, not {type(focus).__name__}")
 
 
 def _keep_from_hf_mask(attention_mask: torch.Tensor | None, B: int, Tq: int, Tk: int,
@@ -140,10 +216,12 @@ def focus_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, v
     """The "focus" attention function (transformers' AttentionInterface signature).
 
     Args:
-        module: the attention module; its ``focus_router`` (if any) and the input captured by
-            the pre-hook decide the mask. A module without a router attends densely.
+        module: the attention module; its ``focus_router`` (if any) and the forward's state
+            decide the mask. A module without a router attends with the model's own mask.
         query: (B, H, Tq, D); key, value: (B, Hkv, Tk, D); attention_mask: transformers' 4-D
             mask (B, 1, Tq, Tk) bool/float, or None (then plain causality is applied).
+        focus (kwarg): the forward's FocusForward (config, router inputs, KV-cache key groups),
+            put there by the caller (``model(..., focus=...)``) or by attach's pre-hook.
         softcap (kwarg): attention-logit soft-capping (Gemma-2), applied to every layer's
             logits before the mask, routed or not; ``sliding_window`` needs nothing here, the
             model's window is already in ``attention_mask``.
@@ -151,30 +229,33 @@ def focus_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, v
         (attn_output (B, Tq, H, D), None).
     Raises:
         NotImplementedError: for a KV-cache decode step (Tq < Tk) in soft mode.
-        RuntimeError: a hard-mode KV-cache step whose earlier tokens' key groups are unknown.
+        RuntimeError: no Focus state reached a routed layer (call the attached model), or a
+            hard-mode KV-cache step whose earlier tokens' key groups are unknown.
 
-    Hard mode uses ``decomposition.hard_focus_attention`` (two attention calls + LSE merge,
-    docs/method.md §4) unless ``config.backend == "dense"`` or the mask hides more than causality
-    (padding, a model's own sliding window) or the model soft-caps its logits: then the dense
-    masked reference (``core.masked_attention``, with ``softcap``). With a KV cache,
-    a step's queries see their window plus the earlier keys of their groups: the key groups of
-    the tokens seen so far are kept on the module (``_focus_key_groups``, reset by every
-    forward that starts at position 0, i.e. Tq == Tk), since the router needs hidden states.
+    Reads as route -> choose path -> compute. Hard mode uses
+    ``decomposition.hard_focus_attention`` (two attention calls + LSE merge, docs/method.md §4)
+    unless ``config.backend == "dense"`` or the mask hides more than causality (padding, a
+    model's own sliding window) or the model soft-caps its logits: then the dense masked
+    reference (``core.masked_attention``, with ``softcap``). With a KV cache, a step's queries
+    see their window plus the earlier keys of their groups (``FocusCache``).
     """
     softcap = kwargs.get("softcap")
     B, H, Tq, _ = query.shape
     Tk = key.shape[2]
     keep = _keep_from_hf_mask(attention_mask, B, Tq, Tk, query.device)  # (B, Tq, Tk)
     router: Router | None = getattr(module, "focus_router", None)
-    h = module.__dict__.pop("_focus_h", None)
     if router is None:  # an unrouted layer (e.g. a sliding layer of Gemma): the model's own mask
         return _finish(module, query, key, value, None, keep,
                        masked_attention(query, key, value, keep, scaling, softcap=softcap))
-    cfg = router.config
+    state = _state_of(kwargs.get("focus"))
+    if state is None:
+        raise RuntimeError("Focus state missing in a routed layer: call the model itself (its "
+                           "attach() pre-hooks pass it), or attach() the model again")
+    cfg = state.config
     # 1. route: the layer's groups (and those of every cached token in a hard decode step)
-    routing, offset = _route_layer(module, router, h, keep, attention_mask, Tq, Tk)
+    routing, offset = _route_layer(router, state, keep, attention_mask, Tq, Tk)
     # 2. choose the path, 3. compute
-    path = _attention_path(cfg, query, key, attention_mask, keep, Tq, Tk, offset, softcap)
+    path = _attention_path(state, query, key, attention_mask, keep, Tq, Tk, offset, softcap)
     q_pos = torch.arange(offset + Tk - Tq, offset + Tk, device=query.device)  # absolute positions
     k_pos = torch.arange(offset, offset + Tk, device=query.device)
     if path == "decomposition":
@@ -204,18 +285,18 @@ def _finish(module, query, key, value, routing, bias, out: torch.Tensor) -> tupl
     return out.transpose(1, 2).contiguous(), None
 
 
-def _route_layer(module: nn.Module, router: Router, h: torch.Tensor | None, keep: torch.Tensor,
+def _route_layer(router: Router, state: FocusForward, keep: torch.Tensor,
                  attention_mask: torch.Tensor | None, Tq: int, Tk: int) -> tuple[Routing | None, int]:
     """(routing, offset) of one routed layer's forward; routing is None in dense / window mode.
 
     In hard mode with a KV cache (Tq < Tk) the key groups of the cached tokens come from the
-    earlier forwards (kept on the module as ``_focus_key_groups``; reset by a forward from
-    position 0), since the router needs hidden states. ``offset``: the absolute position of the
-    first key (> 0 only under a sliding-window cache, Mistral). In training the group bias
-    follows Sinkhorn's column potentials (docs/method.md §1.3).
+    state's FocusCache (filled by the earlier forwards), since the router needs hidden states.
+    ``offset``: the absolute position of the first key (> 0 only under a sliding-window cache,
+    Mistral). In training the group bias follows Sinkhorn's column potentials (docs/method.md §1.3).
     Raises: NotImplementedError (soft mode with a KV cache), RuntimeError (input not captured,
     or a hard decode step whose earlier tokens' groups are unknown)."""
-    cfg = router.config
+    cfg = state.config
+    h = state.inputs.pop(router.layer_idx, None)
     if cfg.mode not in ("soft", "hard"):
         return None, 0
     if Tq != Tk and cfg.mode == "soft":
@@ -225,32 +306,32 @@ def _route_layer(module: nn.Module, router: Router, h: torch.Tensor | None, keep
     if h is None:
         raise RuntimeError("Focus router input was not captured: attach() the model again")
     token_mask = keep.diagonal(dim1=1, dim2=2, offset=Tk - Tq) if attention_mask is not None else None
-    routing = route(router, h, token_mask)
+    routing = route(router, h, token_mask, cfg)
     if router.training and routing.col_potential is not None:
-        router.update_bias(routing.col_potential)
+        router.update_bias(routing.col_potential, cfg.bias_momentum)
     if cfg.mode != "hard":
         return routing, 0
-    B = routing.key_group.shape[0]
-    past = module.__dict__.get("_focus_key_groups") if Tq < Tk else None
-    if Tq < Tk and (past is None or past.shape[0] != B or past.shape[1] < Tk - Tq):
-        raise RuntimeError(
-            f"hard-mode KV-cache step with {Tk - Tq} cached tokens, but this layer saw "
-            f"{None if past is None else tuple(past.shape)} key groups: start generation "
-            "with a forward from position 0 through the Focus-attached model")
-    seen = routing.key_group if past is None else torch.cat([past, routing.key_group], 1)
-    module.__dict__["_focus_key_groups"] = seen
+    if state.cache is None:
+        if Tq < Tk:
+            raise RuntimeError(
+                f"hard-mode KV-cache step with {Tk - Tq} cached tokens, but this forward's "
+                "FocusForward has no FocusCache: pass FocusForward(config, cache=FocusCache()) "
+                "to the prefill and to every step, or omit focus= to use the model's default")
+        return routing, 0
+    seen = state.cache.extend(router.layer_idx, routing.key_group, Tq, Tk)  # (B, T_seen)
     offset = seen.shape[1] - Tk  # a sliding-window cache keeps only the latest keys
     return Routing(routing.scores, routing.log_p, routing.col_potential, routing.query_groups,
                    seen[:, offset:]), offset
 
 
-def _attention_path(cfg: FocusConfig, query, key, attention_mask, keep, Tq: int, Tk: int,
+def _attention_path(state: FocusForward, query, key, attention_mask, keep, Tq: int, Tk: int,
                     offset: int, softcap) -> str:
     """"decomposition" (hard mode, two attention calls, docs/method.md §4), "causal_sdpa" (dense
     mode, the causal flash kernel) or "reference" (the dense masked O(T^2) path). The fast
     paths need plain causality (no padding, no model sliding window), keys from position 0, no
     logit soft-capping, and for the decomposition no autograd."""
-    simple = softcap is None and offset == 0 and _is_plain_causal(attention_mask, keep, Tq, Tk)
+    cfg = state.config
+    simple = softcap is None and offset == 0 and state.is_plain_causal(attention_mask, keep)
     needs_grad = torch.is_grad_enabled() and (query.requires_grad or key.requires_grad)
     if cfg.mode == "hard" and cfg.backend != "dense" and not needs_grad and simple:
         return "decomposition"
@@ -312,9 +393,18 @@ def focus_layers(model: nn.Module) -> list[int]:
     return layers
 
 
-def _capture_input(module: nn.Module, args: tuple, kwargs: dict) -> None:
-    h = kwargs.get("hidden_states", args[0] if args else None)
-    module.__dict__["_focus_h"] = h
+def _state_hook(attachment: _Attachment) -> Callable:
+    """The forward pre-hook ``attach`` puts on every attention module (``with_kwargs=True``:
+    decoder layers pass ``hidden_states`` by keyword). It makes sure the module's call carries a
+    FocusForward (the caller's ``focus=``, else the model's default) and stores the routed
+    layer's input (after the layer's input norm) in it for the router."""
+    def hook(module: nn.Module, args: tuple, kwargs: dict):
+        state = _state_of(kwargs.get("focus")) or attachment.default
+        router = getattr(module, "focus_router", None)
+        if router is not None:
+            state.inputs[router.layer_idx] = kwargs.get("hidden_states", args[0] if args else None)
+        return args, {**kwargs, "focus": state}
+    return hook
 
 
 @contextmanager
@@ -380,18 +470,14 @@ def attach(model: nn.Module, config: FocusConfig | None = None) -> nn.Module:
     for p in model.parameters():
         p.requires_grad_(False)
     device = next(model.parameters()).device
-    hooks = []
+    attachment = _Attachment(FocusForward(config, FocusCache()), [], requires_grad,
+                             model.config._attn_implementation)
     for idx, module in modules:
         if idx in layers:
             # routers start in eval mode: their group bias only moves inside focus_lab.train
             module.focus_router = Router(d_model, config, idx).to(device).eval()
-        hooks.append(module.register_forward_pre_hook(_capture_input, with_kwargs=True))
-    model._focus_state = {
-        "config": config,
-        "hooks": hooks,
-        "requires_grad": requires_grad,
-        "attn_implementation": model.config._attn_implementation,
-    }
+        attachment.hooks.append(module.register_forward_pre_hook(_state_hook(attachment), with_kwargs=True))
+    model._focus_state = attachment
     model.set_attn_implementation(ATTN_NAME)
     return model
 
@@ -399,18 +485,17 @@ def attach(model: nn.Module, config: FocusConfig | None = None) -> nn.Module:
 def detach(model: nn.Module) -> nn.Module:
     """Undo ``attach``: remove routers and hooks, restore the attention implementation and
     each parameter's ``requires_grad``. Outputs are then exactly the original ones."""
-    state = model.__dict__.get("_focus_state")
+    state: _Attachment | None = model.__dict__.get("_focus_state")
     if state is None:
         raise ValueError("Focus is not attached to this model")
-    for h in state["hooks"]:
+    for h in state.hooks:
         h.remove()
     for _, module in attention_modules(model):
         if hasattr(module, "focus_router"):
             del module.focus_router
-        module.__dict__.pop("_focus_h", None)
-    model.set_attn_implementation(state["attn_implementation"])
+    model.set_attn_implementation(state.attn_implementation)
     for n, p in model.named_parameters():
-        p.requires_grad_(state["requires_grad"].get(n, True))
+        p.requires_grad_(state.requires_grad.get(n, True))
     del model._focus_state
     return model
 
@@ -421,26 +506,40 @@ def routers(model: nn.Module) -> dict[int, Router]:
 
 
 def focus_config(model: nn.Module) -> FocusConfig:
-    """The FocusConfig the model's routers use now."""
+    """The model's default FocusConfig: the one a forward without ``focus=`` uses.
+
+    Raises ValueError when Focus is not attached."""
     if not is_attached(model):
         raise ValueError("Focus is not attached to this model; call focus_lab.attach(model, config)")
-    return model._focus_state["config"]
+    return model._focus_state.default.config
 
 
-def set_config(model: nn.Module, **changes) -> FocusConfig:
-    """Change the attached config (e.g. ``mode="hard", top_k=1``) for every router at once.
-
-    Shape-changing fields (num_groups, router_dim, layers, seed) cannot change after attach.
-    """
-    old = focus_config(model)
+def _changed(old: FocusConfig, changes: dict) -> FocusConfig:
     fixed = {"num_groups", "router_dim", "layers"}
     bad = sorted(k for k in changes if k in fixed and changes[k] != getattr(old, k))
     if bad:
         raise ValueError(f"cannot change {bad} after attach: detach and attach a new config")
-    new = old.replace(**changes)
-    model._focus_state["config"] = new
-    for r in routers(model).values():
-        r.config = new
+    return old.replace(**changes)
+
+
+def forward_state(model: nn.Module, cache: bool = False, **changes) -> FocusForward:
+    """A FocusForward for one or more forwards: the model's default config with ``changes``
+    (e.g. ``mode="hard", top_k=1``), nothing on the model mutated. Use it as
+    ``model(input_ids, focus=forward_state(model, mode="dense"))``; ``cache=True`` gives it a
+    FocusCache for hard-mode decoding through a KV cache.
+
+    Raises ValueError: Focus not attached, or a shape field (num_groups, router_dim, layers)
+    changed (they are fixed at attach)."""
+    return FocusForward(_changed(focus_config(model), changes), FocusCache() if cache else None)
+
+
+def set_config(model: nn.Module, **changes) -> FocusConfig:
+    """Change the model's default config (e.g. ``mode="hard", top_k=1``): what every forward
+    without ``focus=`` uses from now on (``model.generate`` included). Library code passes a
+    ``forward_state`` per forward instead. Shape fields (num_groups, router_dim, layers) cannot
+    change after attach (ValueError)."""
+    new = _changed(focus_config(model), changes)
+    model._focus_state.default = FocusForward(new, FocusCache())
     return new
 
 
@@ -467,17 +566,19 @@ def model_identity(model: nn.Module) -> dict[str, str]:
             "config_sha256": config_sha, "embedding_sha256": embed_sha}
 
 
-def save_routers(model: nn.Module, path: str | Path, extra: dict | None = None) -> Path:
-    """Write the routers as safetensors (atomically), with the FocusConfig and the base
-    model's identity in the metadata. Tensors: ``layers.{i}.proj (d_model, d_g)``,
-    ``layers.{i}.centroids (K, d_g)``, ``layers.{i}.group_bias (K,)``."""
+def save_routers(model: nn.Module, path: str | Path, extra: dict | None = None,
+                 config: FocusConfig | None = None) -> Path:
+    """Write the routers as safetensors (atomically), with the FocusConfig (``config``, default
+    the model's default ``focus_config(model)``) and the base model's identity in the metadata.
+    Tensors: ``layers.{i}.proj (d_model, d_g)``, ``layers.{i}.centroids (K, d_g)``,
+    ``layers.{i}.group_bias (K,)``."""
     path = Path(path)
     tensors = {}
     for i, r in routers(model).items():
         for name, t in [("proj", r.proj), ("centroids", r.centroids), ("group_bias", r.group_bias)]:
             tensors[f"layers.{i}.{name}"] = t.detach().to("cpu", torch.float32).contiguous()
     meta = {"format": ROUTER_FORMAT, "format_version": ROUTER_FORMAT_VERSION,
-            "focus_config": focus_config(model).to_json(),
+            "focus_config": (config or focus_config(model)).to_json(),
             "base_model": json.dumps(model_identity(model), sort_keys=True),
             "extra": json.dumps(extra or {}, sort_keys=True, default=str)}
     with atomic_path(path) as tmp:

@@ -21,8 +21,8 @@ from tqdm.auto import tqdm
 from .core import hard_group_shares
 from .config import FocusConfig, TrainConfig
 from .io import atomic_path, write_json, write_parquet
-from .retrofit import (add_observer, attach, focus_config, is_attached, load_routers, routers,
-                       save_routers, set_config)
+from .retrofit import (FocusForward, add_observer, attach, focus_config, is_attached, load_routers,
+                       routers, save_routers)
 
 TRAIN_LOG_SCHEMA = 1
 
@@ -127,26 +127,23 @@ def train(model, windows: list, focus_cfg: FocusConfig, train_cfg: TrainConfig, 
                          "processes; choose a batch size divisible by --nproc_per_node")
     if not is_attached(model):
         attach(model, focus_cfg.replace(mode="soft"))
-    else:
-        set_config(model, mode="soft")
-    base_cfg = focus_config(model)
+    # the config every training forward uses (passed per forward, the model's default untouched)
+    base_cfg = focus_config(model).replace(mode="soft")
     params = [p for r in routers(model).values() for p in (r.proj, r.centroids)]
     opt = torch.optim.AdamW(params, lr=train_cfg.lr, weight_decay=train_cfg.weight_decay)
     start, log_rows = 0, []
     if train_cfg.init_routers and not resume:  # length curriculum: start from trained routers
         load_routers(model, train_cfg.init_routers)
-        set_config(model, **base_cfg.to_dict())
     if resume:
         if not (ckpt / "routers.safetensors").is_file():
             raise FileNotFoundError(f"--resume: no checkpoint in {ckpt}; start without --resume")
         load_routers(model, ckpt / "routers.safetensors")
-        set_config(model, **base_cfg.to_dict())
         state = torch.load(ckpt / "trainer.pt", weights_only=True)
         opt.load_state_dict(state["optimizer"])
         start = int(state["step"])
         log_rows = pd.read_parquet(ckpt / "train_log.parquet").to_dict("records")
     if rank == 0:
-        write_json(out / "train_config.json", {"focus_config": focus_config(model).to_dict(),
+        write_json(out / "train_config.json", {"focus_config": base_cfg.to_dict(),
                    "train_config": train_cfg.to_dict(), "meta": meta or {}})
     torch.manual_seed(train_cfg.seed)
     if resume:
@@ -155,7 +152,7 @@ def train(model, windows: list, focus_cfg: FocusConfig, train_cfg: TrainConfig, 
     rs = routers(model)
     for r in rs.values():
         r.train()
-    K = focus_config(model).num_groups
+    K = base_cfg.num_groups
     shares: dict[int, torch.Tensor] = {}
 
     def observe(module, q, k, v, routing, bias, o):
@@ -180,8 +177,6 @@ def train(model, windows: list, focus_cfg: FocusConfig, train_cfg: TrainConfig, 
             for g in opt.param_groups:
                 g["lr"] = _lr_at(step, train_cfg)
             step_cfg = schedule_config(base_cfg, train_cfg, step)
-            if step_cfg != focus_config(model):
-                set_config(model, **step_cfg.to_dict())
             ids = batch_for_step(windows, step, train_cfg)[rank::world].to(device)  # this rank's share
             opt.zero_grad(set_to_none=True)
             if train_cfg.objective in ("coverage", "distill"):
@@ -197,7 +192,8 @@ def train(model, windows: list, focus_cfg: FocusConfig, train_cfg: TrainConfig, 
                             dist.all_reduce(p.grad)
                             p.grad /= world
             else:
-                loss_t = forward(input_ids=ids, labels=ids, use_cache=False).loss
+                loss_t = forward(input_ids=ids, labels=ids, use_cache=False,
+                                 focus=FocusForward(step_cfg)).loss
                 loss_t.backward()
                 loss_d = loss_t.detach().clone()
             if world > 1:
@@ -214,9 +210,8 @@ def train(model, windows: list, focus_cfg: FocusConfig, train_cfg: TrainConfig, 
                                  "max_group_share": float(s.max()), "min_group_share": float(s.min())})
             bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{ids.numel() / dt:.0f}")
             if rank == 0 and ((step + 1) % train_cfg.checkpoint_every == 0 or step + 1 == train_cfg.steps):
-                _checkpoint(model, opt, step + 1, log_rows, ckpt)
+                _checkpoint(model, opt, step + 1, log_rows, ckpt, base_cfg)
     finally:
-        set_config(model, **base_cfg.to_dict())
         remove()
         for r in rs.values():
             r.eval()
@@ -232,7 +227,8 @@ def train(model, windows: list, focus_cfg: FocusConfig, train_cfg: TrainConfig, 
         dist.barrier()
     if rank == 0:
         write_parquet(out / "train_log.parquet", log)
-        save_routers(model, out / "routers.safetensors", extra={"steps": train_cfg.steps, **(meta or {})})
+        save_routers(model, out / "routers.safetensors", extra={"steps": train_cfg.steps, **(meta or {})},
+                     config=base_cfg)
     per_step = log.groupby("step")["loss"].first()
     n = min(5, len(per_step))  # single-batch losses are noisy: average the first and last n steps
     return TrainResult(out, train_cfg.steps, float(per_step.iloc[:n].mean()), float(per_step.iloc[-n:].mean()), seconds,
@@ -267,35 +263,32 @@ def coverage_step(model, ids: torch.Tensor, config: FocusConfig, shares: dict | 
         h = inputs.pop(r.layer_idx).detach()
         attn = head_mean_attention(q, k, attention_scale(module, q.shape[-1]))  # (B, T, T)
         with torch.enable_grad():
-            scores = r(h)  # (B, T, K)
+            scores = r(h, config)  # (B, T, K)
             log_p, col = sinkhorn(scores, config.tau, config.sinkhorn_iters)
             loss = coverage_loss(attn, log_p, config.window, config.sink_tokens)
             loss.backward()
-        r.update_bias(col)
+        r.update_bias(col, config.bias_momentum)
         losses.append(loss.detach())
         if shares is not None:
             _, kg = hard_assign(scores.detach(), config.tau, 1, r.group_bias)
             shares[r.layer_idx] = hard_group_shares(kg, config.num_groups)
 
     remove = add_observer(model, observe)
-    old = focus_config(model)
     try:
         with router_inputs(model) as inputs, torch.no_grad():
-            set_config(model, mode="dense")
-            model(input_ids=ids, use_cache=False)
+            model(input_ids=ids, use_cache=False, focus=FocusForward(config.replace(mode="dense")))
     finally:
-        set_config(model, **old.to_dict())
         remove()
     if not losses:
         raise RuntimeError("coverage objective: no routed layer ran (is Focus attached?)")
     return torch.stack(losses).mean()
 
 
-def _checkpoint(model, opt, step: int, log_rows: list, ckpt: Path) -> None:
+def _checkpoint(model, opt, step: int, log_rows: list, ckpt: Path, config: FocusConfig) -> None:
     """Write routers, optimizer state and the log so far as one atomic directory."""
     with atomic_path(ckpt) as tmp:
         tmp.mkdir()
-        save_routers(model, tmp / "routers.safetensors", extra={"step": step})
+        save_routers(model, tmp / "routers.safetensors", extra={"step": step}, config=config)
         torch.save({"optimizer": opt.state_dict(), "step": step, "rng": torch.get_rng_state()},
                    tmp / "trainer.pt")
         write_parquet(tmp / "train_log.parquet", pd.DataFrame(log_rows))

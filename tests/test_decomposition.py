@@ -349,36 +349,63 @@ def test_options_change_the_speed_knobs_not_the_result(monkeypatch):
 
 def test_plain_causal_check_is_cached_per_mask_and_sees_in_place_changes():
     """The fast path needs a mask that is plain causality; the check runs once per mask object
-    (every layer of a forward gets the same one) and again when the mask changes in place."""
-    from focus_lab.retrofit import _is_plain_causal
+    per forward state (every layer of a forward gets the same one) and again when the mask
+    changes in place."""
+    from focus_lab.config import FocusConfig
+    from focus_lab.retrofit import FocusForward
 
     T = 12
+    state = FocusForward(FocusConfig())
     causal = torch.ones(T, T, dtype=torch.bool).tril()[None, None].repeat(2, 1, 1, 1)  # (B, 1, T, T)
     keep = causal[:, 0]
-    assert _is_plain_causal(causal, keep, T, T)
-    assert _is_plain_causal(causal, keep, T, T)  # cached
+    assert state.is_plain_causal(causal, keep)
+    assert state._plain is not None and state._plain[2] is True
+    assert state.is_plain_causal(causal, keep)  # cached
     causal[1, 0, :, :3] = False  # padding on the left of row 1, in place
-    assert not _is_plain_causal(causal, causal[:, 0], T, T)
+    assert not state.is_plain_causal(causal, causal[:, 0])
     band = torch.ones(T, T, dtype=torch.bool).tril() & torch.ones(T, T, dtype=torch.bool).triu(-4)
-    assert not _is_plain_causal(band[None, None], band[None], T, T)  # a sliding window
+    assert not state.is_plain_causal(band[None, None], band[None])  # a sliding window
     step = torch.ones(1, 1, 3, T, dtype=torch.bool)  # last 3 queries of a cache step see all keys
     step[0, 0, 0, -2:] = False
     step[0, 0, 1, -1:] = False
-    assert _is_plain_causal(step, step[:, 0], 3, T)
-    assert _is_plain_causal(None, None, 3, T)
+    assert state.is_plain_causal(step, step[:, 0])
+    assert state.is_plain_causal(None, None)
 
 
 def test_cache_step_without_prefill_history_raises():
     from transformers import DynamicCache
+    from focus_lab.retrofit import FocusCache, FocusForward, focus_config
     m = _attached("llama")
     ids = torch.randint(3, 97, (1, 20))
+    cfg = focus_config(m)
     with torch.no_grad():
         cache = DynamicCache(config=m.config)
-        m(ids, past_key_values=cache, use_cache=True)
-        for _, mod in __import__("focus_lab").retrofit.attention_modules(m):
-            mod.__dict__.pop("_focus_key_groups", None)
-        with pytest.raises(RuntimeError, match="key groups"):
-            m(ids[:, :1], past_key_values=cache, use_cache=True)
+        m(ids, past_key_values=cache, use_cache=True, focus=FocusForward(cfg, FocusCache()))
+        with pytest.raises(RuntimeError, match="key groups"):  # a cache that saw no prefill
+            m(ids[:, :1], past_key_values=cache, use_cache=True, focus=FocusForward(cfg, FocusCache()))
+        with pytest.raises(RuntimeError, match="no FocusCache"):  # a state without a cache
+            m(ids[:, :1], past_key_values=cache, use_cache=True, focus=FocusForward(cfg))
+
+
+def test_explicit_forward_state_cache_equals_full_forward_and_leaves_default_alone():
+    """Hard-mode decoding with an explicit FocusForward(cache=...) gives the logits of the full
+    forward, and neither the model's default config nor its default cache changes."""
+    from transformers import DynamicCache
+    from focus_lab.retrofit import focus_config, forward_state
+    m = _attached("llama", mode="soft")
+    ids = torch.randint(3, 97, (1, 40))
+    default = focus_config(m)
+    state = forward_state(m, cache=True, mode="hard", top_k=1)
+    with torch.no_grad():
+        full = m(ids, use_cache=False, focus=forward_state(m, mode="hard", top_k=1)).logits  # (1, T, V)
+        cache = DynamicCache(config=m.config)
+        m(ids[:, :30], past_key_values=cache, use_cache=True, focus=state)
+        steps = [m(ids[:, t:t + 1], past_key_values=cache, use_cache=True, focus=state).logits[:, -1]
+                 for t in range(30, 40)]
+    torch.testing.assert_close(torch.stack(steps, 1), full[:, 30:40], atol=1e-4, rtol=1e-4)
+    assert focus_config(m) == default and default.mode != "hard"
+    assert m._focus_state.default.cache.key_groups == {}
+    assert all(v.shape == (1, 40) for v in state.cache.key_groups.values())
 
 
 def test_config_backend_field():

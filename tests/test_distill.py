@@ -9,7 +9,7 @@ from conftest import tiny_gpt2, tiny_llama
 from focus_lab.config import FocusConfig, TrainConfig
 from focus_lab.core import sinkhorn
 from focus_lab.distill import distill_step, layer_distill_loss, output_projection, sample_queries
-from focus_lab.retrofit import add_observer, attach, routers, set_config
+from focus_lab.retrofit import add_observer, attach, focus_config, routers, set_config
 
 
 def _capture_layer(model, ids, layer=0):
@@ -96,7 +96,7 @@ def test_distill_step_moves_only_routers_and_restores_config():
     grads = {n for n, p in model.named_parameters() if p.grad is not None and p.grad.abs().sum() > 0}
     assert grads and all("focus_router" in n for n in grads)
     assert all(torch.equal(p, before[n]) for n, p in model.named_parameters())  # no optimizer step here
-    assert model._focus_state["config"].mode == "soft"
+    assert focus_config(model).mode == "soft"  # the model's default config is untouched
 
 
 def test_sample_queries_and_config_errors():

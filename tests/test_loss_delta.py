@@ -91,7 +91,7 @@ def test_delta_is_zero_when_the_window_covers_every_token():
     assert (df.delta == 0).all() and (df.nll_dense > 0).all()
 
 
-def test_config_is_restored_when_a_forward_fails():
+def test_config_is_unchanged_when_a_forward_fails():
     model = tiny_llama()
     cfg = FocusConfig(mode="window", window=5, num_groups=4, top_k=3)
     focus_lab.attach(model, cfg)

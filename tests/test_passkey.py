@@ -166,11 +166,16 @@ def test_key_logprob_equals_brute_force(tok, hay, pattern):
     assert brute_key_logprob(model, other) != pytest.approx(rows[0]["key_logprob"], abs=1e-3)
 
 
-def test_config_restored_after_run_case(tok, hay):
+def test_run_case_leaves_the_model_config_alone(tok, hay):
+    """Every pattern runs in its own FocusForward: the model's default state is the same object
+    after the run (no set_config inside), with the config set before."""
+    from focus_lab.retrofit import focus_config
     model = focus_model()
     set_config(model, mode="soft", top_k=3)
+    default = model._focus_state.default
     P.run_case(model, tok, P.make_case(hay, tok, 250, 0, seed=0), parse_patterns(ALL, 4))
-    cfg = next(iter(routers(model).values())).config
+    assert model._focus_state.default is default
+    cfg = focus_config(model)
     assert (cfg.mode, cfg.top_k, cfg.assignment) == ("soft", 3, "router")
 
 
