@@ -26,7 +26,14 @@ import pandas as pd
 from focus_lab.config import FocusConfig
 from focus_lab.io import write_parquet
 
-REPO = Path(__file__).resolve().parent.parent
+def _root() -> Path:
+    """The checkout holding this package (it has pyproject.toml), or, for a non-editable install
+    (analyses/ inside site-packages), the working directory: outputs never go to site-packages."""
+    here = Path(__file__).resolve().parent.parent
+    return here if (here / "pyproject.toml").is_file() else Path.cwd()
+
+
+REPO = _root()
 DEFAULT_ROUTERS = REPO / "checkpoints" / "smollm2-austen" / "routers.safetensors"
 
 # ============================================================================================

@@ -40,7 +40,8 @@ def test_non_editable_install_has_everything_the_cli_needs(tmp_path):
     src.mkdir()
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(repo / name, src / name)
-    shutil.copytree(repo / "focus_lab", src / "focus_lab", ignore=shutil.ignore_patterns("__pycache__"))
+    for pkg in ("focus_lab", "analyses"):
+        shutil.copytree(repo / pkg, src / pkg, ignore=shutil.ignore_patterns("__pycache__"))
     target = tmp_path / "site"
     build = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation",
                             "--no-index", "-q", "--target", str(target), str(src)],
@@ -49,11 +50,14 @@ def test_non_editable_install_has_everything_the_cli_needs(tmp_path):
     assert build.returncode == 0, build.stderr[-2000:]
     probe = ("import focus_lab, focus_lab.cli as c, focus_lab.shipped as s, pathlib\n"
              "cmd = c._app_command(pathlib.Path('.'), '127.0.0.1', 1)\n"
-             "print(focus_lab.__file__); print(cmd[4]); print(s.shipped_router_file())")
+             "print(focus_lab.__file__); print(cmd[4]); print(s.shipped_router_file())\n"
+             "import analyses.common as ac; print(ac.REPO)")
     env = {**__import__("os").environ, "PYTHONPATH": str(target)}
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=tmp_path, env=env)
     assert out.returncode == 0, out.stderr[-2000:]
-    init, main, routers = out.stdout.split()
+    init, main, routers, root = out.stdout.split()
+    # the installed figure runner writes under the working directory, never into site-packages
+    assert Path(root) == tmp_path.resolve(), root
     assert init.startswith(str(target)), init  # the installed copy, not the checkout
     assert main.startswith(str(target)) and Path(main).is_file()
     pages = Path(main).parent / "app_pages"
