@@ -360,30 +360,20 @@ class _Probe:
     """Observer + pre-hooks of one teacher-forced forward (``retrofit.add_observer``)."""
 
     def __init__(self, model, case: PasskeyCase, audit: bool, config):
-        from .retrofit import add_observer, attention_modules
+        from contextlib import nullcontext
+        from .retrofit import add_observer, router_inputs
         self.case, self.audit, self.active, self.config = case, audit, False, config
         self.row = case.length - 1
-        self.h: dict[int, torch.Tensor] = {}
         self.kept_pairs: list[float] = []
         self.needle_kept: list[float] = []
         self.layers: dict[int, dict] = {}
-        self._hooks = []
-        if audit:
-            for idx, module in attention_modules(model):
-                if hasattr(module, "focus_router"):
-                    self._hooks.append(module.register_forward_pre_hook(self._capture(idx), with_kwargs=True))
+        self._inputs = router_inputs(model) if audit else nullcontext({})
+        self.h: dict[int, torch.Tensor] = self._inputs.__enter__()
         self._remove = add_observer(model, self)
-
-    def _capture(self, idx):
-        def hook(module, args, kwargs):
-            if self.active:
-                self.h[idx] = kwargs.get("hidden_states", args[0] if args else None)
-        return hook
 
     def close(self) -> None:
         self._remove()
-        for h in self._hooks:
-            h.remove()
+        self._inputs.__exit__(None, None, None)
 
     @torch.no_grad()
     def __call__(self, module, query, key, value, routing, bias, out) -> None:

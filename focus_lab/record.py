@@ -42,7 +42,7 @@ from . import core, metrics as M, record_tables as T
 from .io import atomic_path
 from .decomposition import torch_threads
 from .retrofit import (_keep_from_hf_mask, add_observer, attention_modules, focus_config, forward_state,
-                       model_identity, is_plain_causal)
+                       model_identity, is_plain_causal, router_inputs)
 from .runs import MANIFEST, SCHEMA, SCHEMA_VERSION
 from .config import ALL_METRICS, RecordOptions  # noqa: F401  (defined with the other option dataclasses)
 
@@ -140,12 +140,6 @@ class Recording:
         self.matched_windows: dict[tuple[int, int], int] = {}
 
     # ---------------------------------------------------------------- hooks
-    def _capture(self, layer: int):
-        def hook(module, args, kwargs):
-            self._h[layer] = (kwargs.get("hidden_states", args[0] if args else None),
-                              kwargs.get("attention_mask"))
-        return hook
-
     @torch.no_grad()
     def _observe(self, module, query, key, value, routing, bias, out) -> None:
         router = getattr(module, "focus_router", None)
@@ -293,16 +287,16 @@ def record(model, metrics: Sequence[str] = ALL_METRICS, layers: Sequence[int] | 
                          heads=list(heads) if heads is not None else None, patterns=list(patterns),
                          **options)
     rec = Recording(model, opts)
-    removers = []
+    remove = None
     try:
-        for layer, module in rec.modules.items():
-            removers.append(module.register_forward_pre_hook(rec._capture(layer), with_kwargs=True).remove)
-        removers.append(add_observer(model, rec._observe, rec.layers))
-        yield rec
+        with router_inputs(model, list(rec.modules), with_mask=True) as captured:
+            rec._h = captured  # {layer: (h, attention_mask)}, popped by the observer
+            remove = add_observer(model, rec._observe, rec.layers)
+            yield rec
     finally:
-        for r in reversed(removers):
-            r()
-        rec._h.clear()
+        if remove is not None:
+            remove()
+        rec._h = {}
 
 
 # --------------------------------------------------------------------------------------------

@@ -408,13 +408,16 @@ def _state_hook(attachment: _Attachment) -> Callable:
 
 
 @contextmanager
-def router_inputs(model: nn.Module, layers: list[int] | None = None) -> Iterator[dict[int, torch.Tensor]]:
+def router_inputs(model: nn.Module, layers: list[int] | None = None,
+                  with_mask: bool = False) -> Iterator[dict[int, torch.Tensor]]:
     """Capture each routed layer's attention input while the block runs (TransformerLens style).
 
     Yields a dict ``{layer_idx: h}``, h: (B, T, d_model) the hidden states the layer's router
-    sees, overwritten by every forward (read it in an observer, or after each forward). The
+    sees, overwritten by every forward (read it in an observer, or after each forward); with
+    ``with_mask``, ``{layer_idx: (h, attention_mask)}`` (transformers' 4-D mask or None). The
     forward pre-hooks (``with_kwargs=True``: decoder layers pass ``hidden_states`` by keyword)
     are always removed on exit, also when the block raises. ``layers``: only these layer_idx.
+    The one router-input capture of the library (train's objectives, record, passkey, baselines).
     """
     captured: dict[int, torch.Tensor] = {}
     hooks = []
@@ -424,7 +427,8 @@ def router_inputs(model: nn.Module, layers: list[int] | None = None) -> Iterator
                 continue
 
             def hook(module, args, kwargs, i=i):
-                captured[i] = kwargs.get("hidden_states", args[0] if args else None)
+                h = kwargs.get("hidden_states", args[0] if args else None)
+                captured[i] = (h, kwargs.get("attention_mask")) if with_mask else h
             hooks.append(m.register_forward_pre_hook(hook, with_kwargs=True))
         yield captured
     finally:
