@@ -8,6 +8,8 @@ from __future__ import annotations
 import pandas as pd
 import torch
 
+from focus_lab.core import hard_group_shares
+
 from focus_lab.config import TrainConfig
 
 from analyses.common import Context, cached_part, convert_router
@@ -23,8 +25,8 @@ def _train_log_observer(rows: list, gate: str, K: int, n_layers: int):
         calls["n"] += 1
         p = routing.log_p.detach().exp()  # (B, T, K)
         T = p.shape[0] * p.shape[1]
-        argmax = torch.bincount(p.argmax(-1).reshape(-1), minlength=K).float() / T
-        hard = torch.bincount(routing.key_group.reshape(-1), minlength=K).float() / T
+        argmax = hard_group_shares(p.argmax(-1), K)  # (K,) shares of the argmax groups
+        hard = hard_group_shares(routing.key_group, K)
         rows.append({"gate": gate, "step": step, "layer_idx": module.focus_router.layer_idx,
                      "soft_mass_largest_share": float(p.sum((0, 1)).max() / T),
                      "argmax_largest_share": float(argmax.max()),
