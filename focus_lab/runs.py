@@ -231,3 +231,30 @@ class Run:
                                                     and c not in ("window", "position")]]
             tok = tok.merge(pos, on=["window", "position"], how="left")
         return tok
+
+
+def dropped_mass_by_distance(coverage_distance: pd.DataFrame, min_distance: int = 512,
+                             pattern: str = "focus") -> pd.DataFrame:
+    """Per layer, the dense attention mass the ``pattern`` drops and the share of it on edges at
+    least ``min_distance`` tokens long, from a run's ``coverage_distance`` table.
+
+    Dropped mass per query in a bucket is ``mass - kept_mass``; heads are averaged (every head
+    has the same queries). Buckets are counted as "far" when ``distance_lo >= min_distance``,
+    so ``min_distance`` should be a bucket edge (a power of two times the window).
+
+    Returns: DataFrame (layer_idx, dropped_mass, far_dropped_mass, far_share): dropped dense
+    mass per query and head (a fraction of 1), the part beyond ``min_distance``, and their
+    ratio (nan when nothing is dropped). Raises RunError when the pattern was not recorded.
+    Source: docs/method.md §6 (which dependencies the mask drops).
+    """
+    d = coverage_distance[coverage_distance["pattern"] == pattern]
+    if d.empty:
+        raise RunError(f"no '{pattern}' rows in coverage_distance (recorded patterns: "
+                       f"{sorted(coverage_distance['pattern'].unique())})")
+    dropped = (d["mass"] - d["kept_mass"]).clip(lower=0.0)
+    far = d["distance_lo"] >= min_distance
+    heads = d.groupby("layer_idx")["head"].nunique()
+    out = pd.DataFrame({"dropped_mass": dropped.groupby(d["layer_idx"]).sum() / heads,
+                        "far_dropped_mass": dropped.where(far, 0.0).groupby(d["layer_idx"]).sum() / heads})
+    out["far_share"] = (out["far_dropped_mass"] / out["dropped_mass"]).where(out["dropped_mass"] > 0)
+    return out.reset_index()

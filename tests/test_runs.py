@@ -161,3 +161,29 @@ def test_docs_check_fails_on_each_kind_of_difference():
     assert "### pattern_maps: not a table of runs.SCHEMA" in problems(text.replace("### `patterns`",
                                                                                     "### `pattern_maps`"))
     assert problems(text) == ""
+
+
+def test_dropped_mass_by_distance_hand_checked():
+    """Two heads, buckets [0,128) [128,512) [512,1024): dropped = mass - kept_mass per bucket,
+    averaged over heads; far = buckets starting at >= 512."""
+    import pandas as pd
+    from focus_lab.runs import RunError, dropped_mass_by_distance
+    rows = []
+    # layer 0: head 0 drops 0.0 / 0.1 / 0.3, head 1 drops 0.0 / 0.2 / 0.0 -> dropped 0.3, far 0.15
+    for head, drops in ((0, (0.0, 0.1, 0.3)), (1, (0.0, 0.2, 0.0))):
+        for (lo, hi), d in zip(((0, 128), (128, 512), (512, 1024)), drops):
+            rows.append(dict(layer_idx=0, head=head, pattern="focus", distance_lo=lo, distance_hi=hi,
+                             mass=0.5, kept_mass=0.5 - d))
+            rows.append(dict(layer_idx=0, head=head, pattern="window", distance_lo=lo, distance_hi=hi,
+                             mass=0.5, kept_mass=0.0))
+    # layer 1 drops nothing: share undefined
+    rows.append(dict(layer_idx=1, head=0, pattern="focus", distance_lo=512, distance_hi=1024, mass=0.2,
+                     kept_mass=0.2))
+    df = dropped_mass_by_distance(pd.DataFrame(rows), 512)
+    r0, r1 = df.set_index("layer_idx").loc[0], df.set_index("layer_idx").loc[1]
+    assert r0.dropped_mass == pytest.approx(0.3) and r0.far_dropped_mass == pytest.approx(0.15)
+    assert r0.far_share == pytest.approx(0.5)
+    assert r1.dropped_mass == 0 and pd.isna(r1.far_share)
+    assert dropped_mass_by_distance(pd.DataFrame(rows), 128).set_index("layer_idx").loc[0].far_share == pytest.approx(1.0)
+    with pytest.raises(RunError, match="random"):
+        dropped_mass_by_distance(pd.DataFrame(rows), 512, pattern="random")

@@ -202,10 +202,40 @@ def costly_section(run) -> None:
                      label=f"Download the {len(drops):,} costly dropped edges as CSV")
 
 
+# distance presets, tokens (inclusive bounds): the long-context buckets of the audit
+DISTANCE_BUCKETS = {"all": (0, 1 << 30), "128-512": (128, 511), "512-2K": (512, 2047), "2K+": (2048, 1 << 30),
+                    "custom": None}
+
+
 def page() -> None:
     run = lib.run_page("Dependency audit", "dense edges beyond the local window that the hard mask drops")
     edges_section(run)
+    far_section(run)
     costly_section(run)
+
+
+def far_section(run, min_distance: int = 512) -> None:
+    """Per layer: the dense mass the hard mask drops, and the share of it on edges longer than
+    ``min_distance`` tokens (``runs.dropped_mass_by_distance``, from coverage_distance)."""
+    if not run.has("coverage_distance"):
+        return
+    from focus_lab.runs import RunError, dropped_mass_by_distance
+    try:
+        df = dropped_mass_by_distance(run.table("coverage_distance"), min_distance)
+    except RunError as e:
+        st.info(str(e))
+        return
+    st.subheader(f"Dropped dense mass beyond {min_distance} tokens, per layer")
+    st.caption(f"Dense attention mass per query the hard top-{run.config.get('top_k', '?')} mask drops "
+               f"(mean over heads), and the share of it on edges at least {min_distance} tokens long. "
+               f"Mean share over layers: {df['far_share'].mean():.1%}.")
+    fig = go.Figure(go.Bar(x=df["layer_idx"], y=df["far_share"], name="share beyond",
+                           customdata=df[["dropped_mass", "far_dropped_mass"]],
+                           hovertemplate="layer %{x}<br>share %{y:.1%}<br>dropped %{customdata[0]:.3f}"
+                                         "<br>beyond: %{customdata[1]:.3f}<extra></extra>"))
+    fig.update_layout(height=260, margin=dict(l=10, r=10, t=10, b=30), xaxis_title="layer",
+                      yaxis=dict(title="share of dropped mass", tickformat=".0%", range=[0, 1]))
+    st.plotly_chart(fig, width="stretch")
 
 
 def edges_section(run) -> None:
@@ -233,7 +263,12 @@ def edges_section(run) -> None:
         sel_heads = st.multiselect("Heads", heads, default=[], key="audit_heads", placeholder="all heads")
     with c2:
         dmin, dmax = int(edges["distance"].min()), int(edges["distance"].max())
-        if dmin < dmax:
+        bucket = st.radio("Distance bucket", list(DISTANCE_BUCKETS), horizontal=True, key="audit_bucket",
+                          help="presets for long contexts; 'custom' shows a slider")
+        if bucket != "custom":
+            lo, hi = DISTANCE_BUCKETS[bucket]
+            dist = (max(dmin, lo), min(dmax, hi))
+        elif dmin < dmax:
             dist = st.slider("Distance (tokens)", dmin, dmax, (dmin, dmax), key="audit_distance")
         else:
             dist = (dmin, dmax)
