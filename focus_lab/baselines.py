@@ -126,7 +126,7 @@ class KMeansRouter(Router):
         K = config.num_groups
         self.register_buffer("means", torch.zeros(K, d_model) if means is None else means.float().clone())
 
-    def forward(self, h: torch.Tensor, config: FocusConfig | None = None) -> torch.Tensor:
+    def forward(self, h: torch.Tensor, config: FocusConfig | None = None, start: int = 0) -> torch.Tensor:
         x = _normalized(h, config or self.config)  # (B, T, d)
         mu = self.means.to(x.device)
         d2 = x.pow(2).sum(-1, keepdim=True) - 2 * x @ mu.T + mu.pow(2).sum(-1)  # (B, T, K)
@@ -147,7 +147,7 @@ class OnlineKMeansRouter(KMeansRouter):
         self.learning = False
         self.register_buffer("initialized", torch.tensor(False))
 
-    def forward(self, h: torch.Tensor, config: FocusConfig | None = None) -> torch.Tensor:
+    def forward(self, h: torch.Tensor, config: FocusConfig | None = None, start: int = 0) -> torch.Tensor:
         if self.learning:
             with torch.no_grad():
                 x = _normalized(h, config or self.config).reshape(-1, h.shape[-1])  # (N, d)
@@ -164,7 +164,7 @@ class OnlineKMeansRouter(KMeansRouter):
                 hit = counts > 0
                 new = sums[hit] / counts[hit, None]
                 self.means[hit] = self.decay * self.means[hit] + (1 - self.decay) * new.to(self.means)
-        return super().forward(h, config)
+        return super().forward(h, config, start)
 
 
 class MoBARouter(Router):
@@ -200,7 +200,7 @@ class MoBARouter(Router):
                              f"than num_groups={self.config.num_groups}; use use_moba(..., seq_len={T})")
         return blk
 
-    def forward(self, h: torch.Tensor, config: FocusConfig | None = None) -> torch.Tensor:
+    def forward(self, h: torch.Tensor, config: FocusConfig | None = None, start: int = 0) -> torch.Tensor:
         B, T, _ = h.shape
         K = self.config.num_groups
         blk = self._blocks(T, h.device)

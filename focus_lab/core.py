@@ -70,15 +70,16 @@ class Router(nn.Module):
         self.centroids = nn.Parameter(torch.randn(K, dg, generator=g) * (config.tau / math.sqrt(dg)))
         self.register_buffer("group_bias", torch.zeros(K))
 
-    def forward(self, h: torch.Tensor, config: FocusConfig | None = None) -> torch.Tensor:
+    def forward(self, h: torch.Tensor, config: FocusConfig | None = None, start: int = 0) -> torch.Tensor:
         """Router scores. h: (B, T, d) attention input -> S: (B, T, K), fp32.
 
         ``config``: the forward's config (``assignment``, ``normalize_input``); default the
-        router's own."""
+        router's own. ``start``: absolute position of the first token (random groups only: a
+        KV-cache decode step)."""
         cfg = config or self.config
         if cfg.assignment == "random":
             return random_scores(h.shape[0], h.shape[1], cfg.num_groups,
-                                 seed=layer_seed(cfg.seed, self.layer_idx), device=h.device)
+                                 seed=layer_seed(cfg.seed, self.layer_idx), device=h.device, start=start)
         h = rms_normalize(h) if cfg.normalize_input else h.float()  # (B, T, d)
         return (h @ self.proj) @ self.centroids.T  # (B, T, K)
 
@@ -122,11 +123,22 @@ class Router(nn.Module):
         self.group_bias.mul_(1 - m).add_(m * v)
 
 
+RANDOM_TABLE_ROWS = 64  # random_scores draws whole multiples of this many positions
+
+
 def random_scores(batch: int, seq: int, num_groups: int, seed: int,
-                  device: torch.device | str = "cpu") -> torch.Tensor:
-    """Fixed random scores (B, T, K), a function of (seed, position) only: random groups."""
+                  device: torch.device | str = "cpu", start: int = 0) -> torch.Tensor:
+    """Fixed random scores (B, T, K) of positions ``start .. start + T - 1``: random groups.
+
+    A function of (seed, absolute position) only, so a KV-cache decode step (``start`` > 0) sees
+    the groups a full forward gives its tokens. The table is drawn in whole multiples of
+    RANDOM_TABLE_ROWS positions: torch's CPU ``randn`` of n x K values is a prefix of a longer
+    draw when n is such a multiple (its vectorized path works in blocks of 16 values), so every
+    length agrees on shared positions.
+    """
+    rows = -(-(start + seq) // RANDOM_TABLE_ROWS) * RANDOM_TABLE_ROWS
     g = torch.Generator().manual_seed(seed)
-    table = torch.randn(seq, num_groups, generator=g)  # (T, K); a prefix of a longer draw
+    table = torch.randn(rows, num_groups, generator=g)[start:start + seq]  # (T, K)
     return table.to(device).unsqueeze(0).expand(batch, seq, num_groups)
 
 
@@ -285,13 +297,14 @@ class Routing:
 
 
 def route(router: Router, h: torch.Tensor, token_mask: torch.Tensor | None = None,
-          config: FocusConfig | None = None) -> Routing:
+          config: FocusConfig | None = None, start: int = 0) -> Routing:
     """Run a router and derive both its soft and hard assignments.
 
     Args:
         router: the layer's Router; h: (B, T, d) its attention input;
         token_mask: (B, T) bool, False on padding; config: the forward's FocusConfig
-            (``retrofit.FocusForward.config``); default ``router.config``, the one it was built with.
+            (``retrofit.FocusForward.config``); default ``router.config``, the one it was built with;
+        start: absolute position of h's first token (> 0 in a KV-cache decode step).
     Returns:
         Routing: scores (B, T, K) fp32; log_p (B, T, K) and col_potential (B, K) when Sinkhorn
         ran (soft mode or training), else None; query_groups (B, T, k); key_group (B, T).
@@ -301,7 +314,7 @@ def route(router: Router, h: torch.Tensor, token_mask: torch.Tensor | None = Non
     Source: docs/method.md §1.
     """
     cfg = config or router.config
-    scores = router(h, cfg)  # (B, T, K)
+    scores = router(h, cfg, start)  # (B, T, K)
     if not torch.isfinite(scores).all():
         raise FloatingPointError(
             f"router scores of layer {router.layer_idx} contain NaN or inf: the layer's attention input "

@@ -116,6 +116,11 @@ class FocusCache:
 
     key_groups: dict[int, torch.Tensor] = field(default_factory=dict)
 
+    def seen(self, layer_idx: int) -> int:
+        """Number of tokens whose key groups layer ``layer_idx`` holds (0 before a prefill)."""
+        g = self.key_groups.get(layer_idx)
+        return 0 if g is None else int(g.shape[1])
+
     def extend(self, layer_idx: int, key_group: torch.Tensor, Tq: int, Tk: int) -> torch.Tensor:
         """Record this forward's key groups (B, Tq) of layer ``layer_idx``; return the groups of
         every token seen so far, (B, T_seen), T_seen >= Tk (more under a sliding-window cache).
@@ -306,7 +311,8 @@ def _route_layer(router: Router, state: FocusForward, keep: torch.Tensor,
     if h is None:
         raise RuntimeError("Focus router input was not captured: attach() the model again")
     token_mask = keep.diagonal(dim1=1, dim2=2, offset=Tk - Tq) if attention_mask is not None else None
-    routing = route(router, h, token_mask, cfg)
+    start = state.cache.seen(router.layer_idx) if (state.cache is not None and Tq < Tk) else Tk - Tq
+    routing = route(router, h, token_mask, cfg, start)  # start: absolute position of h[:, 0]
     if router.training and routing.col_potential is not None:
         router.update_bias(routing.col_potential, cfg.bias_momentum)
     if cfg.mode != "hard":

@@ -497,3 +497,32 @@ def test_flash_backend_glue_matches_reference_with_a_stand_in_kernel(monkeypatch
     monkeypatch.setattr(dec, "resolve_backend", lambda backend, device, dtype=None: "torch")
     out_t, lse_t = hard_focus_attention(q, kk, v, qg, kg, w, backend="torch", return_lse=True)
     assert (lse - lse_t).abs().max() <= TOL
+
+
+def test_random_scores_depend_on_absolute_position_only():
+    """Any length and any start agree on shared positions (a KV-cache step sees the groups a
+    full forward gives), and lengths that are multiples of 64 keep the values of one plain draw."""
+    from focus_lab.core import random_scores
+    full = random_scores(1, 300, 4, seed=7)[0]  # (300, 4)
+    for start, T in ((0, 7), (5, 1), (63, 2), (128, 100), (299, 1)):
+        torch.testing.assert_close(random_scores(1, T, 4, seed=7, start=start)[0], full[start:start + T])
+    g = torch.Generator().manual_seed(7)
+    torch.testing.assert_close(random_scores(2, 512, 4, seed=7)[1], torch.randn(512, 4, generator=g))
+
+
+@pytest.mark.parametrize("assignment", ["random", "router"])
+def test_hard_kv_cache_decode_equals_full_forward(assignment):
+    """Greedy decoding through the KV cache, random groups included: the logits of each step
+    equal the full forward's at that position."""
+    from transformers import DynamicCache
+    from focus_lab.retrofit import forward_state
+    m = _attached("llama", mode="soft", sink_tokens=1)
+    ids = torch.randint(3, 97, (1, 37))
+    with torch.no_grad():
+        full = m(ids, use_cache=False, focus=forward_state(m, mode="hard", assignment=assignment)).logits
+        state = forward_state(m, cache=True, mode="hard", assignment=assignment)
+        cache = DynamicCache(config=m.config)
+        m(ids[:, :21], past_key_values=cache, use_cache=True, focus=state)
+        steps = [m(ids[:, t:t + 1], past_key_values=cache, use_cache=True, focus=state).logits[:, -1]
+                 for t in range(21, 37)]
+    torch.testing.assert_close(torch.stack(steps, 1), full[:, 21:37], atol=1e-4, rtol=1e-4)
