@@ -156,7 +156,9 @@ def train(
                    f"({corp.name}: {', '.join(d.name for d in corp.train)})")
         res = train_fn(m, windows, fcfg, tcfg, out, resume=resume,
                        meta={"model": m.config._name_or_path, "corpus": corp.name, "recipe": recipe})
-        unit = "nats/token" if tcfg.objective == "lm" else "(coverage loss: share of distant dense attention dropped)"
+        unit = {"lm": "nats/token",
+                "coverage": "(coverage loss: share of distant dense attention dropped)",
+                "distill": "(distillation loss: relative squared error of the layer outputs)"}.get(tcfg.objective, "")
         typer.echo(f"trained {res.router_parameters} router parameters for {res.steps} steps in "
                    f"{res.seconds:.0f} s ({res.tokens_per_second:.0f} tokens/s); mean loss of the first/last 5 steps "
                    f"{res.first_loss:.4f} -> {res.last_loss:.4f} {unit}; routers: "
