@@ -328,10 +328,11 @@ def layer_heatmap(z, x: list, layers: Iterable, *, title: str, xaxis_title: str,
     return fig
 
 
-def download_csv(df: pd.DataFrame, name: str, label: str = "Download CSV") -> None:
-    """A CSV download of ``df``, generated only when clicked."""
-    st.download_button(label, lambda: df.to_csv(index=False).encode(), file_name=name, mime="text/csv",
-                       on_click="ignore")
+def download_csv(df, name: str, label: str = "Download CSV") -> None:
+    """A CSV download of ``df`` (a DataFrame, or a function returning one, e.g. a sort of a
+    million rows that a page render should not pay for), generated only when clicked."""
+    st.download_button(label, lambda: (df() if callable(df) else df).to_csv(index=False).encode(),
+                       file_name=name, mime="text/csv", on_click="ignore")
 
 
 # -------------------------------------------------------------------------------------------
