@@ -291,7 +291,7 @@ def test_audit_filters_narrow_the_table(app, runs_root):
 
 
 def _costly_block(at) -> str:
-    blocks = [m.value for m in at.markdown if 'class="fl-costly"' in m.value]
+    blocks = [m.value for m in at.html if 'class="fl-costly"' in m.value]
     assert len(blocks) == 1, "the costly-drops section shows one table"
     return blocks[0]
 
@@ -340,7 +340,7 @@ def test_audit_costly_drops_info_on_a_run_without_it(app, runs_root):
     at = app("audit", run="preld")
     info = [i.value for i in at.info if "costly_drops" in i.value]
     assert len(info) == 1 and "focus-lab record --metrics all" in info[0]
-    assert not [m for m in at.markdown if 'class="fl-costly"' in m.value]
+    assert not [m for m in at.html if 'class="fl-costly"' in m.value]
     # the audit itself is unchanged
     assert int(at.metric[0].value.replace(",", "")) == len(read(runs_root, "preld", "dropped_edges"))
     at = app("audit", run="bare")  # neither dropped_edges nor costly_drops: two info lines

@@ -197,7 +197,7 @@ def costly_section(run) -> None:
     wanted = set(queries["window"])
     tokens = run.columns("tokens", TOKEN_COLS)
     tokens = tokens[tokens["window"].isin(wanted)]
-    st.markdown(costly_html(queries, tokens), unsafe_allow_html=True)
+    st.html(costly_html(queries, tokens))
     lib.download_csv(drops, f"{run.name}-costly-drops.csv",
                      label=f"Download the {len(drops):,} costly dropped edges as CSV")
 
@@ -311,7 +311,7 @@ def edges_section(run) -> None:
     shown = fw.nlargest(MAX_ARCS, "weight")  # heaviest first; no full sort of a 4K run's edges
     st.plotly_chart(arc_figure(shown, tokens_w, f"window {win}: {len(shown)} of {len(fw)} dropped edges "
                                                 f"(heaviest first), key ← query"), width="stretch")
-    st.markdown(text_html(tokens_w, shown), unsafe_allow_html=True)
+    st.html(text_html(tokens_w, shown))  # raw HTML, no markdown parse of a 4K-token window
     st.caption("orange: keys of dropped edges, blue: their queries, violet: both")
 
     by_rel = f.groupby("relation").agg(edges=("weight", "size"), mass=("weight", "sum")).reset_index()
