@@ -423,8 +423,7 @@ def greedy_continuation(model, prefix: torch.Tensor, steps: int, use_cache: bool
     Returns the new token ids.
     """
     if focus is not None:
-        from .retrofit import FocusCache, FocusForward, _state_of
-        focus = _state_of(focus)
+        from .retrofit import FocusCache, FocusForward
         if use_cache and focus.cache is None:
             focus = FocusForward(focus.config, FocusCache())
     fkw = {} if focus is None else {"focus": focus}

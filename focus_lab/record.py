@@ -323,7 +323,7 @@ def next_token_nll(model, input_ids: torch.Tensor, chunk: int = 1024, focus=None
         input_ids: (T,) long, T >= 2, one unpadded window.
         chunk: positions per ``cross_entropy`` call (bounds the log-softmax copy of the
             (T, V) logits; the result does not depend on it).
-        focus: the forward's ``retrofit.FocusForward`` (or FocusConfig); None: the model's
+        focus: the forward's ``retrofit.FocusForward``; None: the model's
             default (and a model without Focus runs as it is).
     Returns:
         (T - 1,) float32: entry t is ``-log p(x_{t+1} | x_{<=t})`` from the logits at position t.

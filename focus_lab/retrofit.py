@@ -194,12 +194,13 @@ class _Attachment:
 
 
 def _state_of(focus) -> FocusForward | None:
-    """A FocusForward from the ``focus`` keyword (a FocusForward, a FocusConfig or None)."""
+    """The ``focus`` keyword checked: a FocusForward or None. A bare FocusConfig is refused: one
+    state must serve every layer of a forward (the plain-causality check and the KV cache live in
+    it), so it is built once, by the caller."""
     if focus is None or isinstance(focus, FocusForward):
         return focus
-    if isinstance(focus, FocusConfig):
-        return FocusForward(focus)
-    raise TypeError(f"focus= takes a FocusForward or a FocusConfig, not {type(focus).__name__}")
+    raise TypeError(f"focus= takes a FocusForward, not {type(focus).__name__}: pass "
+                    "focus_lab.forward_state(model, **changes) or FocusForward(config)")
 
 
 def _keep_from_hf_mask(attention_mask: torch.Tensor | None, B: int, Tq: int, Tk: int,

@@ -526,3 +526,11 @@ def test_hard_kv_cache_decode_equals_full_forward(assignment):
         steps = [m(ids[:, t:t + 1], past_key_values=cache, use_cache=True, focus=state).logits[:, -1]
                  for t in range(21, 37)]
     torch.testing.assert_close(torch.stack(steps, 1), full[:, 21:37], atol=1e-4, rtol=1e-4)
+
+
+def test_focus_keyword_takes_a_forward_state_only():
+    """A bare FocusConfig as focus= is refused with the fix named (one state serves all layers)."""
+    from focus_lab.retrofit import focus_config
+    m = _attached("llama")
+    with pytest.raises(TypeError, match="forward_state"):
+        m(torch.randint(3, 97, (1, 12)), use_cache=False, focus=focus_config(m))
