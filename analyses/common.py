@@ -34,20 +34,35 @@ def _root() -> Path:
 
 
 REPO = _root()
-DEFAULT_ROUTERS = REPO / "checkpoints" / "smollm2-austen" / "routers.safetensors"
+# per-window cells of the length table and passkey tables, committed with the repository and
+# reused by the experiments "transfer_length", "transfer_domain" and "passkey" (full settings)
+LENGTH_TABLE = REPO / "figures" / "length_table"
+PASSKEY_TABLES = REPO / "figures" / "passkey"
 
 # ============================================================================================
 # settings and context
 
 @dataclass
 class Settings:
-    """Sizes of every experiment. ``FULL`` (embedded model, ~2 h on 2 CPU cores) and ``QUICK``."""
+    """Sizes of every experiment. ``FULL`` (embedded model and its shipped routers, long context,
+    ~2 h on 2 CPU cores) and ``QUICK`` (tiny random model, minutes)."""
 
     name: str
-    seq_len: int = 512                  # eval / record / fit window length
+    seq_len: int = 4096                 # eval / record / fit window length (baselines, domains, records)
     eval_windows: int = 4               # held-out windows per corpus
-    fit_windows: int = 4                # training windows for k-means / online k-means
+    fit_windows: int = 2                # training windows for k-means / online k-means
     record_windows: int = 2             # windows per recorded run
+    baseline_top_ks: tuple | None = (1, 2)        # top-k of the baselines (None: 1..K)
+    focus_top_ks: tuple | None = None             # top-k of Focus itself (None: 1..K)
+    soft_seq_len: int = 512             # the soft gate's experiment (causal_leak): O(T^2) float bias
+    soft_windows: int = 8
+    # (corpus, tokens, windows) of the length-transfer and domain-transfer cells: the length
+    # table's (figures/length_table/cells, reused when their routers are the ones in use)
+    length_cells: tuple = (("austen", 512, 8), ("austen", 1024, 8), ("austen", 2048, 8), ("austen", 4096, 8),
+                           ("austen", 8192, 4), ("shakespeare", 512, 8), ("shakespeare", 1024, 8),
+                           ("shakespeare", 2048, 8), ("shakespeare", 4096, 8), ("shakespeare", 8192, 4))
+    domain_cells: tuple = (("shakespeare", 4096, 8), ("python-docs", 4096, 4))
+    cell_patterns: str = "dense,window,hard_top1,hard_top2,random_top1,random_top2,shuffled_top1,shuffled_top2"
     num_groups: int = 4
     window: int = 128
     sink_tokens: int = 4
@@ -61,11 +76,16 @@ class Settings:
     ablation_eval_windows: int = 2
     ablation_grid: dict = field(default_factory=lambda: {
         "num_groups": [2, 8], "window": [64, 256], "tau": [0.05, 0.2], "sinkhorn_iters": [1, 3]})
-    lora_steps: int | None = None       # None: the router's own schedule (train_config.json)
+    lora_steps: int = 60                # LoRA trains at 512 tokens (a 4K backward is out of reach here)
+    lora_seq_len: int = 512
+    lora_batch: int = 2
     lora_lr: float = 1e-3
     lora_targets: tuple = ("q_proj", "v_proj")
-    long_lens: tuple = (2048, 4096)
-    long_windows: int = 1
+    # passkey probe (focus_lab.passkey): committed tables under figures/passkey are reused
+    passkey_lengths: tuple = (4096, 8184)
+    passkey_depths: tuple = (0, 25, 50, 75, 100)
+    passkey_keys: int = 3
+    passkey_patterns: str = "dense,hard_top2,random_top2"
     bench_args: tuple = ("--sizes", "1024,2048,4096,8192,16384", "--Ks", "4,8", "--ks", "1,2",
                          "--repeats", "2", "--no-e2e", "--check-max-n", "0")
 
@@ -73,10 +93,14 @@ class Settings:
 FULL = Settings("full")
 QUICK = Settings(
     "quick", seq_len=64, eval_windows=2, fit_windows=2, record_windows=1, window=16, sink_tokens=2,
+    baseline_top_ks=None, soft_seq_len=64, soft_windows=2,
+    length_cells=(("austen", 64, 2), ("austen", 128, 1), ("austen", 256, 1)),
+    domain_cells=(("shakespeare", 64, 2), ("python-docs", 64, 2)),
     router_steps=4, router_batch=1, collapse_groups=4, collapse_steps=3, collapse_seq_len=64,
     ablation_steps=2, ablation_seq_len=64, ablation_eval_windows=1,
     ablation_grid={"num_groups": [2], "window": [8], "tau": [0.2], "sinkhorn_iters": [1]},
-    lora_steps=2, long_lens=(128, 256), long_windows=1,
+    lora_steps=2, lora_seq_len=64, lora_batch=1, passkey_lengths=(96,), passkey_depths=(0, 100),
+    passkey_keys=1,
     bench_args=("--sizes", "256,512", "--Ks", "4", "--ks", "1", "--repeats", "1", "--no-e2e",
                 "--check-max-n", "0", "--heads", "2", "--kv-heads", "1", "--head-dim", "16", "--window", "32"))
 
@@ -94,7 +118,10 @@ class Context:
         self._tok = None
         self._corpora: dict = {}
         self._windows: dict = {}
-        self.default_routers = routers if routers is not None else (None if quick else DEFAULT_ROUTERS)
+        if routers is None and not quick:
+            from focus_lab.shipped import shipped_router_file
+            routers = shipped_router_file()
+        self.default_routers = routers
 
     # ---------------------------------------------------------------- model and data
     def model(self):
@@ -157,8 +184,21 @@ class Context:
         return Path(pd.read_parquet(p)["path"].iloc[0])
 
     def router_train_config(self) -> dict:
+        """The routers' training config: ``train_config.json`` beside the file, else (a shipped
+        file) its manifest entry's, else {}."""
         p = self.routers().parent / "train_config.json"
-        return json.loads(p.read_text())["train_config"] if p.is_file() else {}
+        if p.is_file():
+            return json.loads(p.read_text())["train_config"]
+        from focus_lab.shipped import manifest
+        for entry in manifest().values():
+            if entry.get("file") == self.routers().name:
+                return entry.get("train_config", {})
+        return {}
+
+    def router_id(self) -> str:
+        """The router file's sha256 (what the committed cells are matched on)."""
+        import hashlib
+        return hashlib.sha256(self.routers().read_bytes()).hexdigest()
 
 
 # ============================================================================================
@@ -255,6 +295,57 @@ def cached_part(ctx: Context, name: str, part: str, fn: Callable[[], pd.DataFram
     return df
 
 
+def pattern_method(label: str) -> str:
+    """The method of a length-table pattern: dense, window, focus (hard_topK), random
+    (random_topK) or shuffled (shuffled_topK: the router's own groups, permuted)."""
+    for prefix, method in (("hard_top", "focus"), ("random_top", "random"), ("shuffled_top", "shuffled")):
+        if label.startswith(prefix):
+            return method
+    return label
+
+
+def length_cells(ctx: Context, name: str, specs) -> pd.DataFrame:
+    """Per-window perplexities (``evaluate(..., per_window=True)``) of ``settings.cell_patterns``
+    for each (corpus, tokens, windows) of ``specs``, on held-out windows; one resumable part per
+    cell (``<out>/data/<name>.parts/<corpus>_<tokens>``). Full settings reuse the committed cells
+    of the length table (``figures/length_table/cells``, ``analyses/length_table.py``) when they
+    were made with the same router file (sha256) on the same windows, and evaluate only the
+    patterns they lack. Columns: evaluate's + window, corpus, seq_len, reused (bool), method
+    (``pattern_method``)."""
+    from focus_lab.evaluate import evaluate, parse_patterns
+    frames = []
+    for corpus, T, n in specs:
+        def run(corpus=corpus, T=T, n=n):
+            ws = ctx.windows(corpus, "heldout", T, n)
+            model = ctx.model()
+            from focus_lab.retrofit import load_routers
+            cfg = load_routers(model, ctx.routers())
+            pats = parse_patterns(ctx.settings.cell_patterns, cfg.num_groups)
+            rows, todo = [], pats
+            committed = LENGTH_TABLE / "cells" / f"{corpus}_{T}.parquet"
+            if not ctx.quick and committed.is_file():
+                old = pd.read_parquet(committed)
+                want = {int(w.index) for w in ws}
+                if "routers_sha256" in old and (old["routers_sha256"] == ctx.router_id()).all():
+                    old = old[old["window"].isin(want)]
+                    have = {lab for lab, g in old.groupby("label") if set(g["window"]) == want}
+                    if have:
+                        keep = [c for c in old.columns if c not in ("corpus", "seq_len", "heldout", "routers",
+                                                                    "routers_sha256", "table_schema_version")]
+                        rows.append(old[old["label"].isin(have)][keep].assign(reused=True))
+                        todo = [p for p in pats if p[0] not in have]
+                        ctx.log(f"  [{name}] {corpus} {T}: reusing {sorted(have)} from {committed}")
+            if todo:
+                rows.append(evaluate(model, ws, todo, progress=False, per_window=True).assign(reused=False))
+            df = pd.concat(rows, ignore_index=True)
+            df["corpus"], df["seq_len"] = corpus, T
+            return df
+        df = cached_part(ctx, name, f"{corpus}_{T}", run)
+        df["method"] = df["label"].map(pattern_method)
+        frames.append(df)
+    return pd.concat(frames, ignore_index=True)
+
+
 def convert_router(cls, r, **kw):
     """A router of class ``cls`` (``baselines.SoftmaxRouter``, ``baselines.PrefixCausalRouter``)
     holding router ``r``'s weights, for ``baselines.swap_routers``."""
@@ -296,12 +387,59 @@ def bench_dir(out: Path) -> Path | None:
 # ============================================================================================
 # shared by the figure and table modules
 
-def read(data_dir: Path, name: str) -> pd.DataFrame:
-    """An experiment's cached result; FileNotFoundError naming the command that makes it."""
+# experiments whose perplexities are stored one row per window (``window``: the window's index)
+PER_WINDOW = ("baselines", "transfer_length", "transfer_domain", "lora", "causal_leak")
+
+
+def read(data_dir: Path, name: str, per_window: bool = False) -> pd.DataFrame:
+    """An experiment's cached result; FileNotFoundError naming the command that makes it.
+
+    The ``PER_WINDOW`` experiments store one row per window (a ``window`` column); unless
+    ``per_window``, those rows are pooled over windows (``evaluate.pool_windows``: token-weighted
+    perplexity, summed tokens and seconds, a ``windows`` count) and ``speedup`` is recomputed
+    from the pooled tokens/s (over dense's, per corpus and length)."""
+    from focus_lab.evaluate import pool_windows
     p = Path(data_dir) / f"{name}.parquet"
     if not p.is_file():
         raise FileNotFoundError(f"{p} is missing: run `focus-lab figures` (experiment {name!r})")
-    return pd.read_parquet(p)
+    df = pd.read_parquet(p)
+    if per_window or name not in PER_WINDOW:
+        return df
+    had_speedup = "speedup" in df.columns
+    out = pool_windows(df.drop(columns=[c for c in ("speedup", "part_seconds") if c in df.columns]))
+    if had_speedup and "method" in out.columns:
+        dense = out[out["method"] == "dense"]["tokens_per_second"]
+        out["speedup"] = out["tokens_per_second"] / float(dense.iloc[0]) if len(dense) else np.nan
+    return out
+
+
+def change_table(df: pd.DataFrame, by=("corpus", "seq_len"), patterns=("method", "label"),
+                 reference: tuple = ("dense", "dense")) -> pd.DataFrame:
+    """Per-window rows (``read(..., per_window=True)``) summarized per group ``by`` and pattern:
+    pooled perplexity, windows, tokens, mean distant pairs kept, tokens/s, and the change vs the
+    ``reference`` pattern of the same group in % with its 95% paired bootstrap interval over
+    windows (``evaluate.paired_change``; change_pct, ci_lo, ci_hi; NaN for the reference)."""
+    from focus_lab.evaluate import paired_change, pool_windows
+    by, patterns = list(by), list(patterns)
+    rows = []
+    for key, g in df.groupby(by, sort=False):
+        key = key if isinstance(key, tuple) else (key,)
+        ref = g
+        for col, val in zip(patterns, reference):
+            ref = ref[ref[col] == val]
+        pooled = pool_windows(g[[c for c in g.columns if c in set(by) | set(patterns) | {
+            "window", "nll", "tokens", "seconds", "distant_pairs_kept", "max_group_share"}]])
+        for _, r in pooled.iterrows():
+            part = g
+            for col in patterns:
+                part = part[part[col] == r[col]]
+            is_ref = tuple(r[c] for c in patterns) == tuple(reference)
+            ch = (float("nan"),) * 3 if is_ref or not len(ref) else paired_change(part, ref)
+            rows.append({**dict(zip(by, key)), **{c: r[c] for c in patterns}, "perplexity": r["perplexity"],
+                         "windows": int(r["windows"]), "tokens": int(r["tokens"]),
+                         "distant_pairs_kept": r["distant_pairs_kept"], "tokens_per_second": r["tokens_per_second"],
+                         "change_pct": ch[0], "ci_lo": ch[1], "ci_hi": ch[2]})
+    return pd.DataFrame(rows)
 
 
 def placeholder(title: str, why: str):
@@ -313,11 +451,11 @@ def placeholder(title: str, why: str):
     return fig
 
 
-METHOD_NAMES = {"dense": "dense (full attention)", "window": "sliding window", "window_matched":
+METHOD_NAMES = {"shuffled": "shuffled groups (router's, permuted)", "dense": "dense (full attention)", "window": "sliding window", "window_matched":
                 "window at matched sparsity", "focus": "Focus (trained router)", "random": "random groups",
                 "kmeans": "k-means groups", "online_kmeans": "online k-means (Routing Transformer)",
                 "moba": "MoBA block gate", "lora": "LoRA (equal budget)"}
-METHOD_COLORS = {"dense": "#222222", "window": "#7f7f7f", "window_matched": "#bcbd22", "focus": "#d62728",
+METHOD_COLORS = {"shuffled": "#8c564b", "dense": "#222222", "window": "#7f7f7f", "window_matched": "#bcbd22", "focus": "#d62728",
                  "random": "#1f77b4", "kmeans": "#2ca02c", "online_kmeans": "#9467bd", "moba": "#ff7f0e",
                  "lora": "#17becf"}
 

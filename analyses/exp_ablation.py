@@ -22,7 +22,7 @@ def make_data(ctx: Context) -> pd.DataFrame:
     s = ctx.settings
     base = ctx.base_config()
     win = ctx.windows("austen", "train", s.ablation_seq_len, None)
-    ev = ctx.windows("austen", "heldout", s.seq_len, s.ablation_eval_windows)
+    ev = ctx.windows("austen", "heldout", s.ablation_seq_len, s.ablation_eval_windows)
     units = [("base", None, None)] + [(axis, axis, v) for axis, vals in s.ablation_grid.items() for v in vals]
     frames = []
     for unit, axis, value in units:
@@ -31,7 +31,7 @@ def make_data(ctx: Context) -> pd.DataFrame:
         def run(axis=axis, value=value, name=name):
             model = ctx.model()
             cfg = base if axis is None else base.replace(**{axis: value})
-            cfg = cfg.replace(top_k=max(1, cfg.num_groups // 2), window=min(cfg.window, s.seq_len))
+            cfg = cfg.replace(top_k=max(1, cfg.num_groups // 2), window=min(cfg.window, s.ablation_seq_len))
             res = train(model, win, cfg, TrainConfig(steps=s.ablation_steps, seq_len=s.ablation_seq_len,
                                                      batch_size=1, warmup=1),
                         ctx.data / "ablation" / name.replace("=", "_"), progress=False)

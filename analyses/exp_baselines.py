@@ -13,10 +13,15 @@ from analyses.common import Context
 
 
 def make_data(ctx: Context) -> pd.DataFrame:
-    """Focus and every baseline (``baselines.evaluate_baselines``) on held-out Austen windows."""
+    """Focus and every baseline (``baselines.evaluate_baselines``) on held-out Austen windows of
+    ``settings.seq_len`` tokens, one row per (window, method, pattern): Focus at
+    ``settings.focus_top_ks``, the baselines at ``settings.baseline_top_ks``, no soft pattern
+    at long lengths (its O(T^2) float bias; the soft gate is experiment "causal_leak")."""
     from focus_lab.baselines import evaluate_baselines
     s = ctx.settings
     df = evaluate_baselines(ctx.model(), ctx.routers(), ctx.windows("austen", "train", s.seq_len, s.fit_windows),
-                            ctx.windows("austen", "heldout", s.seq_len, s.eval_windows), log=ctx.log)
+                            ctx.windows("austen", "heldout", s.seq_len, s.eval_windows), log=ctx.log,
+                            top_ks=s.baseline_top_ks, focus_top_ks=s.focus_top_ks,
+                            soft=s.seq_len <= s.soft_seq_len, per_window=True)
     df["corpus"] = "austen"
     return df

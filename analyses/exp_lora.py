@@ -15,19 +15,18 @@ from analyses.common import Context
 
 
 def make_data(ctx: Context) -> pd.DataFrame:
-    """LoRA (peft, q/v projections) at the router's parameter budget, trained with the router's
-    schedule on the same Austen windows; dense PPL on held-out Austen (domain) and Shakespeare /
-    Python docs (general text). Focus numbers on the same windows come from "baselines" and
-    "transfer_domain"."""
+    """LoRA (peft, q/v projections) at the router's parameter budget, trained on Austen's training
+    windows (``settings.lora_steps`` steps of ``lora_batch`` x ``lora_seq_len`` tokens: a backward
+    at 4K tokens is out of a 2-core CPU's reach); dense PPL, one row per window, on held-out Austen
+    (domain) and Shakespeare / Python docs (general text) at the windows of "baselines" and
+    "transfer_domain", whose Focus numbers it is compared with."""
     from focus_lab.baselines import lora_param_count, lora_rank_for_budget, router_parameter_count, train_lora
     from focus_lab.evaluate import evaluate
     from focus_lab.retrofit import attach, read_router_file
     s = ctx.settings
     rcfg = read_router_file(ctx.routers())[0]
     tc = ctx.router_train_config()
-    steps = s.lora_steps or int(tc.get("steps") or 60)
-    seq = int(tc.get("seq_len") or s.seq_len)
-    batch = int(tc.get("batch_size") or 2)
+    steps, seq, batch = s.lora_steps, s.lora_seq_len, s.lora_batch
     model = ctx.model()
     budget = router_parameter_count(model, rcfg)
     rank = lora_rank_for_budget(model, budget, s.lora_targets)
@@ -40,10 +39,11 @@ def make_data(ctx: Context) -> pd.DataFrame:
     secs = time.perf_counter() - t0
     attach(merged, FocusConfig(mode="dense", num_groups=rcfg.num_groups))
     rows = []
-    for corpus in ("austen", "shakespeare", "python-docs"):
-        ev = ctx.windows(corpus, "heldout", s.seq_len, s.eval_windows)
-        df = evaluate(merged, ev, [("lora", {"mode": "dense"})], progress=False)
-        df["corpus"] = corpus
+    cells = [("austen", s.seq_len, s.eval_windows)] + list(s.domain_cells)
+    for corpus, T, n in cells:
+        ev = ctx.windows(corpus, "heldout", T, n)
+        df = evaluate(merged, ev, [("lora", {"mode": "dense"})], progress=False, per_window=True)
+        df["corpus"], df["seq_len"] = corpus, T
         rows.append(df)
     out = pd.concat(rows, ignore_index=True)
     out.insert(0, "method", "lora")

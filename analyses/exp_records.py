@@ -23,7 +23,8 @@ def _moba_matched_k(ctx: Context, moba_cfg: FocusConfig) -> int | None:
         return None
     from focus_lab.retrofit import read_router_file
     k_focus = read_router_file(ctx.routers())[0].top_k
-    b = pd.read_parquet(p)
+    from focus_lab.evaluate import pool_windows
+    b = pool_windows(pd.read_parquet(p))
     f = b[(b.method == "focus") & (b.label == f"hard_top{k_focus}")]["distant_pairs_kept"]
     m = b[b.method == "moba"]
     if not len(f) or not len(m):

@@ -7,22 +7,11 @@ from __future__ import annotations
 
 import pandas as pd
 
-from analyses.common import Context, cached_part, evaluate_with_random, focus_patterns
+from analyses.common import Context, length_cells
 
 
 def make_data(ctx: Context) -> pd.DataFrame:
-    """The Austen router on held-out Shakespeare and Python docs: dense, window, soft, hard
-    top-1..K, and random groups at hard top-k (the control)."""
-    from focus_lab.retrofit import load_routers
-    s = ctx.settings
-    frames = []
-    for corpus in ("shakespeare", "python-docs"):
-        def run(corpus=corpus):
-            model = ctx.model()
-            cfg = load_routers(model, ctx.routers())
-            ev = ctx.windows(corpus, "heldout", s.seq_len, s.eval_windows)
-            df = evaluate_with_random(model, ev, focus_patterns(cfg.num_groups), cfg.top_k)
-            df["corpus"] = corpus
-            return df
-        frames.append(cached_part(ctx, "transfer_domain", corpus, run))
-    return pd.concat(frames, ignore_index=True)
+    """The Austen-trained routers on held-out Shakespeare (Hamlet) and Python docs at
+    ``settings.domain_cells``: dense, window + sinks, Focus hard top-1 / top-2, random and
+    shuffled groups (the controls), one row per (corpus, window, pattern)."""
+    return length_cells(ctx, "transfer_domain", ctx.settings.domain_cells)

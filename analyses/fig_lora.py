@@ -2,9 +2,9 @@
 training domain); right: perplexity on general text (Shakespeare, Python docs) relative to the
 untouched model, i.e. how much general-text quality each keeps (docs/method.md §5: "LoRA lowers
 benchmarks at every LR and rank; Focus keeps TruthfulQA"; benchmarks are out of reach here, PPL
-is the proxy). LoRA: peft on q/v, rank matched to the router's parameter count, trained with the
-router's schedule on the same windows (``data/lora``); Focus numbers from ``data/baselines`` and
-``data/transfer_domain``."""
+is the proxy). LoRA: peft on q/v, rank matched to the router's parameter count, trained at 512
+tokens (``data/lora``), evaluated on the windows of ``data/baselines`` (Austen) and
+``data/transfer_domain`` (the others), whose Focus hard top-k numbers stand beside it."""
 
 from __future__ import annotations
 

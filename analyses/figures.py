@@ -76,6 +76,7 @@ EXPERIMENTS: list[Experiment] = [
     Experiment("collapse", "Sinkhorn vs softmax training (no trained router needed)"),
     Experiment("ablation", "K / window / tau / Sinkhorn iterations, short runs (no trained router needed)"),
     Experiment("bench", "kernel benchmark table (analyses/bench_attention.py)"),
+    Experiment("passkey", "passkey retrieval by length and depth (committed probe tables reused)"),
 ]
 
 
@@ -138,6 +139,7 @@ FIGURES: list[Output] = [
     Output("fig09_lora", "fig_lora", 9),
     Output("fig10_length_transfer", "fig_length_transfer", 10),
     Output("fig11_causal_leak", "fig_causal_leak", 11),
+    Output("fig12_passkey", "fig_passkey", 12),
     Output("table_baselines", "table_baselines", 0),
     Output("table_reproduction", "table_reproduction", 0),
 ]

@@ -16,6 +16,7 @@ Usage (background; ~25 min per corpus on 2 CPU cores at the default windows)::
 from __future__ import annotations
 
 import argparse
+import hashlib
 import math
 import time
 from pathlib import Path
@@ -62,13 +63,12 @@ def run_cells(args) -> None:
                           & old.window.isin([w.index for w in ws])]
                 have = {lab for lab, g in old.groupby("label") if len(g) == len(ws)}
                 rows.append(old[old.label.isin(have)][[c for c in old.columns if c not in (
-                    "corpus", "seq_len", "heldout", "routers", "table_schema_version")]])
+                    "corpus", "seq_len", "heldout", "routers", "routers_sha256", "table_schema_version")]])
                 todo = [p for p in pats if p[0] not in have]
                 print(f"{corpus} {L}: reusing {sorted(have)} from {reused}", flush=True)
             t0 = time.perf_counter()
             for w in ws:
-                df = evaluate(model, [w], todo, progress=False)
-                df["window"] = w.index
+                df = evaluate(model, [w], todo, progress=False, per_window=True)
                 rows.append(df)
                 print(f"{corpus} {L} window {w.index}: " + ", ".join(
                     f"{r.label} {r.perplexity:.2f}" for r in df.itertuples()), flush=True)
@@ -76,24 +76,17 @@ def run_cells(args) -> None:
             out["corpus"], out["seq_len"] = corpus, L
             out["heldout"] = ",".join(d.name for d in corp.heldout)
             out["routers"] = str(routers)
+            out["routers_sha256"] = hashlib.sha256(Path(routers).read_bytes()).hexdigest()
             out["table_schema_version"] = SCHEMA_VERSION
             write_parquet(cell, out)
             print(f"== {corpus} {L}: {len(ws)} windows in {time.perf_counter() - t0:.0f} s", flush=True)
 
 
 def paired_delta(df: pd.DataFrame, a: str, b: str, reps: int = 2000, seed: int = 0):
-    """Perplexity change of pattern ``a`` over ``b`` in %, pooled over windows, with a 95%
-    paired bootstrap interval (windows resampled with replacement). Returns (delta, lo, hi)."""
-    x = df[df.label == a].set_index("window")
-    y = df[df.label == b].set_index("window")
-    idx = x.index.intersection(y.index)
-    nx = (x.loc[idx, "nll"] * x.loc[idx, "tokens"]).to_numpy()
-    ny = (y.loc[idx, "nll"] * y.loc[idx, "tokens"]).to_numpy()
-    tok = x.loc[idx, "tokens"].to_numpy()
-    d = lambda s: 100 * (math.exp((nx[s].sum() - ny[s].sum()) / tok[s].sum()) - 1)
-    rng = np.random.default_rng(seed)
-    boots = [d(rng.integers(0, len(idx), len(idx))) for _ in range(reps)]
-    return d(np.arange(len(idx))), float(np.percentile(boots, 2.5)), float(np.percentile(boots, 97.5))
+    """Perplexity change of pattern ``a`` over ``b`` in % with its 95% paired bootstrap interval
+    (``evaluate.paired_change`` on the per-window rows). Returns (delta, lo, hi)."""
+    from focus_lab.evaluate import paired_change
+    return paired_change(df[df.label == a], df[df.label == b], reps=reps, seed=seed)
 
 
 def report(out: Path) -> str:

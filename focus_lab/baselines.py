@@ -445,13 +445,17 @@ def train_lora(model, windows: list, train_cfg: TrainConfig, rank: int,
 # --------------------------------------------------------------------------------------------
 # the harness
 
-def _hard(K: int) -> list[tuple[str, dict]]:
-    return [(f"hard_top{k}", {"mode": "hard", "top_k": k}) for k in range(1, K + 1)]
+def _hard(ks) -> list[tuple[str, dict]]:
+    """Hard top-k patterns for k in ``ks`` (an int K: k = 1..K)."""
+    ks = range(1, ks + 1) if isinstance(ks, int) else ks
+    return [(f"hard_top{k}", {"mode": "hard", "top_k": k}) for k in ks]
 
 
 def evaluate_baselines(model, router_file: str | Path | None, fit_windows: Sequence, eval_windows: Sequence,
                        methods: Iterable[str] = BASELINES, config: FocusConfig | None = None,
-                       log: Callable[[str], None] | None = None) -> pd.DataFrame:
+                       log: Callable[[str], None] | None = None, top_ks: Sequence[int] | None = None,
+                       focus_top_ks: Sequence[int] | None = None, soft: bool = True,
+                       per_window: bool = False) -> pd.DataFrame:
     """Held-out perplexity of Focus and every baseline on the same windows, one table.
 
     Args:
@@ -461,10 +465,18 @@ def evaluate_baselines(model, router_file: str | Path | None, fit_windows: Seque
         fit_windows: training-text windows for k-means (fit) and online k-means (one pass).
         eval_windows: held-out windows, identical for every method.
         methods: subset of ``BASELINES``.
+        top_ks: the top-k values every baseline runs at (default 1..K); ``focus_top_ks`` those
+            of Focus itself (default ``top_ks``). MoBA, whose block count grows with the length,
+            runs at the block top-k whose fraction of blocks matches each Focus top-k's
+            distant pairs kept (at least one top-k, its own blocks' count otherwise).
+        soft: include Focus soft (its float bias is O(T^2): costly at 4K tokens).
+        per_window: one row per (window, pattern) with a ``window`` column
+            (``evaluate.pool_windows`` pools them); ``speedup`` is then per window.
     Returns:
         ``evaluate.evaluate``'s columns plus ``method`` (focus / dense / window / window_matched /
         random / kmeans / online_kmeans / moba), ``window_size`` and ``speedup`` (tokens/s over
-        the dense pattern's, same run). Dense and window rows come with "focus".
+        the dense pattern's, same run), seq_len, num_groups, attention_window (tokens),
+        sink_tokens. Dense and window rows come with "focus".
     """
     say = log or (lambda s: None)
     methods = list(methods)
@@ -475,11 +487,13 @@ def evaluate_baselines(model, router_file: str | Path | None, fit_windows: Seque
         cfg = focus_config(model)
     K = cfg.num_groups
     T = int(eval_windows[0].input_ids.shape[0])
+    ks = list(top_ks) if top_ks is not None else list(range(1, K + 1))
+    fks = list(focus_top_ks) if focus_top_ks is not None else ks
     frames = []
 
     def run(method, patterns, **extra):
         t0 = time.perf_counter()
-        df = evaluate(model, list(eval_windows), patterns, progress=False)
+        df = evaluate(model, list(eval_windows), patterns, progress=False, per_window=per_window)
         df.insert(0, "method", method)
         for k, v in extra.items():
             df[k] = v
@@ -490,37 +504,48 @@ def evaluate_baselines(model, router_file: str | Path | None, fit_windows: Seque
 
     focus_df = None
     if "focus" in methods or "window_matched" in methods:
-        pats = standard_patterns(K) if "focus" in methods else _hard(K)
-        focus_df = run("focus", pats)
+        pats = [p for p in standard_patterns(K) if p[0] in ("dense", "window") or (soft and p[0] == "soft")] \
+            if "focus" in methods else []
+        focus_df = run("focus", pats + _hard(sorted(set(fks) | set(ks))))
         focus_df.loc[focus_df["label"] == "dense", "method"] = "dense"
         focus_df.loc[focus_df["label"] == "window", "method"] = "window"
     if "window" in methods and (focus_df is None or "window" not in set(focus_df["label"])):
         run("window", [("window", {"mode": "window"})])
     if "window_matched" in methods:
         pats = []
-        for k in range(1, K + 1):
-            frac = float(focus_df.loc[focus_df["label"] == f"hard_top{k}", "distant_pairs_kept"].iloc[0])
+        for k in ks:
+            frac = float(focus_df.loc[focus_df["label"] == f"hard_top{k}", "distant_pairs_kept"].mean())
             w = matched_window_size(frac, T, cfg.window, cfg.sink_tokens)
             pats.append((f"window_matched_top{k}", {"mode": "window", "window": w}))
         df = run("window_matched", pats)
-        df["window_size"] = [p[1]["window"] for p in pats]
+        size = {label: ch["window"] for label, ch in pats}
+        df["window_size"] = df["label"].map(size)
         # evaluate() counts "distant" from the pattern's own (wider) window; re-express it from the
         # Focus window, like every other row
-        df["distant_pairs_kept"] = [window_distant_kept(T, cfg.window, p[1]["window"], cfg.sink_tokens) for p in pats]
+        df["distant_pairs_kept"] = df["label"].map(
+            {label: window_distant_kept(T, cfg.window, w, cfg.sink_tokens) for label, w in size.items()})
     if "random" in methods:
-        run("random", [(label, {**changes, "assignment": "random"}) for label, changes in _hard(K)])
+        run("random", [(label, {**changes, "assignment": "random"}) for label, changes in _hard(ks)])
     if "kmeans" in methods:
         old = fit_kmeans_routers(model, fit_windows, seed=cfg.seed)
-        run("kmeans", _hard(K))
+        run("kmeans", _hard(ks))
         restore_routers(model, old)
     if "online_kmeans" in methods:
         old = fit_online_kmeans_routers(model, fit_windows)
-        run("online_kmeans", _hard(K))
+        run("online_kmeans", _hard(ks))
         restore_routers(model, old)
     if "moba" in methods:
         mcfg = use_moba(model, cfg, T)
         from .retrofit import routers
-        run("moba", _hard(mcfg.num_groups), block_size=next(iter(routers(model).values())).block_size)
+        nb = mcfg.num_groups
+        if top_ks is None and nb <= K:
+            mks = list(range(1, nb + 1))
+        elif focus_df is not None:
+            fr = [float(focus_df.loc[focus_df["label"] == f"hard_top{k}", "distant_pairs_kept"].mean()) for k in ks]
+            mks = sorted({min(nb, max(1, round(f * nb))) for f in fr})
+        else:
+            mks = [k for k in ks if k <= nb]
+        run("moba", _hard(mks), block_size=next(iter(routers(model).values())).block_size)
     if is_attached(model):
         detach(model)
     out = pd.concat(frames, ignore_index=True)
@@ -528,9 +553,9 @@ def evaluate_baselines(model, router_file: str | Path | None, fit_windows: Seque
         out["window_size"] = np.nan
     out.loc[out["mode"] == "window", "window_size"] = out.loc[out["mode"] == "window", "window_size"].fillna(cfg.window)
     dense = out.loc[out["method"] == "dense", "tokens_per_second"]
-    out["speedup"] = out["tokens_per_second"] / float(dense.iloc[0]) if len(dense) else np.nan
+    out["speedup"] = out["tokens_per_second"] / float(dense.mean()) if len(dense) else np.nan
     out["seq_len"] = T
     out["num_groups"] = K
-    out["window"] = cfg.window
+    out["attention_window"] = cfg.window
     out["sink_tokens"] = cfg.sink_tokens
     return out

@@ -72,7 +72,7 @@ def _window_kept(T: int, window: int, sinks: int) -> float:
 
 @torch.no_grad()
 def evaluate(model, windows: list, patterns: list[tuple[str, dict]] | None = None,
-             batch_size: int = 1, progress: bool = True) -> pd.DataFrame:
+             batch_size: int = 1, progress: bool = True, per_window: bool = False) -> pd.DataFrame:
     """Perplexity of ``model`` (Focus attached) on ``windows`` under each pattern.
 
     Args:
@@ -89,6 +89,13 @@ def evaluate(model, windows: list, patterns: list[tuple[str, dict]] | None = Non
     """
     original = focus_config(model)
     patterns = patterns or standard_patterns(original.num_groups)
+    if per_window:
+        frames = []
+        for i, w in enumerate(windows):
+            df = evaluate(model, [w], patterns, batch_size=1, progress=progress)
+            df.insert(1, "window", int(getattr(w, "index", i)))
+            frames.append(df)
+        return pd.concat(frames, ignore_index=True)
     rows = []
     kept: list[float] = []
     shares: list[float] = []
@@ -141,3 +148,57 @@ def evaluate(model, windows: list, patterns: list[tuple[str, dict]] | None = Non
     df = pd.DataFrame(rows)
     df["schema_version"] = EVAL_SCHEMA
     return df
+
+
+METRICS = ("nll", "perplexity", "tokens", "distant_pairs_kept", "max_group_share", "seconds",
+           "tokens_per_second", "window", "speedup", "part_seconds")
+
+
+def pool_windows(df: pd.DataFrame) -> pd.DataFrame:
+    """Pool ``evaluate(..., per_window=True)`` rows over windows: one row per combination of the
+    non-metric columns (label, mode, top_k, method, corpus, seq_len...), in first-seen order.
+
+    perplexity = exp(sum(nll * tokens) / sum(tokens)) (token-weighted, nats); tokens and seconds
+    summed; tokens_per_second = tokens / seconds; distant_pairs_kept and max_group_share are
+    means over windows; ``windows`` counts them. A frame without a ``window`` column is returned
+    unchanged.
+    """
+    if "window" not in df.columns:
+        return df
+    keys = [c for c in df.columns if c not in METRICS]
+    d = df.assign(_nt=df["nll"] * df["tokens"])
+    g = d.groupby(keys, sort=False, dropna=False)
+    out = g.agg(_nt=("_nt", "sum"), tokens=("tokens", "sum"), seconds=("seconds", "sum"),
+                distant_pairs_kept=("distant_pairs_kept", "mean"),
+                max_group_share=("max_group_share", "mean"), windows=("window", "nunique")).reset_index()
+    out["nll"] = out["_nt"] / out["tokens"]
+    out["perplexity"] = out["nll"].map(math.exp)
+    out["tokens_per_second"] = out["tokens"] / out["seconds"]
+    return out.drop(columns="_nt")
+
+
+def paired_change(a: pd.DataFrame, b: pd.DataFrame, reps: int = 2000, seed: int = 0) -> tuple[float, float, float]:
+    """Perplexity change of ``a`` over ``b`` in % (pooled over the windows both have), with a 95%
+    paired bootstrap interval (windows resampled with replacement, ``reps`` times).
+
+    Args:
+        a, b: per-window rows of one pattern each (``evaluate(..., per_window=True)``: columns
+            window, nll (nats/token), tokens).
+    Returns:
+        (change %, interval low %, interval high %); NaNs when the two share no window.
+    """
+    import numpy as np
+    x, y = a.set_index("window"), b.set_index("window")
+    idx = x.index.intersection(y.index)
+    if not len(idx):
+        return float("nan"), float("nan"), float("nan")
+    nx = (x.loc[idx, "nll"] * x.loc[idx, "tokens"]).to_numpy(float)
+    ny = (y.loc[idx, "nll"] * y.loc[idx, "tokens"]).to_numpy(float)
+    tok = x.loc[idx, "tokens"].to_numpy(float)
+
+    def change(s):
+        return 100 * (math.exp((nx[s].sum() - ny[s].sum()) / tok[s].sum()) - 1)
+
+    rng = np.random.default_rng(seed)
+    boots = [change(rng.integers(0, len(idx), len(idx))) for _ in range(reps)]
+    return change(np.arange(len(idx))), float(np.percentile(boots, 2.5)), float(np.percentile(boots, 97.5))

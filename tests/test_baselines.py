@@ -236,3 +236,46 @@ def test_evaluate_baselines_one_table(tmp_path):
     assert (wm["window_size"] >= 8).all() and wm["window_size"].is_monotonic_increasing
     focus_kept = hard[hard.method == "focus"].set_index("top_k")["distant_pairs_kept"]
     assert np.allclose(wm["distant_pairs_kept"].to_numpy(), focus_kept.sort_index().to_numpy(), atol=0.05)
+
+
+def test_per_window_rows_pool_to_the_pooled_evaluation():
+    """evaluate(per_window=True) gives one row per (window, pattern); pool_windows gives back the
+    pooled evaluation's perplexity exactly (token-weighted), and paired_change matches a
+    hand computation."""
+    import math
+    from focus_lab.evaluate import evaluate, paired_change, pool_windows
+    model = tiny_llama()
+    focus_lab.retrofit.attach(model, FocusConfig(window=8, num_groups=4, top_k=2, sink_tokens=1))
+    ws = _windows(3, seed=5)
+    pats = [("dense", {"mode": "dense"}), ("hard_top1", {"mode": "hard", "top_k": 1})]
+    pooled = evaluate(model, ws, pats, progress=False).set_index("label")
+    rows = evaluate(model, ws, pats, progress=False, per_window=True)
+    assert len(rows) == 6 and list(rows["window"]) == [i for i in range(3) for _ in pats]
+    back = pool_windows(rows).set_index("label")
+    assert back.loc["dense", "windows"] == 3 and back.loc["dense", "tokens"] == pooled.loc["dense", "tokens"]
+    for lab in ("dense", "hard_top1"):
+        assert back.loc[lab, "perplexity"] == pytest.approx(pooled.loc[lab, "perplexity"], rel=1e-6)
+    a, b = rows[rows.label == "hard_top1"], rows[rows.label == "dense"]
+    expect = 100 * (math.exp(((a.nll * a.tokens).sum() - (b.nll * b.tokens).sum()) / a.tokens.sum()) - 1)
+    ch, lo, hi = paired_change(a, b, reps=500)
+    assert ch == pytest.approx(expect, rel=1e-9)
+    per = 100 * (np.exp(a.nll.to_numpy() - b.nll.to_numpy()) - 1)   # equal tokens per window
+    assert per.min() - 1e-9 <= lo <= ch <= hi <= per.max() + 1e-9
+    # windows the two patterns do not share are left out
+    assert np.isnan(paired_change(a.assign(window=a.window + 100), b)[0])
+
+
+def test_evaluate_baselines_top_ks_and_per_window():
+    model = tiny_llama()
+    cfg = FocusConfig(window=8, num_groups=4, top_k=2, sink_tokens=1)
+    df = BL.evaluate_baselines(model, None, _windows(2, seed=1), _windows(2, seed=2), config=cfg,
+                               methods=("focus", "window_matched", "random", "moba"), top_ks=(1, 2),
+                               focus_top_ks=(1, 2, 3), soft=False, per_window=True)
+    assert "soft" not in set(df["label"])
+    assert set(df[df.method == "focus"]["top_k"].dropna()) == {1, 2, 3}
+    assert set(df[df.method == "random"]["top_k"]) == {1, 2}
+    assert df.groupby(["method", "label"])["window"].nunique().eq(2).all()
+    wm = df[df.method == "window_matched"]
+    assert wm.groupby("label")["window_size"].nunique().eq(1).all()
+    # MoBA: at T=32 with w=8 it has 4 blocks (<= K), so top_ks still rule
+    assert set(df[df.method == "moba"]["top_k"]) <= {1, 2, 3, 4}
