@@ -15,7 +15,7 @@ from analyses.common import Context
 
 
 def make_data(ctx: Context) -> pd.DataFrame:
-    """The Focus routers every experiment uses: ``checkpoints/smollm2-austen`` (the quickstart's),
+    """The Focus routers every experiment uses: the shipped ones (``focus_lab/routers/``) or ``--routers``,
     else trained here (``train.train``, settings.router_steps steps) into ``data/router/``."""
     from focus_lab.retrofit import read_router_file
     from focus_lab.train import train

@@ -20,8 +20,10 @@ share (settings, context, style) is in ``analyses/common.py``.
 
 ``--quick`` runs the same code on a tiny random Llama, a tiny BPE tokenizer and built-in
 texts (minutes; used by tests/test_figures.py). The full set runs on the embedded SmolLM2-135M
-with the router in ``checkpoints/smollm2-austen/`` (trained first if missing); its settings
-(``analyses.common.FULL``) are sized for about two hours on a 2-core CPU: few steps, few windows.
+with the routers shipped in the package (``focus_lab/routers/``; ``--routers`` for another
+file) at long context (``analyses.common.FULL``: baselines, domains and recorded runs at 4096
+tokens; the length table's cells from 512 to 8192 tokens), sized for about two hours on a
+2-core CPU. PNGs are committed (palette-optimized); the HTML files are generated.
 Sources: docs/method.md §1-§6; the issue 8 figure list.
 """
 
@@ -208,6 +210,8 @@ def render(out: Path, data_dir: Path, log: Callable[[str], None] = print, png: b
                              height=[f.layout.height or 550 for f in figs])
             log(f"[render] {len(figs)} PNG files in {time.perf_counter() - t0:.0f}s "
                 f"(kaleido, {os.environ.get('BROWSER_PATH', 'default browser')})")
+            saved = sum(optimize_png(p) for p in png_paths)
+            log(f"[render] PNG files palette-optimized: {saved / 1e6:.1f} MB saved")
             names = {p.stem for p in png_paths}
             for rec in records:
                 if rec["name"] in names:
@@ -215,6 +219,23 @@ def render(out: Path, data_dir: Path, log: Callable[[str], None] = print, png: b
         except Exception as e:
             log(f"[render] PNG not written ({type(e).__name__}: {e}); the HTML files are")
     return records
+
+
+def optimize_png(path: Path, colors: int = 256) -> int:
+    """Rewrite the PNG ``path`` with a ``colors``-colour palette (Pillow), atomically, when that
+    makes it smaller (plotly figures have few colours: typically 3-5x smaller, so the committed
+    figures stay small). Returns the bytes saved (0 when Pillow is missing or nothing is gained)."""
+    try:
+        from PIL import Image
+    except ImportError:
+        return 0
+    before = path.stat().st_size
+    with Image.open(path) as im:
+        pal = im.convert("RGB").quantize(colors=colors, method=Image.Quantize.MEDIANCUT, dither=Image.Dither.NONE)
+    with atomic_path(path) as tmp:
+        pal.save(tmp, format="PNG", optimize=True)
+    after = path.stat().st_size
+    return max(0, before - after)
 
 
 # ============================================================================================
@@ -233,9 +254,11 @@ def write_readme(ctx: Context, records: list[dict], status: dict, wall: float, c
         "(cached experiments are skipped, so a rerun only renders). Delete `data/<experiment>.parquet` "
         "(and `data/<experiment>.parts/`) to recompute one experiment.",
         "",
-        "Every figure is a self-contained HTML file (plotly, no network needed) and a PNG (kaleido + "
-        "Chromium) when that worked. Each comes from `analyses/<module>.py` (`make_figure(data_dir)` / "
-        "`make_table(data_dir)`), reading only the cached experiment results under `data/`.",
+        "Every figure is a PNG (kaleido + Chromium, palette-optimized; committed, so a fresh clone shows "
+        "it) and an interactive, self-contained HTML file (plotly, no network needed; generated, not "
+        "committed: `focus-lab figures` writes it beside the PNG). Each comes from `analyses/<module>.py` "
+        "(`make_figure(data_dir)` / `make_table(data_dir)`), reading only the cached experiment results "
+        "under `data/`.",
         "",
         "Data: `data/<experiment>.parquet`, made by `make_data(ctx)` in `analyses/exp_<experiment>.py` "
         "(wall times below).",
@@ -244,7 +267,10 @@ def write_readme(ctx: Context, records: list[dict], status: dict, wall: float, c
         "|---:|---|---|---|---|---|",
     ]
     for r in records:
-        files = ", ".join(f"[{f}]({f})" for f in r["files"]) or "(none)"
+        # link what is committed (PNG, Markdown); name the generated HTML without a link
+        files = ", ".join(f"`{f}` (generated)" if f.endswith(".html") else
+                          f"[{f}]({f}) ({(ctx.out / f).stat().st_size / 1e3:.0f} kB)" if (ctx.out / f).is_file()
+                          else f"[{f}]({f})" for f in r["files"]) or "(none)"
         data = "; ".join(f"`data/{d}.parquet`" for d in r["data"]) or "-"
         status_txt = r["status"] if len(r["status"]) < 80 else r["status"][:77] + "..."
         lines.append(f"| {r['number'] or ''} | {files} | {r['title']} | {data} | `{r['module']}` | {status_txt} |")
@@ -264,8 +290,11 @@ def write_readme(ctx: Context, records: list[dict], status: dict, wall: float, c
               "Commands that made the data:", "",
               f"- everything: `{command}` (experiments in order: "
               + ", ".join(e.name for e in EXPERIMENTS) + ")",
-              "- routers: `focus-lab train` (the quickstart's `checkpoints/smollm2-austen/`), else trained by "
-              "experiment `router`",
+              "- routers: the routers shipped with the package (`focus_lab/routers/`, provenance in its "
+              "MANIFEST.json and docs/recipes.md), or `--routers <file>` (any `focus-lab train` output)",
+              "- cells of the length table (`length_table/cells/`, `python analyses/length_table.py`) and the "
+              "passkey tables (`passkey/<run>/`, `focus-lab probe passkey`) are committed and reused when "
+              "they were made with the same router file (sha256); what they lack is computed",
               "- speed benchmark: `python analyses/bench_attention.py` (issue 4; its own outputs in "
               "`bench_attention/` are read when present, else experiment `bench` runs it with "
               "`" + " ".join(s.bench_args) + "`)",
@@ -277,7 +306,8 @@ def write_readme(ctx: Context, records: list[dict], status: dict, wall: float, c
 
 
 def update_readme_section(readme: Path, table_md: str) -> None:
-    """Replace (or append) the "Reproduction" section of the project README between markers."""
+    """Replace (or append) the block between the reproduction markers of ``readme``
+    (docs/reproduction.md)."""
     text = readme.read_text()
     block = f"{README_BEGIN}\n{table_md.strip()}\n{README_END}"
     if README_BEGIN in text and README_END in text:
@@ -302,8 +332,8 @@ def run_figures(out: str | Path | None = None, quick: bool = False, only: list[s
         quick: tiny model and inputs (minutes). only: experiment names to run (others are only
             read from the cache). threads: torch threads (1: a polite default on a shared CPU).
         png: also write PNG files through kaleido. update_readme: write the reproduction table
-            into the project README's "Reproduction" section. routers: a router file instead of
-            checkpoints/smollm2-austen.
+            into docs/reproduction.md (between its markers). routers: a router file instead of
+            the shipped routers.
     Returns: {"out", "records", "status", "seconds"}.
     """
     t0 = time.perf_counter()
@@ -332,12 +362,13 @@ def run_figures(out: str | Path | None = None, quick: bool = False, only: list[s
                 rel = out
             intro = (f"Each claim of the paper (docs/method.md §5, and the §1-§4 notes we can test) against our measurement. "
                      f"Generated by `{cmd} --update-readme` from the cached experiments in `{rel}/data/` "
-                     f"(experiments: {total / 60:.0f} min of wall time in all, plus the router training of "
-                     "`focus-lab quickstart`; settings, figures and the command "
-                     f"behind each number: [`{rel}/README.md`]({rel}/README.md); verdict rules: "
-                     "`analyses/table_reproduction.py`). Short schedules and few windows on a 2-core CPU: "
-                     "differences of about 1% are within noise.\n\n")
-            update_readme_section(REPO / "README.md", intro + body)
-            say("[readme] README.md Reproduction section updated")
+                     f"(experiments: {total / 60:.0f} min of wall time in all; routers: the shipped ones, whose "
+                     "training is in [recipes.md](recipes.md); settings, figures and the command "
+                     f"behind each number: [`{rel}/README.md`](../{rel}/README.md); verdict rules: "
+                     "`analyses/table_reproduction.py`). A perplexity difference gets a verdict only when its "
+                     "95% paired bootstrap interval over at least 4 windows excludes 0; the interval is printed "
+                     "beside each change.\n\n")
+            update_readme_section(REPO / "docs" / "reproduction.md", intro + body)
+            say("[readme] docs/reproduction.md updated")
     say(f"figures done in {wall / 60:.1f} min -> {out}")
     return {"out": out, "records": records, "status": status, "seconds": wall}

@@ -446,8 +446,8 @@ def figures(
     only: Optional[list[str]] = typer.Option(None, help="run only these experiments (others are read from the cache)"),
     threads: int = typer.Option(1, help="torch threads (1 is polite on a shared CPU)"),
     png: bool = typer.Option(True, help="also write PNG files (kaleido + Chromium)"),
-    update_readme: bool = typer.Option(False, help="write the reproduction table into README.md's Reproduction section"),
-    routers: Optional[Path] = typer.Option(None, help="router file (default checkpoints/smollm2-austen/routers.safetensors)"),
+    update_readme: bool = typer.Option(False, help="write the reproduction table into docs/reproduction.md (between its markers)"),
+    routers: Optional[Path] = typer.Option(None, help="router file (default: the routers shipped with the package)"),
 ):
     """Regenerate every paper figure and the reproduction table (cached, resumable experiments)."""
     try:  # the experiments and figures are not part of the library (issue 17 item 1)
