@@ -183,15 +183,16 @@ class Context:
             raise FileNotFoundError(f"{p} is missing: run experiment 'router' first (focus-lab figures --only router)")
         return Path(pd.read_parquet(p)["path"].iloc[0])
 
-    def router_train_config(self) -> dict:
-        """The routers' training config: ``train_config.json`` beside the file, else (a shipped
-        file) its manifest entry's, else {}."""
-        p = self.routers().parent / "train_config.json"
+    def router_train_config(self, path: Path | None = None) -> dict:
+        """The training config of the router file ``path`` (default ``self.routers()``):
+        ``train_config.json`` beside it, else (a shipped file) its manifest entry's, else {}."""
+        path = Path(path) if path is not None else self.routers()
+        p = path.parent / "train_config.json"
         if p.is_file():
             return json.loads(p.read_text())["train_config"]
         from focus_lab.shipped import manifest
         for entry in manifest().values():
-            if entry.get("file") == self.routers().name:
+            if entry.get("file") == path.name:
                 return entry.get("train_config", {})
         return {}
 

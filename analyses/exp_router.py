@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pandas as pd
@@ -34,10 +33,7 @@ def make_data(ctx: Context) -> pd.DataFrame:
             secs = res.seconds
         trained_here = True
     cfg, base, tensors, extra = read_router_file(path)
-    tc = {}
-    tcp = Path(path).parent / "train_config.json"
-    if tcp.is_file():
-        tc = json.loads(tcp.read_text()).get("train_config", {})
+    tc = ctx.router_train_config(Path(path))
     n_params = sum(t.numel() for k, t in tensors.items() if not k.endswith("group_bias"))
     return pd.DataFrame([{"path": str(Path(path).resolve()), "trained_here": trained_here, "train_seconds": secs,
                           "router_parameters": n_params, "num_groups": cfg.num_groups, "window": cfg.window,

@@ -34,6 +34,8 @@ def make_figure(data_dir: Path):
     import plotly.graph_objects as go
 
     df = domain_table(data_dir)
+    order = ["hard_top1", "random_top1", "shuffled_top1", "hard_top2", "random_top2", "shuffled_top2", "window"]
+    df = df.assign(_o=df["label"].map(lambda l: order.index(l) if l in order else len(order))).sort_values(["_o"], kind="stable")
     fig = go.Figure()
     for corpus, part in df[df["label"] != "dense"].groupby("corpus", sort=False):
         fig.add_trace(go.Bar(x=part["label"], y=part["change_pct"], name=f"{corpus} ({int(part['windows'].max())} windows)",
@@ -41,7 +43,8 @@ def make_figure(data_dir: Path):
                                           arrayminus=part["change_pct"] - part["ci_lo"]),
                              hovertext=[f"{corpus} {p}: PPL {v:.2f}, kept {k:.2f}" for p, v, k in
                                         zip(part["label"], part["perplexity"], part["distant_pairs_kept"])],
-                             hoverinfo="text", text=[f"{v:.2f}" for v in part["perplexity"]], textposition="outside"))
+                             hoverinfo="text", text=[f"{v:.2f}" for v in part["perplexity"]], textposition="inside",
+                             insidetextanchor="start"))
     fig.add_hline(y=0.0, line=dict(color="gray", dash="dash"))
     T = int(df["seq_len"].iloc[0])
     fig.update_layout(title=f"{TITLE}<br><sup>{T} tokens per window; bar labels: absolute perplexity; error bars: "

@@ -59,7 +59,8 @@ def make_figure(data_dir: Path):
             fig.add_vline(x=t, line=dict(color="gray", dash="dot"))
     except FileNotFoundError:
         pass
-    fig.update_xaxes(type="log", tickvals=sorted(df["seq_len"].unique()), title="tokens", row=2)
+    fig.update_xaxes(type="log", tickvals=sorted(df["seq_len"].unique()))
+    fig.update_xaxes(title="tokens", row=2)
     fig.update_yaxes(range=[0, 1.02], row=2)
     n = df.groupby("seq_len")["windows"].max()
     fig.update_layout(title=f"{TITLE}<br><sup>windows per length: " + ", ".join(f"{t}: {w}" for t, w in n.items())

@@ -5,7 +5,8 @@ against (left) the measured end-to-end speedup: tokens/s over the dense pattern'
 run, at the evaluation length, and (right) the fraction of distant causal pairs the mask keeps
 (the compute that remains; the speedup a kernel could reach is about its inverse at long
 contexts). The black line is the Pareto frontier. When the benchmark's end-to-end table exists
-(``bench_attention/e2e.csv``), its hard-Focus points at 4K/8K tokens are added on the left.
+(``bench_attention/e2e.csv``), its hard-Focus points at 4K/8K tokens are added on the left when
+they were measured with the same router file (sha256); other routers' points are left out.
 Window patterns go through the dense masked reference, so their measured speed is not what a
 sliding-window kernel would give.
 """
@@ -17,10 +18,21 @@ from pathlib import Path
 
 import pandas as pd
 
-from analyses.common import METHOD_COLORS, METHOD_NAMES, bench_dir, pareto_front, read
+from analyses.common import METHOD_COLORS, METHOD_NAMES, REPO, bench_dir, pareto_front, read
 
 TITLE = "Quality vs speed of the retrofits (held-out PPL vs measured speedup and pairs kept)"
 DATA = ("baselines",)
+
+
+def _same_routers(data_dir: Path, router: str) -> bool:
+    """Whether the router file ``router`` (a benchmark row's) is the one of ``data/router``."""
+    import hashlib
+    try:
+        mine = Path(read(data_dir, "router")["path"].iloc[0])
+        other = Path(router) if Path(router).is_absolute() else REPO / router
+        return other.is_file() and hashlib.sha256(other.read_bytes()).digest() == hashlib.sha256(mine.read_bytes()).digest()
+    except (FileNotFoundError, OSError):
+        return False
 
 
 def make_figure(data_dir: Path):
@@ -49,8 +61,8 @@ def make_figure(data_dir: Path):
     b = bench_dir(Path(data_dir).parent)
     if b is not None and (b / "e2e.csv").is_file():
         e = pd.read_csv(b / "e2e.csv")
-        # only a trained router's PPL belongs on this plot (the benchmark may use untrained weights)
-        e = e[(e["attention"] == "hard") & ~e["router"].astype(str).str.startswith("untrained")]
+        # only the routers of this plot belong on it (the benchmark may use untrained or other routers)
+        e = e[(e["attention"] == "hard") & e["router"].astype(str).map(lambda r: _same_routers(data_dir, r))]
         fig.add_trace(go.Scatter(x=e["speedup_vs_dense"], y=e["perplexity"], mode="markers+text",
                                  text=[f"T={t}" for t in e["tokens"]], textposition="bottom center",
                                  marker=dict(symbol="diamond", size=11, color=METHOD_COLORS["focus"]),

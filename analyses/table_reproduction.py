@@ -242,7 +242,8 @@ def _claims(c: _Ctx) -> list:
             lab, v, kept = ("window", c.ppl("window", "window"), np.nan) if m == "window" else c.matched(m)
             ch = c.change((m, lab), focus)   # the baseline over Focus: > 0 means Focus is better
             signs[m] = _sign(ch)
-            short = lab.replace("window_matched_", "").replace("hard_", "")
+            short = f"(w={int(b.attention_window.iloc[0])})" if m == "window" else \
+                lab.replace("window_matched_", "").replace("hard_", "")
             parts.append(f"{m} {short} {v:.2f}" + ("" if np.isnan(kept) else f" ({kept:.2f})") + f": {_ci(ch)}")
         named = [m for m in ("window", "window_matched", "online_kmeans") if m in signs]
         lost = [m for m in named if signs[m] < 0]
