@@ -193,7 +193,8 @@ class Context:
         from focus_lab.shipped import manifest
         for entry in manifest().values():
             if entry.get("file") == path.name:
-                return entry.get("train_config", {})
+                # the entry's "steps" are the steps actually run (a run may stop at a checkpoint)
+                return {**entry.get("train_config", {}), **({"steps": entry["steps"]} if "steps" in entry else {})}
         return {}
 
     def router_id(self) -> str:

@@ -58,6 +58,8 @@ def make_figure(data_dir: Path):
     r = lora.iloc[0]
     fig.update_layout(title=f"{TITLE}<br><sup>LoRA rank {r['rank']} on q/v = {int(r['lora_parameters']):,} params vs "
                             f"router {int(r['router_parameters']):,}; {int(r['steps'])} steps of {int(r['batch_size'])} x "
-                            f"{int(r['train_seq_len'])} tokens, lr {r['lr']}</sup>", barmode="group",
+                            f"{int(r['train_seq_len'])} tokens, lr {r['lr']}; evaluated on "
+                            + ", ".join(f"{c} {int(g['windows'].iloc[0])} x {int(g['seq_len'].iloc[0])}" for c, g in lora.groupby("corpus", sort=False)
+                                        if "windows" in g and "seq_len" in g) + " tokens</sup>", barmode="group",
                       template="plotly_white", width=1400, height=560)
     return fig

@@ -18,7 +18,8 @@ def make_figure(data_dir: Path):
     cases = read(data_dir, "passkey")
     fig = heatmap_figure(cases)
     n = cases.groupby(["length", "depth", "pattern"]).size()
-    fig.update_layout(title=f"{TITLE}<br><sup>colour: exact-match rate over {int(n.min())}-{int(n.max())} keys per "
+    keys = f"{int(n.min())}" if n.min() == n.max() else f"{int(n.min())}-{int(n.max())}"
+    fig.update_layout(title=f"{TITLE}<br><sup>colour: exact-match rate over {keys} keys per "
                             "cell; text: mean key log-prob (nats); rows: prompt tokens, columns: needle depth</sup>")
     return fig
 
