@@ -101,3 +101,56 @@ def test_cli_says_where_the_figures_live_without_the_package(monkeypatch):
     res = CliRunner().invoke(app, ["figures", "--quick"])
     assert res.exit_code == 2
     assert "analyses/ package" in res.output and "pip install -e ." in res.output
+
+
+def test_length_cells_reuse_committed_rows_only_for_the_same_routers(tmp_path, monkeypatch):
+    """Committed length-table rows are taken for the patterns they hold on exactly the requested
+    windows when their router sha256 matches; the other patterns are evaluated; another router
+    file's rows are never taken."""
+    from dataclasses import dataclass
+    import torch
+    from conftest import tiny_llama
+    from focus_lab import FocusConfig
+    from focus_lab.retrofit import attach, save_routers
+
+    @dataclass
+    class W:
+        input_ids: torch.Tensor
+        index: int
+
+    routers = tmp_path / "r.safetensors"
+    m = tiny_llama()
+    attach(m, FocusConfig(window=8, num_groups=4, top_k=2, sink_tokens=1))
+    save_routers(m, routers)
+    g = torch.Generator().manual_seed(0)
+    ws = [W(torch.randint(3, 97, (32,), generator=g), i) for i in (3, 7)]
+
+    class Ctx:
+        quick = False
+        data = tmp_path / "data"
+        settings = C.Settings("t", cell_patterns="dense,hard_top2,random_top2")
+        log = staticmethod(lambda s: None)
+        windows = staticmethod(lambda corpus, split, T, n: ws)
+        model = staticmethod(tiny_llama)
+        routers = staticmethod(lambda: routers)
+
+        def router_id(self):
+            return self.sha
+
+    committed = tmp_path / "lt"
+    (committed / "cells").mkdir(parents=True)
+    rows = pd.DataFrame({"label": ["dense", "dense", "hard_top2"], "window": [3, 7, 3], "nll": [9.0, 9.0, 9.0],
+                         "tokens": [31] * 3, "routers_sha256": ["abc"] * 3})
+    rows.to_parquet(committed / "cells" / "austen_32.parquet")
+    monkeypatch.setattr(C, "LENGTH_TABLE", committed)
+
+    ctx = Ctx()
+    ctx.sha = "abc"
+    df = C.length_cells(ctx, "same", [("austen", 32, 2)])
+    # dense is committed on both windows: reused; hard_top2 only on window 3: evaluated
+    assert set(df[df.reused].label) == {"dense"} and (df[df.reused].nll == 9.0).all()
+    assert set(df[~df.reused].label) == {"hard_top2", "random_top2"} and (df[~df.reused].nll < 9.0).all()
+    assert len(df) == 6 and set(df.method) == {"dense", "focus", "random"}
+    ctx.sha = "other"
+    df = C.length_cells(ctx, "other", [("austen", 32, 2)])
+    assert not df.reused.any() and (df.nll < 9.0).all()
