@@ -199,8 +199,8 @@ class Context:
 
     def router_id(self) -> str:
         """The router file's sha256 (what the committed cells are matched on)."""
-        import hashlib
-        return hashlib.sha256(self.routers().read_bytes()).hexdigest()
+        from focus_lab.record import file_sha256
+        return file_sha256(self.routers())
 
 
 # ============================================================================================

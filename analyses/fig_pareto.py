@@ -26,11 +26,11 @@ DATA = ("baselines",)
 
 def _same_routers(data_dir: Path, router: str) -> bool:
     """Whether the router file ``router`` (a benchmark row's) is the one of ``data/router``."""
-    import hashlib
+    from focus_lab.record import file_sha256
     try:
         mine = Path(read(data_dir, "router")["path"].iloc[0])
         other = Path(router) if Path(router).is_absolute() else REPO / router
-        return other.is_file() and hashlib.sha256(other.read_bytes()).digest() == hashlib.sha256(mine.read_bytes()).digest()
+        return other.is_file() and file_sha256(other) == file_sha256(mine)
     except (FileNotFoundError, OSError):
         return False
 

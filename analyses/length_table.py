@@ -16,8 +16,6 @@ Usage (background; ~25 min per corpus on 2 CPU cores at the default windows)::
 from __future__ import annotations
 
 import argparse
-import hashlib
-import math
 import time
 from pathlib import Path
 
@@ -39,6 +37,7 @@ def run_cells(args) -> None:
     from focus_lab.evaluate import evaluate, parse_patterns
     from focus_lab.io import write_parquet
     from focus_lab.models import load_model
+    from focus_lab.record import file_sha256
     from focus_lab.retrofit import load_routers
     from focus_lab.shipped import resolve_routers
 
@@ -76,7 +75,7 @@ def run_cells(args) -> None:
             out["corpus"], out["seq_len"] = corpus, L
             out["heldout"] = ",".join(d.name for d in corp.heldout)
             out["routers"] = str(routers)
-            out["routers_sha256"] = hashlib.sha256(Path(routers).read_bytes()).hexdigest()
+            out["routers_sha256"] = file_sha256(routers)
             out["table_schema_version"] = SCHEMA_VERSION
             write_parquet(cell, out)
             print(f"== {corpus} {L}: {len(ws)} windows in {time.perf_counter() - t0:.0f} s", flush=True)
@@ -90,6 +89,7 @@ def paired_delta(df: pd.DataFrame, a: str, b: str, reps: int = 2000, seed: int =
 
 
 def report(out: Path) -> str:
+    from focus_lab.evaluate import pool_windows
     cells = sorted((out / "cells").glob("*.parquet"))
     if not cells:
         raise SystemExit(f"no cells under {out / 'cells'}: run without --report first")
@@ -98,13 +98,12 @@ def report(out: Path) -> str:
     summary = []
     for (corpus, L), g in df.groupby(["corpus", "seq_len"], sort=True):
         nwin = g.window.nunique()
-        pooled = g.groupby("label").apply(lambda s: math.exp((s.nll * s.tokens).sum() / s.tokens.sum()))
-        kept = g.groupby("label").distant_pairs_kept.mean()
-        tps = g.groupby("label").apply(lambda s: s.tokens.sum() / s.seconds.sum())
-        for label in pooled.index:
-            row = {"corpus": corpus, "seq_len": L, "windows": nwin, "tokens": int(g[g.label == label].tokens.sum()),
-                   "label": label, "perplexity": pooled[label], "distant_pairs_kept": kept[label],
-                   "tokens_per_second": tps[label]}
+        pooled = pool_windows(g[["label", "window", "nll", "tokens", "seconds", "distant_pairs_kept",
+                                 "max_group_share"]]).set_index("label")
+        for label, r in pooled.iterrows():
+            row = {"corpus": corpus, "seq_len": L, "windows": nwin, "tokens": int(r.tokens),
+                   "label": label, "perplexity": r.perplexity, "distant_pairs_kept": r.distant_pairs_kept,
+                   "tokens_per_second": r.tokens_per_second}
             if label != "dense":
                 row["delta_vs_dense_pct"], row["ci_lo"], row["ci_hi"] = paired_delta(g, label, "dense")
             for k in (1, 2):

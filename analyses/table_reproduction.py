@@ -56,7 +56,7 @@ class _Ctx:
         """Pattern ``a`` = (method, label) over pattern ``b`` in experiment ``name`` (rows filtered
         by ``where``, e.g. corpus=, seq_len=): (perplexity of a, change %, 95% low, 95% high,
         windows), paired over the windows both have (``evaluate.paired_change``)."""
-        from focus_lab.evaluate import paired_change
+        from focus_lab.evaluate import paired_change, pool_windows
         df = self(name, per_window=True)
         for col, val in where.items():
             df = df[df[col] == val]
@@ -64,8 +64,9 @@ class _Ctx:
         x, y = pick(*a), pick(*b)
         if not len(x) or not len(y):
             raise KeyError(f"{name}: no rows for {a} or {b} at {where}")
-        ppl = float(np.exp((x.nll * x.tokens).sum() / x.tokens.sum()))
-        return (ppl, *paired_change(x, y), int(x["window"].nunique()))
+        pooled = pool_windows(x[["window", "nll", "tokens", "seconds", "distant_pairs_kept", "max_group_share"]]
+                              .assign(label="a"))
+        return (float(pooled["perplexity"].iloc[0]), *paired_change(x, y), int(pooled["windows"].iloc[0]))
 
     def matched(self, method):
         """(label, perplexity, kept) of ``method``'s hard pattern whose distant pairs kept is
