@@ -4,7 +4,8 @@ Runs the real CLI command in this process (arguments after ``--``), samples the 
 size (psutil, every 10 ms) in a thread, and labels the samples by phase: ``start`` (imports,
 corpus, windows, routers), ``load`` (the model), ``record`` (the recorded forwards), ``spacy``
 (``load_spacy``, also called by each window's POS join inside the recording), ``tables``
-(``Recording.tables``), ``loss_delta`` (its two forwards per window), ``write`` (the parquet
+(``Recording.tables``), ``loss_delta`` (the forwards of the mode the recorded forward does not
+give: ``next_token_nll``, after the recording), ``write`` (the parquet
 files), ``done`` (after ``record_run`` returned: the heap the allocator kept). Prints the peak
 RSS of each phase, the process's overall peak (``ru_maxrss``) and the estimate the recorder
 computes for the same command (``record.memory_parts``, the breakdown of
@@ -85,7 +86,7 @@ def main() -> None:
     wrap(models, "load_model", s, "load")
     wrap(linguistics, "load_spacy", s, "spacy")
     wrap(R.Recording, "tables", s, "tables")
-    wrap(R, "loss_delta_table", s, "loss_delta")
+    wrap(R, "next_token_nll", s, "loss_delta")
     est = {}
     real_record_run = R.record_run
 

@@ -202,8 +202,9 @@ class TrainConfig:
 #: Metrics the recorder knows. ``coverage`` includes the distance buckets and the window /
 #: matched-window / random baselines; ``linguistics`` needs spaCy labels (``record_run``) and
 #: captures the router input for the k-means baseline; ``loss_delta`` (per-token NLL dense vs
-#: hard, and with ``dropped_edges`` the ``costly_drops`` join) is computed by ``record_run`` with
-#: two extra forwards per window: ``record`` alone accepts it and records nothing for it.
+#: hard, and with ``dropped_edges`` the ``costly_drops`` join) is computed by ``record_run`` from
+#: the recorded forward's logits and one extra forward per window: ``record`` alone accepts it and
+#: records nothing for it.
 ALL_METRICS = ("assignments", "balance", "coverage", "crossing", "dropped_edges", "linguistics", "loss_delta")
 
 

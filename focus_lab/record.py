@@ -14,8 +14,9 @@ observers never change a tensor, so outputs inside the block are identical too.
 
 ``record_run`` runs held-out windows through it and writes a run directory: tokens, pos (spaCy),
 assignments, balance, coverage, dropped edges, crossing mass and linguistics tables, and (metric
-``loss_delta``, two extra forwards per window outside the recording) per-token loss deltas dense
-vs hard joined to the dropped edges (``loss_delta``, ``costly_drops``; ``loss_delta_table``).
+``loss_delta``: the recorded forward's own NLL plus one forward per window in the other mode,
+outside the recording) per-token loss deltas dense vs hard joined to the dropped edges
+(``loss_delta``, ``costly_drops``; ``loss_delta_frame``, ``loss_delta_table``).
 Sources: docs/method.md §1-§2 (the method), §6 (the reviewers' question the recorder answers).
 """
 
@@ -315,6 +316,18 @@ def assignments_for_window(model, input_ids: torch.Tensor) -> pd.DataFrame:
     return rec.tables()["assignments"].drop(columns=["window"])
 
 
+def _logits_nll(logits: torch.Tensor, ids: torch.Tensor, chunk: int) -> torch.Tensor:
+    """(T - 1,) float32 next-token NLL (nats) from one window's ``logits: (T, V)`` and
+    ``ids: (T,)``, ``chunk`` positions per ``cross_entropy`` call (bounds the log-softmax copy)."""
+    n = ids.shape[0] - 1
+    nll = torch.empty(n, dtype=torch.float32)
+    for s in range(0, n, chunk):
+        e = min(n, s + chunk)
+        nll[s:e] = torch.nn.functional.cross_entropy(logits[s:e].float(), ids[s + 1:e + 1].to(logits.device),
+                                                     reduction="none").cpu()
+    return nll
+
+
 @torch.no_grad()
 def next_token_nll(model, input_ids: torch.Tensor, chunk: int = 1024, focus=None) -> torch.Tensor:
     """Next-token negative log-likelihood of one window, in nats.
@@ -330,18 +343,16 @@ def next_token_nll(model, input_ids: torch.Tensor, chunk: int = 1024, focus=None
     Raises:
         ValueError: ``input_ids`` is not 1-D or has fewer than 2 tokens.
     """
-    if input_ids.dim() != 1 or input_ids.shape[0] < 2:
-        raise ValueError(f"need one window of at least 2 token ids, shape (T,); got {tuple(input_ids.shape)}")
+    _check_window(input_ids)
     ids = input_ids.long()
     kw = {} if focus is None else {"focus": focus}
     logits = model(input_ids=ids[None], use_cache=False, **kw).logits[0]  # (T, V)
-    n = ids.shape[0] - 1
-    nll = torch.empty(n, dtype=torch.float32)
-    for s in range(0, n, chunk):
-        e = min(n, s + chunk)
-        nll[s:e] = torch.nn.functional.cross_entropy(logits[s:e].float(), ids[s + 1:e + 1].to(logits.device),
-                                                     reduction="none").cpu()
-    return nll
+    return _logits_nll(logits, ids, chunk)
+
+
+def _check_window(input_ids: torch.Tensor) -> None:
+    if input_ids.dim() != 1 or input_ids.shape[0] < 2:
+        raise ValueError(f"need one window of at least 2 token ids, shape (T,); got {tuple(input_ids.shape)}")
 
 
 @torch.no_grad()
@@ -374,15 +385,37 @@ def loss_delta_table(model, windows: Sequence, tokens: pd.DataFrame | None = Non
         ValueError: Focus is not attached, or a window has fewer than 2 tokens.
     """
     dense_state, hard_state = forward_state(model, mode="dense"), forward_state(model, mode="hard")
+    dense, hard = [], []
+    for w in tqdm(windows, desc="loss_delta", disable=not progress, dynamic_ncols=True):
+        dense.append(next_token_nll(model, w.input_ids, chunk, dense_state).numpy())
+        hard.append(next_token_nll(model, w.input_ids, chunk, hard_state).numpy())
+    return loss_delta_frame(dense, hard, tokens)
+
+
+def loss_delta_frame(nll_dense: Sequence[np.ndarray], nll_hard: Sequence[np.ndarray],
+                     tokens: pd.DataFrame | None = None) -> pd.DataFrame:
+    """The ``loss_delta`` table from per-window NLLs (``loss_delta_table`` documents it).
+
+    Args:
+        nll_dense, nll_hard: one (T_w - 1,) array of nats per window (window w = index w), as
+            ``next_token_nll`` returns them under dense and hard attention.
+        tokens: optional tokens table (window, position, token) for the token columns.
+    Returns:
+        DataFrame with columns ``runs.SCHEMA["loss_delta"]``.
+    Raises:
+        ValueError: the two lists differ in length, or a window's arrays differ in shape.
+    """
+    if len(nll_dense) != len(nll_hard):
+        raise ValueError(f"{len(nll_dense)} dense windows vs {len(nll_hard)} hard windows")
     frames = []
-    for w_idx, w in enumerate(tqdm(windows, desc="loss_delta", disable=not progress, dynamic_ncols=True)):
-        ids = w.input_ids
-        dense = next_token_nll(model, ids, chunk, dense_state).numpy()
-        hard = next_token_nll(model, ids, chunk, hard_state).numpy()
+    for w_idx, (dense, hard) in enumerate(zip(nll_dense, nll_hard)):
+        dense, hard = np.asarray(dense, np.float32), np.asarray(hard, np.float32)
+        if dense.shape != hard.shape:
+            raise ValueError(f"window {w_idx}: dense NLL shape {dense.shape} vs hard {hard.shape}")
         n = len(dense)
         frames.append(pd.DataFrame({
             "window": np.full(n, w_idx, np.int32), "position": np.arange(n, dtype=np.int32),
-            "nll_dense": dense.astype(np.float32), "nll_hard": hard.astype(np.float32)}))
+            "nll_dense": dense, "nll_hard": hard}))
     cols = list(SCHEMA["loss_delta"])
     if not frames:
         return pd.DataFrame({c: pd.Series(dtype=object if c in ("token", "next_token") else np.float32)
@@ -489,7 +522,9 @@ def memory_parts(shape: ModelShape, seq_len: int, windows: int, layers: int, hea
     # the largest transient of the recorded forwards: a layer's buffers or the (T, V) logits
     mask = {"dense": 1, "hard": 2, "soft": 13}.get(mode, 13) * T * T
     layer = mask + ((12 * elems + 16 * Hs * T * D + (2 * T * T if whole else 0)) if att else 0)
-    record = max(4 * T * V, layer)
+    ld = "loss_delta" in want
+    # logits (T, V), plus a log-softmax chunk when loss_delta reads the recorded forward's own NLL
+    record = max(4 * T * V + (4 * min(T, 1024) * V if ld and mode in ("dense", "hard") else 0), layer)
     # tables(): what it keeps, and the largest build of one table family
     tabs = {"assignments": ROW_BYTES["assignments"] * tok if "assignments" in want else 0,
             "coverage_query": 4 * ROW_BYTES["coverage_query"] * nq if cov and per_query else 0,
@@ -504,7 +539,8 @@ def memory_parts(shape: ModelShape, seq_len: int, windows: int, layers: int, hea
     held = 2 * kept  # after tables(): the tables, and about as much freed heap their build left
     parts = {"runtime": RUNTIME_BYTES + (SPACY_BYTES if with_pos else 0), "model": int(shape.param_bytes),
              "recorded": int(recorded), "slack": int(slack), "record": int(record), "tables": int(kept + build),
-             "loss_delta": int(held + 4 * T * V + 4 * min(T, 1024) * V) if "loss_delta" in want else 0,
+             # the other mode's forwards after the recording, before tables(): logits + a chunk
+             "loss_delta": int(4 * T * V + 4 * min(T, 1024) * V) if ld else 0,
              "write": int(held + max(tabs.values()))}
     parts["peak"] = (parts["runtime"] + parts["model"] + parts["recorded"] + parts["slack"]
                      + max(parts[k] for k in ("record", "tables", "loss_delta", "write")))
@@ -534,17 +570,19 @@ def estimate_memory(shape: ModelShape, seq_len: int, windows: int, layers: int, 
                  + 9 P W T^2 (5 without crossing)               full maps of --pattern
                  + L T^2 [coverage, T <= 1024] + 8 T^2 [att, T <= 2048]   cached masks, pair tables
         slack    = 4 T (3f + 6d) + (60 if T <= 2048 else 150) E / Hs [att]   freed heap the allocator keeps
-        record   = max(4 T V, m T^2 + (12 E + 16 Hs T D + 2 T^2 [T <= 2048]) [att])   logits | a layer;
+        record   = max(4 T V + 4 min(T, 1024) V [loss_delta, mode dense or hard],
+                       m T^2 + (12 E + 16 Hs T D + 2 T^2 [T <= 2048]) [att])   logits | a layer;
                    m = 1 dense, 2 hard, 13 soft (soft: from the code, not measured)
         tables   = kept + max(Nq (58 + 256 [per_query]) [coverage], Nq (82 + 40 [per_query]) [crossing],
                               41 P W T(T+1)/2, 8 W T d [linguistics], 260 N)
         kept     = 260 N + 128 Nq [coverage, per_query] + 40 Nq [crossing, per_query] + 66 e Nq
                    + 25 P W T(T+1)/2                             the tables (ROW_BYTES)
-        loss_delta = 2 kept + 4 T V + 4 min(T, 1024) V  [loss_delta]   logits + a log-softmax chunk
+        loss_delta = 4 T V + 4 min(T, 1024) V  [loss_delta]   the other mode's forwards, after the
+                                                    recording and before tables(): logits + a chunk
         write    = 2 kept + the largest table (its Arrow copy while parquet writes it)
 
     (2 kept: after ``tables()`` the heap holds the tables and about as much again that their
-    build freed; measured 1.7-2.3 x kept in the loss_delta phase.)
+    build freed; measured 1.7-2.3 x kept when loss_delta's forwards still ran after it.)
 
     The attention metrics are the dense map of docs/method.md §2 reduced per chunk of queries
     (``metrics.attention_metrics``); only ``patterns`` keeps T x T maps, the rest grows with T
@@ -557,10 +595,11 @@ def estimate_memory(shape: ModelShape, seq_len: int, windows: int, layers: int, 
     0-3, every metric: 1.79 vs 1.76 GB (+2%); 1024, 30 layers: 1.97 vs 1.96 GB (+1%); 1024 x 4
     windows, 30 layers, no loss_delta: 2.26 vs 2.10 GB (+8%); 2048, layers 0-3, 2 patterns: 2.35
     vs 2.32 GB (+1%); 4096, layers 0-3: 2.63 vs 2.58 GB (+2%); 4096, 30 layers, no loss_delta:
-    2.56 vs 2.56 GB (0%; 2.89 GB in an earlier run); 4096, 30 layers, every metric: 3.27 vs 3.36
-    GB (-3%; 3.15 GB in an earlier run). The same command's peak varies by about 10% from run to
-    run (the allocator's reuse of freed memory), and the dropped-edge count depends on the data:
-    expect +-10%.
+    2.56 vs 2.56 GB (0%; 2.89 GB in an earlier run); 4096, 30 layers, every metric: 2.76 vs 2.64
+    GB (+5%; 3.15-3.36 GB before loss_delta read the recorded forward's logits); 4096 x 4 windows,
+    30 layers, every metric (the main job's recording): 5.04 vs 5.23 GB (-4%). The same command's
+    peak varies by about 10% from run to run (the allocator's reuse of freed memory), and the
+    dropped-edge count depends on the data: expect +-10%.
 
     Args:
         shape: the model (``ModelShape.of(model)`` or ``ModelShape.from_config``).
@@ -643,8 +682,10 @@ def record_run(model, tokenizer, windows: list, texts: dict[str, str], out_dir: 
             linguistics tables and the relations of dropped edges need it.
         extra_tables: {name: DataFrame} written as additional tables (eval, train_log).
         metrics, layers, heads, patterns, **options: as for ``record``. With ``loss_delta`` in
-            ``metrics``, two more forwards per window after the recording (dense, then hard:
-            ``loss_delta_table``) write the ``loss_delta`` table, and with ``dropped_edges`` also
+            ``metrics``, the NLL of the recorded forward's mode (dense or hard) is read off its
+            own logits and the other mode (both, in soft or window mode) runs one forward per
+            window after the recording, before the tables are built (``next_token_nll``); they
+            give the ``loss_delta`` table (``loss_delta_frame``), and with ``dropped_edges`` also
             ``costly_drops`` (``record_tables.costly_drops_table``, option ``costly_top_n``).
         memory_limit: bytes the process may reach; before anything is recorded, the peak is
             estimated (``estimate_memory``) and compared with it. None: the available memory
@@ -670,6 +711,11 @@ def record_run(model, tokenizer, windows: list, texts: dict[str, str], out_dir: 
         from .linguistics import load_spacy, pos_table
         load_spacy()  # fail early with a clear message
     with record(model, metrics=metrics, layers=layers, heads=heads, patterns=patterns, **options) as rec:
+        # loss_delta: the recorded forward's own logits give the NLL of its mode (dense or hard);
+        # the other mode runs after the block (hooks removed), before the tables are built
+        want_nll = bool(windows) and "loss_delta" in rec.options.metrics
+        own = cfg.mode if want_nll and cfg.mode in ("dense", "hard") else None
+        nll: dict[str, list[np.ndarray]] = {"dense": [], "hard": []}
         for w_idx, w in enumerate(tqdm(windows, desc="record", disable=not progress, dynamic_ncols=True)):
             ids = w.input_ids
             offs = np.asarray(w.offsets, dtype=np.int64)
@@ -682,17 +728,26 @@ def record_run(model, tokenizer, windows: list, texts: dict[str, str], out_dir: 
                 "char_start": offs[:, 0], "char_end": offs[:, 1],
             }))
             with torch.no_grad():
-                model(input_ids=ids[None], use_cache=False)
+                out = model(input_ids=ids[None], use_cache=False)
+                if own is not None:
+                    _check_window(ids)
+                    nll[own].append(_logits_nll(out.logits[0], ids.long(), 1024).numpy())
+                del out
             if pos_table is not None:
                 p = pos_table(texts[w.doc], offs)
                 p.insert(0, "window", np.int32(w_idx))
                 pos_frames.append(p)
+    for mode in ("dense", "hard") if want_nll else ():
+        if mode != own:
+            state = forward_state(model, mode=mode)
+            nll[mode] = [next_token_nll(model, w.input_ids, focus=state).numpy() for w in
+                         tqdm(windows, desc=f"loss_delta ({mode})", disable=not progress, dynamic_ncols=True)]
     tables = {"tokens": T.schema_frame("tokens", pd.concat(tok_frames, ignore_index=True))}
     if pos_frames:
         tables["pos"] = T.schema_frame("pos", pd.concat(pos_frames, ignore_index=True))
     tables.update(rec.tables(tokens=tables["tokens"], pos=tables.get("pos")))
-    if "loss_delta" in rec.options.metrics and windows:  # after the block: the recorder sees none of these
-        tables["loss_delta"] = loss_delta_table(model, windows, tokens=tables["tokens"], progress=progress)
+    if want_nll:
+        tables["loss_delta"] = loss_delta_frame(nll["dense"], nll["hard"], tokens=tables["tokens"])
         if "dropped_edges" in tables:
             tables["costly_drops"] = T.costly_drops_table(tables["loss_delta"], tables["dropped_edges"],
                                                           rec.options.costly_top_n)

@@ -346,7 +346,7 @@ def costly_drops_table(loss_delta: pd.DataFrame, dropped_edges: pd.DataFrame, to
     with all their dropped edges. Sources: docs/method.md §6.
 
     Args:
-        loss_delta: the loss_delta table (``record.loss_delta_table``).
+        loss_delta: the loss_delta table (``record.loss_delta_frame``).
         dropped_edges: the dropped_edges table (``edges_table``).
         top_n: number of queries kept, >= 0.
     Returns:

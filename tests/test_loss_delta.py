@@ -205,3 +205,26 @@ def test_costly_drops_needs_dropped_edges(tmp_path):
     assert set(run.tables) == {"tokens", "loss_delta", "dropped_edges", "costly_drops"}
     assert run.costly_drops.query_rank.max() == 3
     assert np.allclose(run.loss_delta.delta, Run.open(only).loss_delta.delta, atol=0)
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("mode", ["dense", "hard", "soft"])
+def test_recorded_forward_nll_equals_separate_forwards(tmp_path, mode):
+    """record_run reads the NLL of its recorded forward's mode (dense or hard) off that forward's
+    logits and runs only the other mode (soft: both); the table equals two plain forwards per
+    window (loss_delta_table), and the config in force is unchanged."""
+    from run_fixtures import DOC, TEXT, make_tokenizer, make_windows
+    tok = make_tokenizer()
+    model = tiny_llama()
+    cfg = FocusConfig(mode=mode, window=6, num_groups=4, top_k=1, sink_tokens=2)
+    focus_lab.attach(model, cfg)
+    wins = make_windows(tok)[:2]
+    out = record_run(model, tok, wins, {DOC: TEXT}, tmp_path / mode, with_pos=False, progress=False,
+                     metrics=["dropped_edges", "loss_delta"])
+    assert focus_config(model) == cfg
+    got = Run.open(out).loss_delta
+    want = loss_delta_table(model, wins)
+    assert len(got) == sum(len(w.input_ids) - 1 for w in wins)
+    assert np.allclose(got.nll_dense, want.nll_dense, atol=1e-6, rtol=0)
+    assert np.allclose(got.nll_hard, want.nll_hard, atol=1e-6, rtol=0)
+    assert (got.delta.abs() > 1e-4).any()  # the hard mask drops something here: the columns differ
