@@ -238,7 +238,8 @@ def focus_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, v
         RuntimeError: no Focus state reached a routed layer (call the attached model), or a
             hard-mode KV-cache step whose earlier tokens' key groups are unknown.
 
-    Reads as route -> choose path -> compute. Hard mode uses
+    Reads as route -> choose path -> compute. Hard mode (and window mode, as a hard mask whose
+    queries share no group with any key) uses
     ``decomposition.hard_focus_attention`` (two attention calls + LSE merge, docs/method.md §4)
     unless ``config.backend == "dense"`` or the mask hides more than causality (padding, a
     model's own sliding window) or the model soft-caps its logits: then the dense masked
@@ -265,8 +266,13 @@ def focus_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, v
     q_pos = torch.arange(offset + Tk - Tq, offset + Tk, device=query.device)  # absolute positions
     k_pos = torch.arange(offset, offset + Tk, device=query.device)
     if path == "decomposition":
-        out = hard_focus_attention(query, key, value, routing.query_groups, routing.key_group,
-                                   cfg.window, scaling, backend=cfg.backend, sinks=cfg.sink_tokens)
+        if routing is None:  # window mode: the hard mask with no group shared (window + sinks only)
+            qg = torch.ones(B, Tq, 1, dtype=torch.long, device=query.device)  # (B, Tq, 1)
+            kg = torch.zeros(B, Tk, dtype=torch.long, device=query.device)  # (B, Tk)
+        else:
+            qg, kg = routing.query_groups, routing.key_group
+        out = hard_focus_attention(query, key, value, qg, kg, cfg.window, scaling, backend=cfg.backend,
+                                   sinks=cfg.sink_tokens)
         # observers get the same dense mask as on the reference path
         bias = (focus_bias(cfg, routing, q_pos, k_pos, B) & keep) if _observers(module) else None
         return _finish(module, query, key, value, routing, bias, out)
@@ -333,14 +339,15 @@ def _route_layer(router: Router, state: FocusForward, keep: torch.Tensor,
 
 def _attention_path(state: FocusForward, query, key, attention_mask, keep, Tq: int, Tk: int,
                     offset: int, softcap) -> str:
-    """"decomposition" (hard mode, two attention calls, docs/method.md §4), "causal_sdpa" (dense
+    """"decomposition" (hard mode, two attention calls, docs/method.md §4; window mode too, as
+    the hard mask whose queries share no group with any key), "causal_sdpa" (dense
     mode, the causal flash kernel) or "reference" (the dense masked O(T^2) path). The fast
     paths need plain causality (no padding, no model sliding window), keys from position 0, no
     logit soft-capping, and for the decomposition no autograd."""
     cfg = state.config
     simple = softcap is None and offset == 0 and state.is_plain_causal(attention_mask, keep)
     needs_grad = torch.is_grad_enabled() and (query.requires_grad or key.requires_grad)
-    if cfg.mode == "hard" and cfg.backend != "dense" and not needs_grad and simple:
+    if cfg.mode in ("hard", "window") and cfg.backend != "dense" and not needs_grad and simple:
         return "decomposition"
     if cfg.mode == "dense" and Tq == Tk and simple:
         return "causal_sdpa"
