@@ -398,9 +398,13 @@ def app_cmd(runs: Path = typer.Option(Path("runs"), help="runs root folder"),
 
 
 def _invoke(*args: str) -> None:
-    """Run one of this CLI's commands with typer resolving every default (as from a shell)."""
-    rc = typer.main.get_command(app).main(list(args), prog_name="focus-lab", standalone_mode=False)
-    if isinstance(rc, int) and rc != 0:
+    """Run one of this CLI's commands in a fresh Python process, exactly as from a shell
+    (``python -m focus_lab ARGS``): each step of the main job holds only its own memory, so the
+    job's peak RSS is its largest step's, not that step plus the heap an earlier step left behind
+    (measured at 4096 tokens: eval then record in one process 5.61 GiB, record alone 4.87 GiB).
+    Raises typer.Exit with the step's exit code when it fails."""
+    rc = subprocess.call([sys.executable, "-m", "focus_lab", *args])
+    if rc != 0:
         raise typer.Exit(rc)
 
 

@@ -106,3 +106,17 @@ def test_record_cli_defaults_are_the_record_options_defaults():
         assert params[name] == fields[name], (name, params[name], fields[name])
     assert sorted(checked) == ["costly_top_n", "edge_min_weight", "edge_threshold", "edge_top_n", "per_query",
                                "sink_positions"], checked
+
+
+def test_main_job_steps_run_as_separate_processes(capfd):
+    """``focus-lab quickstart`` runs each step as ``python -m focus_lab ARGS`` (its own process,
+    so the job's peak RSS is its largest step's): a step's output reaches the terminal, its
+    failure stops the job with the step's exit code."""
+    import typer
+    from focus_lab.cli import _invoke
+    _invoke("eval", "--help")
+    assert "--patterns" in capfd.readouterr().out
+    with pytest.raises(typer.Exit) as e:
+        _invoke("no-such-command")
+    assert e.value.exit_code == 2
+    assert "No such command" in capfd.readouterr().err
