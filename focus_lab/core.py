@@ -422,16 +422,16 @@ def _diag_like(m: torch.Tensor) -> torch.Tensor:
         else torch.eye(tq, tk, dtype=torch.bool, device=m.device)
 
 
-def distant_pairs_kept(query_groups: torch.Tensor, key_group: torch.Tensor, window: int,
-                       sinks: int = 0) -> float:
-    """Fraction of distant causal pairs (``i - j >= window``) the hard mask keeps, in [0, 1]
-    (sink pairs count as kept: they are computed). O(B T K) through per-group prefix counts,
-    equal to counting ``hard_mask`` over the distant pairs.
+def distant_kept_counts(query_groups: torch.Tensor, key_group: torch.Tensor, window: int,
+                        sinks: int = 0) -> tuple[torch.Tensor, int]:
+    """Distant causal pairs (``i - j >= window``) the hard mask keeps, counted in O(B T K)
+    through per-group prefix counts (equal to counting ``hard_mask`` over the distant pairs;
+    sink pairs count as kept). query_groups: (B, T, k) with distinct groups per row (as
+    ``hard_assign`` gives them), key_group: (B, T).
 
-    query_groups: (B, T, k), key_group: (B, T). Returns nan when there is no distant pair.
-    """
+    Returns (kept (B,) long: pairs kept per sequence, distant: int, distant pairs per sequence)."""
     B, T = key_group.shape
-    K = int(max(int(query_groups.max()), int(key_group.max()))) + 1
+    K = int(max(int(query_groups.max()), int(key_group.max()))) + 1 if T else 1
     onehot = torch.nn.functional.one_hot(key_group, K).to(torch.int64)  # (B, T, K)
     before = torch.cat([onehot.new_zeros(B, 1, K), onehot.cumsum(1)], 1)  # (B, T+1, K): keys < t
     i = torch.arange(T, device=key_group.device)
@@ -441,5 +441,16 @@ def distant_pairs_kept(query_groups: torch.Tensor, key_group: torch.Tensor, wind
     same = before.gather(1, idx(reach)).gather(2, query_groups).sum(-1)  # (B, T)
     same_sink = before.gather(1, idx(m)).gather(2, query_groups).sum(-1)  # (B, T)
     kept = same + (m - same_sink)  # (B, T)
-    total = reach.sum() * B
+    return kept.sum(1), int(reach.sum())
+
+
+def distant_pairs_kept(query_groups: torch.Tensor, key_group: torch.Tensor, window: int,
+                       sinks: int = 0) -> float:
+    """Fraction of distant causal pairs (``i - j >= window``) the hard mask keeps, in [0, 1]
+    (sink pairs count as kept: they are computed), from ``distant_kept_counts``.
+
+    query_groups: (B, T, k), key_group: (B, T). Returns nan when there is no distant pair.
+    """
+    kept, distant = distant_kept_counts(query_groups, key_group, window, sinks)
+    total = distant * key_group.shape[0]
     return float(kept.sum() / total) if total > 0 else float("nan")

@@ -170,34 +170,32 @@ def head_mean_attention(query: torch.Tensor, key: torch.Tensor, scale: float) ->
     return torch.softmax(logits, dim=-1).mean(1)  # (B, T, T)
 
 
-def kept_pairs(query_groups: torch.Tensor, key_group: torch.Tensor, window: int, sinks: int = 0,
-               rows: int = 1024) -> torch.Tensor:
-    """``sum_{i,j} M_ij`` per batch element, ``M = core.hard_mask(..., sinks)``, built ``rows``
-    queries at a time. query_groups: (B, T, k); key_group: (B, T) -> (B,) long."""
-    B, T = key_group.shape
-    pos = torch.arange(T, device=key_group.device)
-    total = torch.zeros(B, dtype=torch.long)
-    for a in range(0, T, rows):
-        b = min(T, a + rows)
-        m = core.hard_mask(query_groups[:, a:b], key_group[:, :b], window, pos[a:b], pos[:b], sinks)
-        total += m.sum((1, 2)).cpu()
-    return total
+def kept_pairs(query_groups: torch.Tensor, key_group: torch.Tensor, window: int, sinks: int = 0) -> torch.Tensor:
+    """``sum_{i,j} M_ij`` per batch element, ``M = core.hard_mask(..., sinks)``: the local pairs
+    (``0 <= i - j < window``, ``window_pairs`` without sinks) plus the distant pairs kept
+    (``core.distant_kept_counts``, O(B T K)). query_groups: (B, T, k); key_group: (B, T) -> (B,) long."""
+    T = key_group.shape[1]
+    kept, _ = core.distant_kept_counts(query_groups, key_group, window, sinks)
+    return kept.cpu() + window_pairs(T, window)
 
 
-def window_pairs(seq: int, window: int, sinks: int = 0) -> int:
+def window_pairs(seq: int, window, sinks: int = 0):
     """Pairs of ``core.local_mask(window, sinks)`` among ``seq`` tokens: the local pairs
-    ``sum_i min(i + 1, w)`` plus the sink pairs beyond the window ``sum_{j < s} max(0, seq - j - w)``."""
-    w = min(window, seq)
-    local = w * (w + 1) // 2 + (seq - w) * w
-    return local + sum(max(0, seq - j - window) for j in range(min(sinks, seq)))
+    ``sum_i min(i + 1, w)`` plus the sink pairs beyond the window ``sum_{j < s} max(0, seq - j - w)``
+    (closed forms; ``window`` an int, or an int array for several windows at once)."""
+    w = np.asarray(window, dtype=np.int64)
+    v = np.minimum(w, seq)
+    local = v * (v + 1) // 2 + (seq - v) * v
+    m = np.minimum(min(sinks, seq), np.maximum(0, seq - w))  # sink keys with a pair beyond the window
+    total = local + m * (seq - w) - m * (m - 1) // 2
+    return int(total) if total.ndim == 0 else total
 
 
 def matched_window(pairs: int, seq: int, sinks: int = 0) -> int:
     """The sliding window ``w'`` in 1..seq whose pair count ``window_pairs(seq, w', sinks)`` is
     closest to ``pairs`` (ties to the smaller): the window-only mask at another mask's sparsity."""
-    counts = [window_pairs(seq, w, sinks) for w in range(1, seq + 1)]
-    diff = [abs(c - int(pairs)) for c in counts]
-    return 1 + diff.index(min(diff))
+    counts = window_pairs(seq, np.arange(1, seq + 1), sinks)  # (seq,)
+    return 1 + int(np.argmin(np.abs(counts - int(pairs))))  # argmin: the first of equal minima
 
 
 def distance_edges(seq: int, window: int) -> list[int]:

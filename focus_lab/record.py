@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import datetime as _dt
 import types
+import weakref
 import hashlib
 import importlib.metadata as md
 import json
@@ -139,6 +140,7 @@ class Recording:
         self._edges: list[dict] = []
         self._patterns: list[dict] = []
         self.matched_windows: dict[tuple[int, int], int] = {}
+        self._mask_cache: tuple | None = None  # (weakref to the model's mask, key, keep mask or None)
 
     # ---------------------------------------------------------------- hooks
     @torch.no_grad()
@@ -172,6 +174,19 @@ class Recording:
         if want & _ATTENTION_METRICS:
             self._attention(module, layer, base, query, key, routing, cfg, qg, kg, hf_mask)
 
+    def _model_mask(self, hf_mask: torch.Tensor, B: int, T: int, device) -> torch.Tensor | None:
+        """The model's own keep mask (B, T, T) when it hides more than causality, else None;
+        computed once per mask tensor (one mask object serves every layer of a forward: counting
+        a (B, T, T) mask costs ~60 ms at 4K tokens)."""
+        key = (hf_mask._version, B, T)
+        c = self._mask_cache
+        if c is not None and c[0]() is hf_mask and c[1] == key:
+            return c[2]
+        keep = _keep_from_hf_mask(hf_mask, B, T, T, device)
+        mask = None if is_plain_causal(keep) else keep
+        self._mask_cache = (weakref.ref(hf_mask), key, mask)
+        return mask
+
     def _random_groups(self, B, T, cfg, layer):
         key = (B, T, layer, cfg.seed, cfg.num_groups, cfg.top_k, cfg.tau)
         if key not in self._random:
@@ -199,9 +214,7 @@ class Recording:
         ph = [heads.index(hh) for (l, hh) in opts.patterns if l == layer]
         model_mask = None
         if hf_mask is not None:  # the model's own mask (sliding window, padding), if it hides more
-            keep = _keep_from_hf_mask(hf_mask, B, T, T, query.device)
-            if not is_plain_causal(keep):
-                model_mask = keep
+            model_mask = self._model_mask(hf_mask, B, T, query.device)
         res = M.attention_metrics(
             q, k, M.attention_scale(module, D), routing.query_groups, routing.key_group, cfg.window,
             sinks=cfg.sink_tokens, random_query_groups=rq, random_key_group=rk, log_p=log_p,
