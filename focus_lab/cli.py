@@ -411,13 +411,29 @@ def _invoke(*args: str) -> None:
 QUICKSTART_PATTERNS = "dense,window,hard_top1,hard_top2,random_top2"
 
 
+def _report_recorded_perplexity(run_dir: Path) -> None:
+    """Print dense and hard perplexity over every recorded window, from the run's ``loss_delta``
+    table (``exp`` of the mean next-token NLL in nats; docs/run_schema.md), at no extra forward."""
+    import math
+    from .runs import Run
+    run = Run.open(run_dir)
+    if not run.has("loss_delta"):
+        return
+    ld = run.loss_delta
+    k = run.config.get("top_k")
+    typer.echo(f"recorded run, {run.manifest['windows']} windows ({len(ld)} predicted tokens): perplexity "
+               f"dense {math.exp(ld.nll_dense.mean()):.3f}, hard top-{k} {math.exp(ld.nll_hard.mean()):.3f} "
+               f"({100 * (math.exp(ld.nll_hard.mean() - ld.nll_dense.mean()) - 1):+.1f}%)")
+
+
 @app.command()
 def quickstart(
     train_routers: bool = typer.Option(False, "--train", help="train new routers first (the shipped ones "
                                        "are used otherwise)"),
     steps: int = typer.Option(_T.steps), full: bool = typer.Option(False, help="full training schedule"),
     seq_len: int = typer.Option(4096, help="tokens per evaluated and recorded window"),
-    eval_windows: int = typer.Option(2, help="held-out windows for the perplexity check"),
+    eval_windows: int = typer.Option(1, help="held-out windows for the perplexity check of every pattern "
+                                     "(dense and hard top-2 are also reported over the recorded windows)"),
     record_windows: int = typer.Option(4, help="held-out windows recorded for the dashboard"),
     serve: bool = typer.Option(True, help="start the dashboard at the end"),
     port: int = typer.Option(8501),
@@ -437,6 +453,7 @@ def quickstart(
             "--patterns", QUICKSTART_PATTERNS, "--out", str(Path("eval") / f"quickstart_{seq_len}.parquet"))
     typer.secho(f"[3/4] record {record_windows} x {seq_len} tokens into runs/{DEFAULT_NAME}", bold=True)
     _invoke("record", *routers, "--seq-len", str(seq_len), "--max-windows", str(record_windows))
+    _report_recorded_perplexity(Path("runs") / DEFAULT_NAME)
     typer.secho(f"main job done in {time.perf_counter() - t0:.0f} s", bold=True)
     if serve:
         typer.secho("[4/4] dashboard", bold=True)

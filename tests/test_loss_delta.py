@@ -228,3 +228,19 @@ def test_recorded_forward_nll_equals_separate_forwards(tmp_path, mode):
     assert np.allclose(got.nll_dense, want.nll_dense, atol=1e-6, rtol=0)
     assert np.allclose(got.nll_hard, want.nll_hard, atol=1e-6, rtol=0)
     assert (got.delta.abs() > 1e-4).any()  # the hard mask drops something here: the columns differ
+
+
+def test_quickstart_reports_recorded_perplexity(tiny_run, capsys):
+    """The main job's last line of numbers: dense and hard perplexity over every recorded window,
+    exp of the mean NLL of the run's loss_delta table (computed here by hand)."""
+    import math
+    from focus_lab.cli import _report_recorded_perplexity
+    _report_recorded_perplexity(tiny_run)
+    out = capsys.readouterr().out
+    rows = []
+    for w in range(Run.open(tiny_run).manifest["windows"]):
+        rows += [r for r in Run.open(tiny_run).loss_delta.itertuples() if r.window == w]
+    dense = math.exp(sum(r.nll_dense for r in rows) / len(rows))
+    hard = math.exp(sum(r.nll_hard for r in rows) / len(rows))
+    assert f"({len(rows)} predicted tokens)" in out
+    assert f"dense {dense:.3f}, hard top-2 {hard:.3f}" in out
