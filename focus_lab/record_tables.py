@@ -155,7 +155,6 @@ def coverage_tables(rec) -> dict[str, pd.DataFrame]:
         for n, v in r["pairs"].items():
             d[n] = d.get(n, 0) + float(v.sum())
         d["_matched"] = d.get("_matched", []) + list(r["matched"])
-    long = []
     for p in pats:
         col = f"coverage_{p}"
         g = q.groupby(keys)[col]
@@ -171,16 +170,20 @@ def coverage_tables(rec) -> dict[str, pd.DataFrame]:
         agg["window_width"] = agg["layer_idx"].map(
             lambda l: float(np.mean(pc[l]["_matched"])) if p == "window_matched" else float(rec.config.window))
         rows.append(agg)
-        if rec.options.per_query:
-            lq = q[["window", "layer_idx", "head", "position"]].copy()
-            lq["pattern"] = p
-            lq["coverage"] = q[col].to_numpy()
-            long.append(lq)
     cov = schema_frame("coverage", pd.concat(rows, ignore_index=True))
     cov["pattern"] = cov["pattern"].astype(str)
     out = {"coverage": _typed(cov.sort_values(["layer_idx", "head", "pattern"]).reset_index(drop=True))}
-    if long:
-        out["coverage_query"] = _typed(schema_frame("coverage_query", pd.concat(long, ignore_index=True)))
+    if rec.options.per_query and pats:
+        # long form, one block of q's rows per pattern, built in its final dtypes (the largest
+        # table of a long recording: 4 rows per query; no per-pattern copies, no _typed copy)
+        n, P = len(q), len(pats)
+        out["coverage_query"] = schema_frame("coverage_query", pd.DataFrame({
+            "window": np.tile(q["window"].to_numpy(np.int32), P),
+            "layer_idx": np.tile(q["layer_idx"].to_numpy(np.int16), P),
+            "head": np.tile(q["head"].to_numpy(np.int16), P),
+            "position": np.tile(q["position"].to_numpy(np.int32), P),
+            "pattern": np.repeat(np.array(pats, dtype=object), n),
+            "coverage": np.concatenate([q[f"coverage_{p}"].to_numpy(np.float32) for p in pats])}))
     # distance buckets: sums over queries and windows
     drow = []
     heads = rec.heads
