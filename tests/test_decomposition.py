@@ -7,6 +7,7 @@ the CPU flash kernel here; flash-attn only with a GPU).
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import pytest
@@ -267,22 +268,28 @@ def _attached(family: str, **cfg):
     return m
 
 
+@contextlib.contextmanager
+def _counting_decomposition():
+    """Count the retrofit's calls of ``hard_focus_attention`` (yields the list of calls); the
+    original function is always put back."""
+    import focus_lab.retrofit as rf
+    calls, orig = [], rf.hard_focus_attention
+    rf.hard_focus_attention = lambda *a, **k: calls.append(1) or orig(*a, **k)
+    try:
+        yield calls
+    finally:
+        rf.hard_focus_attention = orig
+
+
 @pytest.mark.parametrize("family", ["llama", "gpt2"])
 def test_retrofit_fast_path_equals_dense(family):
     from focus_lab.retrofit import set_config
     m = _attached(family, sink_tokens=2)
     ids = torch.randint(3, 97, (2, 70), generator=torch.Generator().manual_seed(0))
-    calls = []
-    import focus_lab.retrofit as rf
-    orig = rf.hard_focus_attention
-    rf.hard_focus_attention = lambda *a, **k: calls.append(1) or orig(*a, **k)
-    try:
-        with torch.no_grad():
-            fast = m(ids).logits
-            set_config(m, backend="dense")
-            dense = m(ids).logits
-    finally:
-        rf.hard_focus_attention = orig
+    with _counting_decomposition() as calls, torch.no_grad():
+        fast = m(ids).logits
+        set_config(m, backend="dense")
+        dense = m(ids).logits
     assert calls, "hard mode did not use the decomposition"
     assert (fast - dense).abs().max().item() <= 1e-5
 
@@ -296,21 +303,14 @@ def test_window_mode_fast_path_equals_brute_force_window_mask(family):
     from focus_lab.retrofit import set_config
     m = _attached(family, sink_tokens=3, mode="window")
     ids = torch.randint(3, 97, (2, 70), generator=torch.Generator().manual_seed(4))
-    calls = []
-    import focus_lab.retrofit as rf
-    orig = rf.hard_focus_attention
-    rf.hard_focus_attention = lambda *a, **k: calls.append(1) or orig(*a, **k)
-    try:
-        with torch.no_grad():
-            fast = m(ids).logits
-            cache = DynamicCache(config=m.config)
-            steps = torch.cat([m(ids[:, :50], past_key_values=cache, use_cache=True).logits,
-                               *[m(ids[:, t:t + 1], past_key_values=cache, use_cache=True).logits
-                                 for t in range(50, 70)]], 1)
-            set_config(m, backend="dense")
-            dense = m(ids).logits
-    finally:
-        rf.hard_focus_attention = orig
+    with _counting_decomposition() as calls, torch.no_grad():
+        fast = m(ids).logits
+        cache = DynamicCache(config=m.config)
+        steps = torch.cat([m(ids[:, :50], past_key_values=cache, use_cache=True).logits,
+                           *[m(ids[:, t:t + 1], past_key_values=cache, use_cache=True).logits
+                             for t in range(50, 70)]], 1)
+        set_config(m, backend="dense")
+        dense = m(ids).logits
     assert calls, "window mode did not use the decomposition"
     assert (fast - dense).abs().max().item() <= 1e-5
     assert (steps - fast).abs().max().item() <= 1e-5
