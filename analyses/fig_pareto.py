@@ -24,15 +24,20 @@ TITLE = "Quality vs speed of the retrofits (held-out PPL vs measured speedup and
 DATA = ("baselines",)
 
 
-def _same_routers(data_dir: Path, router: str) -> bool:
-    """Whether the router file ``router`` (a benchmark row's) is the one of ``data/router``."""
+def _same_routers(data_dir: Path, routers: pd.Series) -> pd.Series:
+    """Per benchmark row, whether its router file (``routers``: paths, relative to the repository
+    or absolute) is the one of ``data/router``: sha256 compared, each file hashed once."""
     from focus_lab.record import file_sha256
+
+    def sha(path: str) -> str | None:
+        p = Path(path) if Path(path).is_absolute() else REPO / path
+        return file_sha256(p) if p.is_file() else None
     try:
-        mine = Path(read(data_dir, "router")["path"].iloc[0])
-        other = Path(router) if Path(router).is_absolute() else REPO / router
-        return other.is_file() and file_sha256(other) == file_sha256(mine)
+        mine = file_sha256(Path(read(data_dir, "router")["path"].iloc[0]))
     except (FileNotFoundError, OSError):
-        return False
+        return pd.Series(False, index=routers.index)
+    same = {r: sha(r) == mine for r in routers.astype(str).unique()}
+    return routers.astype(str).map(same)
 
 
 def make_figure(data_dir: Path):
@@ -62,7 +67,7 @@ def make_figure(data_dir: Path):
     if b is not None and (b / "e2e.csv").is_file():
         e = pd.read_csv(b / "e2e.csv")
         # only the routers of this plot belong on it (the benchmark may use untrained or other routers)
-        e = e[(e["attention"] == "hard") & e["router"].astype(str).map(lambda r: _same_routers(data_dir, r))]
+        e = e[(e["attention"] == "hard") & _same_routers(data_dir, e["router"])]
         fig.add_trace(go.Scatter(x=e["speedup_vs_dense"], y=e["perplexity"], mode="markers+text",
                                  text=[f"T={t}" for t in e["tokens"]], textposition="bottom center",
                                  marker=dict(symbol="diamond", size=11, color=METHOD_COLORS["focus"]),

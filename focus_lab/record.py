@@ -25,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import datetime as _dt
 import types
-import weakref
 import hashlib
 import importlib.metadata as md
 import json
@@ -44,7 +43,7 @@ from . import core, metrics as M, record_tables as T
 from .io import atomic_path
 from .decomposition import torch_threads
 from .retrofit import (_keep_from_hf_mask, add_observer, attention_modules, focus_config, forward_state,
-                       model_identity, is_plain_causal, router_inputs)
+                       model_identity, PlainCausalCheck, router_inputs)
 from .runs import MANIFEST, SCHEMA, SCHEMA_VERSION
 from .config import ALL_METRICS, RecordOptions  # noqa: F401  (defined with the other option dataclasses)
 
@@ -140,7 +139,7 @@ class Recording:
         self._edges: list[dict] = []
         self._patterns: list[dict] = []
         self.matched_windows: dict[tuple[int, int], int] = {}
-        self._mask_cache: tuple | None = None  # (weakref to the model's mask, key, keep mask or None)
+        self._plain = PlainCausalCheck()
 
     # ---------------------------------------------------------------- hooks
     @torch.no_grad()
@@ -174,19 +173,6 @@ class Recording:
         if want & _ATTENTION_METRICS:
             self._attention(module, layer, base, query, key, routing, cfg, qg, kg, hf_mask)
 
-    def _model_mask(self, hf_mask: torch.Tensor, B: int, T: int, device) -> torch.Tensor | None:
-        """The model's own keep mask (B, T, T) when it hides more than causality, else None;
-        computed once per mask tensor (one mask object serves every layer of a forward: counting
-        a (B, T, T) mask costs ~60 ms at 4K tokens)."""
-        key = (hf_mask._version, B, T)
-        c = self._mask_cache
-        if c is not None and c[0]() is hf_mask and c[1] == key:
-            return c[2]
-        keep = _keep_from_hf_mask(hf_mask, B, T, T, device)
-        mask = None if is_plain_causal(keep) else keep
-        self._mask_cache = (weakref.ref(hf_mask), key, mask)
-        return mask
-
     def _random_groups(self, B, T, cfg, layer):
         key = (B, T, layer, cfg.seed, cfg.num_groups, cfg.top_k, cfg.tau)
         if key not in self._random:
@@ -214,7 +200,9 @@ class Recording:
         ph = [heads.index(hh) for (l, hh) in opts.patterns if l == layer]
         model_mask = None
         if hf_mask is not None:  # the model's own mask (sliding window, padding), if it hides more
-            model_mask = self._model_mask(hf_mask, B, T, query.device)
+            keep = _keep_from_hf_mask(hf_mask, B, T, T, query.device)
+            if not self._plain(hf_mask, keep):  # checked once per forward (one mask, every layer)
+                model_mask = keep
         res = M.attention_metrics(
             q, k, M.attention_scale(module, D), routing.query_groups, routing.key_group, cfg.window,
             sinks=cfg.sink_tokens, random_query_groups=rq, random_key_group=rk, log_p=log_p,
@@ -329,7 +317,12 @@ def assignments_for_window(model, input_ids: torch.Tensor) -> pd.DataFrame:
     return rec.tables()["assignments"].drop(columns=["window"])
 
 
-def _logits_nll(logits: torch.Tensor, ids: torch.Tensor, chunk: int) -> torch.Tensor:
+#: Positions per ``cross_entropy`` call of the next-token NLL (bounds the log-softmax copy of
+#: the (T, V) logits; results do not depend on it).
+NLL_CHUNK = 1024
+
+
+def _logits_nll(logits: torch.Tensor, ids: torch.Tensor, chunk: int = NLL_CHUNK) -> torch.Tensor:
     """(T - 1,) float32 next-token NLL (nats) from one window's ``logits: (T, V)`` and
     ``ids: (T,)``, ``chunk`` positions per ``cross_entropy`` call (bounds the log-softmax copy)."""
     n = ids.shape[0] - 1
@@ -342,7 +335,7 @@ def _logits_nll(logits: torch.Tensor, ids: torch.Tensor, chunk: int) -> torch.Te
 
 
 @torch.no_grad()
-def next_token_nll(model, input_ids: torch.Tensor, chunk: int = 1024, focus=None) -> torch.Tensor:
+def next_token_nll(model, input_ids: torch.Tensor, chunk: int = NLL_CHUNK, focus=None) -> torch.Tensor:
     """Next-token negative log-likelihood of one window, in nats.
 
     Args:
@@ -370,7 +363,7 @@ def _check_window(input_ids: torch.Tensor) -> None:
 
 @torch.no_grad()
 def loss_delta_table(model, windows: Sequence, tokens: pd.DataFrame | None = None, progress: bool = False,
-                     chunk: int = 1024) -> pd.DataFrame:
+                     chunk: int = NLL_CHUNK) -> pd.DataFrame:
     """The ``loss_delta`` table: per token, the next-token loss under dense and hard Focus attention.
 
     Two forwards per window, outside any recording, each with its own ``FocusForward``:
@@ -537,7 +530,7 @@ def memory_parts(shape: ModelShape, seq_len: int, windows: int, layers: int, hea
     layer = mask + ((12 * elems + 16 * Hs * T * D + (2 * T * T if whole else 0)) if att else 0)
     ld = "loss_delta" in want
     # logits (T, V), plus a log-softmax chunk when loss_delta reads the recorded forward's own NLL
-    record = max(4 * T * V + (4 * min(T, 1024) * V if ld and mode in ("dense", "hard") else 0), layer)
+    record = max(4 * T * V + (4 * min(T, NLL_CHUNK) * V if ld and mode in ("dense", "hard") else 0), layer)
     # tables(): what it keeps, and the largest build of one table family
     tabs = {"assignments": ROW_BYTES["assignments"] * tok if "assignments" in want else 0,
             "coverage_query": 4 * ROW_BYTES["coverage_query"] * nq if cov and per_query else 0,
@@ -553,7 +546,7 @@ def memory_parts(shape: ModelShape, seq_len: int, windows: int, layers: int, hea
     parts = {"runtime": RUNTIME_BYTES + (SPACY_BYTES if with_pos else 0), "model": int(shape.param_bytes),
              "recorded": int(recorded), "slack": int(slack), "record": int(record), "tables": int(kept + build),
              # the other mode's forwards after the recording, before tables(): logits + a chunk
-             "loss_delta": int(4 * T * V + 4 * min(T, 1024) * V) if ld else 0,
+             "loss_delta": int(4 * T * V + 4 * min(T, NLL_CHUNK) * V) if ld else 0,
              "write": int(held + max(tabs.values()))}
     parts["peak"] = (parts["runtime"] + parts["model"] + parts["recorded"] + parts["slack"]
                      + max(parts[k] for k in ("record", "tables", "loss_delta", "write")))
@@ -744,7 +737,7 @@ def record_run(model, tokenizer, windows: list, texts: dict[str, str], out_dir: 
                 out = model(input_ids=ids[None], use_cache=False)
                 if own is not None:
                     _check_window(ids)
-                    nll[own].append(_logits_nll(out.logits[0], ids.long(), 1024).numpy())
+                    nll[own].append(_logits_nll(out.logits[0], ids.long()).numpy())
                 del out
             if pos_table is not None:
                 p = pos_table(texts[w.doc], offs)

@@ -174,16 +174,13 @@ def coverage_tables(rec) -> dict[str, pd.DataFrame]:
     cov["pattern"] = cov["pattern"].astype(str)
     out = {"coverage": _typed(cov.sort_values(["layer_idx", "head", "pattern"]).reset_index(drop=True))}
     if rec.options.per_query and pats:
-        # long form, one block of q's rows per pattern, built in its final dtypes (the largest
-        # table of a long recording: 4 rows per query; no per-pattern copies, no _typed copy)
+        # long form, one block of q's rows per pattern (the largest table of a long recording: 4
+        # rows per query), in query_frame's compact dtypes: no per-pattern copies, no _typed copy
         n, P = len(q), len(pats)
         out["coverage_query"] = schema_frame("coverage_query", pd.DataFrame({
-            "window": np.tile(q["window"].to_numpy(np.int32), P),
-            "layer_idx": np.tile(q["layer_idx"].to_numpy(np.int16), P),
-            "head": np.tile(q["head"].to_numpy(np.int16), P),
-            "position": np.tile(q["position"].to_numpy(np.int32), P),
+            **{c: np.tile(q[c].to_numpy(), P) for c in ("window", "layer_idx", "head", "position")},
             "pattern": np.repeat(np.array(pats, dtype=object), n),
-            "coverage": np.concatenate([q[f"coverage_{p}"].to_numpy(np.float32) for p in pats])}))
+            "coverage": np.concatenate([q[f"coverage_{p}"].to_numpy() for p in pats])}))
     # distance buckets: sums over queries and windows
     drow = []
     heads = rec.heads

@@ -164,21 +164,34 @@ class FocusForward:
     config: FocusConfig
     cache: FocusCache | None = None
     inputs: dict[int, torch.Tensor] = field(default_factory=dict, repr=False)
-    # one plain-causality check per forward, not per layer: every layer gets the same mask tensor
-    # (summing a (B, T, T) bool mask cost 35 ms a layer at 4K tokens)
-    _plain: tuple | None = field(default=None, repr=False)
+    _plain: "PlainCausalCheck" = field(default_factory=lambda: PlainCausalCheck(), repr=False, compare=False)
 
     def is_plain_causal(self, attention_mask: torch.Tensor | None, keep: torch.Tensor) -> bool:
         """``is_plain_causal(keep)`` for transformers' mask (None: plain causality), computed
-        once for the mask tensor of this forward (one mask object serves every layer)."""
+        once for the mask tensor of this forward (``PlainCausalCheck``)."""
+        return self._plain(attention_mask, keep)
+
+
+class PlainCausalCheck:
+    """``is_plain_causal(keep)`` computed once per transformers mask tensor, not once per layer:
+    every layer of a forward gets the same mask object (summing a (B, T, T) bool mask costs
+    35-60 ms a layer at 4K tokens). Used by ``FocusForward`` and by the recorder.
+
+    Call: ``check(attention_mask, keep)`` with transformers' 4-D mask (or None: plain causality)
+    and its (B, Tq, Tk) bool keep mask -> bool."""
+
+    def __init__(self) -> None:
+        self._entry: tuple | None = None  # (weakref to the mask, (version, shape), result)
+
+    def __call__(self, attention_mask: torch.Tensor | None, keep: torch.Tensor) -> bool:
         if attention_mask is None:
             return True
-        Tq, Tk = keep.shape[-2:]
-        key = (attention_mask._version, Tq, Tk)
-        if self._plain is not None and self._plain[0]() is attention_mask and self._plain[1] == key:
-            return self._plain[2]
+        key = (attention_mask._version, tuple(keep.shape))
+        e = self._entry
+        if e is not None and e[0]() is attention_mask and e[1] == key:
+            return e[2]
         ok = is_plain_causal(keep)
-        self._plain = (weakref.ref(attention_mask), key, ok)
+        self._entry = (weakref.ref(attention_mask), key, ok)
         return ok
 
 

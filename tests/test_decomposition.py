@@ -397,7 +397,7 @@ def test_plain_causal_check_is_cached_per_mask_and_sees_in_place_changes():
     causal = torch.ones(T, T, dtype=torch.bool).tril()[None, None].repeat(2, 1, 1, 1)  # (B, 1, T, T)
     keep = causal[:, 0]
     assert state.is_plain_causal(causal, keep)
-    assert state._plain is not None and state._plain[2] is True
+    assert state._plain._entry is not None and state._plain._entry[2] is True
     assert state.is_plain_causal(causal, keep)  # cached
     causal[1, 0, :, :3] = False  # padding on the left of row 1, in place
     assert not state.is_plain_causal(causal, causal[:, 0])
