@@ -168,6 +168,9 @@ class TrainConfig:
             output on ``distill_queries`` sampled queries, ``focus_lab.distill``; affordable at
             4K-8K tokens).
         distill_queries: queries sampled per window by the "distill" objective.
+        distill_top_k: top-k values whose relaxed masks the "distill" objective matches
+            (``core.soft_top_k_membership``; the loss is their mean); empty: the soft gate of
+            LM training (a top-1 model). Recipe ``distill64_topk`` sets (1, 2).
         init_routers: optional router file to start from (a length curriculum: train at 512
             tokens, continue at 4K); its config must match the FocusConfig's shapes.
     """
@@ -185,6 +188,7 @@ class TrainConfig:
     hard_phase_noise: float = 1.0
     objective: str = "lm"
     distill_queries: int = 512
+    distill_top_k: tuple[int, ...] = ()
     init_routers: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -194,6 +198,9 @@ class TrainConfig:
                               f"{', '.join(OBJECTIVES)}")
         if not isinstance(self.distill_queries, int) or self.distill_queries < 1:
             raise ConfigError(f"TrainConfig.distill_queries={self.distill_queries!r}: need an integer >= 1")
+        self.distill_top_k = tuple(self.distill_top_k)  # a list after a JSON round trip
+        if not all(isinstance(k, int) and k >= 1 for k in self.distill_top_k):
+            raise ConfigError(f"TrainConfig.distill_top_k={self.distill_top_k!r}: need integers >= 1")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

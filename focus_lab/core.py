@@ -246,6 +246,37 @@ def soft_gate_bias(log_p_q: torch.Tensor, log_p_k: torch.Tensor, window: int,
     return gate.masked_fill(~causal_mask(q_pos, k_pos), float("-inf"))
 
 
+def soft_top_k_membership(log_p: torch.Tensor, top_k: int, temperature: float = 1.0) -> torch.Tensor:
+    """Log of a soft "group g is among token i's top-k groups" indicator ([ours], issue 14).
+
+    The hard rule lets a query use its ``top_k`` best groups (``hard_assign``); the soft gate of
+    ``soft_gate_bias`` with Sinkhorn probabilities on both sides models ``top_k = 1`` only. This
+    relaxation puts each group's logit against the midpoint ``m_i`` between the k-th and
+    (k+1)-th largest logits of the token, ``Q_ig = sigmoid((log P_ig - m_i) / temperature)``,
+    so with ``top_k = 2`` the query's second group counts as (nearly) kept, as at inference.
+    Row ranks of Sinkhorn's ``log P`` equal those of ``S / tau + v`` (the column potentials the
+    calibrated bias tracks, docs/method.md §1.3). Passed as ``log_p_q`` to ``soft_gate_bias``.
+
+    Args:
+        log_p: (B, T, K) log assignment probabilities (``sinkhorn``); top_k: 1..K;
+        temperature: sigmoid temperature in logit units (> 0).
+    Returns:
+        (B, T, K) float32 log membership in (-inf, 0]; all zeros when ``top_k == K``.
+    Raises:
+        ValueError: top_k outside 1..K or temperature <= 0.
+    """
+    K = log_p.shape[-1]
+    if not 1 <= top_k <= K:
+        raise ValueError(f"soft_top_k_membership: top_k={top_k} outside 1..{K}")
+    if temperature <= 0:
+        raise ValueError(f"soft_top_k_membership: temperature={temperature} must be > 0")
+    if top_k == K:
+        return torch.zeros_like(log_p, dtype=torch.float32)
+    ranked = log_p.float().topk(top_k + 1, dim=-1).values  # (B, T, k+1), descending
+    mid = 0.5 * (ranked[..., top_k - 1] + ranked[..., top_k])  # (B, T)
+    return F.logsigmoid((log_p.float() - mid[..., None]) / temperature)  # (B, T, K)
+
+
 def coverage_loss(attn: torch.Tensor, log_p: torch.Tensor, window: int, sinks: int = 0) -> torch.Tensor:
     """Coverage objective of router training (``TrainConfig.objective == "coverage"``, [ours]).
 

@@ -23,7 +23,8 @@ from __future__ import annotations
 import torch
 
 from .config import FocusConfig
-from .core import hard_assign, hard_group_shares, sinkhorn, soft_gate_bias, masked_attention
+from .core import (hard_assign, hard_group_shares, masked_attention, sinkhorn, soft_gate_bias,
+                   soft_top_k_membership)
 
 
 def sample_queries(T: int, window: int, n: int, generator: torch.Generator) -> torch.Tensor:
@@ -48,16 +49,23 @@ def output_projection(module: torch.nn.Module):
 
 def layer_distill_loss(module: torch.nn.Module, router, h: torch.Tensor, query: torch.Tensor,
                        key: torch.Tensor, value: torch.Tensor, dense_out: torch.Tensor,
-                       q_pos: torch.Tensor, config: FocusConfig, scaling: float
+                       q_pos: torch.Tensor, config: FocusConfig, scaling: float,
+                       top_ks: tuple[int, ...] = ()
                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One layer's distillation loss (module docstring) and its Sinkhorn column potentials.
+
+    With ``top_ks`` empty the query side of the gate is the query's Sinkhorn probabilities
+    (``soft_gate_bias`` as in LM training: a top-1 model); with ``top_ks = (1, 2)`` the loss is
+    the mean of the losses under a top-1 and a top-2 aware gate, the query side being
+    ``core.soft_top_k_membership`` (recipe ``distill64_topk``, issue 14 [ours]).
 
     Args:
         module: the attention module (its output projection weights the error).
         router: the layer's Router (gradients flow into it only).
         h: (B, T, d) router input; query: (B, H, T, D); key, value: (B, Hkv, T, D);
         dense_out: (B, H, T, D) the layer's dense attention output; q_pos: (n,) query positions;
-        config: window, sinks, tau, Sinkhorn iterations, eps; scaling: logit scale.
+        config: window, sinks, tau, Sinkhorn iterations, eps; scaling: logit scale;
+        top_ks: the top-k values whose relaxed masks are distilled (empty: the soft gate).
     Returns:
         (loss () float32, relative squared error; col_potential (B, K); scores (B, T, K) detached).
     """
@@ -65,26 +73,35 @@ def layer_distill_loss(module: torch.nn.Module, router, h: torch.Tensor, query: 
     scores = router(h, config)  # (B, T, K)
     log_p, col = sinkhorn(scores, config.tau, config.sinkhorn_iters)  # (B, T, K), (B, K)
     k_pos = torch.arange(T, device=key.device)
-    gate = soft_gate_bias(log_p[:, q_pos], log_p, config.window, q_pos, k_pos, config.eps,
-                          config.sink_tokens)  # (B, n, T)
-    q = query[:, :, q_pos]  # (B, H, n, D)
-    o_soft = masked_attention(q.float(), key.float(), value.float(), gate, scaling)  # (B, H, n, D)
+    q = query[:, :, q_pos].float()  # (B, H, n, D)
     o_dense = dense_out[:, :, q_pos].float()  # (B, H, n, D)
-    B, H, n, D = o_soft.shape
-    diff = (o_soft - o_dense).transpose(1, 2).reshape(B, n, H * D)  # (B, n, H*D)
-    ref = o_dense.transpose(1, 2).reshape(B, n, H * D)
+    B, H, n, D = o_dense.shape
     proj = output_projection(module)
-    if proj is not None:
-        w_dtype = next(proj.parameters()).dtype
-        zero = proj(torch.zeros_like(diff[:, :1]).to(w_dtype)).float()  # the bias alone
-        diff = proj(diff.to(w_dtype)).float() - zero  # (B, n, d): bias cancels in a difference
-        ref = proj(ref.to(w_dtype)).float() - zero
-    loss = diff.pow(2).sum() / ref.pow(2).sum().clamp(min=1e-12)
+    w_dtype = next(proj.parameters()).dtype if proj is not None else None
+
+    def residual(x: torch.Tensor) -> torch.Tensor:  # (B, H, n, D) -> (B, n, d) after W_o
+        x = x.transpose(1, 2).reshape(B, n, H * D)  # (B, n, H*D)
+        if proj is None:
+            return x
+        zero = proj(torch.zeros_like(x[:, :1]).to(w_dtype)).float()  # the bias alone
+        return proj(x.to(w_dtype)).float() - zero  # (B, n, d): the bias cancels in a difference
+
+    ref_sq = residual(o_dense).pow(2).sum().clamp(min=1e-12)
+    query_sides = [log_p[:, q_pos]] if not top_ks else \
+        [soft_top_k_membership(log_p[:, q_pos], k) for k in top_ks]  # each (B, n, K)
+    losses = []
+    for log_q in query_sides:
+        gate = soft_gate_bias(log_q, log_p, config.window, q_pos, k_pos, config.eps,
+                              config.sink_tokens)  # (B, n, T)
+        o_soft = masked_attention(q, key.float(), value.float(), gate, scaling)  # (B, H, n, D)
+        losses.append(residual(o_soft - o_dense).pow(2).sum() / ref_sq)
+    loss = torch.stack(losses).mean()
     return loss, col, scores.detach()
 
 
 def distill_step(model, ids: torch.Tensor, config: FocusConfig, step: int, num_queries: int,
-                 seed: int = 0, shares: dict | None = None) -> torch.Tensor:
+                 seed: int = 0, shares: dict | None = None, top_ks: tuple[int, ...] = ()
+                 ) -> torch.Tensor:
     """Gradients of the distillation objective for one batch; returns the mean loss over layers.
 
     One dense forward of the frozen model under ``torch.no_grad``; at each routed layer the
@@ -97,7 +114,7 @@ def distill_step(model, ids: torch.Tensor, config: FocusConfig, step: int, num_q
         model: Focus-attached causal LM (routers in train mode); ids: (B, T) input ids;
         config: the FocusConfig in force; step: optimizer step (seeds the query sample);
         num_queries: queries sampled per window; shares: optional dict filled with each
-            layer's (K,) hard top-1 group shares.
+            layer's (K,) hard top-1 group shares; top_ks: see ``layer_distill_loss``.
     Returns:
         () float32 mean relative output error over routed layers (a fraction, not nats).
     Raises:
@@ -116,7 +133,7 @@ def distill_step(model, ids: torch.Tensor, config: FocusConfig, step: int, num_q
         h = inputs.pop(r.layer_idx).detach()
         with torch.enable_grad():
             loss, col, scores = layer_distill_loss(module, r, h, q, k, v, out, q_pos, config,
-                                                   attention_scale(module, q.shape[-1]))
+                                                   attention_scale(module, q.shape[-1]), top_ks)
             loss.backward()
         r.update_bias(col, config.bias_momentum)
         losses.append(loss.detach())

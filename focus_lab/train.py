@@ -185,7 +185,7 @@ def train(model, windows: list, focus_cfg: FocusConfig, train_cfg: TrainConfig, 
                 else:
                     from .distill import distill_step
                     loss_d = distill_step(model, ids, step_cfg, step, train_cfg.distill_queries,
-                                          train_cfg.seed, shares)
+                                          train_cfg.seed, shares, train_cfg.distill_top_k)
                 if world > 1:  # the model is not run through DDP here: average by hand
                     for p in params:
                         if p.grad is not None:

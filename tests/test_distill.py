@@ -7,7 +7,7 @@ import torch
 
 from conftest import tiny_gpt2, tiny_llama
 from focus_lab.config import FocusConfig, TrainConfig
-from focus_lab.core import sinkhorn
+from focus_lab.core import sinkhorn, soft_top_k_membership
 from focus_lab.distill import distill_step, layer_distill_loss, output_projection, sample_queries
 from focus_lab.retrofit import add_observer, attach, focus_config, routers, set_config
 
@@ -29,12 +29,14 @@ def _capture_layer(model, ids, layer=0):
     return mod, got["h"], got["qkvo"]
 
 
-def _brute_force(q, k, v, log_p, q_pos, cfg, scale):
-    """o_i = sum_j w_ij v_j / sum_j w_ij, w_ij = exp(q_i.k_j * scale) * (1 if local else P_i.P_j)."""
+def _brute_force(q, k, v, log_p, q_pos, cfg, scale, q_side=None):
+    """o_i = sum_j w_ij v_j / sum_j w_ij, w_ij = exp(q_i.k_j * scale) * (1 if local else Q_i.P_j),
+    Q = ``q_side`` (B, T, K) or P itself."""
     B, H, T, D = q.shape
     rep = H // k.shape[1]
     k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
     p = log_p.exp()
+    qp = p if q_side is None else q_side.to(p.dtype)
     out = torch.zeros(B, H, len(q_pos), D, dtype=torch.float64)
     for b in range(B):
         for n, i in enumerate(q_pos.tolist()):
@@ -42,7 +44,7 @@ def _brute_force(q, k, v, log_p, q_pos, cfg, scale):
                 num, den = torch.zeros(D, dtype=torch.float64), 0.0
                 for j in range(i + 1):
                     local = i - j < cfg.window or j < cfg.sink_tokens
-                    g = 1.0 if local else max(float(p[b, i] @ p[b, j]), cfg.eps)
+                    g = 1.0 if local else max(float(qp[b, i] @ p[b, j]), cfg.eps)
                     w = math.exp(float(q[b, h, i] @ k[b, h, j]) * scale) * g
                     num += w * v[b, h, j].double()
                     den += w
@@ -110,3 +112,63 @@ def test_sample_queries_and_config_errors():
         TrainConfig(objective="nope")
     with pytest.raises(ConfigError, match="distill_queries"):
         TrainConfig(distill_queries=0)
+
+
+def _top_k_reference(log_p, top_k, temperature=1.0):
+    """Per token, by sorting in Python: sigmoid((l_g - midpoint of the k-th and (k+1)-th) / t)."""
+    out = torch.empty(log_p.shape, dtype=torch.float64)
+    for idx in range(log_p.shape[0] * log_p.shape[1]):
+        b, t = divmod(idx, log_p.shape[1])
+        row = [float(x) for x in log_p[b, t]]
+        s = sorted(row, reverse=True)
+        mid = (s[top_k - 1] + s[top_k]) / 2 if top_k < len(row) else -math.inf
+        for g, x in enumerate(row):
+            out[b, t, g] = 1 / (1 + math.exp(-(x - mid) / temperature)) if top_k < len(row) else 1.0
+    return out
+
+
+def test_soft_top_k_membership_against_sorting():
+    log_p = torch.randn(2, 7, 4, generator=torch.Generator().manual_seed(0)) * 3
+    for k in (1, 2, 3, 4):
+        got = soft_top_k_membership(log_p, k, temperature=0.7).exp().double()
+        assert torch.allclose(got, _top_k_reference(log_p, k, 0.7), atol=1e-6)
+    g = torch.Generator().manual_seed(1)  # logits 20 apart: far from the threshold, the hard top-2
+    ranks = torch.stack([torch.randperm(4, generator=g) for _ in range(14)]).reshape(2, 7, 4)
+    sharp = soft_top_k_membership(-20.0 * ranks, 2).exp()
+    hard = (ranks < 2).float()
+    assert torch.allclose(sharp, hard, atol=1e-4)
+    assert float(sharp.sum(-1).mean()) == pytest.approx(2.0, abs=1e-3)
+    with pytest.raises(ValueError, match="top_k"):
+        soft_top_k_membership(log_p, 5)
+    with pytest.raises(ValueError, match="temperature"):
+        soft_top_k_membership(log_p, 1, temperature=0.0)
+
+
+def test_top_k_aware_loss_matches_brute_force():
+    model = tiny_llama()
+    cfg = FocusConfig(window=8, sink_tokens=2)
+    attach(model, cfg)
+    ids = torch.randint(0, model.config.vocab_size, (1, 40), generator=torch.Generator().manual_seed(0))
+    mod, h, (q, k, v, o) = _capture_layer(model, ids)
+    q_pos = sample_queries(40, cfg.window, 6, torch.Generator().manual_seed(1))
+    scale = mod.scaling
+    loss, _, _ = layer_distill_loss(mod, mod.focus_router, h, q, k, v, o, q_pos, cfg, scale, (1, 2))
+    log_p, _ = sinkhorn(mod.focus_router(h), cfg.tau, cfg.sinkhorn_iters)
+    log_p = log_p.detach()
+    W = mod.o_proj.weight.double()  # (d, H*D)
+    ref = o[:, :, q_pos].double()
+    B, H, n, D = ref.shape
+    flat = lambda x: x.transpose(1, 2).reshape(B, n, H * D) @ W.T  # noqa: E731
+    losses = []
+    for top_k in (1, 2):
+        out = _brute_force(q, k, v, log_p, q_pos, cfg, scale, _top_k_reference(log_p, top_k))
+        losses.append(float(flat(out - ref).pow(2).sum() / flat(ref).pow(2).sum()))
+    assert losses[1] < losses[0]  # the top-2 mask keeps more, so its output is closer to dense
+    assert float(loss.detach()) == pytest.approx(sum(losses) / 2, rel=1e-3)
+    # every group kept (top-k = K): the gate keeps every pair, the output is the dense one
+    full, _, _ = layer_distill_loss(mod, mod.focus_router, h, q, k, v, o, q_pos, cfg, scale,
+                                    (cfg.num_groups,))
+    assert float(full.detach()) < 1e-10
+    with pytest.raises(Exception, match="distill_top_k"):
+        TrainConfig(distill_top_k=(0,))
+    assert TrainConfig(distill_top_k=[1, 2]).distill_top_k == (1, 2)
