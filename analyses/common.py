@@ -400,7 +400,7 @@ def read(data_dir: Path, name: str, per_window: bool = False) -> pd.DataFrame:
     ``per_window``, those rows are pooled over windows (``evaluate.pool_windows``: token-weighted
     perplexity, summed tokens and seconds, a ``windows`` count) and ``speedup`` is recomputed
     from the pooled tokens/s (over dense's, per corpus and length)."""
-    from focus_lab.evaluate import pool_windows
+    from focus_lab.evaluate import add_speedup, pool_windows
     p = Path(data_dir) / f"{name}.parquet"
     if not p.is_file():
         raise FileNotFoundError(f"{p} is missing: run `focus-lab figures` (experiment {name!r})")
@@ -409,10 +409,7 @@ def read(data_dir: Path, name: str, per_window: bool = False) -> pd.DataFrame:
         return df
     had_speedup = "speedup" in df.columns
     out = pool_windows(df.drop(columns=[c for c in ("speedup", "part_seconds") if c in df.columns]))
-    if had_speedup and "method" in out.columns:
-        dense = out[out["method"] == "dense"]["tokens_per_second"]
-        out["speedup"] = out["tokens_per_second"] / float(dense.iloc[0]) if len(dense) else np.nan
-    return out
+    return add_speedup(out, by=("corpus", "seq_len")) if had_speedup else out
 
 
 def change_table(df: pd.DataFrame, by=("corpus", "seq_len"), patterns=("method", "label"),

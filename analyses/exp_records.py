@@ -14,23 +14,23 @@ from focus_lab.config import FocusConfig
 from analyses.common import RECORD_METHODS, Context
 
 
-def _moba_matched_k(ctx: Context, moba_cfg: FocusConfig) -> int | None:
-    """The MoBA top-k whose fraction of distant pairs kept (``data/baselines``) is closest to the
-    Focus router's at its own top-k: MoBA's blocks are position-based, so its kept fraction
-    at a given k differs from Focus's (matched sparsity)."""
+def _moba_matched_k(ctx: Context, moba_cfg: FocusConfig, block_size: int) -> int | None:
+    """MoBA's block top-k at the Focus router's sparsity at its own top-k
+    (``baselines.moba_matched_top_k`` applied to the pairs kept in ``data/baselines``); None
+    before that experiment has run."""
     p = ctx.data / "baselines.parquet"
     if not p.is_file():
         return None
+    from focus_lab.baselines import moba_matched_top_k
+    from focus_lab.evaluate import pool_windows
     from focus_lab.retrofit import read_router_file
     k_focus = read_router_file(ctx.routers())[0].top_k
-    from focus_lab.evaluate import pool_windows
     b = pool_windows(pd.read_parquet(p))
     f = b[(b.method == "focus") & (b.label == f"hard_top{k_focus}")]["distant_pairs_kept"]
-    m = b[b.method == "moba"]
-    if not len(f) or not len(m):
+    if not len(f):
         return None
-    best = m.iloc[(m["distant_pairs_kept"] - float(f.iloc[0])).abs().argsort().iloc[0]]
-    return int(min(best["top_k"], moba_cfg.num_groups))
+    return moba_matched_top_k(float(f.iloc[0]), ctx.settings.seq_len, block_size, moba_cfg.window,
+                              moba_cfg.sink_tokens)
 
 
 def make_data(ctx: Context) -> pd.DataFrame:
@@ -41,7 +41,7 @@ def make_data(ctx: Context) -> pd.DataFrame:
     window, matched-window and random-group coverage and the k-means / random NMI."""
     from focus_lab.baselines import fit_kmeans_routers, fit_online_kmeans_routers, use_moba
     from focus_lab.record import record_run
-    from focus_lab.retrofit import load_routers, set_config
+    from focus_lab.retrofit import load_routers, routers, set_config
     s = ctx.settings
     rows = []
     ev = ctx.windows("austen", "heldout", s.seq_len, s.record_windows)
@@ -65,7 +65,7 @@ def make_data(ctx: Context) -> pd.DataFrame:
                 fit_online_kmeans_routers(model, ctx.windows("austen", "train", s.seq_len, s.fit_windows))
             elif method == "moba":
                 cfg = use_moba(model, cfg, s.seq_len)
-                k = _moba_matched_k(ctx, cfg)
+                k = _moba_matched_k(ctx, cfg, next(iter(routers(model).values())).block_size)
                 if k is not None:
                     set_config(model, top_k=k)
             set_config(model, mode="hard")

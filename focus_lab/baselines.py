@@ -39,14 +39,14 @@ import torch.nn as nn
 from .config import FocusConfig, TrainConfig
 from . import core
 from .core import Router, distant_pairs_kept, hard_assign, sinkhorn
-from .evaluate import evaluate, standard_patterns
+from .evaluate import add_speedup, evaluate, standard_patterns
 from .retrofit import (attach, attention_modules, detach, focus_config, forward_state, is_attached, load_routers,
                        router_inputs)
 
 __all__ = [
     "SoftmaxRouter", "PrefixCausalRouter", "KMeansRouter", "OnlineKMeansRouter", "MoBARouter",
     "prefix_sinkhorn", "swap_routers", "restore_routers", "capture_router_inputs",
-    "fit_kmeans_routers", "fit_online_kmeans_routers", "use_moba", "matched_window_size", "window_distant_kept",
+    "fit_kmeans_routers", "fit_online_kmeans_routers", "use_moba", "moba_distant_kept", "moba_matched_top_k", "matched_window_size", "window_distant_kept",
     "router_parameter_count", "lora_param_count", "lora_rank_for_budget", "train_lora",
     "evaluate_baselines", "BASELINES",
 ]
@@ -333,6 +333,34 @@ def fit_online_kmeans_routers(model, windows: Sequence, decay: float = 0.9, pass
 # --------------------------------------------------------------------------------------------
 # MoBA
 
+def moba_distant_kept(seq_len: int, block_size: int, top_k: int, window: int, sinks: int = 0) -> float:
+    """Expected fraction of the distant causal pairs (``i - j >= window``) that MoBA's mask keeps
+    at block top-k, with the chosen past blocks drawn uniformly (``MoBARouter``: query i in block
+    ``b_i = i // block_size`` keeps ``min(top_k, b_i)`` of its ``b_i`` strictly past blocks, and
+    the sink keys): ``sum_i [min(k, b_i) / b_i * far_i + sink_i] / sum_i (i - window + 1)^+``,
+    ``far_i`` the distant non-sink keys in past blocks, ``sink_i`` the distant sink keys. Exact
+    when every query's past blocks all fit in its top-k; otherwise the mean over block choices."""
+    i = np.arange(seq_len)
+    distant = np.clip(i - window + 1, 0, None)  # (T,) distant keys per query
+    b = i // block_size
+    far = np.clip(np.minimum(b * block_size, i - window + 1) - sinks, 0, None)  # non-sink, in past blocks
+    sink = np.clip(np.minimum(sinks, i - window + 1), 0, None)
+    frac = np.where(b > 0, np.minimum(top_k, b) / np.maximum(b, 1), 0.0)
+    total = distant.sum()
+    return float((frac * far + sink).sum() / total) if total else float("nan")
+
+
+def moba_matched_top_k(focus_kept: float, seq_len: int, block_size: int, window: int,
+                       sinks: int = 0) -> int:
+    """The MoBA block top-k whose expected distant pairs kept (``moba_distant_kept``) is nearest
+    to ``focus_kept``, a Focus pattern's (matched sparsity, docs/method.md §7: MoBA's blocks are
+    positions, and early queries keep all their past blocks, so k / num_blocks underestimates
+    what it keeps). Used by ``evaluate_baselines`` and the figures' recorded MoBA run."""
+    num_blocks = math.ceil(seq_len / block_size)
+    kept = [moba_distant_kept(seq_len, block_size, k, window, sinks) for k in range(1, num_blocks + 1)]
+    return int(np.argmin([abs(x - focus_kept) for x in kept])) + 1
+
+
 def use_moba(model, config: FocusConfig, seq_len: int, block_size: int | None = None) -> FocusConfig:
     """Attach Focus to ``model`` (detaching any current routers) with ``MoBARouter``s: blocks of
     ``block_size`` (default ``min(window, ceil(seq_len / config.num_groups))``) and ``num_groups
@@ -542,7 +570,8 @@ def evaluate_baselines(model, router_file: str | Path | None, fit_windows: Seque
             mks = list(range(1, nb + 1))
         elif focus_df is not None:
             fr = [float(focus_df.loc[focus_df["label"] == f"hard_top{k}", "distant_pairs_kept"].mean()) for k in ks]
-            mks = sorted({min(nb, max(1, round(f * nb))) for f in fr})
+            bs = next(iter(routers(model).values())).block_size
+            mks = sorted({moba_matched_top_k(f, T, bs, cfg.window, cfg.sink_tokens) for f in fr})
         else:
             mks = [k for k in ks if k <= nb]
         run("moba", _hard(mks), block_size=next(iter(routers(model).values())).block_size)
@@ -552,8 +581,7 @@ def evaluate_baselines(model, router_file: str | Path | None, fit_windows: Seque
     if "window_size" not in out:
         out["window_size"] = np.nan
     out.loc[out["mode"] == "window", "window_size"] = out.loc[out["mode"] == "window", "window_size"].fillna(cfg.window)
-    dense = out.loc[out["method"] == "dense", "tokens_per_second"]
-    out["speedup"] = out["tokens_per_second"] / float(dense.mean()) if len(dense) else np.nan
+    out = add_speedup(out, by=("window",) if per_window else ())
     out["seq_len"] = T
     out["num_groups"] = K
     out["attention_window"] = cfg.window

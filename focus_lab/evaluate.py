@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import time
 
+import numpy as np
 import pandas as pd
 import torch
 from tqdm.auto import tqdm
@@ -177,6 +178,25 @@ def pool_windows(df: pd.DataFrame) -> pd.DataFrame:
     return out.drop(columns="_nt")
 
 
+def add_speedup(df: pd.DataFrame, by: tuple[str, ...] = ()) -> pd.DataFrame:
+    """``df`` with a ``speedup`` column: each row's tokens/s over the dense pattern's tokens/s
+    (the mean of the dense rows) within the same ``by`` group (e.g. corpus and seq_len, or a
+    window); dense rows are those with ``method == "dense"`` when there is a method column, else
+    ``label == "dense"``. NaN where a group has no dense row. The one speedup rule of the
+    evaluation tables (``baselines.evaluate_baselines``, ``analyses/common.read``)."""
+    out = df.copy()
+    is_dense = (out["method"] == "dense") if "method" in out.columns else (out["label"] == "dense")
+    by = [c for c in by if c in out.columns]
+    if by:
+        ref = out[is_dense].groupby(by, dropna=False)["tokens_per_second"].mean().rename("_dense_tps")
+        out = out.join(ref, on=by)
+    else:
+        dense = out.loc[is_dense, "tokens_per_second"]
+        out["_dense_tps"] = float(dense.mean()) if len(dense) else np.nan
+    out["speedup"] = out["tokens_per_second"] / out["_dense_tps"]
+    return out.drop(columns="_dense_tps")
+
+
 def paired_change(a: pd.DataFrame, b: pd.DataFrame, reps: int = 2000, seed: int = 0) -> tuple[float, float, float]:
     """Perplexity change of ``a`` over ``b`` in % (pooled over the windows both have), with a 95%
     paired bootstrap interval (windows resampled with replacement, ``reps`` times).
@@ -187,7 +207,6 @@ def paired_change(a: pd.DataFrame, b: pd.DataFrame, reps: int = 2000, seed: int 
     Returns:
         (change %, interval low %, interval high %); NaNs when the two share no window.
     """
-    import numpy as np
     x, y = a.set_index("window"), b.set_index("window")
     idx = x.index.intersection(y.index)
     if not len(idx):

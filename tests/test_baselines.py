@@ -157,6 +157,30 @@ def test_moba_blocks_are_causal_and_exact():
     assert torch.allclose(out2[:, :20], out[:, :20], atol=1e-5)
 
 
+@torch.no_grad()
+def test_moba_distant_kept_against_brute_force_masks():
+    """The expected MoBA sparsity against masks built from MoBARouter.assign with random block
+    scores, counted pair by pair; and the matched top-k picks the nearest."""
+    from focus_lab.core import hard_mask
+    Tn, bs, w, sinks = 96, 8, 8, 4
+    pos = torch.arange(Tn)
+    distant = (pos[:, None] - pos[None, :]) >= w  # (T, T)
+    for k in (1, 3, 12):
+        cfg = FocusConfig(window=w, num_groups=12, top_k=k, mode="hard", sink_tokens=sinks)
+        r = BL.MoBARouter(16, cfg, 0, block_size=bs).eval()
+        scores = torch.randn(300, Tn, 12, generator=torch.Generator().manual_seed(k))
+        _, _, qg, kg = r.assign(scores, cfg)
+        m = hard_mask(qg, kg, w, pos, pos, sinks)  # (B, T, T)
+        measured = float((m & distant).sum() / (distant.sum() * m.shape[0]))
+        expected = BL.moba_distant_kept(Tn, bs, k, w, sinks)
+        assert measured == pytest.approx(expected, abs=0.01 if k < 12 else 1e-9)
+    assert BL.moba_distant_kept(Tn, bs, 12, w, sinks) == pytest.approx(1.0)
+    kept = {k: BL.moba_distant_kept(Tn, bs, k, w, sinks) for k in range(1, 13)}
+    target = (kept[4] + 0.4 * (kept[5] - kept[4]))  # nearer to k = 4
+    assert BL.moba_matched_top_k(target, Tn, bs, w, sinks) == 4
+    assert kept[4] > 4 / 12  # early queries keep every past block: k / blocks underestimates
+
+
 def test_moba_rejects_soft_mode_and_large_blocks():
     with pytest.raises(ValueError, match="block_size"):
         BL.MoBARouter(16, FocusConfig(window=4), 0, block_size=8)
@@ -279,3 +303,21 @@ def test_evaluate_baselines_top_ks_and_per_window():
     assert wm.groupby("label")["window_size"].nunique().eq(1).all()
     # MoBA: at T=32 with w=8 it has 4 blocks (<= K), so top_ks still rule
     assert set(df[df.method == "moba"]["top_k"]) <= {1, 2, 3, 4}
+    # per window, speedup is the row's tokens/s over that window's dense row
+    for wi, part in df.groupby("window"):
+        dense_tps = float(part.loc[part.method == "dense", "tokens_per_second"].iloc[0])
+        assert np.allclose(part["speedup"], part["tokens_per_second"] / dense_tps)
+
+
+def test_add_speedup_per_group_by_hand():
+    import pandas as pd
+    from focus_lab.evaluate import add_speedup
+    df = pd.DataFrame({"corpus": ["a", "a", "b", "b", "b"],
+                       "method": ["dense", "focus", "focus", "dense", "dense"],
+                       "label": ["dense", "hard_top2", "hard_top2", "dense", "dense"],
+                       "tokens_per_second": [100.0, 50.0, 30.0, 40.0, 80.0]})
+    got = add_speedup(df, by=("corpus", "seq_len"))  # seq_len absent: ignored
+    assert np.allclose(got["speedup"], [1.0, 0.5, 0.5, 40 / 60, 80 / 60])
+    assert np.allclose(add_speedup(df)["speedup"], [x * 3 / 220 for x in (100, 50, 30, 40, 80)])
+    assert add_speedup(df.drop(columns="method"), by=("corpus",))["speedup"].iloc[1] == 0.5
+    assert np.isnan(add_speedup(df[df.method == "focus"])["speedup"]).all()
