@@ -220,6 +220,12 @@ def render(out: Path, data_dir: Path, log: Callable[[str], None] = print, png: b
                     rec["files"].append(f"{rec['name']}.png")
         except Exception as e:
             log(f"[render] PNG not written ({type(e).__name__}: {e}); the HTML files are")
+    elif figs:  # --no-png: PNG files of an earlier run stay listed, marked as not re-rendered
+        names = {p.stem for p in png_paths}
+        for rec in records:
+            if rec["name"] in names and (out / f"{rec['name']}.png").is_file():
+                rec["files"].append(f"{rec['name']}.png")
+                rec["stale"] = [f"{rec['name']}.png"]
     return records
 
 
@@ -271,7 +277,9 @@ def write_readme(ctx: Context, records: list[dict], status: dict, wall: float, c
     for r in records:
         # link what is committed (PNG, Markdown); name the generated HTML without a link
         files = ", ".join(f"`{f}` (generated)" if f.endswith(".html") else
-                          f"[{f}]({f}) ({(ctx.out / f).stat().st_size / 1e3:.0f} kB)" if (ctx.out / f).is_file()
+                          f"[{f}]({f}) ({(ctx.out / f).stat().st_size / 1e3:.0f} kB"
+                          + ("; from an earlier run, not re-rendered with --no-png" if f in r.get("stale", ()) else "")
+                          + ")" if (ctx.out / f).is_file()
                           else f"[{f}]({f})" for f in r["files"]) or "(none)"
         data = "; ".join(f"`data/{d}.parquet`" for d in r["data"]) or "-"
         status_txt = r["status"] if len(r["status"]) < 80 else r["status"][:77] + "..."

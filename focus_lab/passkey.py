@@ -357,27 +357,34 @@ def needle_edges_kept(query_groups: torch.Tensor, key_group: torch.Tensor, windo
 
 
 class _Probe:
-    """Observer + pre-hooks of one teacher-forced forward (``retrofit.add_observer``)."""
+    """Observer of one teacher-forced forward (``retrofit.add_observer``), with the router-input
+    pre-hooks when auditing. A context manager: ``with _Probe(...) as probe:`` attaches both and
+    always removes them on exit (TransformerLens style)."""
 
     def __init__(self, model, case: PasskeyCase, audit: bool, config):
-        from contextlib import nullcontext
-        from .retrofit import add_observer, router_inputs
-        self.case, self.audit, self.active, self.config = case, audit, False, config
+        self.model, self.case, self.audit, self.config = model, case, audit, config
         self.row = case.length - 1
         self.kept_pairs: list[float] = []
         self.needle_kept: list[float] = []
         self.layers: dict[int, dict] = {}
-        self._inputs = router_inputs(model) if audit else nullcontext({})
-        self.h: dict[int, torch.Tensor] = self._inputs.__enter__()
-        self._remove = add_observer(model, self)
+        self.h: dict[int, torch.Tensor] = {}
 
-    def close(self) -> None:
-        self._remove()
-        self._inputs.__exit__(None, None, None)
+    def __enter__(self) -> "_Probe":
+        from contextlib import ExitStack
+        from .retrofit import add_observer, router_inputs
+        with ExitStack() as stack:
+            if self.audit:
+                self.h = stack.enter_context(router_inputs(self.model))
+            stack.callback(add_observer(self.model, self))
+            self._stack = stack.pop_all()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stack.close()
 
     @torch.no_grad()
     def __call__(self, module, query, key, value, routing, bias, out) -> None:
-        if not self.active or key.shape[2] <= self.row:
+        if key.shape[2] <= self.row:
             return
         from .core import distant_pairs_kept, route
         from .metrics import attention_scale
@@ -491,15 +498,10 @@ def run_case(model, tokenizer, case: PasskeyCase, patterns: list[tuple[str, dict
         state = forward_state(model, cache=True, **changes)
         cfg = state.config
         do_audit = audit and not audited and cfg.mode == "dense"
-        probe = _Probe(model, case, do_audit, cfg)
         t0 = time.perf_counter()
-        try:
-            probe.active = True
+        with _Probe(model, case, do_audit, cfg) as probe:
             logits = _forward(model, ids, keep=n + 1, use_cache=False,
                               focus=state).logits[0, -(n + 1):-1].float()  # (n, V)
-            probe.active = False
-        finally:
-            probe.close()
         if do_audit:
             audited = True
             layer_rows = [{"format": case.format, "length": L, "depth": case.depth, "seed": case.seed,

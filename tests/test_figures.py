@@ -57,8 +57,13 @@ def test_experiments_cached_with_settings(quick):
 def test_rerun_is_served_from_cache(quick):
     out, _ = quick
     stamp = {p: p.stat().st_mtime for p in (out / "data").glob("*.parquet")}
+    fig = F.FIGURES[0].name  # a PNG of an earlier run (made here if kaleido could not)
+    if not (out / f"{fig}.png").is_file():
+        (out / f"{fig}.png").write_bytes(b"\x89PNG")
     res = F.run_figures(out, quick=True, png=False, log=lambda m: None)
     assert all(v["status"] == "cached" for v in res["status"].values())
+    row = next(line for line in (out / "README.md").read_text().splitlines() if f"[{fig}.png]" in line)
+    assert "not re-rendered with --no-png" in row  # --no-png keeps the earlier PNG listed
     assert {p: p.stat().st_mtime for p in (out / "data").glob("*.parquet")} == stamp
 
 
