@@ -134,12 +134,22 @@ def random_scores(batch: int, seq: int, num_groups: int, seed: int,
     the groups a full forward gives its tokens. The table is drawn in whole multiples of
     RANDOM_TABLE_ROWS positions: torch's CPU ``randn`` of n x K values is a prefix of a longer
     draw when n is such a multiple (its vectorized path works in blocks of 16 values), so every
-    length agrees on shared positions.
+    length agrees on shared positions. The longest table drawn per (seed, K) is kept (grown by
+    doubling), so KV-cache decode steps slice it instead of redrawing every earlier position.
     """
     rows = -(-(start + seq) // RANDOM_TABLE_ROWS) * RANDOM_TABLE_ROWS
-    g = torch.Generator().manual_seed(seed)
-    table = torch.randn(rows, num_groups, generator=g)[start:start + seq]  # (T, K)
+    key = (seed, num_groups)
+    table = _RANDOM_TABLES.get(key)
+    if table is None or table.shape[0] < rows:  # grow by doubling: decode steps reuse the draw
+        rows = max(rows, 2 * table.shape[0] if table is not None else 0)
+        if len(_RANDOM_TABLES) >= 512:
+            _RANDOM_TABLES.clear()
+        table = _RANDOM_TABLES[key] = torch.randn(rows, num_groups, generator=torch.Generator().manual_seed(seed))
+    table = table[start:start + seq].clone()  # (T, K), a copy: the cached table stays intact
     return table.to(device).unsqueeze(0).expand(batch, seq, num_groups)
+
+
+_RANDOM_TABLES: dict[tuple[int, int], torch.Tensor] = {}  # (seed, K) -> the longest table drawn
 
 
 def sinkhorn(scores: torch.Tensor, tau: float, iters: int,

@@ -540,12 +540,22 @@ def test_flash_backend_glue_matches_reference_with_a_stand_in_kernel(monkeypatch
 def test_random_scores_depend_on_absolute_position_only():
     """Any length and any start agree on shared positions (a KV-cache step sees the groups a
     full forward gives), and lengths that are multiples of 64 keep the values of one plain draw."""
+    from focus_lab import core
     from focus_lab.core import random_scores
+    core._RANDOM_TABLES.clear()
     full = random_scores(1, 300, 4, seed=7)[0]  # (300, 4)
-    for start, T in ((0, 7), (5, 1), (63, 2), (128, 100), (299, 1)):
-        torch.testing.assert_close(random_scores(1, T, 4, seed=7, start=start)[0], full[start:start + T])
+    for start, T in ((0, 7), (5, 1), (63, 2), (128, 100), (299, 1), (300, 200), (600, 33)):
+        cached = random_scores(1, T, 4, seed=7, start=start)[0]  # served by (or grown from) the cache
+        core._RANDOM_TABLES.clear()
+        fresh = random_scores(1, T, 4, seed=7, start=start)[0]  # a draw of its own length
+        torch.testing.assert_close(cached, fresh)
+        if start + T <= 300:
+            torch.testing.assert_close(fresh, full[start:start + T])
+    core._RANDOM_TABLES.clear()
     g = torch.Generator().manual_seed(7)
     torch.testing.assert_close(random_scores(2, 512, 4, seed=7)[1], torch.randn(512, 4, generator=g))
+    random_scores(1, 512, 4, seed=7).float().add_(1.0)  # a caller's copy: the cache is untouched
+    torch.testing.assert_close(random_scores(1, 512, 4, seed=7)[0], torch.randn(512, 4, generator=g.manual_seed(7)))
 
 
 @pytest.mark.parametrize("assignment", ["random", "router"])
