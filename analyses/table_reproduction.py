@@ -34,36 +34,41 @@ class _Ctx:
         self._c = {}
 
     def __call__(self, name, per_window=False):
+        """Experiment ``name``'s cached rows (``common.read``), read once."""
         if (name, per_window) not in self._c:
-            if name in ("_lora_austen", "_lora_general"):
-                # LoRA's per-window rows beside the base model's (dense) on the same windows
-                lora = read(self.d, "lora", per_window=True)
-                if name == "_lora_austen":
-                    lora, ref = lora[lora.corpus == "austen"], self("baselines", True).assign(corpus="austen")
-                else:
-                    lora, ref = lora[lora.corpus != "austen"], self("transfer_domain", True)
-                self._c[name, per_window] = pd.concat([lora, ref[ref.method == "dense"]], ignore_index=True)
-            else:
-                self._c[name, per_window] = read(self.d, name, per_window=per_window)
+            self._c[name, per_window] = read(self.d, name, per_window=per_window)
         return self._c[name, per_window]
+
+    def lora_rows(self, on_austen: bool) -> pd.DataFrame:
+        """LoRA's per-window rows beside the base model's (dense) rows on the same windows: the
+        held-out Austen windows of ``baselines``, or the other corpora of ``transfer_domain``."""
+        lora = self("lora", per_window=True)
+        if on_austen:
+            lora, ref = lora[lora.corpus == "austen"], self("baselines", True).assign(corpus="austen")
+        else:
+            lora, ref = lora[lora.corpus != "austen"], self("transfer_domain", True)
+        return pd.concat([lora, ref[ref.method == "dense"]], ignore_index=True)
 
     def ppl(self, method, label):
         b = self("baselines")
         r = b[(b["method"] == method) & (b["label"] == label)]
         return float(r["perplexity"].iloc[0])
 
-    def change(self, a: tuple, b: tuple = ("dense", "dense"), name: str = "baselines", **where):
-        """Pattern ``a`` = (method, label) over pattern ``b`` in experiment ``name`` (rows filtered
-        by ``where``, e.g. corpus=, seq_len=): (perplexity of a, change %, 95% low, 95% high,
-        windows), paired over the windows both have (``evaluate.paired_change``)."""
+    def change(self, a: tuple, b: tuple = ("dense", "dense"), name: str | pd.DataFrame = "baselines",
+               **where):
+        """Pattern ``a`` = (method, label) over pattern ``b`` in experiment ``name`` (or in a
+        frame of per-window rows, e.g. ``lora_rows``; rows filtered by ``where``, e.g. corpus=,
+        seq_len=): (perplexity of a, change %, 95% low, 95% high, windows), paired over the
+        windows both have (``evaluate.paired_change``)."""
         from focus_lab.evaluate import paired_change, pool_windows
-        df = self(name, per_window=True)
+        df = name if isinstance(name, pd.DataFrame) else self(name, per_window=True)
         for col, val in where.items():
             df = df[df[col] == val]
         pick = lambda m, l: df[(df["method"] == m) & (df["label"] == l)]
         x, y = pick(*a), pick(*b)
         if not len(x) or not len(y):
-            raise KeyError(f"{name}: no rows for {a} or {b} at {where}")
+            what = "these rows" if isinstance(name, pd.DataFrame) else name
+            raise KeyError(f"{what}: no rows for {a} or {b} at {where}")
         pooled = pool_windows(x[["window", "nll", "tokens", "seconds", "distant_pairs_kept", "max_group_share"]]
                               .assign(label="a"))
         return (float(pooled["perplexity"].iloc[0]), *paired_change(x, y), int(pooled["windows"].iloc[0]))
@@ -270,10 +275,10 @@ def _claims(c: _Ctx) -> list:
     def _():
         lora = c("lora")
         parts, lora_worse, focus_better = [], [], []
-        la = c.change(("lora", "lora"), ("dense", "dense"), "_lora_austen")
+        la = c.change(("lora", "lora"), ("dense", "dense"), c.lora_rows(on_austen=True))
         parts.append(f"Austen (domain): LoRA {la[0]:.2f} ({_ci(la)})")
         for corpus in ("shakespeare", "python-docs"):
-            lo = c.change(("lora", "lora"), ("dense", "dense"), "_lora_general", corpus=corpus)
+            lo = c.change(("lora", "lora"), ("dense", "dense"), c.lora_rows(on_austen=False), corpus=corpus)
             fh = c.change(("focus", f"hard_top{c.k}"), name="transfer_domain", corpus=corpus)
             parts.append(f"{corpus}: LoRA {_ci(lo)}, Focus hard top-{c.k} {_ci(fh)}")
             lora_worse.append(_sign(lo) > 0)
