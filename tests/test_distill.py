@@ -52,22 +52,34 @@ def _brute_force(q, k, v, log_p, q_pos, cfg, scale, q_side=None):
     return out
 
 
-def test_layer_loss_matches_brute_force():
+def _layer_case():
+    """One layer of a tiny Llama with Focus (window 8, 2 sinks): its module, router input, q/k/v,
+    dense output, 6 sampled queries, logit scale and the Sinkhorn log-probabilities."""
     model = tiny_llama()
     cfg = FocusConfig(window=8, sink_tokens=2)
     attach(model, cfg)
     ids = torch.randint(0, model.config.vocab_size, (1, 40), generator=torch.Generator().manual_seed(0))
-    mod, h, (q, k, v, o) = _capture_layer(model, ids)
+    mod, h, qkvo = _capture_layer(model, ids)
     q_pos = sample_queries(40, cfg.window, 6, torch.Generator().manual_seed(1))
-    scale = mod.scaling
-    loss, col, _ = layer_distill_loss(mod, mod.focus_router, h, q, k, v, o, q_pos, cfg, scale)
     log_p, _ = sinkhorn(mod.focus_router(h), cfg.tau, cfg.sinkhorn_iters)
-    ref_soft = _brute_force(q, k, v, log_p.detach(), q_pos, cfg, scale)
+    return cfg, mod, h, qkvo, q_pos, mod.scaling, log_p.detach()
+
+
+def _reference_loss(mod, qkvo, q_pos, cfg, scale, log_p, q_side=None) -> float:
+    """Relative squared error after W_o of the brute-force gated output against the dense one."""
+    q, k, v, o = qkvo
+    out = _brute_force(q, k, v, log_p, q_pos, cfg, scale, q_side)
     W = mod.o_proj.weight.double()  # (d, H*D)
-    B, H, n, D = ref_soft.shape
-    diff = (ref_soft - o[:, :, q_pos].double()).transpose(1, 2).reshape(B, n, H * D) @ W.T
-    ref = o[:, :, q_pos].double().transpose(1, 2).reshape(B, n, H * D) @ W.T
-    expected = float(diff.pow(2).sum() / ref.pow(2).sum())
+    B, H, n, D = out.shape
+    flat = lambda x: x.transpose(1, 2).reshape(B, n, H * D) @ W.T  # noqa: E731
+    ref = o[:, :, q_pos].double()
+    return float(flat(out - ref).pow(2).sum() / flat(ref).pow(2).sum())
+
+
+def test_layer_loss_matches_brute_force():
+    cfg, mod, h, qkvo, q_pos, scale, log_p = _layer_case()
+    loss, col, _ = layer_distill_loss(mod, mod.focus_router, h, *qkvo, q_pos, cfg, scale)
+    expected = _reference_loss(mod, qkvo, q_pos, cfg, scale, log_p)
     assert expected > 1e-6  # the gate does drop something here
     assert float(loss.detach()) == pytest.approx(expected, rel=1e-3)
     assert col.shape == (1, cfg.num_groups)
@@ -145,29 +157,14 @@ def test_soft_top_k_membership_against_sorting():
 
 
 def test_top_k_aware_loss_matches_brute_force():
-    model = tiny_llama()
-    cfg = FocusConfig(window=8, sink_tokens=2)
-    attach(model, cfg)
-    ids = torch.randint(0, model.config.vocab_size, (1, 40), generator=torch.Generator().manual_seed(0))
-    mod, h, (q, k, v, o) = _capture_layer(model, ids)
-    q_pos = sample_queries(40, cfg.window, 6, torch.Generator().manual_seed(1))
-    scale = mod.scaling
-    loss, _, _ = layer_distill_loss(mod, mod.focus_router, h, q, k, v, o, q_pos, cfg, scale, (1, 2))
-    log_p, _ = sinkhorn(mod.focus_router(h), cfg.tau, cfg.sinkhorn_iters)
-    log_p = log_p.detach()
-    W = mod.o_proj.weight.double()  # (d, H*D)
-    ref = o[:, :, q_pos].double()
-    B, H, n, D = ref.shape
-    flat = lambda x: x.transpose(1, 2).reshape(B, n, H * D) @ W.T  # noqa: E731
-    losses = []
-    for top_k in (1, 2):
-        out = _brute_force(q, k, v, log_p, q_pos, cfg, scale, _top_k_reference(log_p, top_k))
-        losses.append(float(flat(out - ref).pow(2).sum() / flat(ref).pow(2).sum()))
+    cfg, mod, h, qkvo, q_pos, scale, log_p = _layer_case()
+    loss, _, _ = layer_distill_loss(mod, mod.focus_router, h, *qkvo, q_pos, cfg, scale, (1, 2))
+    losses = [_reference_loss(mod, qkvo, q_pos, cfg, scale, log_p, _top_k_reference(log_p, top_k))
+              for top_k in (1, 2)]
     assert losses[1] < losses[0]  # the top-2 mask keeps more, so its output is closer to dense
     assert float(loss.detach()) == pytest.approx(sum(losses) / 2, rel=1e-3)
     # every group kept (top-k = K): the gate keeps every pair, the output is the dense one
-    full, _, _ = layer_distill_loss(mod, mod.focus_router, h, q, k, v, o, q_pos, cfg, scale,
-                                    (cfg.num_groups,))
+    full, _, _ = layer_distill_loss(mod, mod.focus_router, h, *qkvo, q_pos, cfg, scale, (cfg.num_groups,))
     assert float(full.detach()) < 1e-10
     with pytest.raises(Exception, match="distill_top_k"):
         TrainConfig(distill_top_k=(0,))
