@@ -62,7 +62,8 @@ def run_cells(args) -> None:
                           & old.window.isin([w.index for w in ws])]
                 have = {lab for lab, g in old.groupby("label") if len(g) == len(ws)}
                 rows.append(old[old.label.isin(have)][[c for c in old.columns if c not in (
-                    "corpus", "seq_len", "heldout", "routers", "routers_sha256", "table_schema_version")]])
+                    "corpus", "seq_len", "heldout", "routers", "routers_sha256", "table_schema_version",
+                    "reused_from")]].assign(reused_from=str(args.reuse)))
                 todo = [p for p in pats if p[0] not in have]
                 print(f"{corpus} {L}: reusing {sorted(have)} from {reused}", flush=True)
             t0 = time.perf_counter()
@@ -72,6 +73,7 @@ def run_cells(args) -> None:
                 print(f"{corpus} {L} window {w.index}: " + ", ".join(
                     f"{r.label} {r.perplexity:.2f}" for r in df.itertuples()), flush=True)
             out = pd.concat(rows, ignore_index=True)
+            out["reused_from"] = out["reused_from"].fillna("") if "reused_from" in out else ""
             out["corpus"], out["seq_len"] = corpus, L
             out["heldout"] = ",".join(d.name for d in corp.heldout)
             out["routers"] = str(routers)
@@ -94,6 +96,11 @@ def report(out: Path) -> str:
     if not cells:
         raise SystemExit(f"no cells under {out / 'cells'}: run without --report first")
     df = pd.concat([pd.read_parquet(c) for c in cells], ignore_index=True)
+    if "reused_from" not in df:
+        df["reused_from"] = ""
+    df["reused_from"] = df["reused_from"].fillna("")
+    reused = {(r.corpus, r.seq_len, r.label): r.reused_from
+              for r in df[df.reused_from != ""].drop_duplicates(["corpus", "seq_len", "label"]).itertuples()}
     lines = []
     summary = []
     for (corpus, L), g in df.groupby(["corpus", "seq_len"], sort=True):
@@ -146,9 +153,13 @@ def report(out: Path) -> str:
             c = [f"{h.loc[p].control_vs_router_pct:+.1f}% [{h.loc[p].control_ci_lo:+.1f}, {h.loc[p].control_ci_hi:+.1f}]"
                  if p in h.index and not pd.isna(h.loc[p].get("control_vs_router_pct")) else ""
                  for p in ("random_top1", "shuffled_top1", "random_top2", "shuffled_top2")]
-            t = " / ".join(f"{h.loc[p].tokens_per_second:.0f}" if p in h.index else "-"
-                           for p in ("dense", "hard_top1", "hard_top2"))
+            t = " / ".join((f"{h.loc[p].tokens_per_second:.0f}" + ("*" if (corpus, L, p) in reused else ""))
+                           if p in h.index else "-" for p in ("dense", "hard_top1", "hard_top2"))
             lines.append(f"| {L} | " + " | ".join(c) + f" | {t} |")
+        if any(k[0] == corpus for k in reused):
+            lines.append("\n\\* reused from " + ", ".join(sorted({v for k, v in reused.items() if k[0] == corpus}))
+                         + " (`--reuse`): measured in another run, at another time; its tokens/s do not compare "
+                         "with this run's.")
     text = "\n".join(lines) + "\n"
     (out / "length_table.md").write_text(text)
     return text

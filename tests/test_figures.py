@@ -159,3 +159,26 @@ def test_length_cells_reuse_committed_rows_only_for_the_same_routers(tmp_path, m
     ctx.sha = "other"
     df = C.length_cells(ctx, "other", [("austen", 32, 2)])
     assert not df.reused.any() and (df.nll < 9.0).all()
+
+
+def test_length_table_report_marks_reused_rows(tmp_path):
+    """analyses/length_table.py --report: changes vs dense and the controls come from the
+    per-window rows; rows taken with --reuse get their tokens/s starred and a footnote."""
+    import math
+    from analyses import length_table as LT
+    rows = []
+    for w in range(4):
+        for label, nll, kept in (("dense", 3.0, 1.0), ("hard_top1", 3.1, 0.3), ("shuffled_top1", 3.2, 0.3)):
+            rows.append({"label": label, "window": w, "nll": nll + 0.01 * w, "tokens": 100, "seconds": 1.0,
+                         "distant_pairs_kept": kept, "max_group_share": 0.3,
+                         "reused_from": "old/table" if label == "dense" else ""})
+    cell = pd.DataFrame(rows).assign(corpus="austen", seq_len=4096, heldout="persuasion")
+    (tmp_path / "cells").mkdir()
+    cell.to_parquet(tmp_path / "cells" / "austen_4096.parquet")
+    text = LT.report(tmp_path)
+    assert f"+{100 * (math.exp(0.1) - 1):.1f}%" in text  # hard_top1 over dense, every window +0.1 nats
+    assert "100* / 100 / -" in text and "reused from old/table" in text
+    s = pd.read_parquet(tmp_path / "length_table.parquet").set_index("label")
+    assert s.loc["shuffled_top1", "control_vs_router_pct"] == pytest.approx(100 * (math.exp(0.1) - 1))
+    cell.drop(columns="reused_from").to_parquet(tmp_path / "cells" / "austen_4096.parquet")  # older cells
+    assert "reused from" not in LT.report(tmp_path)
