@@ -321,3 +321,26 @@ def test_add_speedup_per_group_by_hand():
     assert np.allclose(add_speedup(df)["speedup"], [x * 3 / 220 for x in (100, 50, 30, 40, 80)])
     assert add_speedup(df.drop(columns="method"), by=("corpus",))["speedup"].iloc[1] == 0.5
     assert np.isnan(add_speedup(df[df.method == "focus"])["speedup"]).all()
+
+
+@torch.no_grad()
+def test_layer_mix_swaps_only_the_named_layers_to_random_groups():
+    """analyses/layer_mix.py: the swapped layers route exactly like assignment="random", the
+    others like the router; bad layer specs name the fix."""
+    from analyses.layer_mix import parse_layers, random_layer_router
+    assert parse_layers("1-3,7") == {1, 2, 3, 7}
+    with pytest.raises(ValueError, match="1-9,12"):
+        parse_layers("a-b")
+    model = tiny_llama()
+    cfg = FocusConfig(window=8, num_groups=4, top_k=2, mode="hard")
+    focus_lab.retrofit.attach(model, cfg)
+    h = torch.randn(1, 40, model.config.hidden_size, generator=torch.Generator().manual_seed(0))
+    before = {i: route(r, h, config=cfg) for i, r in routers(model).items()}
+    rand = {i: route(r, h, config=cfg.replace(assignment="random")) for i, r in routers(model).items()}
+    BL.swap_routers(model, lambda r, m: random_layer_router(r, {0}))
+    after = {i: route(r, h, config=cfg) for i, r in routers(model).items()}
+    assert len(after) >= 2
+    for i in after:
+        want = rand[i] if i == 0 else before[i]
+        assert torch.equal(after[i].query_groups, want.query_groups) and torch.equal(after[i].key_group, want.key_group)
+    assert not torch.equal(rand[0].key_group, before[0].key_group)
