@@ -5,8 +5,8 @@ recorder finds them keeping *more* of the dense mass there, in layers 1-9 (docs/
 the 4096-token audit shows"). This evaluates the hard top-k patterns with random groups in the
 ``--random-layers`` and the routers everywhere else, on the same held-out windows as the length
 table, and prints the paired change against that table's router and random rows (its cells
-under ``--table``). Same mask rule, attention path and sparsity rule as every pattern
-(``Router.assign`` with ``assignment="random"`` in the swapped layers).
+under ``--table``). The layers are ``FocusConfig.random_layers`` (``focus-lab eval
+--random-layers``): same mask rule, attention path and sparsity rule as every pattern.
 
 Usage (background; about 1 min per 8192-token window and pattern on 2 cores)::
 
@@ -19,38 +19,6 @@ import argparse
 from pathlib import Path
 
 import pandas as pd
-
-
-def parse_layers(spec: str) -> set[int]:
-    """'1-9,12' -> {1, ..., 9, 12}; ValueError naming the bad part."""
-    out: set[int] = set()
-    for part in spec.split(","):
-        a, _, b = part.strip().partition("-")
-        try:
-            out |= set(range(int(a), int(b or a) + 1))
-        except ValueError:
-            raise ValueError(f"--random-layers: cannot read {part!r}; write e.g. 1-9,12") from None
-    return out
-
-
-def random_layer_router(old, layers: set[int]):
-    """``old`` itself outside ``layers``; inside, a router that always routes by balanced random
-    groups (``assignment="random"``, whatever the forward's config says)."""
-    from focus_lab.core import Router
-    if old.layer_idx not in layers:
-        return old
-
-    class RandomGroups(Router):
-        def forward(self, h, config=None, start=0):
-            cfg = (config or self.config).replace(assignment="random")
-            return super().forward(h, cfg, start)
-
-        def assign(self, scores, config, token_mask=None):
-            return super().assign(scores, config.replace(assignment="random"), token_mask)
-
-    new = RandomGroups(old.proj.shape[0], old.config, old.layer_idx)
-    new.load_state_dict(old.state_dict())
-    return new
 
 
 def main(argv=None) -> None:
@@ -66,10 +34,10 @@ def main(argv=None) -> None:
     ap.add_argument("--out", type=Path, default=Path("figures/layer_mix"))
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args(argv)
-    layers = parse_layers(args.random_layers)
+    from focus_lab.config import parse_int_list
+    layers = parse_int_list(args.random_layers)
 
     import torch
-    from focus_lab.baselines import swap_routers
     from focus_lab.data import load_corpus, make_windows
     from focus_lab.evaluate import evaluate, paired_change, parse_patterns, pool_windows
     from focus_lab.io import write_parquet
@@ -79,8 +47,7 @@ def main(argv=None) -> None:
 
     torch.set_num_threads(args.threads)
     model, tok = load_model()
-    cfg = load_routers(model, resolve_routers(args.routers))
-    swap_routers(model, lambda r, m: random_layer_router(r, layers))
+    cfg = load_routers(model, resolve_routers(args.routers), config_overrides={"random_layers": sorted(layers)})
     ws = make_windows(load_corpus(args.corpus).heldout, tok, args.seq_len, max_windows=args.windows)
     rows = []
     for w in ws:

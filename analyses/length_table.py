@@ -44,7 +44,9 @@ def run_cells(args) -> None:
     torch.set_num_threads(args.threads)
     routers = resolve_routers(args.routers)
     model, tok = load_model()
-    cfg = load_routers(model, routers)
+    from focus_lab.config import parse_int_list
+    random_layers = parse_int_list(args.random_layers) if args.random_layers else None
+    cfg = load_routers(model, routers, config_overrides={"random_layers": random_layers} if random_layers else None)
     pats = parse_patterns(args.patterns, cfg.num_groups)
     windows_at = dict((int(a), int(b)) for a, b in (x.split(":") for x in args.windows.split(",")))
     for corpus in args.corpora.split(","):
@@ -78,6 +80,7 @@ def run_cells(args) -> None:
             out["heldout"] = ",".join(d.name for d in corp.heldout)
             out["routers"] = str(routers)
             out["routers_sha256"] = file_sha256(routers)
+            out["random_layers"] = args.random_layers or ""
             out["table_schema_version"] = SCHEMA_VERSION
             write_parquet(cell, out)
             print(f"== {corpus} {L}: {len(ws)} windows in {time.perf_counter() - t0:.0f} s", flush=True)
@@ -176,6 +179,8 @@ def main(argv=None) -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--reuse", type=Path, default=None, help="another table's folder: take the "
                     "router-independent patterns (dense, window, random_topK) from its cells")
+    ap.add_argument("--random-layers", default=None, help="layers routed by balanced random groups "
+                    "instead of the router, e.g. 1-9 (FocusConfig.random_layers)")
     ap.add_argument("--report", action="store_true", help="only write the tables from the cells")
     args = ap.parse_args(argv)
     if not args.report:

@@ -29,6 +29,15 @@ def _fail(msg: str) -> None:
     raise typer.Exit(2)
 
 
+def _int_list(spec: str, option: str) -> list[int]:
+    """``config.parse_int_list`` for a CLI option: a bad spec exits 2 with one line naming it."""
+    from .config import parse_int_list
+    try:
+        return parse_int_list(spec)
+    except ValueError as e:
+        _fail(f"{option}: {e}")
+
+
 def _known_errors():
     from .config import ConfigError
     from .data import CorpusError
@@ -210,6 +219,8 @@ def eval_cmd(
     seq_len: int = typer.Option(512), max_windows: int = typer.Option(8, help="held-out windows"),
     out: Optional[Path] = typer.Option(None, help="parquet output; default next to the routers"),
     random_groups: bool = typer.Option(False, help="control: random groups instead of the router"),
+    random_layers: Optional[str] = typer.Option(None, help="layers routed by balanced random groups instead of "
+                                                "the router, e.g. 1-9 (FocusConfig.random_layers; docs/recipes.md)"),
     patterns: str = typer.Option("all", help="comma list of dense, window, soft, hard_topK, random_topK, "
                                  "shuffled_topK (controls at equal sparsity), or 'all' (dense, window, "
                                  "soft, hard_top1..K); e.g. dense,window,hard_top1,hard_top2,random_top2,shuffled_top2"),
@@ -222,8 +233,11 @@ def eval_cmd(
         from .retrofit import load_routers, read_router_file
         routers = _routers(routers_opt, model)
         pats = parse_patterns(patterns, read_router_file(routers)[0].num_groups)  # fail before loading
+        overrides = {"assignment": "random"} if random_groups else {}
+        if random_layers:
+            overrides["random_layers"] = _int_list(random_layers, "--random-layers")
         m, tok, corp, seq_len = _load(model, corpus, seq_len)
-        load_routers(m, routers, config_overrides={"assignment": "random"} if random_groups else None)
+        load_routers(m, routers, config_overrides=overrides or None)
         if random_groups:
             pats = [(lab, {**c, "assignment": "random"} if c.get("assignment") == "router" else c)
                     for lab, c in pats]
@@ -285,18 +299,7 @@ def record(
 ):
     """Record held-out text through Focus into a run directory (help: ``RECORD_HELP``)."""
     def ints(spec):
-        if spec is None:
-            return None
-        out_ = []
-        for part in spec.replace(" ", "").split(","):
-            if not part:
-                continue
-            try:
-                lo, _, hi = part.partition("-")
-                out_ += list(range(int(lo), int(hi) + 1)) if hi else [int(lo)]
-            except ValueError:
-                _fail(f"cannot read {spec!r} as a list of integers like '0,3,5-7'")
-        return out_
+        return None if spec is None else _int_list(spec, "--layers / --heads / --pattern")
 
     def run():
         nonlocal seq_len

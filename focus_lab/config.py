@@ -21,6 +21,21 @@ class ConfigError(ValueError):
     """An invalid Focus configuration; the message names the field and the fix."""
 
 
+def parse_int_list(spec: str) -> list[int]:
+    """'0,3,5-7' -> [0, 3, 5, 6, 7] (layer or head indices, in the order given; spaces ignored).
+    Raises ValueError naming the spec and the accepted form."""
+    out: list[int] = []
+    for part in spec.replace(" ", "").split(","):
+        if not part:
+            continue
+        lo, _, hi = part.partition("-")
+        try:
+            out += list(range(int(lo), int(hi) + 1)) if hi else [int(lo)]
+        except ValueError:
+            raise ValueError(f"cannot read {spec!r} as a list of integers like '0,3,5-7'") from None
+    return out
+
+
 @dataclass
 class FocusConfig:
     """Hyper-parameters of Focus attention (docs/method.md §1-§3).
@@ -45,6 +60,11 @@ class FocusConfig:
             fixed permutation of each window: the same group sizes, hence the same sparsity, with
             random membership; a control for evaluation only, not causal across tokens).
         layers: attention layers (``layer_idx``) that get a router; None means every layer.
+        random_layers: routed layers whose groups are balanced random groups (as
+            ``assignment="random"``) instead of the router's, whatever ``assignment`` says; None or
+            empty: none. [ours] At 8192 tokens the shipped routers keep more dense mass than random
+            groups in layers 1-9 yet predict worse; random groups there and the routers elsewhere
+            beat both (docs/recipes.md). ``assignment_at`` gives a layer's assignment.
         seed: seed of the router's initialization and of random groups.
         sink_tokens: the first ``sink_tokens`` positions stay visible to every query in every
             pattern, like the local window (attention sinks, StreamingLLM; docs/method.md §6 [ours]).
@@ -71,6 +91,7 @@ class FocusConfig:
     bias_momentum: float = 0.05
     assignment: str = "router"
     layers: list[int] | None = None
+    random_layers: list[int] | None = None
     seed: int = 0
     sink_tokens: int = 0
     straight_through: bool = False
@@ -114,7 +135,15 @@ class FocusConfig:
         if self.layers is not None:
             if not all(isinstance(i, int) and i >= 0 for i in self.layers):
                 bad("layers", "need a list of layer indices >= 0, or None for all layers")
+        if self.random_layers is not None:
+            if not all(isinstance(i, int) and i >= 0 for i in self.random_layers):
+                bad("random_layers", "need a list of layer indices >= 0 (e.g. [1, 2, ..., 9]), or None")
         return self
+
+    def assignment_at(self, layer_idx: int) -> str:
+        """The assignment in force at layer ``layer_idx``: "random" in ``random_layers``, else
+        ``assignment`` (docs/method.md §7)."""
+        return "random" if self.random_layers and layer_idx in self.random_layers else self.assignment
 
     def replace(self, **changes: Any) -> "FocusConfig":
         """A validated copy with ``changes`` applied."""

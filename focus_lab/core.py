@@ -77,7 +77,7 @@ class Router(nn.Module):
         router's own. ``start``: absolute position of the first token (random groups only: a
         KV-cache decode step)."""
         cfg = config or self.config
-        if cfg.assignment == "random":
+        if cfg.assignment_at(self.layer_idx) == "random":
             return random_scores(h.shape[0], h.shape[1], cfg.num_groups,
                                  seed=layer_seed(cfg.seed, self.layer_idx), device=h.device, start=start)
         h = rms_normalize(h) if cfg.normalize_input else h.float()  # (B, T, d)
@@ -98,10 +98,11 @@ class Router(nn.Module):
         log_p = col = None
         if config.mode == "soft" or self.training:
             log_p, col = sinkhorn(scores, config.tau, config.sinkhorn_iters, token_mask)
+        assignment = config.assignment_at(self.layer_idx)
         # random groups are a fixed, balanced control: the router's calibrated bias does not apply
-        bias = None if config.assignment == "random" else self.group_bias
+        bias = None if assignment == "random" else self.group_bias
         qg, kg = hard_assign(scores, config.tau, config.top_k, bias)
-        if config.assignment == "shuffled":  # control: same group sizes, random membership
+        if assignment == "shuffled":  # control: same group sizes, random membership
             g = torch.Generator().manual_seed(layer_seed(config.seed, self.layer_idx))
             perm = torch.randperm(scores.shape[1], generator=g).to(scores.device)  # (T,)
             qg, kg = qg[:, perm], kg[:, perm]

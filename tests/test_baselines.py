@@ -324,23 +324,28 @@ def test_add_speedup_per_group_by_hand():
 
 
 @torch.no_grad()
-def test_layer_mix_swaps_only_the_named_layers_to_random_groups():
-    """analyses/layer_mix.py: the swapped layers route exactly like assignment="random", the
-    others like the router; bad layer specs name the fix."""
-    from analyses.layer_mix import parse_layers, random_layer_router
-    assert parse_layers("1-3,7") == {1, 2, 3, 7}
-    with pytest.raises(ValueError, match="1-9,12"):
-        parse_layers("a-b")
+def test_random_layers_route_like_random_groups_there_only():
+    """FocusConfig.random_layers: the named layers route exactly like assignment="random" (no
+    group bias), the others like the router, in every assignment; shuffled leaves them random."""
+    from focus_lab.config import ConfigError, parse_int_list
+    assert parse_int_list("1-3, 7") == [1, 2, 3, 7]
+    with pytest.raises(ValueError, match="0,3,5-7"):
+        parse_int_list("a-b")
+    with pytest.raises(ConfigError, match="random_layers"):
+        FocusConfig(random_layers=[-1])
     model = tiny_llama()
     cfg = FocusConfig(window=8, num_groups=4, top_k=2, mode="hard")
     focus_lab.retrofit.attach(model, cfg)
+    for r in routers(model).values():
+        r.group_bias.copy_(torch.tensor([2.0, 0.0, -1.0, 0.5]))  # the bias must not reach random layers
     h = torch.randn(1, 40, model.config.hidden_size, generator=torch.Generator().manual_seed(0))
-    before = {i: route(r, h, config=cfg) for i, r in routers(model).items()}
-    rand = {i: route(r, h, config=cfg.replace(assignment="random")) for i, r in routers(model).items()}
-    BL.swap_routers(model, lambda r, m: random_layer_router(r, {0}))
-    after = {i: route(r, h, config=cfg) for i, r in routers(model).items()}
-    assert len(after) >= 2
-    for i in after:
-        want = rand[i] if i == 0 else before[i]
-        assert torch.equal(after[i].query_groups, want.query_groups) and torch.equal(after[i].key_group, want.key_group)
-    assert not torch.equal(rand[0].key_group, before[0].key_group)
+    rs = routers(model)
+    assert len(rs) >= 2
+    mixed = cfg.replace(random_layers=[0])
+    for assignment in ("router", "shuffled"):
+        for i, r in rs.items():
+            got = route(r, h, config=mixed.replace(assignment=assignment))
+            want = route(r, h, config=cfg.replace(assignment="random" if i == 0 else assignment))
+            assert torch.equal(got.query_groups, want.query_groups) and torch.equal(got.key_group, want.key_group)
+    assert not torch.equal(route(rs[0], h, config=cfg).key_group, route(rs[0], h, config=mixed).key_group)
+    assert FocusConfig.from_json(mixed.to_json()) == mixed  # saved with router files

@@ -88,6 +88,13 @@ def test_eval_cli_unknown_pattern_is_one_line_exit_2():
     assert "unknown pattern 'hard_top9'" in out[-1] and "shuffled_top4" in out[-1]
 
 
+def test_eval_cli_bad_random_layers_is_one_line_exit_2():
+    from focus_lab.cli import app
+    res = CliRunner().invoke(app, ["eval", "--random-layers", "1-x", "--patterns", "dense"])
+    assert res.exit_code == 2
+    assert "--random-layers" in res.output.strip().splitlines()[-1] and "0,3,5-7" in res.output
+
+
 def test_patterns_of_one_run_do_not_leak_into_each_other():
     from types import SimpleNamespace
     from focus_lab.config import FocusConfig
