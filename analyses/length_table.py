@@ -45,8 +45,10 @@ def run_cells(args) -> None:
     routers = resolve_routers(args.routers)
     model, tok = load_model()
     from focus_lab.config import parse_int_list
-    random_layers = parse_int_list(args.random_layers) if args.random_layers else None
-    cfg = load_routers(model, routers, config_overrides={"random_layers": random_layers} if random_layers else None)
+    overrides = None
+    if args.random_layers is not None:  # "none": every layer routed, whatever the file says
+        overrides = {"random_layers": [] if args.random_layers.lower() == "none" else parse_int_list(args.random_layers)}
+    cfg = load_routers(model, routers, config_overrides=overrides)
     pats = parse_patterns(args.patterns, cfg.num_groups)
     windows_at = dict((int(a), int(b)) for a, b in (x.split(":") for x in args.windows.split(",")))
     for corpus in args.corpora.split(","):
@@ -180,7 +182,7 @@ def main(argv=None) -> None:
     ap.add_argument("--reuse", type=Path, default=None, help="another table's folder: take the "
                     "router-independent patterns (dense, window, random_topK) from its cells")
     ap.add_argument("--random-layers", default=None, help="layers routed by balanced random groups "
-                    "instead of the router, e.g. 1-9 (FocusConfig.random_layers)")
+                    "instead of the router, e.g. 1-9, or 'none'; default: the router file's (FocusConfig.random_layers)")
     ap.add_argument("--report", action="store_true", help="only write the tables from the cells")
     args = ap.parse_args(argv)
     if not args.report:

@@ -220,7 +220,8 @@ def eval_cmd(
     out: Optional[Path] = typer.Option(None, help="parquet output; default next to the routers"),
     random_groups: bool = typer.Option(False, help="control: random groups instead of the router"),
     random_layers: Optional[str] = typer.Option(None, help="layers routed by balanced random groups instead of "
-                                                "the router, e.g. 1-9 (FocusConfig.random_layers; docs/recipes.md)"),
+                                                "the router, e.g. 1-9, or 'none'; default: the router file's "
+                                                "(FocusConfig.random_layers, docs/method.md §2.6)"),
     patterns: str = typer.Option("all", help="comma list of dense, window, soft, hard_topK, random_topK, "
                                  "shuffled_topK (controls at equal sparsity), or 'all' (dense, window, "
                                  "soft, hard_top1..K); e.g. dense,window,hard_top1,hard_top2,random_top2,shuffled_top2"),
@@ -234,8 +235,9 @@ def eval_cmd(
         routers = _routers(routers_opt, model)
         pats = parse_patterns(patterns, read_router_file(routers)[0].num_groups)  # fail before loading
         overrides = {"assignment": "random"} if random_groups else {}
-        if random_layers:
-            overrides["random_layers"] = _int_list(random_layers, "--random-layers")
+        if random_layers is not None:  # "none": every layer routed, whatever the file says
+            overrides["random_layers"] = [] if random_layers.strip().lower() == "none" \
+                else _int_list(random_layers, "--random-layers")
         m, tok, corp, seq_len = _load(model, corpus, seq_len)
         load_routers(m, routers, config_overrides=overrides or None)
         if random_groups:

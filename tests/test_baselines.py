@@ -349,3 +349,4 @@ def test_random_layers_route_like_random_groups_there_only():
             assert torch.equal(got.query_groups, want.query_groups) and torch.equal(got.key_group, want.key_group)
     assert not torch.equal(route(rs[0], h, config=cfg).key_group, route(rs[0], h, config=mixed).key_group)
     assert FocusConfig.from_json(mixed.to_json()) == mixed  # saved with router files
+    assert mixed.assignment_at(0) == "random" and mixed.replace(random_layers=[]).assignment_at(0) == "router"
