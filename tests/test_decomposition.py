@@ -558,17 +558,18 @@ def test_random_scores_depend_on_absolute_position_only():
     torch.testing.assert_close(random_scores(1, 512, 4, seed=7)[0], torch.randn(512, 4, generator=g.manual_seed(7)))
 
 
-@pytest.mark.parametrize("assignment", ["random", "router"])
+@pytest.mark.parametrize("assignment", ["random", "router", "mixed"])
 def test_hard_kv_cache_decode_equals_full_forward(assignment):
-    """Greedy decoding through the KV cache, random groups included: the logits of each step
-    equal the full forward's at that position."""
+    """Greedy decoding through the KV cache, random groups included (everywhere, or in layer 0
+    only: ``random_layers``): the logits of each step equal the full forward's at that position."""
     from transformers import DynamicCache
     from focus_lab.retrofit import forward_state
     m = _attached("llama", mode="soft", sink_tokens=1)
     ids = torch.randint(3, 97, (1, 37))
+    changes = {"assignment": "router", "random_layers": [0]} if assignment == "mixed" else {"assignment": assignment}
     with torch.no_grad():
-        full = m(ids, use_cache=False, focus=forward_state(m, mode="hard", assignment=assignment)).logits
-        state = forward_state(m, cache=True, mode="hard", assignment=assignment)
+        full = m(ids, use_cache=False, focus=forward_state(m, mode="hard", **changes)).logits
+        state = forward_state(m, cache=True, mode="hard", **changes)
         cache = DynamicCache(config=m.config)
         m(ids[:, :21], past_key_values=cache, use_cache=True, focus=state)
         steps = [m(ids[:, t:t + 1], past_key_values=cache, use_cache=True, focus=state).logits[:, -1]
