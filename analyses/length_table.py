@@ -44,10 +44,8 @@ def run_cells(args) -> None:
     torch.set_num_threads(args.threads)
     routers = resolve_routers(args.routers)
     model, tok = load_model()
-    from focus_lab.config import parse_int_list
-    overrides = None
-    if args.random_layers is not None:  # "none": every layer routed, whatever the file says
-        overrides = {"random_layers": [] if args.random_layers.lower() == "none" else parse_int_list(args.random_layers)}
+    from focus_lab.config import parse_random_layers
+    overrides = None if args.random_layers is None else {"random_layers": parse_random_layers(args.random_layers)}
     cfg = load_routers(model, routers, config_overrides=overrides)
     pats = parse_patterns(args.patterns, cfg.num_groups)
     windows_at = dict((int(a), int(b)) for a, b in (x.split(":") for x in args.windows.split(",")))

@@ -29,11 +29,12 @@ def _fail(msg: str) -> None:
     raise typer.Exit(2)
 
 
-def _int_list(spec: str, option: str) -> list[int]:
-    """``config.parse_int_list`` for a CLI option: a bad spec exits 2 with one line naming it."""
-    from .config import parse_int_list
+def _int_list(spec: str, option: str, random: bool = False) -> list[int]:
+    """``config.parse_int_list`` (``parse_random_layers`` with ``random``) for a CLI option: a
+    bad spec exits 2 with one line naming it."""
+    from .config import parse_int_list, parse_random_layers
     try:
-        return parse_int_list(spec)
+        return parse_random_layers(spec) if random else parse_int_list(spec)
     except ValueError as e:
         _fail(f"{option}: {e}")
 
@@ -235,9 +236,8 @@ def eval_cmd(
         routers = _routers(routers_opt, model)
         pats = parse_patterns(patterns, read_router_file(routers)[0].num_groups)  # fail before loading
         overrides = {"assignment": "random"} if random_groups else {}
-        if random_layers is not None:  # "none": every layer routed, whatever the file says
-            overrides["random_layers"] = [] if random_layers.strip().lower() == "none" \
-                else _int_list(random_layers, "--random-layers")
+        if random_layers is not None:
+            overrides["random_layers"] = _int_list(random_layers, "--random-layers", random=True)
         m, tok, corp, seq_len = _load(model, corpus, seq_len)
         load_routers(m, routers, config_overrides=overrides or None)
         if random_groups:

@@ -21,6 +21,13 @@ class ConfigError(ValueError):
     """An invalid Focus configuration; the message names the field and the fix."""
 
 
+def parse_random_layers(spec: str) -> list[int]:
+    """The ``--random-layers`` spec (``FocusConfig.random_layers``): 'none' -> [] (every layer
+    routed, whatever the router file says), else ``parse_int_list`` ('1-9' -> [1, ..., 9]).
+    Raises ValueError as ``parse_int_list``."""
+    return [] if spec.strip().lower() == "none" else parse_int_list(spec)
+
+
 def parse_int_list(spec: str) -> list[int]:
     """'0,3,5-7' -> [0, 3, 5, 6, 7] (layer or head indices, in the order given; spaces ignored).
     Raises ValueError naming the spec and the accepted form."""

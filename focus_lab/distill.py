@@ -77,13 +77,14 @@ def layer_distill_loss(module: torch.nn.Module, router, h: torch.Tensor, query: 
     o_dense = dense_out[:, :, q_pos].float()  # (B, H, n, D)
     B, H, n, D = o_dense.shape
     proj = output_projection(module)
-    w_dtype = next(proj.parameters()).dtype if proj is not None else None
+    if proj is not None:
+        w_dtype = next(proj.parameters()).dtype
+        zero = proj(o_dense.new_zeros(1, 1, H * D).to(w_dtype)).float()  # (1, 1, d): the bias alone
 
     def residual(x: torch.Tensor) -> torch.Tensor:  # (B, H, n, D) -> (B, n, d) after W_o
         x = x.transpose(1, 2).reshape(B, n, H * D)  # (B, n, H*D)
         if proj is None:
             return x
-        zero = proj(torch.zeros_like(x[:, :1]).to(w_dtype)).float()  # the bias alone
         return proj(x.to(w_dtype)).float() - zero  # (B, n, d): the bias cancels in a difference
 
     ref_sq = residual(o_dense).pow(2).sum().clamp(min=1e-12)

@@ -327,8 +327,9 @@ def test_add_speedup_per_group_by_hand():
 def test_random_layers_route_like_random_groups_there_only():
     """FocusConfig.random_layers: the named layers route exactly like assignment="random" (no
     group bias), the others like the router, in every assignment; shuffled leaves them random."""
-    from focus_lab.config import ConfigError, parse_int_list
+    from focus_lab.config import ConfigError, parse_int_list, parse_random_layers
     assert parse_int_list("1-3, 7") == [1, 2, 3, 7]
+    assert parse_random_layers(" None ") == [] and parse_random_layers("1-2") == [1, 2]
     with pytest.raises(ValueError, match="0,3,5-7"):
         parse_int_list("a-b")
     with pytest.raises(ConfigError, match="random_layers"):
