@@ -44,9 +44,13 @@ def run_cells(args) -> None:
     torch.set_num_threads(args.threads)
     routers = resolve_routers(args.routers)
     model, tok = load_model()
-    from focus_lab.config import parse_random_layers
-    overrides = None if args.random_layers is None else {"random_layers": parse_random_layers(args.random_layers)}
-    cfg = load_routers(model, routers, config_overrides=overrides)
+    from focus_lab.config import parse_layer_top_k, parse_random_layers
+    overrides = {}
+    if args.random_layers is not None:
+        overrides["random_layers"] = parse_random_layers(args.random_layers)
+    if args.layer_top_k is not None:
+        overrides["layer_top_k"] = parse_layer_top_k(args.layer_top_k)
+    cfg = load_routers(model, routers, config_overrides=overrides or None)
     pats = parse_patterns(args.patterns, cfg.num_groups)
     windows_at = dict((int(a), int(b)) for a, b in (x.split(":") for x in args.windows.split(",")))
     for corpus in args.corpora.split(","):
@@ -81,6 +85,7 @@ def run_cells(args) -> None:
             out["routers"] = str(routers)
             out["routers_sha256"] = file_sha256(routers)
             out["random_layers"] = args.random_layers or ""
+            out["layer_top_k"] = args.layer_top_k or ""
             out["table_schema_version"] = SCHEMA_VERSION
             write_parquet(cell, out)
             print(f"== {corpus} {L}: {len(ws)} windows in {time.perf_counter() - t0:.0f} s", flush=True)
@@ -179,6 +184,8 @@ def main(argv=None) -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--reuse", type=Path, default=None, help="another table's folder: take the "
                     "router-independent patterns (dense, window, random_topK) from its cells")
+    ap.add_argument("--layer-top-k", default=None, help="hard patterns: per-layer k overriding the pattern's "
+                    "top_k, e.g. '1-9:0;10-14:2', or 'none'; default: the router file's (FocusConfig.layer_top_k)")
     ap.add_argument("--random-layers", default=None, help="layers routed by balanced random groups "
                     "instead of the router, e.g. 1-9, or 'none'; default: the router file's (FocusConfig.random_layers)")
     ap.add_argument("--report", action="store_true", help="only write the tables from the cells")

@@ -39,6 +39,15 @@ def _int_list(spec: str, option: str, random: bool = False) -> list[int]:
         _fail(f"{option}: {e}")
 
 
+def _layer_top_k(spec: str) -> dict[int, int]:
+    """``config.parse_layer_top_k`` for ``--layer-top-k``: a bad spec exits 2 with one line."""
+    from .config import parse_layer_top_k
+    try:
+        return parse_layer_top_k(spec)
+    except ValueError as e:
+        _fail(f"--layer-top-k: {e}")
+
+
 def _known_errors():
     from .config import ConfigError
     from .data import CorpusError
@@ -223,6 +232,10 @@ def eval_cmd(
     random_layers: Optional[str] = typer.Option(None, help="layers routed by balanced random groups instead of "
                                                 "the router, e.g. 1-9, or 'none'; default: the router file's "
                                                 "(FocusConfig.random_layers, docs/method.md §2.6)"),
+    layer_top_k: Optional[str] = typer.Option(None, help="hard patterns: per-layer k overriding the pattern's "
+                                              "top_k, e.g. '1-9:0;10-14:2' (0: window and sinks only), or "
+                                              "'none'; default: the router file's (FocusConfig.layer_top_k, "
+                                              "docs/method.md §2.7)"),
     patterns: str = typer.Option("all", help="comma list of dense, window, soft, hard_topK, random_topK, "
                                  "shuffled_topK (controls at equal sparsity), or 'all' (dense, window, "
                                  "soft, hard_top1..K); e.g. dense,window,hard_top1,hard_top2,random_top2,shuffled_top2"),
@@ -238,6 +251,8 @@ def eval_cmd(
         overrides = {"assignment": "random"} if random_groups else {}
         if random_layers is not None:
             overrides["random_layers"] = _int_list(random_layers, "--random-layers", random=True)
+        if layer_top_k is not None:
+            overrides["layer_top_k"] = _layer_top_k(layer_top_k)
         m, tok, corp, seq_len = _load(model, corpus, seq_len)
         load_routers(m, routers, config_overrides=overrides or None)
         if random_groups:

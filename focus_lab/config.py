@@ -28,6 +28,25 @@ def parse_random_layers(spec: str) -> list[int]:
     return [] if spec.strip().lower() == "none" else parse_int_list(spec)
 
 
+def parse_layer_top_k(spec: str) -> dict[int, int]:
+    """The ``--layer-top-k`` spec (``FocusConfig.layer_top_k``): 'LAYERS:K' parts joined by ';',
+    e.g. '1-9:0;10,14-16:2' -> {1: 0, ..., 9: 0, 10: 2, 14: 2, 15: 2, 16: 2}; 'none' -> {} (every
+    layer at ``top_k``). Raises ValueError naming the spec and the accepted form."""
+    if spec.strip().lower() == "none":
+        return {}
+    out: dict[int, int] = {}
+    for part in spec.replace(" ", "").split(";"):
+        if not part:
+            continue
+        layers, sep, k = part.rpartition(":")
+        if not sep or not layers or not k.isdigit():
+            raise ValueError(f"cannot read {part!r} of {spec!r}: write LAYERS:K parts joined by ';', "
+                             "e.g. '1-9:0;10-14:2' (K = 0 keeps only the window and sinks)")
+        for layer in parse_int_list(layers):
+            out[layer] = int(k)
+    return out
+
+
 def parse_int_list(spec: str) -> list[int]:
     """'0,3,5-7' -> [0, 3, 5, 6, 7] (layer or head indices, in the order given; spaces ignored).
     Raises ValueError naming the spec and the accepted form."""
@@ -67,6 +86,10 @@ class FocusConfig:
             fixed permutation of each window: the same group sizes, hence the same sparsity, with
             random membership; a control for evaluation only, not causal across tokens).
         layers: attention layers (``layer_idx``) that get a router; None means every layer.
+        layer_top_k: hard mode only, {layer_idx: k} overriding ``top_k`` in those layers; k = 0
+            keeps only the window and sinks there (no distant group attention), k <= K. None or
+            empty: ``top_k`` everywhere. [ours] A per-layer budget at the same mean sparsity
+            (docs/method.md §2.7). ``top_k_at`` gives a layer's k.
         random_layers: routed layers whose groups are balanced random groups (as
             ``assignment="random"``) instead of the router's, whatever ``assignment`` says; None or
             empty: none. [ours] At 8192 tokens the shipped routers keep more dense mass than random
@@ -99,6 +122,7 @@ class FocusConfig:
     assignment: str = "router"
     layers: list[int] | None = None
     random_layers: list[int] | None = None
+    layer_top_k: dict[int, int] | None = None
     seed: int = 0
     sink_tokens: int = 0
     straight_through: bool = False
@@ -145,7 +169,21 @@ class FocusConfig:
         if self.random_layers is not None:
             if not all(isinstance(i, int) and i >= 0 for i in self.random_layers):
                 bad("random_layers", "need a list of layer indices >= 0 (e.g. [1, 2, ..., 9]), or None")
+        if self.layer_top_k is not None:
+            try:  # a JSON round trip turns the keys into strings
+                self.layer_top_k = {int(i): k for i, k in self.layer_top_k.items()}
+            except (AttributeError, TypeError, ValueError):
+                bad("layer_top_k", "need a dict {layer_idx: k}, e.g. {1: 0, 10: 2}, or None")
+            if not all(i >= 0 and isinstance(k, int) and 0 <= k <= self.num_groups
+                       for i, k in self.layer_top_k.items()):
+                bad("layer_top_k", f"need layer indices >= 0 and k in 0..num_groups={self.num_groups} "
+                    "(0: window and sinks only)")
         return self
+
+    def top_k_at(self, layer_idx: int) -> int:
+        """Groups a query joins at layer ``layer_idx`` in hard mode: ``layer_top_k``'s entry, else
+        ``top_k`` (0: window and sinks only; docs/method.md §2.7)."""
+        return self.layer_top_k.get(layer_idx, self.top_k) if self.layer_top_k else self.top_k
 
     def assignment_at(self, layer_idx: int) -> str:
         """The assignment in force at layer ``layer_idx``: "random" in ``random_layers``, else

@@ -101,7 +101,11 @@ class Router(nn.Module):
         assignment = config.assignment_at(self.layer_idx)
         # random groups are a fixed, balanced control: the router's calibrated bias does not apply
         bias = None if assignment == "random" else self.group_bias
-        qg, kg = hard_assign(scores, config.tau, config.top_k, bias)
+        top_k = config.top_k_at(self.layer_idx)
+        if top_k == 0:  # window and sinks only in this layer (FocusConfig.layer_top_k)
+            qg, kg = window_only_groups(scores.shape[0], scores.shape[1], scores.device)
+        else:
+            qg, kg = hard_assign(scores, config.tau, top_k, bias)
         if assignment == "shuffled":  # control: same group sizes, random membership
             g = torch.Generator().manual_seed(layer_seed(config.seed, self.layer_idx))
             perm = torch.randperm(scores.shape[1], generator=g).to(scores.device)  # (T,)
@@ -187,6 +191,18 @@ def sinkhorn(scores: torch.Tensor, tau: float, iters: int,
         v = log_target - torch.logsumexp(col_logits + u, dim=1, keepdim=True)  # (B, 1, K)
         u = -torch.logsumexp(logits + v, dim=2, keepdim=True)  # (B, T, 1)
     return logits + u + v, v.squeeze(1)
+
+
+def window_only_groups(batch: int, seq: int, device: torch.device | str = "cpu"
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Groups under which no query shares a group with any key, so the hard mask keeps only the
+    window and the sinks: every query in group 1, every key in group 0. Used by window mode and
+    by a layer whose ``FocusConfig.top_k_at`` is 0 (docs/method.md §2.7).
+
+    Returns: query_groups (batch, seq, 1) long, key_group (batch, seq) long."""
+    qg = torch.ones(batch, seq, 1, dtype=torch.long, device=device)  # (B, T, 1)
+    kg = torch.zeros(batch, seq, dtype=torch.long, device=device)  # (B, T)
+    return qg, kg
 
 
 def hard_assign(scores: torch.Tensor, tau: float, top_k: int,

@@ -108,7 +108,8 @@ def evaluate(model, windows: list, patterns: list[tuple[str, dict]] | None = Non
         if cfg.mode == "hard" and routing is not None:
             kept.append(distant_pairs_kept(routing.query_groups, routing.key_group, cfg.window,
                                            cfg.sink_tokens))
-            shares.append(float(hard_group_shares(routing.key_group, cfg.num_groups).max()))
+            if cfg.top_k_at(module.focus_router.layer_idx) > 0:  # a window-only layer has no groups
+                shares.append(float(hard_group_shares(routing.key_group, cfg.num_groups).max()))
 
     remove = add_observer(model, observe)
     try:

@@ -27,7 +27,7 @@ from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from .config import FocusConfig
-from .core import Router, Routing, focus_bias, masked_attention, route
+from .core import Router, Routing, focus_bias, masked_attention, route, window_only_groups
 from .decomposition import hard_focus_attention
 from .io import atomic_path
 
@@ -280,8 +280,8 @@ def focus_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, v
     k_pos = torch.arange(offset, offset + Tk, device=query.device)
     if path == "decomposition":
         if routing is None:  # window mode: the hard mask with no group shared (window + sinks only)
-            qg = torch.ones(B, Tq, 1, dtype=torch.long, device=query.device)  # (B, Tq, 1)
-            kg = torch.zeros(B, Tk, dtype=torch.long, device=query.device)  # (B, Tk)
+            qg, kg = window_only_groups(B, Tk, query.device)  # (B, Tk, 1), (B, Tk)
+            qg = qg[:, Tk - Tq:]  # (B, Tq, 1)
         else:
             qg, kg = routing.query_groups, routing.key_group
         out = hard_focus_attention(query, key, value, qg, kg, cfg.window, scaling, backend=cfg.backend,

@@ -351,3 +351,53 @@ def test_random_layers_route_like_random_groups_there_only():
     assert not torch.equal(route(rs[0], h, config=cfg).key_group, route(rs[0], h, config=mixed).key_group)
     assert FocusConfig.from_json(mixed.to_json()) == mixed  # saved with router files
     assert mixed.assignment_at(0) == "random" and mixed.replace(random_layers=[]).assignment_at(0) == "router"
+
+
+def test_layer_top_k_sets_k_per_layer_and_zero_keeps_only_window_and_sinks():
+    """FocusConfig.layer_top_k: k = 0 in every layer gives exactly the window + sinks pattern
+    (checked against window mode on the dense reference, ``core.local_mask``); k = 2 in every
+    layer over top_k = 1 gives uniform top-2; a mixed spec routes each layer with its own k; the
+    spec parser, validation and the JSON round trip of router files."""
+    from focus_lab.config import ConfigError, parse_layer_top_k
+    from focus_lab.core import focus_bias, local_mask
+    from focus_lab.evaluate import evaluate
+    from focus_lab.retrofit import forward_state
+    assert parse_layer_top_k("1-3:0; 5,7:2") == {1: 0, 2: 0, 3: 0, 5: 2, 7: 2}
+    assert parse_layer_top_k(" none ") == {}
+    for bad in ("1-3", "1-3:x", ":2"):
+        with pytest.raises(ValueError, match="LAYERS:K"):
+            parse_layer_top_k(bad)
+    with pytest.raises(ConfigError, match="layer_top_k"):
+        FocusConfig(num_groups=4, layer_top_k={0: 5})
+    with pytest.raises(ConfigError, match="layer_top_k"):
+        FocusConfig(layer_top_k=[0, 1])
+    cfg = FocusConfig(window=6, num_groups=4, top_k=1, mode="hard", sink_tokens=2)
+    mixed = cfg.replace(layer_top_k={0: 2, 1: 0})
+    assert FocusConfig.from_json(mixed.to_json()) == mixed  # int keys survive the JSON round trip
+    assert [mixed.top_k_at(i) for i in (0, 1, 2)] == [2, 0, 1] and cfg.top_k_at(0) == 1
+
+    model = tiny_llama()
+    focus_lab.retrofit.attach(model, cfg)
+    rs = routers(model)
+    layers = sorted(rs)
+    ids = torch.randint(3, 97, (1, 48), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        def logits(**changes):
+            return model(ids, use_cache=False, focus=forward_state(model, **changes)).logits
+        none = logits(layer_top_k={i: 0 for i in layers})
+        torch.testing.assert_close(none, logits(mode="window", backend="dense"), atol=1e-5, rtol=1e-5)
+        assert not torch.allclose(none, logits(), atol=1e-3)  # top-1 keeps distant pairs: a real change
+        torch.testing.assert_close(logits(layer_top_k={i: 2 for i in layers}), logits(top_k=2), atol=1e-6, rtol=0)
+        torch.testing.assert_close(logits(layer_top_k={0: 2, 1: 0}),
+                                   logits(layer_top_k={0: 2, 1: 0}, backend="dense"), atol=1e-5, rtol=1e-5)
+    h = torch.randn(1, 40, model.config.hidden_size, generator=torch.Generator().manual_seed(0))
+    got0, want0 = route(rs[0], h, config=mixed), route(rs[0], h, config=cfg.replace(top_k=2))
+    assert got0.query_groups.shape == (1, 40, 2) and torch.equal(got0.query_groups, want0.query_groups)
+    got1 = route(rs[1], h, config=mixed)
+    pos = torch.arange(40)
+    assert torch.equal(focus_bias(mixed, got1, pos, pos, 1)[0], local_mask(pos, pos, 6, 2))
+    # the kept share of a window-only layer is the sinks' pairs only, as window mode reports it
+    windows = [type("W", (), {"input_ids": ids[0]})()]
+    df = evaluate(model, windows, [("all0", {"mode": "hard", "layer_top_k": {i: 0 for i in layers}}),
+                                   ("window", {"mode": "window"})], progress=False)
+    assert df.distant_pairs_kept[0] == pytest.approx(df.distant_pairs_kept[1]) and 0 < df.distant_pairs_kept[0] < 0.2

@@ -558,15 +558,18 @@ def test_random_scores_depend_on_absolute_position_only():
     torch.testing.assert_close(random_scores(1, 512, 4, seed=7)[0], torch.randn(512, 4, generator=g.manual_seed(7)))
 
 
-@pytest.mark.parametrize("assignment", ["random", "router", "mixed"])
+@pytest.mark.parametrize("assignment", ["random", "router", "mixed", "layer_top_k"])
 def test_hard_kv_cache_decode_equals_full_forward(assignment):
     """Greedy decoding through the KV cache, random groups included (everywhere, or in layer 0
-    only: ``random_layers``): the logits of each step equal the full forward's at that position."""
+    only: ``random_layers``), and a per-layer k (``layer_top_k``: window and sinks only in layer
+    0, top-2 in layer 1): the logits of each step equal the full forward's at that position."""
     from transformers import DynamicCache
     from focus_lab.retrofit import forward_state
     m = _attached("llama", mode="soft", sink_tokens=1)
     ids = torch.randint(3, 97, (1, 37))
     changes = {"assignment": "router", "random_layers": [0]} if assignment == "mixed" else {"assignment": assignment}
+    if assignment == "layer_top_k":
+        changes = {"assignment": "router", "top_k": 1, "layer_top_k": {0: 0, 1: 2}}
     with torch.no_grad():
         full = m(ids, use_cache=False, focus=forward_state(m, mode="hard", **changes)).logits
         state = forward_state(m, cache=True, mode="hard", **changes)

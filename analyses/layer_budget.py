@@ -1,0 +1,146 @@
+"""Per-layer top-k budget: which layers need distant attention, and which need more of it.
+
+Hard top-1 keeps about 30% of the distant pairs at 4096 tokens in every layer alike. This
+measures, on *validation* windows (the training split of each corpus, never the held-out text
+the length table reports), the NLL change when one layer alone leaves top-1: k = 0 (window and
+sinks only) or k = 2, every other layer at k = 1 (``FocusConfig.layer_top_k``, docs/method.md
+§2.7). Then it allocates: the n layers cheapest at k = 0 and the n layers gaining most at k = 2,
+with n the largest number of pairs whose predicted gain exceeds their predicted cost (one layer
+down and one up keep about the same share of distant pairs; additivity is assumed, and the length
+table then measures the result). It prints and saves the ``--layer-top-k`` spec.
+
+Each (layer, k) result is written when done (``sweep.parquet``), so a rerun resumes.
+
+Usage (background; about 25 s per 4096-token window and variant on 2 cores)::
+
+    python analyses/layer_budget.py --out figures/layer_budget
+    python analyses/length_table.py --layer-top-k "$(cat figures/layer_budget/spec.txt)" ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import pandas as pd
+
+SCHEMA_VERSION = 1
+
+
+def allocate(sweep: pd.DataFrame, max_pairs: int | None = None) -> tuple[dict[int, int], pd.DataFrame]:
+    """The per-layer k from a sweep: pairs (cheapest layer at k = 0, best layer at k = 2), taken
+    while the pair's predicted NLL change (cost of the drop minus gain of the raise) is < 0.
+
+    Args:
+        sweep: rows layer_idx, top_k (0 or 2), delta_nll (nats/token vs uniform top-1, mean over
+            the validation windows).
+        max_pairs: at most this many pairs (None: no limit).
+    Returns: ({layer_idx: k} for the changed layers, the chosen pairs as a table).
+    Raises: ValueError when the sweep lacks k = 0 or k = 2 rows.
+    """
+    by = sweep.groupby(["layer_idx", "top_k"]).delta_nll.mean().unstack()
+    if 0 not in by or 2 not in by:
+        raise ValueError("the sweep needs rows with top_k 0 and 2; run analyses/layer_budget.py to the end")
+    down = by[0].sort_values()  # cheapest drop first (delta >= 0 mostly)
+    up = by[2].sort_values()  # largest gain first (most negative delta)
+    spec: dict[int, int] = {}
+    pairs = []
+    d_iter, u_iter = iter(down.items()), iter(up.items())
+    while max_pairs is None or len(pairs) < max_pairs:
+        d = next(((i, v) for i, v in d_iter if i not in spec), None)
+        u = next(((i, v) for i, v in u_iter if i not in spec and (d is None or i != d[0])), None)
+        if d is None or u is None or d[1] + u[1] >= 0:
+            break
+        spec[int(d[0])], spec[int(u[0])] = 0, 2
+        pairs.append({"down": int(d[0]), "down_delta": d[1], "up": int(u[0]), "up_delta": u[1],
+                      "pair_delta": d[1] + u[1]})
+    return spec, pd.DataFrame(pairs)
+
+
+def spec_string(spec: dict[int, int]) -> str:
+    """{1: 0, 2: 0, 5: 2} -> '1,2:0;5:2' (``config.parse_layer_top_k``'s form)."""
+    parts = []
+    for k in sorted(set(spec.values())):
+        parts.append(",".join(str(i) for i in sorted(i for i, v in spec.items() if v == k)) + f":{k}")
+    return ";".join(parts) or "none"
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--routers", type=Path, default=None, help="default: the shipped routers")
+    ap.add_argument("--corpora", default="austen,shakespeare", help="one validation window from each "
+                    "corpus's training split")
+    ap.add_argument("--seq-len", type=int, default=4096)
+    ap.add_argument("--windows", type=int, default=1, help="validation windows per corpus")
+    ap.add_argument("--ks", default="0,2", help="the k values tried per layer (default 0,2)")
+    ap.add_argument("--out", type=Path, default=Path("figures/layer_budget"))
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args(argv)
+
+    import torch
+    from focus_lab.data import load_corpus, make_windows
+    from focus_lab.evaluate import evaluate
+    from focus_lab.io import atomic_path, write_parquet
+    from focus_lab.models import load_model
+    from focus_lab.record import file_sha256
+    from focus_lab.retrofit import load_routers, routers as routers_of
+    from focus_lab.shipped import resolve_routers
+
+    torch.set_num_threads(args.threads)
+    routers = resolve_routers(args.routers)
+    model, tok = load_model()
+    cfg = load_routers(model, routers)
+    windows = []
+    for corpus in args.corpora.split(","):
+        ws = make_windows(load_corpus(corpus).train, tok, args.seq_len, max_windows=args.windows)
+        windows += [(corpus, w) for w in ws]
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / "sweep.parquet"
+    done = pd.read_parquet(path) if path.is_file() else pd.DataFrame()
+    rows = [done] if len(done) else []
+
+    def run(layer: int | None, k: int | None) -> pd.DataFrame:
+        changes = {"mode": "hard", "top_k": 1, "layer_top_k": {} if layer is None else {layer: k}}
+        out = []
+        for corpus, w in windows:
+            df = evaluate(model, [w], [("hard_top1", changes)], progress=False)
+            out.append({"corpus": corpus, "window": w.index, "layer_idx": -1 if layer is None else layer,
+                        "top_k": 1 if layer is None else k, "nll": float(df.nll[0]),
+                        "distant_pairs_kept": float(df.distant_pairs_kept[0]), "seconds": float(df.seconds[0])})
+        return pd.DataFrame(out)
+
+    todo = [(None, None)] + [(i, int(k)) for k in args.ks.split(",") for i in sorted(routers_of(model))]
+    t0 = time.perf_counter()
+    for layer, k in todo:
+        lid = -1 if layer is None else layer
+        if len(done) and ((done.layer_idx == lid) & (done.top_k == (1 if layer is None else k))).any():
+            continue
+        rows.append(run(layer, k))
+        table = pd.concat(rows, ignore_index=True)
+        table["seq_len"], table["routers_sha256"] = args.seq_len, file_sha256(routers)
+        table["schema_version"] = SCHEMA_VERSION
+        write_parquet(path, table)
+        print(f"layer {lid} k={k}: nll {rows[-1].nll.mean():.4f} kept {rows[-1].distant_pairs_kept.mean():.3f} "
+              f"({time.perf_counter() - t0:.0f} s)", flush=True)
+
+    table = pd.concat(rows, ignore_index=True)
+    base = table[table.layer_idx == -1].set_index("window").nll
+    sweep = table[table.layer_idx >= 0].copy()
+    sweep["delta_nll"] = sweep.nll.values - base.loc[sweep.window].values
+    spec, pairs = allocate(sweep)
+    print(pairs.to_string(index=False))
+    text = spec_string(spec)
+    print("--layer-top-k", text)
+    with atomic_path(args.out / "spec.txt") as tmp:
+        Path(tmp).write_text(text + "\n")
+    with atomic_path(args.out / "allocation.json") as tmp:
+        Path(tmp).write_text(json.dumps({"spec": text, "pairs": pairs.to_dict("records"),
+                                         "windows": [[c, w.index] for c, w in windows], "seq_len": args.seq_len,
+                                         "routers": str(routers), "routers_sha256": file_sha256(routers),
+                                         "base_config": cfg.to_dict()}, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()
