@@ -182,3 +182,26 @@ def test_length_table_report_marks_reused_rows(tmp_path):
     assert s.loc["shuffled_top1", "control_vs_router_pct"] == pytest.approx(100 * (math.exp(0.1) - 1))
     cell.drop(columns="reused_from").to_parquet(tmp_path / "cells" / "austen_4096.parquet")  # older cells
     assert "reused from" not in LT.report(tmp_path)
+
+
+def test_layer_budget_allocates_cheapest_drops_against_largest_raises():
+    """analyses/layer_budget.allocate on a hand-made sweep: pairs (cheapest k = 0, largest k = 2
+    gain) while the pair's summed change is < 0, a layer used once; the spec string round-trips
+    through config.parse_layer_top_k."""
+    import pandas as pd
+    from analyses.layer_budget import allocate, spec_string
+    from focus_lab.config import parse_layer_top_k
+    k0 = [0.001, 0.05, -0.002, 0.02, 0.03]
+    k2 = [-0.01, -0.03, -0.001, -0.004, 0.0]
+    sweep = pd.DataFrame([{"layer_idx": i, "top_k": k, "delta_nll": d}
+                          for k, ds in ((0, k0), (2, k2)) for i, d in enumerate(ds)])
+    spec, pairs = allocate(sweep)
+    # by hand: (drop 2, raise 1): -0.032; (drop 0, raise 3; 0 is taken as a drop): -0.003;
+    # then drop 4 has no raise left that is not itself or taken -> stop
+    assert spec == {2: 0, 1: 2, 0: 0, 3: 2}
+    assert pairs.pair_delta.round(6).tolist() == [-0.032, -0.003]
+    assert allocate(sweep, max_pairs=1)[0] == {2: 0, 1: 2}
+    assert spec_string(spec) == "0,2:0;1,3:2" and parse_layer_top_k(spec_string(spec)) == spec
+    assert spec_string({}) == "none"
+    with pytest.raises(ValueError, match="top_k 0 and 2"):
+        allocate(sweep[sweep.top_k == 0])

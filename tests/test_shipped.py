@@ -110,3 +110,10 @@ def test_patterns_of_one_run_do_not_leak_into_each_other():
     ppl = df["perplexity"].tolist()
     assert ppl[0] == ppl[3] and ppl[1] != ppl[0] and ppl[2] != ppl[0]
     assert focus_config(model).assignment == "router" and focus_config(model).mode == "soft"
+
+
+def test_eval_cli_bad_layer_top_k_is_one_line_exit_2():
+    from focus_lab.cli import app
+    res = CliRunner().invoke(app, ["eval", "--layer-top-k", "1-9", "--patterns", "dense"])
+    assert res.exit_code == 2
+    assert "--layer-top-k" in res.output.strip().splitlines()[-1] and "LAYERS:K" in res.output
