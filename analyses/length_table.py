@@ -27,8 +27,11 @@ WINDOWS = "512:8,1024:8,2048:8,4096:8,8192:4"
 SCHEMA_VERSION = 1
 # patterns whose result does not depend on the router (random groups ignore its bias): --reuse
 # takes them from another table's cells on the same windows instead of recomputing them
-def router_free(label: str) -> bool:
-    return label in ("dense", "window") or label.startswith("random_top")
+def router_free(label: str, layer_top_k: dict | None = None) -> bool:
+    """Patterns whose rows do not depend on the router file, so ``--reuse`` may take them from
+    another table: dense, window, and random_topK unless a per-layer k (``--layer-top-k``)
+    changes which pairs random groups keep."""
+    return label in ("dense", "window") or (label.startswith("random_top") and not layer_top_k)
 
 
 def run_cells(args) -> None:
@@ -64,7 +67,7 @@ def run_cells(args) -> None:
             reused = args.reuse / "cells" / cell.name if args.reuse else None
             if reused is not None and reused.is_file():
                 old = pd.read_parquet(reused)
-                old = old[old.label.map(router_free) & old.label.isin([p for p, _ in pats])
+                old = old[old.label.map(lambda lab: router_free(lab, cfg.layer_top_k)) & old.label.isin([p for p, _ in pats])
                           & old.window.isin([w.index for w in ws])]
                 have = {lab for lab, g in old.groupby("label") if len(g) == len(ws)}
                 rows.append(old[old.label.isin(have)][[c for c in old.columns if c not in (
@@ -98,7 +101,29 @@ def paired_delta(df: pd.DataFrame, a: str, b: str, reps: int = 2000, seed: int =
     return paired_change(df[df.label == a], df[df.label == b], reps=reps, seed=seed)
 
 
-def report(out: Path) -> str:
+def against_rows(df: pd.DataFrame, against: Path) -> list[dict]:
+    """Paired change of every router pattern (hard_topK, shuffled_topK) and of random_topK of this
+    table over the same pattern in another table's cells (``against/cells``), on the windows both
+    have: e.g. a ``--random-layers`` or ``--layer-top-k`` setting against the plain routers.
+    Returns rows corpus, seq_len, label, windows, vs_against_pct, ci_lo, ci_hi (< 0: this table's
+    pattern is better)."""
+    rows = []
+    for (corpus, L), g in df.groupby(["corpus", "seq_len"], sort=True):
+        cell = against / "cells" / f"{corpus}_{L}.parquet"
+        if not cell.is_file():
+            continue
+        other = pd.read_parquet(cell)
+        for label in sorted(set(g.label) & set(other.label)):
+            if label in ("dense", "window") or (g[g.label == label].reused_from != "").all():
+                continue
+            a, b = g[g.label == label], other[other.label == label]
+            m, lo, hi = paired_delta(pd.concat([a, b.assign(label="_against")]), label, "_against")
+            rows.append({"corpus": corpus, "seq_len": L, "label": label,
+                         "windows": len(set(a.window) & set(b.window)), "vs_against_pct": m, "ci_lo": lo, "ci_hi": hi})
+    return rows
+
+
+def report(out: Path, against: Path | None = None) -> str:
     from focus_lab.evaluate import pool_windows
     cells = sorted((out / "cells").glob("*.parquet"))
     if not cells:
@@ -168,6 +193,21 @@ def report(out: Path) -> str:
             lines.append("\n\\* reused from " + ", ".join(sorted({v for k, v in reused.items() if k[0] == corpus}))
                          + " (`--reuse`): measured in another run, at another time; its tokens/s do not compare "
                          "with this run's.")
+    if against is not None:
+        vs = pd.DataFrame(against_rows(df, against))
+        lines.append(f"\nAgainst `{against}` (same pattern there, paired on the windows both tables have; "
+                     "% change of this table's perplexity, 95% interval; < 0: this table's is better):\n")
+        if len(vs):
+            labels = [p for p in PATTERNS.split(",") if p in set(vs.label)]
+            lines.append("| corpus | tokens | windows | " + " | ".join(labels) + " |")
+            lines.append("|---|---:|---:|" + "---|" * len(labels))
+            for (corpus, L), h in vs.groupby(["corpus", "seq_len"]):
+                h = h.set_index("label")
+                lines.append(f"| {corpus} | {L} | {int(h.windows.max())} | " + " | ".join(
+                    f"{h.loc[p].vs_against_pct:+.2f}% [{h.loc[p].ci_lo:+.2f}, {h.loc[p].ci_hi:+.2f}]"
+                    if p in h.index else "" for p in labels) + " |")
+        else:
+            lines.append("(no cell of the same corpus and length there)")
     text = "\n".join(lines) + "\n"
     (out / "length_table.md").write_text(text)
     return text
@@ -188,11 +228,13 @@ def main(argv=None) -> None:
                     "top_k, e.g. '1-9:0;10-14:2', or 'none'; default: the router file's (FocusConfig.layer_top_k)")
     ap.add_argument("--random-layers", default=None, help="layers routed by balanced random groups "
                     "instead of the router, e.g. 1-9, or 'none'; default: the router file's (FocusConfig.random_layers)")
+    ap.add_argument("--against", type=Path, default=None, help="another table's folder: report the paired "
+                    "change of each router pattern over the same pattern there (same windows)")
     ap.add_argument("--report", action="store_true", help="only write the tables from the cells")
     args = ap.parse_args(argv)
     if not args.report:
         run_cells(args)
-    print(report(args.out))
+    print(report(args.out, args.against))
 
 
 if __name__ == "__main__":
