@@ -126,9 +126,9 @@ def main(argv=None) -> None:
               f"({time.perf_counter() - t0:.0f} s)", flush=True)
 
     table = pd.concat(rows, ignore_index=True)
-    base = table[table.layer_idx == -1].set_index("window").nll
+    base = table[table.layer_idx == -1].set_index(["corpus", "window"]).nll
     sweep = table[table.layer_idx >= 0].copy()
-    sweep["delta_nll"] = sweep.nll.values - base.loc[sweep.window].values
+    sweep["delta_nll"] = sweep.nll.values - base.loc[list(zip(sweep.corpus, sweep.window))].values
     spec, pairs = allocate(sweep)
     print(pairs.to_string(index=False))
     text = spec_string(spec)
