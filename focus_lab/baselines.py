@@ -38,7 +38,7 @@ import torch.nn as nn
 
 from .config import FocusConfig, TrainConfig
 from . import core
-from .core import Router, distant_pairs_kept, hard_assign, sinkhorn
+from .core import Router, distant_pairs_kept, sinkhorn
 from .evaluate import add_speedup, evaluate, standard_patterns
 from .retrofit import (attach, attention_modules, detach, focus_config, forward_state, is_attached, load_routers,
                        router_inputs)
@@ -66,13 +66,13 @@ class SoftmaxRouter(Router):
     """Focus router whose soft assignment is a plain softmax over groups, ``P_ig =
     softmax_g(S_ig / tau)``, with no Sinkhorn balancing (docs/method.md §1: "with plain softmax one
     group absorbs almost every token"). No column potential, so the group bias stays 0.
-    Hard assignment: ``core.hard_assign`` as for Focus."""
+    Hard assignment: ``core.hard_groups`` as for Focus."""
 
     def assign(self, scores, config, token_mask=None):
         log_p = None
         if config.mode == "soft" or self.training:
             log_p = torch.log_softmax(scores.float() / config.tau, dim=-1)  # (B, T, K)
-        qg, kg = hard_assign(scores, config.tau, config.top_k, self.group_bias)
+        qg, kg = core.hard_groups(scores, config, self.layer_idx, self.group_bias)
         return log_p, None, qg, kg
 
 
@@ -105,13 +105,13 @@ def prefix_sinkhorn(scores: torch.Tensor, tau: float, iters: int, token_mask: to
 
 class PrefixCausalRouter(Router):
     """Focus router whose soft assignment is ``prefix_sinkhorn`` (no look-ahead); the hard
-    assignment is Focus's causal ``core.hard_assign``. Same parameters as ``Router``."""
+    assignment is Focus's causal ``core.hard_groups``. Same parameters as ``Router``."""
 
     def assign(self, scores, config, token_mask=None):
         log_p = None
         if config.mode == "soft" or self.training:
             log_p = prefix_sinkhorn(scores, config.tau, config.sinkhorn_iters, token_mask)
-        qg, kg = hard_assign(scores, config.tau, config.top_k, self.group_bias)
+        qg, kg = core.hard_groups(scores, config, self.layer_idx, self.group_bias)
         return log_p, None, qg, kg
 
 
@@ -222,11 +222,14 @@ class MoBARouter(Router):
         if config.mode == "soft" or self.training:
             raise ValueError("the MoBA baseline is training-free and hard only: use mode='hard'")
         B, T, K = scores.shape
+        k = config.top_k_at(self.layer_idx)
+        if k == 0:  # window and sinks only in this layer (FocusConfig.layer_top_k)
+            return (None, None, *core.window_only_groups(B, T, scores.device))
         blk = self._blocks(T, scores.device)
         past = torch.arange(K, device=scores.device)[None, :] < blk[:, None]  # (T, K)
         s = scores.float().masked_fill(~past, float("-inf"))
         # ties among -inf (no past block) resolve to any block: the causal mask removes them
-        qg = s.topk(config.top_k, dim=-1).indices  # (B, T, k)
+        qg = s.topk(k, dim=-1).indices  # (B, T, k)
         return None, None, qg, blk[None].expand(B, T)
 
 

@@ -101,11 +101,7 @@ class Router(nn.Module):
         assignment = config.assignment_at(self.layer_idx)
         # random groups are a fixed, balanced control: the router's calibrated bias does not apply
         bias = None if assignment == "random" else self.group_bias
-        top_k = config.top_k_at(self.layer_idx)
-        if top_k == 0:  # window and sinks only in this layer (FocusConfig.layer_top_k)
-            qg, kg = window_only_groups(scores.shape[0], scores.shape[1], scores.device)
-        else:
-            qg, kg = hard_assign(scores, config.tau, top_k, bias)
+        qg, kg = hard_groups(scores, config, self.layer_idx, bias)
         if assignment == "shuffled":  # control: same group sizes, random membership
             g = torch.Generator().manual_seed(layer_seed(config.seed, self.layer_idx))
             perm = torch.randperm(scores.shape[1], generator=g).to(scores.device)  # (T,)
@@ -203,6 +199,19 @@ def window_only_groups(batch: int, seq: int, device: torch.device | str = "cpu"
     qg = torch.ones(batch, seq, 1, dtype=torch.long, device=device)  # (B, T, 1)
     kg = torch.zeros(batch, seq, dtype=torch.long, device=device)  # (B, T)
     return qg, kg
+
+
+def hard_groups(scores: torch.Tensor, config: FocusConfig, layer_idx: int,
+                group_bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The hard groups of layer ``layer_idx``: ``hard_assign`` with the layer's k
+    (``FocusConfig.top_k_at``), or ``window_only_groups`` where that k is 0 (docs/method.md §2.7).
+    Every router (Focus, the baselines, the recorder's random groups) takes its hard groups here.
+
+    scores: (B, T, K). Returns query_groups (B, T, max(k, 1)) long, key_group (B, T) long."""
+    k = config.top_k_at(layer_idx)
+    if k == 0:
+        return window_only_groups(scores.shape[0], scores.shape[1], scores.device)
+    return hard_assign(scores, config.tau, k, group_bias)
 
 
 def hard_assign(scores: torch.Tensor, tau: float, top_k: int,

@@ -132,11 +132,11 @@ def balance_stats(q: torch.Tensor, hard: torch.Tensor, num_groups: int) -> dict[
 
 
 def random_groups(batch: int, seq: int, config, layer_idx: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Random groups at the Focus sparsity: ``core.hard_assign(core.random_scores(...), tau, k)``
-    with the seed ``FocusConfig.assignment="random"`` uses for this layer (a function of the
-    position only). Returns (query_groups (B, T, k), key_group (B, T))."""
+    """Random groups at the Focus sparsity: ``core.hard_groups(core.random_scores(...))`` (the
+    layer's k, ``FocusConfig.top_k_at``) with the seed ``FocusConfig.assignment="random"`` uses for
+    this layer (a function of the position only). Returns (query_groups (B, T, k), key_group (B, T))."""
     s = core.random_scores(batch, seq, config.num_groups, seed=core.layer_seed(config.seed, layer_idx))
-    return core.hard_assign(s, config.tau, config.top_k)
+    return core.hard_groups(s, config, layer_idx)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -174,7 +174,7 @@ class Recording:
             self._attention(module, layer, base, query, key, routing, cfg, qg, kg, hf_mask)
 
     def _random_groups(self, B, T, cfg, layer):
-        key = (B, T, layer, cfg.seed, cfg.num_groups, cfg.top_k, cfg.tau)
+        key = (B, T, layer, cfg.seed, cfg.num_groups, cfg.top_k_at(layer), cfg.tau)
         if key not in self._random:
             self._random[key] = M.random_groups(B, T, cfg, layer)
         return self._random[key]

@@ -396,6 +396,13 @@ def test_layer_top_k_sets_k_per_layer_and_zero_keeps_only_window_and_sinks():
     got1 = route(rs[1], h, config=mixed)
     pos = torch.arange(40)
     assert torch.equal(focus_bias(mixed, got1, pos, pos, 1)[0], local_mask(pos, pos, 6, 2))
+    # every router takes its hard groups from core.hard_groups: a baseline's, the recorder's random groups
+    from focus_lab.metrics import random_groups
+    qg, kg = random_groups(1, 40, mixed, 1)
+    assert (qg == 1).all() and qg.shape == (1, 40, 1) and not kg.any()
+    assert random_groups(1, 40, mixed, 0)[0].shape == (1, 40, 2)
+    _, _, qg, kg = BL.SoftmaxRouter(model.config.hidden_size, cfg, 1).assign(torch.randn(1, 40, 4), mixed)
+    assert (qg == 1).all() and not kg.any()
     # the kept share of a window-only layer is the sinks' pairs only, as window mode reports it
     windows = [type("W", (), {"input_ids": ids[0]})()]
     df = evaluate(model, windows, [("all0", {"mode": "hard", "layer_top_k": {i: 0 for i in layers}}),
