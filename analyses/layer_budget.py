@@ -9,6 +9,8 @@ with n the largest number of pairs whose predicted gain exceeds their predicted 
 down and one up keep about the same share of distant pairs; additivity is assumed, and the length
 table then measures the result). It prints and saves the ``--layer-top-k`` spec.
 
+``--base-k 2`` does the same around top-2 (one layer at k = 1 or k = 3, the others at top-2).
+
 Each (layer, k) result is written when done (``sweep.parquet``), so a rerun resumes.
 
 Usage (background; about 25 s per 4096-token window and variant on 2 cores)::
@@ -29,22 +31,25 @@ import pandas as pd
 SCHEMA_VERSION = 1
 
 
-def allocate(sweep: pd.DataFrame, max_pairs: int | None = None) -> tuple[dict[int, int], pd.DataFrame]:
-    """The per-layer k from a sweep: pairs (cheapest layer at k = 0, best layer at k = 2), taken
-    while the pair's predicted NLL change (cost of the drop minus gain of the raise) is < 0.
+def allocate(sweep: pd.DataFrame, max_pairs: int | None = None, base_k: int = 1) -> tuple[dict[int, int], pd.DataFrame]:
+    """The per-layer k from a sweep: pairs (cheapest layer at k = base_k - 1, best layer at
+    k = base_k + 1), taken while the pair's predicted NLL change (cost of the drop minus gain of
+    the raise) is < 0.
 
     Args:
-        sweep: rows layer_idx, top_k (0 or 2), delta_nll (nats/token vs uniform top-1, mean over
-            the validation windows).
+        sweep: rows layer_idx, top_k (base_k - 1 or base_k + 1), delta_nll (nats/token vs uniform
+            top-base_k, mean over the validation windows).
         max_pairs: at most this many pairs (None: no limit).
+        base_k: the uniform k the sweep moved one layer away from (1: top-1, the default).
     Returns: ({layer_idx: k} for the changed layers, the chosen pairs as a table).
-    Raises: ValueError when the sweep lacks k = 0 or k = 2 rows.
+    Raises: ValueError when the sweep lacks rows of either k.
     """
+    lo, hi = base_k - 1, base_k + 1
     by = sweep.groupby(["layer_idx", "top_k"]).delta_nll.mean().unstack()
-    if 0 not in by or 2 not in by:
-        raise ValueError("the sweep needs rows with top_k 0 and 2; run analyses/layer_budget.py to the end")
-    down = by[0].sort_values()  # cheapest drop first (delta >= 0 mostly)
-    up = by[2].sort_values()  # largest gain first (most negative delta)
+    if lo not in by or hi not in by:
+        raise ValueError(f"the sweep needs rows with top_k {lo} and {hi}; run analyses/layer_budget.py to the end")
+    down = by[lo].sort_values()  # cheapest drop first (delta >= 0 mostly)
+    up = by[hi].sort_values()  # largest gain first (most negative delta)
     spec: dict[int, int] = {}
     pairs = []
     d_iter, u_iter = iter(down.items()), iter(up.items())
@@ -53,7 +58,7 @@ def allocate(sweep: pd.DataFrame, max_pairs: int | None = None) -> tuple[dict[in
         u = next(((i, v) for i, v in u_iter if i not in spec and (d is None or i != d[0])), None)
         if d is None or u is None or d[1] + u[1] >= 0:
             break
-        spec[int(d[0])], spec[int(u[0])] = 0, 2
+        spec[int(d[0])], spec[int(u[0])] = lo, hi
         pairs.append({"down": int(d[0]), "down_delta": d[1], "up": int(u[0]), "up_delta": u[1],
                       "pair_delta": d[1] + u[1]})
     return spec, pd.DataFrame(pairs)
@@ -74,7 +79,8 @@ def main(argv=None) -> None:
                     "corpus's training split")
     ap.add_argument("--seq-len", type=int, default=4096)
     ap.add_argument("--windows", type=int, default=1, help="validation windows per corpus")
-    ap.add_argument("--ks", default="0,2", help="the k values tried per layer (default 0,2)")
+    ap.add_argument("--base-k", type=int, default=1, help="the uniform top-k every other layer keeps; "
+                    "one layer at a time goes to base-k - 1 and base-k + 1 (default 1: top-1)")
     ap.add_argument("--out", type=Path, default=Path("figures/layer_budget"))
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args(argv)
@@ -102,20 +108,20 @@ def main(argv=None) -> None:
     rows = [done] if len(done) else []
 
     def run(layer: int | None, k: int | None) -> pd.DataFrame:
-        changes = {"mode": "hard", "top_k": 1, "layer_top_k": {} if layer is None else {layer: k}}
+        changes = {"mode": "hard", "top_k": args.base_k, "layer_top_k": {} if layer is None else {layer: k}}
         out = []
         for corpus, w in windows:
             df = evaluate(model, [w], [("hard_top1", changes)], progress=False)
             out.append({"corpus": corpus, "window": w.index, "layer_idx": -1 if layer is None else layer,
-                        "top_k": 1 if layer is None else k, "nll": float(df.nll[0]),
+                        "top_k": args.base_k if layer is None else k, "nll": float(df.nll[0]),
                         "distant_pairs_kept": float(df.distant_pairs_kept[0]), "seconds": float(df.seconds[0])})
         return pd.DataFrame(out)
 
-    todo = [(None, None)] + [(i, int(k)) for k in args.ks.split(",") for i in sorted(routers_of(model))]
+    todo = [(None, None)] + [(i, k) for k in (args.base_k - 1, args.base_k + 1) for i in sorted(routers_of(model))]
     t0 = time.perf_counter()
     for layer, k in todo:
         lid = -1 if layer is None else layer
-        if len(done) and ((done.layer_idx == lid) & (done.top_k == (1 if layer is None else k))).any():
+        if len(done) and ((done.layer_idx == lid) & (done.top_k == (args.base_k if layer is None else k))).any():
             continue
         rows.append(run(layer, k))
         table = pd.concat(rows, ignore_index=True)
@@ -129,7 +135,7 @@ def main(argv=None) -> None:
     base = table[table.layer_idx == -1].set_index(["corpus", "window"]).nll
     sweep = table[table.layer_idx >= 0].copy()
     sweep["delta_nll"] = sweep.nll.values - base.loc[list(zip(sweep.corpus, sweep.window))].values
-    spec, pairs = allocate(sweep)
+    spec, pairs = allocate(sweep, base_k=args.base_k)
     print(pairs.to_string(index=False))
     text = spec_string(spec)
     print("--layer-top-k", text)

@@ -203,5 +203,7 @@ def test_layer_budget_allocates_cheapest_drops_against_largest_raises():
     assert allocate(sweep, max_pairs=1)[0] == {2: 0, 1: 2}
     assert spec_string(spec) == "0,2:0;1,3:2" and parse_layer_top_k(spec_string(spec)) == spec
     assert spec_string({}) == "none"
+    around2 = sweep.assign(top_k=sweep.top_k + 1)  # the same sweep around top-2: k = 1 and k = 3
+    assert allocate(around2, base_k=2)[0] == {2: 1, 1: 3, 0: 1, 3: 3}
     with pytest.raises(ValueError, match="top_k 0 and 2"):
         allocate(sweep[sweep.top_k == 0])
