@@ -29,23 +29,14 @@ def _fail(msg: str) -> None:
     raise typer.Exit(2)
 
 
-def _int_list(spec: str, option: str, random: bool = False) -> list[int]:
-    """``config.parse_int_list`` (``parse_random_layers`` with ``random``) for a CLI option: a
-    bad spec exits 2 with one line naming it."""
-    from .config import parse_int_list, parse_random_layers
+def _spec(spec: str, option: str, parser=None):
+    """A CLI option's spec through one of config's parsers (default ``parse_int_list``; also
+    ``parse_random_layers``, ``parse_layer_top_k``): a bad spec exits 2 with one line naming it."""
+    from .config import parse_int_list
     try:
-        return parse_random_layers(spec) if random else parse_int_list(spec)
+        return (parser or parse_int_list)(spec)
     except ValueError as e:
         _fail(f"{option}: {e}")
-
-
-def _layer_top_k(spec: str) -> dict[int, int]:
-    """``config.parse_layer_top_k`` for ``--layer-top-k``: a bad spec exits 2 with one line."""
-    from .config import parse_layer_top_k
-    try:
-        return parse_layer_top_k(spec)
-    except ValueError as e:
-        _fail(f"--layer-top-k: {e}")
 
 
 def _known_errors():
@@ -243,6 +234,7 @@ def eval_cmd(
     """Held-out perplexity of the chosen patterns on the same windows (controls included)."""
     def run():
         nonlocal seq_len
+        from .config import parse_layer_top_k, parse_random_layers
         from .evaluate import evaluate, parse_patterns
         from .io import write_parquet
         from .retrofit import load_routers, read_router_file
@@ -250,9 +242,9 @@ def eval_cmd(
         pats = parse_patterns(patterns, read_router_file(routers)[0].num_groups)  # fail before loading
         overrides = {"assignment": "random"} if random_groups else {}
         if random_layers is not None:
-            overrides["random_layers"] = _int_list(random_layers, "--random-layers", random=True)
+            overrides["random_layers"] = _spec(random_layers, "--random-layers", parse_random_layers)
         if layer_top_k is not None:
-            overrides["layer_top_k"] = _layer_top_k(layer_top_k)
+            overrides["layer_top_k"] = _spec(layer_top_k, "--layer-top-k", parse_layer_top_k)
         m, tok, corp, seq_len = _load(model, corpus, seq_len)
         load_routers(m, routers, config_overrides=overrides or None)
         if random_groups:
@@ -316,7 +308,7 @@ def record(
 ):
     """Record held-out text through Focus into a run directory (help: ``RECORD_HELP``)."""
     def ints(spec):
-        return None if spec is None else _int_list(spec, "--layers / --heads / --pattern")
+        return None if spec is None else _spec(spec, "--layers / --heads / --pattern")
 
     def run():
         nonlocal seq_len
