@@ -107,6 +107,7 @@ def against_rows(df: pd.DataFrame, against: Path) -> list[dict]:
     have: e.g. a ``--random-layers`` or ``--layer-top-k`` setting against the plain routers.
     Returns rows corpus, seq_len, label, windows, vs_against_pct, ci_lo, ci_hi (< 0: this table's
     pattern is better)."""
+    from focus_lab.evaluate import paired_change
     rows = []
     for (corpus, L), g in df.groupby(["corpus", "seq_len"], sort=True):
         cell = against / "cells" / f"{corpus}_{L}.parquet"
@@ -117,7 +118,7 @@ def against_rows(df: pd.DataFrame, against: Path) -> list[dict]:
             if label in ("dense", "window") or (g[g.label == label].reused_from != "").all():
                 continue
             a, b = g[g.label == label], other[other.label == label]
-            m, lo, hi = paired_delta(pd.concat([a, b.assign(label="_against")]), label, "_against")
+            m, lo, hi = paired_change(a, b)
             rows.append({"corpus": corpus, "seq_len": L, "label": label,
                          "windows": len(set(a.window) & set(b.window)), "vs_against_pct": m, "ci_lo": lo, "ci_hi": hi})
     return rows
