@@ -39,6 +39,26 @@ def _spec(spec: str, option: str, parser=None):
         _fail(f"{option}: {e}")
 
 
+RANDOM_LAYERS_OPTION = typer.Option(None, "--random-layers", help="layers routed by balanced random groups "
+                                    "instead of the router, e.g. 1-9, or 'none'; default: the router file's "
+                                    "(FocusConfig.random_layers, docs/method.md §2.6)")
+LAYER_TOP_K_OPTION = typer.Option(None, "--layer-top-k", help="hard patterns: per-layer k overriding the "
+                                  "pattern's top_k, e.g. '1-9:0;10-14:2' (0: window and sinks only), or 'none'; "
+                                  "default: the router file's (FocusConfig.layer_top_k, docs/method.md §2.7)")
+
+
+def _config_overrides(random_layers: Optional[str], layer_top_k: Optional[str]) -> dict:
+    """FocusConfig changes from ``--random-layers`` / ``--layer-top-k`` (None: keep the router
+    file's), for ``load_routers(..., config_overrides=...)``; a bad spec exits 2 (``_spec``)."""
+    from .config import parse_layer_top_k, parse_random_layers
+    out = {}
+    if random_layers is not None:
+        out["random_layers"] = _spec(random_layers, "--random-layers", parse_random_layers)
+    if layer_top_k is not None:
+        out["layer_top_k"] = _spec(layer_top_k, "--layer-top-k", parse_layer_top_k)
+    return out
+
+
 def _known_errors():
     from .config import ConfigError
     from .data import CorpusError
@@ -220,13 +240,8 @@ def eval_cmd(
     seq_len: int = typer.Option(512), max_windows: int = typer.Option(8, help="held-out windows"),
     out: Optional[Path] = typer.Option(None, help="parquet output; default next to the routers"),
     random_groups: bool = typer.Option(False, help="control: random groups instead of the router"),
-    random_layers: Optional[str] = typer.Option(None, help="layers routed by balanced random groups instead of "
-                                                "the router, e.g. 1-9, or 'none'; default: the router file's "
-                                                "(FocusConfig.random_layers, docs/method.md §2.6)"),
-    layer_top_k: Optional[str] = typer.Option(None, help="hard patterns: per-layer k overriding the pattern's "
-                                              "top_k, e.g. '1-9:0;10-14:2' (0: window and sinks only), or "
-                                              "'none'; default: the router file's (FocusConfig.layer_top_k, "
-                                              "docs/method.md §2.7)"),
+    random_layers: Optional[str] = RANDOM_LAYERS_OPTION,
+    layer_top_k: Optional[str] = LAYER_TOP_K_OPTION,
     patterns: str = typer.Option("all", help="comma list of dense, window, soft, hard_topK, random_topK, "
                                  "shuffled_topK (controls at equal sparsity), or 'all' (dense, window, "
                                  "soft, hard_top1..K); e.g. dense,window,hard_top1,hard_top2,random_top2,shuffled_top2"),
@@ -234,17 +249,13 @@ def eval_cmd(
     """Held-out perplexity of the chosen patterns on the same windows (controls included)."""
     def run():
         nonlocal seq_len
-        from .config import parse_layer_top_k, parse_random_layers
         from .evaluate import evaluate, parse_patterns
         from .io import write_parquet
         from .retrofit import load_routers, read_router_file
         routers = _routers(routers_opt, model)
         pats = parse_patterns(patterns, read_router_file(routers)[0].num_groups)  # fail before loading
         overrides = {"assignment": "random"} if random_groups else {}
-        if random_layers is not None:
-            overrides["random_layers"] = _spec(random_layers, "--random-layers", parse_random_layers)
-        if layer_top_k is not None:
-            overrides["layer_top_k"] = _spec(layer_top_k, "--layer-top-k", parse_layer_top_k)
+        overrides.update(_config_overrides(random_layers, layer_top_k))
         m, tok, corp, seq_len = _load(model, corpus, seq_len)
         load_routers(m, routers, config_overrides=overrides or None)
         if random_groups:
@@ -545,6 +556,8 @@ def probe_passkey(
     out: Path = typer.Option(Path("runs") / "passkey", help="output folder (resumable: finished cells are kept)"),
     png: bool = typer.Option(False, help="also write passkey.png (kaleido + Chromium)"),
     threads: int = typer.Option(1, help="torch threads (1 is polite on a shared CPU)"),
+    random_layers: Optional[str] = RANDOM_LAYERS_OPTION,
+    layer_top_k: Optional[str] = LAYER_TOP_K_OPTION,
 ):
     """Passkey retrieval: a 5-digit key hidden at several depths of held-out text, per pattern."""
     lens = _number_list(lengths, "--lengths")
@@ -565,11 +578,14 @@ def probe_passkey(
         routers = _routers(routers_opt, model)
         pats = parse_patterns(patterns, read_router_file(routers)[0].num_groups)  # fail before loading
         torch.set_num_threads(max(1, threads))
+        overrides = _config_overrides(random_layers, layer_top_k)
         m, tok, corp, _ = _load(model, corpus, 0)  # 0: no cap note; run_passkey checks the lengths
-        load_routers(m, routers)
+        load_routers(m, routers, config_overrides=overrides or None)
         hay = load_haystack(corp.heldout, tok, name=f"{corp.name} held-out ({', '.join(d.name for d in corp.heldout)})")
         settings = {"model": model_identity(m), "routers": {"path": str(routers), "sha256": file_sha256(routers)},
                     "corpus": corp.name, "heldout": [d.name for d in corp.heldout]}
+        if overrides:  # part of the cells' fingerprint: a changed spec never reuses a cell
+            settings["config_overrides"] = overrides
         typer.echo(f"passkey: {len(fmts)} format(s) x {len(lens)} lengths x {len(deps)} depths x {keys} keys x "
                    f"{len(pats)} patterns; haystack {hay.name}, {len(hay.ids)} tokens; out {out}")
         res = run_passkey(m, tok, hay, out, lengths=lens, depths=deps, patterns=pats, keys=keys, seed=seed,

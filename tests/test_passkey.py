@@ -259,10 +259,12 @@ def capture_inputs(model):
     return seen, hooks
 
 
-def brute_kept(model, case, mode, top_k):
+def brute_kept(model, case, mode, top_k, layer_top_k=None):
     """Per layer: fraction of (answer query, needle key) pairs kept by the full T x T hard mask
-    routed from the hidden states of a forward in ``mode``."""
-    set_config(model, mode=mode, top_k=top_k)
+    routed from the hidden states of a forward in ``mode``; ``layer_top_k`` ({layer_idx: k})
+    overrides ``top_k`` in the layers it names (k = 0: window and sinks, written out by hand)."""
+    layer_top_k = layer_top_k or {}
+    set_config(model, mode=mode, top_k=top_k, layer_top_k=layer_top_k)
     seen, hooks = capture_inputs(model)
     ids = torch.cat([case.input_ids, case.answer_ids])
     with torch.no_grad():
@@ -272,10 +274,17 @@ def brute_kept(model, case, mode, top_k):
     T = len(ids)
     pos = torch.arange(T)
     out = {}
+    row, needle = case.length - 1, torch.as_tensor(case.needle_key_positions)
     for idx, r in routers(model).items():
-        qg, kg = hard_assign(r(seen[idx]), r.config.tau, top_k, r.group_bias)
+        k = layer_top_k.get(idx, top_k)
+        if k == 0:
+            kept = (row - needle < r.config.window) | (needle < r.config.sink_tokens)
+            out[idx] = float(kept.float().mean())
+            continue
+        qg, kg = hard_assign(r(seen[idx]), r.config.tau, k, r.group_bias)
         m = hard_mask(qg, kg, r.config.window, pos, pos, r.config.sink_tokens)  # (1, T, T)
-        out[idx] = float(m[0, case.length - 1, case.needle_key_positions].float().mean())
+        out[idx] = float(m[0, row, needle].float().mean())
+    set_config(model, layer_top_k={})
     return out
 
 
@@ -300,6 +309,21 @@ def test_needle_kept_fractions_agree_with_brute_force_hard_mask(tok, hay):
             for r in lrows:
                 assert r["kept_top1"] <= r["kept_top2"] + 1e-12  # top-2 groups include the top-1 group
     assert 0 < np.mean(values) < 1  # neither all kept nor all dropped: the comparison can fail
+
+
+def test_per_layer_top_k_reaches_the_probe_mask(tok, hay):
+    """A per-layer k (FocusConfig.layer_top_k, as ``probe passkey --layer-top-k`` sets it): the
+    hard pattern's needle edges at the answer row equal the brute-force mask with each layer's k."""
+    model = focus_model(window=8, sinks=2, layers=3)
+    spec = {0: 3, 2: 0}  # layer 1 keeps the pattern's top-1
+    case = P.make_case(hay, tok, 320, 50, seed=1)
+    want = brute_kept(model, case, "hard", 1, spec)
+    uniform = brute_kept(model, case, "hard", 1)
+    assert want != pytest.approx(uniform)  # the spec changes the mask: the check can fail
+    set_config(model, layer_top_k=spec)
+    rows, _ = P.run_case(model, tok, case, parse_patterns("hard_top1", 4), audit=False)
+    set_config(model, layer_top_k={})
+    assert rows[0]["needle_edges_kept"] == pytest.approx(np.mean(list(want.values())), abs=1e-9)
 
 
 def test_dense_mass_to_needle_equals_eager_attention(tok, hay):
@@ -372,7 +396,9 @@ def test_cli_bad_inputs_exit_2_with_one_line():
     for args, msg in [(["--patterns", "dense,bogus"], "unknown pattern 'bogus'; choose from dense"),
                       (["--lengths", "1k"], "--lengths '1k': write a comma list"),
                       (["--format", "markdown"], "unknown prompt format 'markdown'"),
-                      (["--keys", "0"], "at least one key")]:
+                      (["--keys", "0"], "at least one key"),
+                      (["--layer-top-k", "1-2:x"], "--layer-top-k"),
+                      (["--random-layers", "a-b"], "--random-layers")]:
         res = runner.invoke(app, ["probe", "passkey", *args])
         assert res.exit_code == 2, (args, res.output)
         assert msg in res.output, res.output
