@@ -14,11 +14,13 @@ from analyses.common import PASSKEY_TABLES, Context
 
 def _committed(ctx: Context) -> list[pd.DataFrame]:
     """The committed probe tables (``figures/passkey/<run>/cases.parquet``, written by
-    ``focus-lab probe passkey``) made with the routers in use (sha256 in their passkey.json)."""
+    ``focus-lab probe passkey``) made with the routers in use (sha256 in their passkey.json) and
+    their own configuration: a run with ``--layer-top-k`` / ``--random-layers`` (``config_overrides``
+    in its settings) measures another pattern under the same label, so it is left out."""
     frames = []
     for meta in sorted(PASSKEY_TABLES.glob("*/passkey.json")):
         settings = json.loads(meta.read_text()).get("settings", {})
-        if settings.get("routers", {}).get("sha256") == ctx.router_id():
+        if settings.get("routers", {}).get("sha256") == ctx.router_id() and not settings.get("config_overrides"):
             ctx.log(f"  [passkey] reusing {meta.parent}")
             frames.append(pd.read_parquet(meta.parent / "cases.parquet").assign(source=meta.parent.name))
     return frames

@@ -207,3 +207,29 @@ def test_layer_budget_allocates_cheapest_drops_against_largest_raises():
     assert allocate(around2, base_k=2)[0] == {2: 1, 1: 3, 0: 1, 3: 3}
     with pytest.raises(ValueError, match="top_k 0 and 2"):
         allocate(sweep[sweep.top_k == 0])
+
+
+def test_passkey_reuses_committed_tables_of_the_shipped_configuration_only(tmp_path, monkeypatch):
+    """Figure 12 pools the committed probe tables made with the routers in use, but not a run
+    whose settings carry config_overrides (--layer-top-k / --random-layers: same labels, another
+    pattern) nor one made with another router file."""
+    import json
+    from analyses import exp_passkey
+
+    def table(name, sha, **extra):
+        d = tmp_path / name
+        d.mkdir()
+        (d / "passkey.json").write_text(json.dumps({"settings": {"routers": {"sha256": sha}, **extra}}))
+        pd.DataFrame({"pattern": ["hard_top2"], "exact_match": [True]}).to_parquet(d / "cases.parquet")
+
+    table("plain", "abc")
+    table("budget", "abc", config_overrides={"layer_top_k": {"3": 1}})
+    table("older", "def")
+    monkeypatch.setattr(exp_passkey, "PASSKEY_TABLES", tmp_path)
+
+    class Ctx:
+        log = staticmethod(lambda s: None)
+        router_id = staticmethod(lambda: "abc")
+
+    frames = exp_passkey._committed(Ctx())
+    assert [f["source"].iloc[0] for f in frames] == ["plain"]
