@@ -568,6 +568,7 @@ def probe_passkey(
         import torch
         from .evaluate import parse_patterns
         from .passkey import FORMATS, load_haystack, run_passkey, summary
+        from .config import format_layer_top_k
         from .record import file_sha256
         from .retrofit import load_routers, model_identity, read_router_file
         bad = [f for f in fmts if f not in FORMATS] or ([] if fmts else [formats])
@@ -587,7 +588,9 @@ def probe_passkey(
         if overrides:  # part of the cells' fingerprint: a changed spec never reuses a cell
             settings["config_overrides"] = overrides
         typer.echo(f"passkey: {len(fmts)} format(s) x {len(lens)} lengths x {len(deps)} depths x {keys} keys x "
-                   f"{len(pats)} patterns; haystack {hay.name}, {len(hay.ids)} tokens; out {out}")
+                   f"{len(pats)} patterns; haystack {hay.name}, {len(hay.ids)} tokens; out {out}"
+                   + "".join(f"; {k} {format_layer_top_k(v) if k == 'layer_top_k' else v}"
+                             for k, v in overrides.items()))
         res = run_passkey(m, tok, hay, out, lengths=lens, depths=deps, patterns=pats, keys=keys, seed=seed,
                           formats=fmts, max_new_tokens=max_new_tokens, settings=settings, png=png,
                           log=typer.echo)

@@ -47,6 +47,25 @@ def parse_layer_top_k(spec: str) -> dict[int, int]:
     return out
 
 
+def format_layer_top_k(layer_top_k: dict) -> str:
+    """The inverse of ``parse_layer_top_k``: {layer_idx: k} (int or str keys, as JSON gives them
+    back) -> 'LAYERS:K' parts joined by ';', k ascending, runs of layers as ranges, e.g.
+    {1: 0, 2: 0, 3: 0, 7: 2} -> '1-3:0;7:2'; {} -> 'none'."""
+    by_k: dict[int, list[int]] = {}
+    for layer, k in layer_top_k.items():
+        by_k.setdefault(int(k), []).append(int(layer))
+    parts = []
+    for k in sorted(by_k):
+        layers, runs = sorted(by_k[k]), []
+        for layer in layers:
+            if runs and layer == runs[-1][1] + 1:
+                runs[-1][1] = layer
+            else:
+                runs.append([layer, layer])
+        parts.append(",".join(f"{a}" if a == b else f"{a}-{b}" for a, b in runs) + f":{k}")
+    return ";".join(parts) or "none"
+
+
 def parse_int_list(spec: str) -> list[int]:
     """'0,3,5-7' -> [0, 3, 5, 6, 7] (layer or head indices, in the order given; spaces ignored).
     Raises ValueError naming the spec and the accepted form."""

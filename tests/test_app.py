@@ -550,3 +550,14 @@ def test_runs_root_from_command_line():
     import lib
     assert lib.parse_runs_root(["--runs", "/tmp/x"]) == Path("/tmp/x").resolve()
     assert lib.parse_runs_root(["--rootdir=/y"]) != Path("/y")
+
+
+def test_passkey_caption_names_the_config_overrides():
+    """A probe run with --layer-top-k / --random-layers says so in the page's settings line, in
+    the spec form the CLI takes (JSON gives the layer keys back as strings)."""
+    from focus_lab.app.app_pages.passkey import settings_caption
+    info = {"settings": {"keys": 6, "config_overrides": {"layer_top_k": {"3": 1, "1": 3, "2": 3, "5": 1},
+                                                         "random_layers": [1, 2]}}}
+    cap = settings_caption("p", info)
+    assert "per-layer k `3,5:1;1-2:3`" in cap and "random groups in layers `1,2`" in cap
+    assert "per-layer" not in settings_caption("p", {"settings": {"keys": 6}})

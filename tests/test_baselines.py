@@ -364,6 +364,11 @@ def test_layer_top_k_sets_k_per_layer_and_zero_keeps_only_window_and_sinks():
     from focus_lab.retrofit import forward_state
     assert parse_layer_top_k("1-3:0; 5,7:2") == {1: 0, 2: 0, 3: 0, 5: 2, 7: 2}
     assert parse_layer_top_k(" none ") == {}
+    from focus_lab.config import format_layer_top_k  # the inverse, for captions and reports
+    assert format_layer_top_k({1: 0, 2: 0, 3: 0, 5: 2, 7: 2, 6: 2}) == "1-3:0;5-7:2"
+    assert format_layer_top_k({"9": 1, "0": 3, "1": 3}) == "9:1;0-1:3" and format_layer_top_k({}) == "none"
+    spec = "0,5,6,9,12,13,14,15,16,25,27,28:1;1,2,3,4,7,8,10,11,18,19,21,24:3"
+    assert parse_layer_top_k(format_layer_top_k(parse_layer_top_k(spec))) == parse_layer_top_k(spec)
     for bad in ("1-3", "1-3:x", ":2"):
         with pytest.raises(ValueError, match="LAYERS:K"):
             parse_layer_top_k(bad)

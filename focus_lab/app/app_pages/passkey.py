@@ -115,6 +115,12 @@ def settings_caption(name: str, info: dict) -> str:
         parts.append(f"routers `{str(routers['path']).rsplit('/', 1)[-1]}`")
     if s.get("haystack") or s.get("corpus"):
         parts.append(f"haystack {s.get('haystack') or s.get('corpus')}")
+    over = s.get("config_overrides") if isinstance(s.get("config_overrides"), dict) else {}
+    if over.get("layer_top_k"):
+        from focus_lab.config import format_layer_top_k
+        parts.append(f"per-layer k `{format_layer_top_k(over['layer_top_k'])}`")
+    if "random_layers" in over:
+        parts.append(f"random groups in layers `{','.join(map(str, over['random_layers'])) or 'none'}`")
     if s.get("keys"):
         parts.append(f"{s['keys']} keys a cell")
     if isinstance(info.get("seconds"), (int, float)):
