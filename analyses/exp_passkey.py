@@ -12,17 +12,55 @@ import pandas as pd
 from analyses.common import PASSKEY_TABLES, Context
 
 
+CASE = ["format", "length", "depth", "seed", "key"]
+SAME_PROMPT = ("prompt_version", "haystack", "max_new_tokens", "needle", "question", "answer_prefix")
+
+
+def _tables() -> list[tuple[str, dict, pd.DataFrame]]:
+    """Every committed probe table: (folder name, its passkey.json settings, cases)."""
+    out = []
+    for meta in sorted(PASSKEY_TABLES.glob("*/passkey.json")):
+        settings = json.loads(meta.read_text()).get("settings", {})
+        out.append((meta.parent.name, settings, pd.read_parquet(meta.parent / "cases.parquet")))
+    return out
+
+
 def _committed(ctx: Context) -> list[pd.DataFrame]:
     """The committed probe tables (``figures/passkey/<run>/cases.parquet``, written by
     ``focus-lab probe passkey``) made with the routers in use (sha256 in their passkey.json) and
     their own configuration: a run with ``--layer-top-k`` / ``--random-layers`` (``config_overrides``
-    in its settings) measures another pattern under the same label, so it is left out."""
+    in its settings) measures another pattern under the same label, so it is left out.
+
+    Rows that do not depend on the router file (``length_table.router_free``: dense, and random
+    groups unless a per-layer k changed them) are added from the other committed tables for the
+    cases those tables share (same prompt settings, format, length, depth, case seed and key) when
+    the router's own tables lack that pattern there, so the figure compares patterns on the same
+    cases; ``source`` names the table each row comes from."""
+    from analyses.length_table import router_free
+    tables = _tables()
+    own = [(name, s, df) for name, s, df in tables
+           if s.get("routers", {}).get("sha256") == ctx.router_id() and not s.get("config_overrides")]
     frames = []
-    for meta in sorted(PASSKEY_TABLES.glob("*/passkey.json")):
-        settings = json.loads(meta.read_text()).get("settings", {})
-        if settings.get("routers", {}).get("sha256") == ctx.router_id() and not settings.get("config_overrides"):
-            ctx.log(f"  [passkey] reusing {meta.parent}")
-            frames.append(pd.read_parquet(meta.parent / "cases.parquet").assign(source=meta.parent.name))
+    for name, s, df in own:
+        ctx.log(f"  [passkey] reusing {PASSKEY_TABLES / name}")
+        frames.append(df.assign(source=name))
+    if not frames:
+        return frames
+    have = pd.concat(frames, ignore_index=True)
+    cases = have[CASE].drop_duplicates()
+    prompt = {k: own[0][1].get(k) for k in SAME_PROMPT}
+    for name, s, df in tables:
+        if any(name == n for n, _, _ in own) or {k: s.get(k) for k in SAME_PROMPT} != prompt:
+            continue
+        layer_top_k = (s.get("config_overrides") or {}).get("layer_top_k")
+        rows = df[df["pattern"].map(lambda p: router_free(p, layer_top_k))].merge(cases, on=CASE)
+        done = have[CASE + ["pattern"]]
+        rows = rows.merge(done, on=CASE + ["pattern"], how="left", indicator=True)
+        rows = rows[rows["_merge"] == "left_only"].drop(columns="_merge")
+        if len(rows):
+            ctx.log(f"  [passkey] {sorted(rows['pattern'].unique())}: {len(rows)} rows on shared cases from {name}")
+            frames.append(rows.assign(source=name))
+            have = pd.concat([have, rows], ignore_index=True)
     return frames
 
 

@@ -210,26 +210,33 @@ def test_layer_budget_allocates_cheapest_drops_against_largest_raises():
 
 
 def test_passkey_reuses_committed_tables_of_the_shipped_configuration_only(tmp_path, monkeypatch):
-    """Figure 12 pools the committed probe tables made with the routers in use, but not a run
-    whose settings carry config_overrides (--layer-top-k / --random-layers: same labels, another
-    pattern) nor one made with another router file."""
+    """Figure 12 takes the router's rows from the committed probe tables made with the routers in
+    use and no config overrides; dense and random rows (router-free) come from other tables for
+    the same cases only, never random rows changed by a per-layer k, never a pattern twice."""
     import json
     from analyses import exp_passkey
 
-    def table(name, sha, **extra):
+    def table(name, sha, rows, **extra):
         d = tmp_path / name
         d.mkdir()
-        (d / "passkey.json").write_text(json.dumps({"settings": {"routers": {"sha256": sha}, **extra}}))
-        pd.DataFrame({"pattern": ["hard_top2"], "exact_match": [True]}).to_parquet(d / "cases.parquet")
+        settings = {"routers": {"sha256": sha}, "prompt_version": 2, "haystack": "h", **extra}
+        (d / "passkey.json").write_text(json.dumps({"settings": settings}))
+        pd.DataFrame([{"format": "chat", "length": 64, "depth": 50.0, "seed": s, "key": str(s),
+                       "pattern": p, "exact_match": True} for p, s in rows]).to_parquet(d / "cases.parquet")
 
-    table("plain", "abc")
-    table("budget", "abc", config_overrides={"layer_top_k": {"3": 1}})
-    table("older", "def")
+    table("plain", "abc", [("hard_top2", 0), ("hard_top2", 1)])
+    table("budget", "abc", [("hard_top2", 0), ("dense", 1), ("random_top2", 1)],
+          config_overrides={"layer_top_k": {"3": 1}})
+    table("older", "def", [(p, s) for p in ("dense", "random_top2", "hard_top2") for s in (0, 1, 2)])
+    table("other_prompt", "def", [("window", 0)], prompt_version=1)
     monkeypatch.setattr(exp_passkey, "PASSKEY_TABLES", tmp_path)
 
     class Ctx:
         log = staticmethod(lambda s: None)
         router_id = staticmethod(lambda: "abc")
 
-    frames = exp_passkey._committed(Ctx())
-    assert [f["source"].iloc[0] for f in frames] == ["plain"]
+    df = pd.concat(exp_passkey._committed(Ctx()), ignore_index=True)
+    got = sorted(zip(df.pattern, df.seed, df.source))
+    assert got == [("dense", 0, "older"), ("dense", 1, "budget"), ("hard_top2", 0, "plain"),
+                   ("hard_top2", 1, "plain"), ("random_top2", 0, "older"), ("random_top2", 1, "older")]
+    assert exp_passkey._committed(type("C", (Ctx,), {"router_id": staticmethod(lambda: "zzz")})()) == []
