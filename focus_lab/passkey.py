@@ -405,7 +405,9 @@ class _Probe:
             att = answer_attention(query, key, attention_scale(module, query.shape[-1]), self.row,
                                    getattr(module, "attn_logit_softcapping", None))  # (B, H, Tk)
             mass = att[..., torch.as_tensor(pos)].sum(-1)  # (B, H)
-            rt = route(router, self.h.pop(layer), config=cfg.replace(mode="hard", top_k=min(2, cfg.num_groups)))
+            # the uniform top-1 / top-2 masks, whatever per-layer k the run sets (layer_top_k cleared)
+            rt = route(router, self.h.pop(layer),
+                       config=cfg.replace(mode="hard", top_k=min(2, cfg.num_groups), layer_top_k={}))
             qg, kg = rt.query_groups, rt.key_group
             self.layers[layer] = {
                 "layer_idx": layer, "dense_mass_to_needle": float(mass.mean()),

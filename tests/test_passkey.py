@@ -320,10 +320,14 @@ def test_per_layer_top_k_reaches_the_probe_mask(tok, hay):
     want = brute_kept(model, case, "hard", 1, spec)
     uniform = brute_kept(model, case, "hard", 1)
     assert want != pytest.approx(uniform)  # the spec changes the mask: the check can fail
+    audit = {k: brute_kept(model, case, "dense", k) for k in (1, 2)}  # uniform top-1 / top-2
     set_config(model, layer_top_k=spec)
-    rows, _ = P.run_case(model, tok, case, parse_patterns("hard_top1", 4), audit=False)
+    rows, lrows = P.run_case(model, tok, case, parse_patterns("hard_top1", 4))
     set_config(model, layer_top_k={})
     assert rows[0]["needle_edges_kept"] == pytest.approx(np.mean(list(want.values())), abs=1e-9)
+    # the needle audit's kept_top1 / kept_top2 stay the uniform masks (docs/passkey.md)
+    for k in (1, 2):
+        assert {r["layer_idx"]: r[f"kept_top{k}"] for r in lrows} == pytest.approx(audit[k], abs=1e-9)
 
 
 def test_dense_mass_to_needle_equals_eager_attention(tok, hay):
