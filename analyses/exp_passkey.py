@@ -38,30 +38,23 @@ def _committed(ctx: Context) -> list[pd.DataFrame]:
     cases; ``source`` names the table each row comes from."""
     from analyses.length_table import router_free
     tables = _tables()
-    own = [(name, s, df) for name, s, df in tables
+    own = [name for name, s, _ in tables
            if s.get("routers", {}).get("sha256") == ctx.router_id() and not s.get("config_overrides")]
-    frames = []
-    for name, s, df in own:
-        ctx.log(f"  [passkey] reusing {PASSKEY_TABLES / name}")
-        frames.append(df.assign(source=name))
-    if not frames:
-        return frames
-    have = pd.concat(frames, ignore_index=True)
-    cases = have[CASE].drop_duplicates()
-    prompt = {k: own[0][1].get(k) for k in SAME_PROMPT}
-    for name, s, df in tables:
-        if any(name == n for n, _, _ in own) or {k: s.get(k) for k in SAME_PROMPT} != prompt:
-            continue
-        layer_top_k = (s.get("config_overrides") or {}).get("layer_top_k")
-        rows = df[df["pattern"].map(lambda p: router_free(p, layer_top_k))].merge(cases, on=CASE)
-        done = have[CASE + ["pattern"]]
-        rows = rows.merge(done, on=CASE + ["pattern"], how="left", indicator=True)
-        rows = rows[rows["_merge"] == "left_only"].drop(columns="_merge")
-        if len(rows):
-            ctx.log(f"  [passkey] {sorted(rows['pattern'].unique())}: {len(rows)} rows on shared cases from {name}")
-            frames.append(rows.assign(source=name))
-            have = pd.concat([have, rows], ignore_index=True)
-    return frames
+    if not own:
+        return []
+    first = next(s for name, s, _ in tables if name == own[0])
+    prompt = {k: first.get(k) for k in SAME_PROMPT}
+    mine = [df.assign(source=name) for name, _, df in tables if name in own]
+    cases = pd.concat(mine)[CASE].drop_duplicates()
+    extra = [df[df["pattern"].map(lambda p, s=s: router_free(p, (s.get("config_overrides") or {}).get("layer_top_k")))]
+             .merge(cases, on=CASE).assign(source=name)
+             for name, s, df in tables if name not in own and {k: s.get(k) for k in SAME_PROMPT} == prompt]
+    # the router's own rows first: a pattern of a case is taken once, from the first table that has it
+    rows = pd.concat(mine + extra, ignore_index=True).drop_duplicates(CASE + ["pattern"], keep="first")
+    for name, g in rows.groupby("source", sort=False):
+        ctx.log(f"  [passkey] {PASSKEY_TABLES / name}: {sorted(g['pattern'].unique())}, {len(g)} rows"
+                + ("" if name in own else " (router-free, on the router's cases)"))
+    return [rows]
 
 
 def make_data(ctx: Context) -> pd.DataFrame:

@@ -111,7 +111,7 @@ def main(argv=None) -> None:
         changes = {"mode": "hard", "top_k": args.base_k, "layer_top_k": {} if layer is None else {layer: k}}
         out = []
         for corpus, w in windows:
-            df = evaluate(model, [w], [("hard_top1", changes)], progress=False)
+            df = evaluate(model, [w], [(f"hard_top{args.base_k}", changes)], progress=False)
             out.append({"corpus": corpus, "window": w.index, "layer_idx": -1 if layer is None else layer,
                         "top_k": args.base_k if layer is None else k, "nll": float(df.nll[0]),
                         "distant_pairs_kept": float(df.distant_pairs_kept[0]), "seconds": float(df.seconds[0])})
