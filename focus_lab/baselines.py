@@ -222,15 +222,14 @@ class MoBARouter(Router):
         if config.mode == "soft" or self.training:
             raise ValueError("the MoBA baseline is training-free and hard only: use mode='hard'")
         B, T, K = scores.shape
-        k = config.top_k_at(self.layer_idx)
-        if k == 0:  # window and sinks only in this layer (FocusConfig.layer_top_k)
-            return (None, None, *core.window_only_groups(B, T, scores.device))
-        blk = self._blocks(T, scores.device)
-        past = torch.arange(K, device=scores.device)[None, :] < blk[:, None]  # (T, K)
-        s = scores.float().masked_fill(~past, float("-inf"))
-        # ties among -inf (no past block) resolve to any block: the causal mask removes them
-        qg = s.topk(k, dim=-1).indices  # (B, T, k)
-        return None, None, qg, blk[None].expand(B, T)
+
+        def block_top_k(k: int):  # the layer's k past blocks by gate score; a key's group: its block
+            blk = self._blocks(T, scores.device)
+            past = torch.arange(K, device=scores.device)[None, :] < blk[:, None]  # (T, K)
+            s = scores.float().masked_fill(~past, float("-inf"))
+            # ties among -inf (no past block) resolve to any block: the causal mask removes them
+            return s.topk(k, dim=-1).indices, blk[None].expand(B, T)  # (B, T, k), (B, T)
+        return (None, None, *core.hard_groups(scores, config, self.layer_idx, pick=block_top_k))
 
 
 # --------------------------------------------------------------------------------------------

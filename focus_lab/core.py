@@ -202,16 +202,18 @@ def window_only_groups(batch: int, seq: int, device: torch.device | str = "cpu"
 
 
 def hard_groups(scores: torch.Tensor, config: FocusConfig, layer_idx: int,
-                group_bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                group_bias: torch.Tensor | None = None, pick=None) -> tuple[torch.Tensor, torch.Tensor]:
     """The hard groups of layer ``layer_idx``: ``hard_assign`` with the layer's k
     (``FocusConfig.top_k_at``), or ``window_only_groups`` where that k is 0 (docs/method.md §2.7).
-    Every router (Focus, the baselines, the recorder's random groups) takes its hard groups here.
+    Every router (Focus, the baselines, the recorder's random groups) takes its hard groups here;
+    ``pick(k) -> (query_groups, key_group)`` replaces ``hard_assign`` for k >= 1 (MoBA's block
+    gate), the k = 0 rule staying this function's.
 
     scores: (B, T, K). Returns query_groups (B, T, max(k, 1)) long, key_group (B, T) long."""
     k = config.top_k_at(layer_idx)
     if k == 0:
         return window_only_groups(scores.shape[0], scores.shape[1], scores.device)
-    return hard_assign(scores, config.tau, k, group_bias)
+    return pick(k) if pick is not None else hard_assign(scores, config.tau, k, group_bias)
 
 
 def hard_assign(scores: torch.Tensor, tau: float, top_k: int,

@@ -408,6 +408,11 @@ def test_layer_top_k_sets_k_per_layer_and_zero_keeps_only_window_and_sinks():
     assert random_groups(1, 40, mixed, 0)[0].shape == (1, 40, 2)
     _, _, qg, kg = BL.SoftmaxRouter(model.config.hidden_size, cfg, 1).assign(torch.randn(1, 40, 4), mixed)
     assert (qg == 1).all() and not kg.any()
+    moba = {i: BL.MoBARouter(model.config.hidden_size, cfg, i, block_size=6).eval() for i in (0, 1)}
+    _, _, qg, kg = moba[1].assign(torch.randn(1, 24, 4), mixed)
+    assert (qg == 1).all() and not kg.any()
+    _, _, qg, kg = moba[0].assign(torch.randn(1, 24, 4), mixed)  # k = 2 past blocks; a key's block
+    assert qg.shape == (1, 24, 2) and torch.equal(kg[0], torch.arange(24) // 6)
     # the kept share of a window-only layer is the sinks' pairs only, as window mode reports it
     windows = [type("W", (), {"input_ids": ids[0]})()]
     df = evaluate(model, windows, [("all0", {"mode": "hard", "layer_top_k": {i: 0 for i in layers}}),
