@@ -11,6 +11,13 @@ table then measures the result). It prints and saves the ``--layer-top-k`` spec.
 
 ``--base-k 2`` does the same around top-2 (one layer at k = 1 or k = 3, the others at top-2).
 
+``--sweep random`` asks another question at the uniform top-``base_k``: for each layer alone, does
+the model predict better with that layer's assignment flipped (its router replaced by balanced
+random groups, or, for a layer in the routers' ``random_layers``, its router put back;
+docs/method.md §2.6)? ``choose_random_layers`` then flips every layer whose flip lowers the NLL on
+both corpora and prints the ``--random-layers`` spec (``random_spec.txt``). Same sparsity in every
+variant, so the choice moves no budget: it only asks where the router's groups beat random ones.
+
 Each (layer, k) result is written when done (``sweep.parquet``), so a rerun resumes.
 
 Usage (background; about 25 s per 4096-token window and variant on 2 cores)::
@@ -64,6 +71,31 @@ def allocate(sweep: pd.DataFrame, max_pairs: int | None = None, base_k: int = 1)
     return spec, pd.DataFrame(pairs)
 
 
+def choose_random_layers(sweep: pd.DataFrame, current: list[int], min_gain: float = 0.0) -> tuple[list[int], pd.DataFrame]:
+    """The random layers after flipping each layer whose flip lowers the NLL on every corpus.
+
+    Args:
+        sweep: rows corpus, layer_idx, delta_nll (nats/token of the flipped variant vs the
+            unflipped base, mean over each corpus's windows).
+        current: the routers' ``random_layers`` (the base).
+        min_gain: a flip is taken only when it lowers the NLL by more than this on every corpus
+            (nats/token; 0: any decrease).
+    Returns: (the new sorted random layers, one row per layer: layer_idx, random_now, the
+        per-corpus delta_nll columns, worst (the largest delta), flip).
+    Raises: ValueError on an empty sweep.
+    """
+    if sweep.empty:
+        raise ValueError("the sweep has no rows; run analyses/layer_budget.py --sweep random to the end")
+    by = sweep.groupby(["layer_idx", "corpus"]).delta_nll.mean().unstack()
+    table = by.copy()
+    table.insert(0, "random_now", [i in current for i in by.index])
+    table["worst"] = by.max(axis=1)
+    table["flip"] = table.worst < -min_gain
+    flipped = set(table.index[table.flip])
+    new = sorted((set(current) - flipped) | {i for i in flipped if i not in current})
+    return [int(i) for i in new], table.reset_index()
+
+
 def spec_string(spec: dict[int, int]) -> str:
     """{1: 0, 2: 0, 5: 2} -> '1,2:0;5:2' (``config.parse_layer_top_k``'s form)."""
     parts = []
@@ -81,6 +113,10 @@ def main(argv=None) -> None:
     ap.add_argument("--windows", type=int, default=1, help="validation windows per corpus")
     ap.add_argument("--base-k", type=int, default=1, help="the uniform top-k every other layer keeps; "
                     "one layer at a time goes to base-k - 1 and base-k + 1 (default 1: top-1)")
+    ap.add_argument("--sweep", choices=["top_k", "random"], default="top_k", help="top_k: one layer at "
+                    "base-k -/+ 1 (the budget); random: one layer's assignment flipped (router <-> random groups)")
+    ap.add_argument("--min-gain", type=float, default=0.0, help="--sweep random: flip a layer only when "
+                    "the NLL falls by more than this on every corpus (nats/token)")
     ap.add_argument("--out", type=Path, default=Path("figures/layer_budget"))
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args(argv)
@@ -107,8 +143,14 @@ def main(argv=None) -> None:
     done = pd.read_parquet(path) if path.is_file() else pd.DataFrame()
     rows = [done] if len(done) else []
 
+    current = sorted(cfg.random_layers or [])
+
     def run(layer: int | None, k: int | None) -> pd.DataFrame:
         changes = {"mode": "hard", "top_k": args.base_k, "layer_top_k": {} if layer is None else {layer: k}}
+        if args.sweep == "random":  # k is unused: the variant flips the layer's assignment
+            changes["layer_top_k"] = {}
+            if layer is not None:
+                changes["random_layers"] = sorted(set(current) ^ {layer})
         out = []
         for corpus, w in windows:
             df = evaluate(model, [w], [(f"hard_top{args.base_k}", changes)], progress=False)
@@ -117,7 +159,10 @@ def main(argv=None) -> None:
                         "distant_pairs_kept": float(df.distant_pairs_kept[0]), "seconds": float(df.seconds[0])})
         return pd.DataFrame(out)
 
-    todo = [(None, None)] + [(i, k) for k in (args.base_k - 1, args.base_k + 1) for i in sorted(routers_of(model))]
+    if args.sweep == "random":
+        todo = [(None, None)] + [(i, args.base_k) for i in sorted(routers_of(model))]
+    else:
+        todo = [(None, None)] + [(i, k) for k in (args.base_k - 1, args.base_k + 1) for i in sorted(routers_of(model))]
     t0 = time.perf_counter()
     for layer, k in todo:
         lid = -1 if layer is None else layer
@@ -125,7 +170,7 @@ def main(argv=None) -> None:
             continue
         rows.append(run(layer, k))
         table = pd.concat(rows, ignore_index=True)
-        table["seq_len"], table["routers_sha256"] = args.seq_len, file_sha256(routers)
+        table["seq_len"], table["routers_sha256"], table["sweep"] = args.seq_len, file_sha256(routers), args.sweep
         table["schema_version"] = SCHEMA_VERSION
         write_parquet(path, table)
         print(f"layer {lid} k={k}: nll {rows[-1].nll.mean():.4f} kept {rows[-1].distant_pairs_kept.mean():.3f} "
@@ -135,6 +180,21 @@ def main(argv=None) -> None:
     base = table[table.layer_idx == -1].set_index(["corpus", "window"]).nll
     sweep = table[table.layer_idx >= 0].copy()
     sweep["delta_nll"] = sweep.nll.values - base.loc[list(zip(sweep.corpus, sweep.window))].values
+    if args.sweep == "random":
+        new, flips = choose_random_layers(sweep, current, args.min_gain)
+        print(flips.to_string(index=False))
+        text = ",".join(str(i) for i in new) or "none"
+        print("--random-layers", text)
+        with atomic_path(args.out / "random_spec.txt") as tmp:
+            Path(tmp).write_text(text + "\n")
+        with atomic_path(args.out / "random_choice.json") as tmp:
+            Path(tmp).write_text(json.dumps({"random_layers": new, "base_random_layers": current,
+                                             "flips": flips.to_dict("records"), "min_gain": args.min_gain,
+                                             "windows": [[c, w.index] for c, w in windows], "seq_len": args.seq_len,
+                                             "top_k": args.base_k, "routers": str(routers),
+                                             "routers_sha256": file_sha256(routers), "base_config": cfg.to_dict()},
+                                            indent=1, default=str))
+        return
     spec, pairs = allocate(sweep, base_k=args.base_k)
     print(pairs.to_string(index=False))
     text = spec_string(spec)

@@ -209,6 +209,30 @@ def test_layer_budget_allocates_cheapest_drops_against_largest_raises():
         allocate(sweep[sweep.top_k == 0])
 
 
+def test_layer_budget_random_sweep_flips_layers_better_on_every_corpus():
+    """analyses/layer_budget.choose_random_layers on a hand-made sweep: a layer's assignment is
+    flipped (router -> random, or random -> router) only when its flip lowers the NLL on both
+    corpora by more than min_gain."""
+    import pandas as pd
+    from analyses.layer_budget import choose_random_layers
+    deltas = {  # layer: (austen, shakespeare) NLL change of the flipped variant
+        1: (-0.002, -0.001),  # random now; routing it helps on both -> back to the router
+        2: (-0.004, +0.001),  # random now; mixed -> stays random
+        5: (-0.003, -0.0005),  # routed; random helps on both -> random
+        6: (+0.001, -0.01),  # routed; mixed -> stays routed
+        7: (0.0, 0.0),  # no change -> no flip
+    }
+    sweep = pd.DataFrame([{"corpus": c, "window": w, "layer_idx": i, "delta_nll": d}
+                          for i, ds in deltas.items() for c, d in zip(("austen", "shakespeare"), ds)
+                          for w in (0, 1)])
+    new, table = choose_random_layers(sweep, current=[1, 2, 3])
+    assert new == [2, 3, 5]  # 3 had no row: unchanged
+    assert table.set_index("layer_idx").flip.to_dict() == {1: True, 2: False, 5: True, 6: False, 7: False}
+    assert choose_random_layers(sweep, current=[1, 2, 3], min_gain=0.001)[0] == [1, 2, 3]  # only 1, 5 pass 0; neither passes 0.001 on both
+    with pytest.raises(ValueError, match="no rows"):
+        choose_random_layers(sweep.iloc[:0], current=[])
+
+
 def test_passkey_reuses_committed_tables_of_the_shipped_configuration_only(tmp_path, monkeypatch):
     """Figure 12 takes the router's rows from the committed probe tables made with the routers in
     use and no config overrides; dense and random rows (router-free) come from other tables for
