@@ -155,7 +155,8 @@ def train(
                                               "default: the recipe's (sinks64: 64; paper: 0)"),
     device: str = typer.Option("cpu", help="cpu | cuda (under torchrun: cuda:$LOCAL_RANK)"),
     init_routers: Optional[Path] = typer.Option(None, help="start from this router file (length "
-                                                "curriculum: e.g. routers trained at 512, continued at 4096)"),
+                                                "curriculum: e.g. routers trained at 512, continued at 4096); "
+                                                "its seed and random layers carry over"),
     distill_queries: int = typer.Option(_T.distill_queries, help="distill objective: queries sampled per window"),
 ):
     """Train only the routers (frozen base model) on the corpus's training documents."""

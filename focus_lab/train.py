@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 from .core import hard_group_shares
 from .config import FocusConfig, TrainConfig
 from .io import atomic_path, write_json, write_parquet
-from .retrofit import (FocusForward, add_observer, attach, focus_config, is_attached, load_routers,
+from .retrofit import (FocusForward, add_observer, attach, focus_config, is_attached, load_routers, read_router_file,
                        routers, save_routers)
 
 TRAIN_LOG_SCHEMA = 1
@@ -105,6 +105,8 @@ def train(model, windows: list, focus_cfg: FocusConfig, train_cfg: TrainConfig, 
         model: a transformers causal LM (Focus attached or not; attached with focus_cfg if not).
         windows: training windows from ``focus_lab.data.make_windows``.
         focus_cfg: Focus configuration (mode is forced to "soft" while training, docs/method.md §2).
+            With ``train_cfg.init_routers``, that file's ``seed`` and ``random_layers`` replace
+            focus_cfg's: a continued file keeps the random groups it was measured with.
         train_cfg: schedule. out_dir: training directory. resume: continue from its checkpoint.
         meta: extra provenance (model name, corpus) written into train_config.json.
     Returns:
@@ -125,10 +127,17 @@ def train(model, windows: list, focus_cfg: FocusConfig, train_cfg: TrainConfig, 
     if train_cfg.batch_size % world:
         raise ValueError(f"batch_size={train_cfg.batch_size} is not a multiple of the {world} "
                          "processes; choose a batch size divisible by --nproc_per_node")
+    inherited = {}
+    if train_cfg.init_routers and not resume:
+        # continuing a router file keeps its identity: the seed of its random groups (random
+        # layers, random and shuffled controls) and its random layers (docs/method.md §2.6);
+        # ``train_cfg.seed`` still drives the windows' order
+        init_cfg = read_router_file(train_cfg.init_routers)[0]
+        inherited = {"seed": init_cfg.seed, "random_layers": init_cfg.random_layers}
     if not is_attached(model):
-        attach(model, focus_cfg.replace(mode="soft"))
+        attach(model, focus_cfg.replace(mode="soft", **inherited))
     # the config every training forward uses (passed per forward, the model's default untouched)
-    base_cfg = focus_config(model).replace(mode="soft")
+    base_cfg = focus_config(model).replace(mode="soft", **inherited)
     params = [p for r in routers(model).values() for p in (r.proj, r.centroids)]
     opt = torch.optim.AdamW(params, lr=train_cfg.lr, weight_decay=train_cfg.weight_decay)
     start, log_rows = 0, []

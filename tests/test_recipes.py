@@ -169,3 +169,30 @@ def test_readme_lists_exactly_the_accepted_recipes():
     section = text.split("## Router recipes", 1)[1].split("\n## ", 1)[0]
     named = set(re.findall(r"`([a-z0-9_]+)`", section))
     assert named == set(RECIPES), (sorted(named - set(RECIPES)), sorted(set(RECIPES) - named))
+
+
+def test_continued_training_keeps_the_init_files_random_groups(tmp_path):
+    """train(init_routers=F) with another seed: the saved file keeps F's seed and random_layers
+    (the random groups it was measured with), starts from F's tensors, and still trains; without
+    init_routers the given seed is saved."""
+    from types import SimpleNamespace
+    from focus_lab.retrofit import read_router_file, save_routers
+    from focus_lab.train import train
+    torch.manual_seed(0)
+    ids = torch.randint(3, 97, (2, 48))
+    wins = [SimpleNamespace(input_ids=ids[i]) for i in range(2)]
+    first = tiny_llama(layers=3)
+    focus_lab.attach(first, FocusConfig(num_groups=3, window=4, top_k=1, sink_tokens=1, seed=5, random_layers=[1]))
+    init = save_routers(first, tmp_path / "init.safetensors")
+    model = tiny_llama(layers=3)
+    tcfg = TrainConfig(steps=2, seq_len=48, batch_size=2, lr=3e-2, seed=1, init_routers=str(init))
+    train(model, wins, FocusConfig(num_groups=3, window=4, top_k=1, sink_tokens=1, seed=1), tcfg,
+          tmp_path / "cont", progress=False)
+    cfg, _, tensors, _ = read_router_file(tmp_path / "cont" / "routers.safetensors")
+    assert (cfg.seed, cfg.random_layers) == (5, [1])
+    _, _, start, _ = read_router_file(init)
+    assert any(not torch.equal(tensors[k], start[k]) for k in start)  # it trained from F
+    fresh = tiny_llama(layers=3)
+    train(fresh, wins, FocusConfig(num_groups=3, window=4, top_k=1, sink_tokens=1, seed=1),
+          TrainConfig(steps=1, seq_len=48, batch_size=2, lr=3e-2, seed=1), tmp_path / "new", progress=False)
+    assert read_router_file(tmp_path / "new" / "routers.safetensors")[0].seed == 1
