@@ -34,6 +34,16 @@ def router_free(label: str, layer_top_k: dict | None = None) -> bool:
     return label in ("dense", "window") or (label.startswith("random_top") and not layer_top_k)
 
 
+def reusable_rows(old: pd.DataFrame, labels: list[str], windows: list[int], cfg) -> pd.DataFrame:
+    """The rows of another table's cell that this run may take: router-free patterns it asks for
+    (``router_free`` under ``cfg.layer_top_k``), on its windows; random rows only when drawn with
+    the same seed (``cfg.seed`` fixes the random control's groups; a cell without a seed column
+    was made with seed 0)."""
+    seed = old["seed"] if "seed" in old else pd.Series(0, index=old.index)
+    return old[old.label.map(lambda lab: router_free(lab, cfg.layer_top_k)) & old.label.isin(labels)
+               & old.window.isin(windows) & ((seed == cfg.seed) | old.label.isin(["dense", "window"]))]
+
+
 def run_cells(args) -> None:
     import torch
     from focus_lab.data import load_corpus, make_windows
@@ -66,9 +76,7 @@ def run_cells(args) -> None:
             rows, todo = [], pats
             reused = args.reuse / "cells" / cell.name if args.reuse else None
             if reused is not None and reused.is_file():
-                old = pd.read_parquet(reused)
-                old = old[old.label.map(lambda lab: router_free(lab, cfg.layer_top_k)) & old.label.isin([p for p, _ in pats])
-                          & old.window.isin([w.index for w in ws])]
+                old = reusable_rows(pd.read_parquet(reused), [p for p, _ in pats], [w.index for w in ws], cfg)
                 have = {lab for lab, g in old.groupby("label") if len(g) == len(ws)}
                 rows.append(old[old.label.isin(have)][[c for c in old.columns if c not in (
                     "corpus", "seq_len", "heldout", "routers", "routers_sha256", "table_schema_version",
@@ -89,6 +97,7 @@ def run_cells(args) -> None:
             out["routers_sha256"] = file_sha256(routers)
             out["random_layers"] = args.random_layers or ""
             out["layer_top_k"] = args.layer_top_k or ""
+            out["seed"] = cfg.seed
             out["table_schema_version"] = SCHEMA_VERSION
             write_parquet(cell, out)
             print(f"== {corpus} {L}: {len(ws)} windows in {time.perf_counter() - t0:.0f} s", flush=True)

@@ -161,6 +161,22 @@ def test_length_cells_reuse_committed_rows_only_for_the_same_routers(tmp_path, m
     assert not df.reused.any() and (df.nll < 9.0).all()
 
 
+def test_length_table_reuses_router_free_rows_of_the_same_seed_only():
+    """analyses/length_table.reusable_rows: dense and random rows on the asked windows, drawn
+    with the run's seed (a missing seed column counts as seed 0; dense needs no seed); hard rows never; random rows
+    never under a per-layer k."""
+    from analyses.length_table import reusable_rows
+    from focus_lab import FocusConfig
+    old = pd.DataFrame({"label": ["dense", "random_top1", "hard_top1", "random_top1", "dense"],
+                        "window": [0, 0, 0, 1, 5]})
+    got = reusable_rows(old, ["dense", "random_top1", "hard_top1"], [0, 1], FocusConfig())
+    assert sorted(zip(got.label, got.window)) == [("dense", 0), ("random_top1", 0), ("random_top1", 1)]
+    assert reusable_rows(old, ["dense", "random_top1"], [0, 1], FocusConfig(seed=1)).label.tolist() == ["dense"]
+    assert len(reusable_rows(old.assign(seed=1), ["dense", "random_top1"], [0, 1], FocusConfig(seed=1))) == 3
+    spec = FocusConfig(layer_top_k={3: 0})
+    assert reusable_rows(old, ["dense", "random_top1"], [0, 1], spec).label.tolist() == ["dense"]
+
+
 def test_length_table_report_marks_reused_rows(tmp_path):
     """analyses/length_table.py --report: changes vs dense and the controls come from the
     per-window rows; rows taken with --reuse get their tokens/s starred and a footnote."""
