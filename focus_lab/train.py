@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 from .core import hard_group_shares
 from .config import FocusConfig, TrainConfig
 from .io import atomic_path, write_json, write_parquet
-from .retrofit import (FocusForward, add_observer, attach, focus_config, is_attached, load_routers, read_router_file,
+from .retrofit import (FocusForward, add_observer, attach, focus_config, is_attached, load_routers,
                        routers, save_routers)
 
 TRAIN_LOG_SCHEMA = 1
@@ -127,26 +127,23 @@ def train(model, windows: list, focus_cfg: FocusConfig, train_cfg: TrainConfig, 
     if train_cfg.batch_size % world:
         raise ValueError(f"batch_size={train_cfg.batch_size} is not a multiple of the {world} "
                          "processes; choose a batch size divisible by --nproc_per_node")
-    inherited = {}
-    if train_cfg.init_routers and not resume:
-        # continuing a router file keeps its identity: the seed of its random groups (random
-        # layers, random and shuffled controls) and its random layers (docs/method.md §2.6);
-        # ``train_cfg.seed`` still drives the windows' order
-        init_cfg = read_router_file(train_cfg.init_routers)[0]
-        inherited = {"seed": init_cfg.seed, "random_layers": init_cfg.random_layers}
     if not is_attached(model):
-        attach(model, focus_cfg.replace(mode="soft", **inherited))
+        attach(model, focus_cfg.replace(mode="soft"))
     # the config every training forward uses (passed per forward, the model's default untouched)
-    base_cfg = focus_config(model).replace(mode="soft", **inherited)
+    base_cfg = focus_config(model).replace(mode="soft")
     params = [p for r in routers(model).values() for p in (r.proj, r.centroids)]
     opt = torch.optim.AdamW(params, lr=train_cfg.lr, weight_decay=train_cfg.weight_decay)
     start, log_rows = 0, []
-    if train_cfg.init_routers and not resume:  # length curriculum: start from trained routers
-        load_routers(model, train_cfg.init_routers)
+    if resume and not (ckpt / "routers.safetensors").is_file():
+        raise FileNotFoundError(f"--resume: no checkpoint in {ckpt}; start without --resume")
+    source = ckpt / "routers.safetensors" if resume else train_cfg.init_routers
+    if source:  # the checkpoint, or a length curriculum starting from trained routers
+        loaded = load_routers(model, source)
+        # a continued file keeps its identity: the seed of its random groups (random layers,
+        # random and shuffled controls) and its random layers (docs/method.md §2.6);
+        # ``train_cfg.seed`` still orders the windows
+        base_cfg = base_cfg.replace(seed=loaded.seed, random_layers=loaded.random_layers)
     if resume:
-        if not (ckpt / "routers.safetensors").is_file():
-            raise FileNotFoundError(f"--resume: no checkpoint in {ckpt}; start without --resume")
-        load_routers(model, ckpt / "routers.safetensors")
         state = torch.load(ckpt / "trainer.pt", weights_only=True)
         opt.load_state_dict(state["optimizer"])
         start = int(state["step"])

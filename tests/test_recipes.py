@@ -173,8 +173,8 @@ def test_readme_lists_exactly_the_accepted_recipes():
 
 def test_continued_training_keeps_the_init_files_random_groups(tmp_path):
     """train(init_routers=F) with another seed: the saved file keeps F's seed and random_layers
-    (the random groups it was measured with), starts from F's tensors, and still trains; without
-    init_routers the given seed is saved."""
+    (the random groups it was measured with), starts from F's tensors, and still trains; so does
+    a resumed run; without init_routers the given seed is saved."""
     from types import SimpleNamespace
     from focus_lab.retrofit import read_router_file, save_routers
     from focus_lab.train import train
@@ -185,13 +185,19 @@ def test_continued_training_keeps_the_init_files_random_groups(tmp_path):
     focus_lab.attach(first, FocusConfig(num_groups=3, window=4, top_k=1, sink_tokens=1, seed=5, random_layers=[1]))
     init = save_routers(first, tmp_path / "init.safetensors")
     model = tiny_llama(layers=3)
-    tcfg = TrainConfig(steps=2, seq_len=48, batch_size=2, lr=3e-2, seed=1, init_routers=str(init))
+    tcfg = TrainConfig(steps=2, seq_len=48, batch_size=2, lr=3e-2, seed=1, init_routers=str(init), checkpoint_every=1)
     train(model, wins, FocusConfig(num_groups=3, window=4, top_k=1, sink_tokens=1, seed=1), tcfg,
           tmp_path / "cont", progress=False)
     cfg, _, tensors, _ = read_router_file(tmp_path / "cont" / "routers.safetensors")
     assert (cfg.seed, cfg.random_layers) == (5, [1])
     _, _, start, _ = read_router_file(init)
     assert any(not torch.equal(tensors[k], start[k]) for k in start)  # it trained from F
+    # resuming that run (no init file, the CLI's seed again) keeps them too
+    train(tiny_llama(layers=3), wins, FocusConfig(num_groups=3, window=4, top_k=1, sink_tokens=1, seed=1),
+          TrainConfig(steps=3, seq_len=48, batch_size=2, lr=3e-2, seed=1, checkpoint_every=1),
+          tmp_path / "cont", resume=True, progress=False)
+    cfg = read_router_file(tmp_path / "cont" / "routers.safetensors")[0]
+    assert (cfg.seed, cfg.random_layers) == (5, [1])
     fresh = tiny_llama(layers=3)
     train(fresh, wins, FocusConfig(num_groups=3, window=4, top_k=1, sink_tokens=1, seed=1),
           TrainConfig(steps=1, seq_len=48, batch_size=2, lr=3e-2, seed=1), tmp_path / "new", progress=False)
