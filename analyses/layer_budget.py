@@ -91,8 +91,7 @@ def choose_random_layers(sweep: pd.DataFrame, current: list[int], min_gain: floa
     table.insert(0, "random_now", [i in current for i in by.index])
     table["worst"] = by.max(axis=1)
     table["flip"] = table.worst < -min_gain
-    flipped = set(table.index[table.flip])
-    new = sorted((set(current) - flipped) | {i for i in flipped if i not in current})
+    new = sorted(set(current) ^ set(table.index[table.flip]))  # a flip toggles the layer's membership
     return [int(i) for i in new], table.reset_index()
 
 
@@ -141,16 +140,18 @@ def main(argv=None) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / "sweep.parquet"
     done = pd.read_parquet(path) if path.is_file() else pd.DataFrame()
+    if len(done) and done.get("sweep", pd.Series("top_k", index=done.index)).ne(args.sweep).any():
+        raise SystemExit(f"{path} holds another --sweep's rows; give this sweep its own --out")
     rows = [done] if len(done) else []
 
     current = sorted(cfg.random_layers or [])
 
     def run(layer: int | None, k: int | None) -> pd.DataFrame:
-        changes = {"mode": "hard", "top_k": args.base_k, "layer_top_k": {} if layer is None else {layer: k}}
-        if args.sweep == "random":  # k is unused: the variant flips the layer's assignment
-            changes["layer_top_k"] = {}
-            if layer is not None:
-                changes["random_layers"] = sorted(set(current) ^ {layer})
+        changes = {"mode": "hard", "top_k": args.base_k, "layer_top_k": {}}
+        if layer is not None and args.sweep == "random":  # the layer's assignment flipped, k unchanged
+            changes["random_layers"] = sorted(set(current) ^ {layer})
+        elif layer is not None:
+            changes["layer_top_k"] = {layer: k}
         out = []
         for corpus, w in windows:
             df = evaluate(model, [w], [(f"hard_top{args.base_k}", changes)], progress=False)
