@@ -82,6 +82,22 @@ EXPERIMENTS: list[Experiment] = [
 ]
 
 
+def parse_only(only: list[str] | None) -> list[str] | None:
+    """Experiment names for ``--only``: repeated options and comma-separated lists alike
+    (``--only baselines,records`` = ``--only baselines --only records``). Raises
+    ``focus_lab.config.ConfigError`` (one line, exit 2 from the CLI) naming the unknown names and the valid ones (a misspelt name would otherwise run nothing
+    and say nothing)."""
+    if not only:
+        return None
+    names = [n.strip() for item in only for n in item.split(",") if n.strip()]
+    valid = [e.name for e in EXPERIMENTS]
+    unknown = [n for n in names if n not in valid]
+    if unknown:
+        from focus_lab.config import ConfigError
+        raise ConfigError(f"unknown experiment(s) {', '.join(unknown)} for --only; choose from {', '.join(valid)}")
+    return names or None
+
+
 def run_experiments(ctx: Context, only: list[str] | None = None) -> dict[str, dict]:
     """Run (or skip, when cached) every experiment in order; a failing experiment is logged and
     the others go on. Returns {name: status dict}."""
@@ -341,12 +357,14 @@ def run_figures(out: str | Path | None = None, quick: bool = False, only: list[s
     Args:
         out: output folder (default ``figures`` in the repository, ``figures/quick`` with quick).
         quick: tiny model and inputs (minutes). only: experiment names to run (others are only
-            read from the cache). threads: torch threads (1: a polite default on a shared CPU).
+            read from the cache; ``parse_only``: comma lists accepted, unknown names raise
+            ConfigError before anything runs). threads: torch threads (1: a polite default on a shared CPU).
         png: also write PNG files through kaleido. update_readme: write the reproduction table
             into docs/reproduction.md (between its markers). routers: a router file instead of
             the shipped routers.
     Returns: {"out", "records", "status", "seconds"}.
     """
+    only = parse_only(only)
     t0 = time.perf_counter()
     out = Path(out) if out is not None else REPO / "figures" / ("quick" if quick else "")
     out.mkdir(parents=True, exist_ok=True)
