@@ -34,9 +34,10 @@ def _root() -> Path:
 
 
 REPO = _root()
-# per-window cells of the length table and passkey tables, committed with the repository and
-# reused by the experiments "transfer_length", "transfer_domain" and "passkey" (full settings)
-LENGTH_TABLE = REPO / "figures" / "length_table"
+# per-window cells of the length tables (``figures/<table>/cells/``) and passkey tables, committed
+# with the repository and reused by the experiments "transfer_length", "transfer_domain" and
+# "passkey" (full settings)
+FIGURES = REPO / "figures"
 PASSKEY_TABLES = REPO / "figures" / "passkey"
 
 # ============================================================================================
@@ -306,14 +307,42 @@ def pattern_method(label: str) -> str:
     return label
 
 
+def committed_rows(name: str, cell: str, labels: list[str], windows: list[int], cfg, sha: str,
+                   log) -> pd.DataFrame:
+    """Rows of the committed length-table cells (``FIGURES/*/cells/<cell>.parquet``, made by
+    ``analyses/length_table.py``) that this run may take instead of evaluating: router-free rows
+    (``length_table.reusable_rows``) and rows made with this router
+    (``length_table.same_router_rows``: the same file, or one holding the same tensors under the
+    same random layers, ``shipped.same_tensor_shas``). A pattern is taken only when one table
+    holds it on every window; tables are tried in name order. Columns: evaluate's + window."""
+    from analyses.length_table import reusable_rows, same_router_rows
+    from focus_lab.shipped import same_tensor_shas
+    shas, taken, have = same_tensor_shas(sha), [], set()
+    for path in sorted(FIGURES.glob(f"*/cells/{cell}.parquet")):
+        old = pd.read_parquet(path)
+        rows = pd.concat([reusable_rows(old, labels, windows, cfg),
+                          same_router_rows(old, labels, windows, cfg, shas, sha)]).drop_duplicates(["label", "window"])
+        full = {lab for lab, g in rows.groupby("label") if set(g["window"]) == set(windows)} - have
+        if full:
+            keep = [c for c in rows.columns if c in _CELL_COLUMNS]
+            taken.append(rows[rows["label"].isin(full)][keep])
+            have |= full
+            log(f"  [{name}] {cell}: reusing {sorted(full)} from {path.parent.parent.relative_to(REPO)}")
+    return pd.concat(taken, ignore_index=True) if taken else pd.DataFrame()
+
+
+# evaluate(..., per_window=True)'s columns plus the window: what a reused row keeps
+_CELL_COLUMNS = ("label", "mode", "top_k", "nll", "perplexity", "tokens", "distant_pairs_kept",
+                 "max_group_share", "seconds", "tokens_per_second", "schema_version", "window")
+
+
 def length_cells(ctx: Context, name: str, specs) -> pd.DataFrame:
     """Per-window perplexities (``evaluate(..., per_window=True)``) of ``settings.cell_patterns``
     for each (corpus, tokens, windows) of ``specs``, on held-out windows; one resumable part per
-    cell (``<out>/data/<name>.parts/<corpus>_<tokens>``). Full settings reuse the committed cells
-    of the length table (``figures/length_table/cells``, ``analyses/length_table.py``) when they
-    were made with the same router file (sha256) on the same windows, and evaluate only the
-    patterns they lack. Columns: evaluate's + window, corpus, seq_len, reused (bool), method
-    (``pattern_method``)."""
+    cell (``<out>/data/<name>.parts/<corpus>_<tokens>``). Full settings reuse the committed
+    length-table cells (``committed_rows``: router-free rows, and rows made with this router, on
+    the same windows) and evaluate only the patterns they lack. Columns: evaluate's + window,
+    corpus, seq_len, reused (bool), method (``pattern_method``)."""
     from focus_lab.evaluate import evaluate, parse_patterns
     frames = []
     for corpus, T, n in specs:
@@ -324,19 +353,12 @@ def length_cells(ctx: Context, name: str, specs) -> pd.DataFrame:
             cfg = load_routers(model, ctx.routers())
             pats = parse_patterns(ctx.settings.cell_patterns, cfg.num_groups)
             rows, todo = [], pats
-            committed = LENGTH_TABLE / "cells" / f"{corpus}_{T}.parquet"
-            if not ctx.quick and committed.is_file():
-                old = pd.read_parquet(committed)
-                want = {int(w.index) for w in ws}
-                if "routers_sha256" in old and (old["routers_sha256"] == ctx.router_id()).all():
-                    old = old[old["window"].isin(want)]
-                    have = {lab for lab, g in old.groupby("label") if set(g["window"]) == want}
-                    if have:
-                        keep = [c for c in old.columns if c not in ("corpus", "seq_len", "heldout", "routers",
-                                                                    "routers_sha256", "table_schema_version")]
-                        rows.append(old[old["label"].isin(have)][keep].assign(reused=True))
-                        todo = [p for p in pats if p[0] not in have]
-                        ctx.log(f"  [{name}] {corpus} {T}: reusing {sorted(have)} from {committed}")
+            if not ctx.quick:
+                old = committed_rows(name, f"{corpus}_{T}", [p[0] for p in pats], [int(w.index) for w in ws],
+                                     cfg, ctx.router_id(), ctx.log)
+                if len(old):
+                    rows.append(old.assign(reused=True))
+                    todo = [p for p in pats if p[0] not in set(old["label"])]
             if todo:
                 rows.append(evaluate(model, ws, todo, progress=False, per_window=True).assign(reused=False))
             df = pd.concat(rows, ignore_index=True)

@@ -34,14 +34,41 @@ def router_free(label: str, layer_top_k: dict | None = None) -> bool:
     return label in ("dense", "window") or (label.startswith("random_top") and not layer_top_k)
 
 
+def _spec(old: pd.DataFrame, column: str) -> pd.Series:
+    """A cell's spec column (``random_layers``, ``layer_top_k``) as text, '' where absent."""
+    return old[column].fillna("").astype(str) if column in old else pd.Series("", index=old.index)
+
+
 def reusable_rows(old: pd.DataFrame, labels: list[str], windows: list[int], cfg) -> pd.DataFrame:
     """The rows of another table's cell that this run may take: router-free patterns it asks for
     (``router_free`` under ``cfg.layer_top_k``), on its windows; random rows only when drawn with
     the same seed (``cfg.seed`` fixes the random control's groups; a cell without a seed column
-    was made with seed 0)."""
+    was made with seed 0) and without a per-layer k (a cell made with ``--layer-top-k`` keeps
+    other pairs under random groups)."""
     seed = old["seed"] if "seed" in old else pd.Series(0, index=old.index)
+    plain = old.label.isin(["dense", "window"])
     return old[old.label.map(lambda lab: router_free(lab, cfg.layer_top_k)) & old.label.isin(labels)
-               & old.window.isin(windows) & ((seed == cfg.seed) | old.label.isin(["dense", "window"]))]
+               & old.window.isin(windows) & (plain | ((seed == cfg.seed) & (_spec(old, "layer_top_k") == "")))]
+
+
+def same_router_rows(old: pd.DataFrame, labels: list[str], windows: list[int], cfg, shas: set[str],
+                     own_sha: str) -> pd.DataFrame:
+    """The rows of another table's cell made with this run's router, so that they may be taken
+    for the router patterns (hard, shuffled, soft) too: the cell's router file is this one
+    (``own_sha``, its random layers as the file says or as given) or holds the same tensors
+    (``shas``, e.g. ``shipped.same_tensor_shas``) under the same ``--random-layers``; same seed,
+    no per-layer k on either side, on this run's windows. ``cfg``: this run's FocusConfig."""
+    from focus_lab.config import parse_random_layers
+    if cfg.layer_top_k or "routers_sha256" not in old:
+        return old.iloc[:0]
+    spec = _spec(old, "random_layers")
+    want = sorted(cfg.random_layers or [])
+    same_layers = spec.map(lambda x: x != "" and sorted(parse_random_layers(x)) == want)
+    sha = old["routers_sha256"]
+    seed = old["seed"] if "seed" in old else pd.Series(0, index=old.index)
+    return old[old.label.isin(labels) & old.window.isin(windows) & (seed == cfg.seed)
+               & (_spec(old, "layer_top_k") == "")
+               & (((sha == own_sha) & ((spec == "") | same_layers)) | (sha.isin(shas) & same_layers))]
 
 
 def run_cells(args) -> None:

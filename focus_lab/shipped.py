@@ -52,6 +52,18 @@ def shipped_router_file(model_name: str | None = None) -> Path:
     return path
 
 
+def same_tensor_shas(sha256: str) -> set[str]:
+    """sha256 of the router files that hold exactly the tensors of the file with ``sha256`` under
+    another saved config, as the manifest records for a shipped file (``same_tensors_sha256``:
+    e.g. the file shipped at stops 20-22, whose tensors ship since stop 23 with
+    ``random_layers`` 1-9). Results made with such a file under the same config are this file's
+    results (``analyses.length_table.same_router_rows``). Empty for any other file."""
+    for entry in manifest().values():
+        if entry.get("sha256") == sha256:
+            return set(entry.get("same_tensors_sha256", []))
+    return set()
+
+
 def resolve_routers(routers: str | Path | None, model_name: str | None = None) -> Path:
     """``routers`` if given, else the shipped file for the model (see ``shipped_router_file``)."""
     return Path(routers) if routers is not None else shipped_router_file(model_name)

@@ -109,13 +109,14 @@ def test_cli_says_where_the_figures_live_without_the_package(monkeypatch):
 
 
 def test_length_cells_reuse_committed_rows_only_for_the_same_routers(tmp_path, monkeypatch):
-    """Committed length-table rows are taken for the patterns they hold on exactly the requested
-    windows when their router sha256 matches; the other patterns are evaluated; another router
-    file's rows are never taken."""
+    """Committed length-table rows (any ``figures/*/cells``) are taken for the patterns one table
+    holds on exactly the requested windows: dense from any table, hard rows only when made with
+    this router file or with one the manifest lists as holding the same tensors under the same
+    random layers; the other patterns are evaluated."""
     from dataclasses import dataclass
     import torch
     from conftest import tiny_llama
-    from focus_lab import FocusConfig
+    from focus_lab import FocusConfig, shipped
     from focus_lab.retrofit import attach, save_routers
 
     @dataclass
@@ -125,7 +126,7 @@ def test_length_cells_reuse_committed_rows_only_for_the_same_routers(tmp_path, m
 
     routers = tmp_path / "r.safetensors"
     m = tiny_llama()
-    attach(m, FocusConfig(window=8, num_groups=4, top_k=2, sink_tokens=1))
+    attach(m, FocusConfig(window=8, num_groups=4, top_k=2, sink_tokens=1, random_layers=[1]))
     save_routers(m, routers)
     g = torch.Generator().manual_seed(0)
     ws = [W(torch.randint(3, 97, (32,), generator=g), i) for i in (3, 7)]
@@ -142,23 +143,34 @@ def test_length_cells_reuse_committed_rows_only_for_the_same_routers(tmp_path, m
         def router_id(self):
             return self.sha
 
-    committed = tmp_path / "lt"
-    (committed / "cells").mkdir(parents=True)
-    rows = pd.DataFrame({"label": ["dense", "dense", "hard_top2"], "window": [3, 7, 3], "nll": [9.0, 9.0, 9.0],
-                         "tokens": [31] * 3, "routers_sha256": ["abc"] * 3})
-    rows.to_parquet(committed / "cells" / "austen_32.parquet")
-    monkeypatch.setattr(C, "LENGTH_TABLE", committed)
+    figures = tmp_path / "figures"
+    for table, rows in {
+            # a: dense on both windows, hard_top2 on one only
+            "a": {"label": ["dense", "dense", "hard_top2"], "window": [3, 7, 3], "routers_sha256": ["abc"] * 3,
+                  "random_layers": [""] * 3},
+            # b: hard_top2 on both windows, made with the 'twin' file under random layers 1
+            "b": {"label": ["hard_top2", "hard_top2"], "window": [3, 7], "routers_sha256": ["twin"] * 2,
+                  "random_layers": ["1"] * 2}}.items():
+        (figures / table / "cells").mkdir(parents=True)
+        pd.DataFrame(rows).assign(nll=9.0, tokens=31).to_parquet(figures / table / "cells" / "austen_32.parquet")
+    monkeypatch.setattr(C, "FIGURES", figures)
+    monkeypatch.setattr(C, "REPO", tmp_path)
 
     ctx = Ctx()
     ctx.sha = "abc"
+    monkeypatch.setattr(shipped, "same_tensor_shas", lambda sha: set())
     df = C.length_cells(ctx, "same", [("austen", 32, 2)])
-    # dense is committed on both windows: reused; hard_top2 only on window 3: evaluated
+    # dense is committed on both windows: reused; hard_top2 of this file only on window 3: evaluated
     assert set(df[df.reused].label) == {"dense"} and (df[df.reused].nll == 9.0).all()
     assert set(df[~df.reused].label) == {"hard_top2", "random_top2"} and (df[~df.reused].nll < 9.0).all()
     assert len(df) == 6 and set(df.method) == {"dense", "focus", "random"}
-    ctx.sha = "other"
+    # the manifest says 'twin' holds this file's tensors: its hard_top2 rows (random layers 1) count
+    monkeypatch.setattr(shipped, "same_tensor_shas", lambda sha: {"twin"} if sha == "abc" else set())
+    df = C.length_cells(ctx, "twin", [("austen", 32, 2)])
+    assert set(df[df.reused].label) == {"dense", "hard_top2"} and set(df[~df.reused].label) == {"random_top2"}
+    ctx.sha = "other"  # another file: only the router-free dense rows are taken
     df = C.length_cells(ctx, "other", [("austen", 32, 2)])
-    assert not df.reused.any() and (df.nll < 9.0).all()
+    assert set(df[df.reused].label) == {"dense"} and (df[~df.reused].nll < 9.0).all()
 
 
 def test_length_table_reuses_router_free_rows_of_the_same_seed_only():
@@ -175,6 +187,31 @@ def test_length_table_reuses_router_free_rows_of_the_same_seed_only():
     assert len(reusable_rows(old.assign(seed=1), ["dense", "random_top1"], [0, 1], FocusConfig(seed=1))) == 3
     spec = FocusConfig(layer_top_k={3: 0})
     assert reusable_rows(old, ["dense", "random_top1"], [0, 1], spec).label.tolist() == ["dense"]
+    # a cell made under a per-layer k: its random rows kept other pairs, so a plain run skips them
+    made_with_k = old.assign(layer_top_k="3:0")
+    assert reusable_rows(made_with_k, ["dense", "random_top1"], [0, 1], FocusConfig()).label.tolist() == ["dense"]
+    assert len(reusable_rows(old.assign(layer_top_k=""), ["dense", "random_top1"], [0, 1], FocusConfig())) == 3
+
+
+def test_same_router_rows_take_the_same_tensors_under_the_same_random_layers_only():
+    """analyses/length_table.same_router_rows, against hand-made cells: rows of this router file
+    (its own random layers, '' = as the file says, or the same list), or of a file holding the
+    same tensors ('twin') only when its random layers were the same; never another file's, never
+    under a per-layer k or another seed."""
+    from analyses.length_table import same_router_rows
+    from focus_lab import FocusConfig
+    cfg = FocusConfig(random_layers=[1, 2, 3])
+    old = pd.DataFrame({"label": ["hard_top1"] * 7, "window": [0, 1, 2, 3, 4, 5, 6],
+                        "routers_sha256": ["own", "own", "own", "twin", "twin", "other", "own"],
+                        "random_layers": ["", "1-3", "1-9", "1-3", "", "1-3", "1-3"],
+                        "layer_top_k": ["", "", "", "", "", "", "3:0"]})
+    got = same_router_rows(old, ["hard_top1"], list(range(7)), cfg, {"twin"}, "own")
+    assert sorted(got.window) == [0, 1, 3]
+    assert same_router_rows(old, ["hard_top2"], list(range(7)), cfg, {"twin"}, "own").empty
+    assert sorted(same_router_rows(old, ["hard_top1"], [1, 3], cfg, set(), "own").window) == [1]
+    assert same_router_rows(old.assign(seed=1), ["hard_top1"], list(range(7)), cfg, {"twin"}, "own").empty
+    assert same_router_rows(old, ["hard_top1"], list(range(7)), FocusConfig(random_layers=[1, 2, 3],
+                            layer_top_k={4: 0}), {"twin"}, "own").empty
 
 
 def test_length_table_report_marks_reused_rows(tmp_path):
@@ -280,3 +317,15 @@ def test_passkey_reuses_committed_tables_of_the_shipped_configuration_only(tmp_p
     assert got == [("dense", 0, "older"), ("dense", 1, "budget"), ("hard_top2", 0, "plain"),
                    ("hard_top2", 1, "plain"), ("random_top2", 0, "older"), ("random_top2", 1, "older")]
     assert exp_passkey._committed(type("C", (Ctx,), {"router_id": staticmethod(lambda: "zzz")})()) == []
+
+
+def test_figures_only_takes_comma_lists_and_refuses_unknown_names():
+    """``focus-lab figures --only a,b`` is ``--only a --only b``; a misspelt experiment name is
+    refused in one line with the valid names and exit 2, before anything runs (it used to run
+    nothing and say nothing)."""
+    from analyses.figures import parse_only
+    assert parse_only(["baselines,records", "lora"]) == ["baselines", "records", "lora"]
+    assert parse_only(None) is None
+    res = CliRunner().invoke(app, ["figures", "--quick", "--only", "baselines,recrods"])
+    assert res.exit_code == 2
+    assert "recrods" in res.output and "choose from router, baselines" in res.output
