@@ -58,7 +58,7 @@ class Settings:
     soft_seq_len: int = 512             # the soft gate's experiment (causal_leak): O(T^2) float bias
     soft_windows: int = 8
     # (corpus, tokens, windows) of the length-transfer and domain-transfer cells: the length
-    # table's (figures/length_table/cells, reused when their routers are the ones in use)
+    # tables' (figures/*/cells, reused where made with the routers in use: common.committed_rows)
     length_cells: tuple = (("austen", 512, 8), ("austen", 1024, 8), ("austen", 2048, 8), ("austen", 4096, 8),
                            ("austen", 8192, 4), ("shakespeare", 512, 8), ("shakespeare", 1024, 8),
                            ("shakespeare", 2048, 8), ("shakespeare", 4096, 8), ("shakespeare", 8192, 4))

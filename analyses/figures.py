@@ -319,9 +319,11 @@ def write_readme(ctx: Context, records: list[dict], status: dict, wall: float, c
               + ", ".join(e.name for e in EXPERIMENTS) + ")",
               "- routers: the routers shipped with the package (`focus_lab/routers/`, provenance in its "
               "MANIFEST.json and docs/recipes.md), or `--routers <file>` (any `focus-lab train` output)",
-              "- cells of the length table (`length_table/cells/`, `python analyses/length_table.py`) and the "
+              "- cells of the length tables (`<table>/cells/`, `python analyses/length_table.py`) and the "
               "passkey tables (`passkey/<run>/`, `focus-lab probe passkey`) are committed and reused when "
-              "they were made with the same router file (sha256); what they lack is computed",
+              "they were made with the same router file (sha256), or with one its MANIFEST lists as holding "
+              "the same tensors under the same random layers (dense and random rows: any file, same seed, "
+              "no per-layer k); what they lack is computed",
               "- speed benchmark: `python analyses/bench_attention.py` (issue 4; its own outputs in "
               "`bench_attention/` are read when present, else experiment `bench` runs it with "
               "`" + " ".join(s.bench_args) + "`)",

@@ -27,11 +27,15 @@ WINDOWS = "512:8,1024:8,2048:8,4096:8,8192:4"
 SCHEMA_VERSION = 1
 # patterns whose result does not depend on the router (random groups ignore its bias): --reuse
 # takes them from another table's cells on the same windows instead of recomputing them
+# patterns that use no groups at all: the same rows whatever the router file, seed or per-layer k
+GROUP_FREE = ("dense", "window")
+
+
 def router_free(label: str, layer_top_k: dict | None = None) -> bool:
     """Patterns whose rows do not depend on the router file, so ``--reuse`` may take them from
     another table: dense, window, and random_topK unless a per-layer k (``--layer-top-k``)
     changes which pairs random groups keep."""
-    return label in ("dense", "window") or (label.startswith("random_top") and not layer_top_k)
+    return label in GROUP_FREE or (label.startswith("random_top") and not layer_top_k)
 
 
 def _spec(old: pd.DataFrame, column: str) -> pd.Series:
@@ -46,7 +50,7 @@ def reusable_rows(old: pd.DataFrame, labels: list[str], windows: list[int], cfg)
     was made with seed 0) and without a per-layer k (a cell made with ``--layer-top-k`` keeps
     other pairs under random groups)."""
     seed = old["seed"] if "seed" in old else pd.Series(0, index=old.index)
-    plain = old.label.isin(["dense", "window"])
+    plain = old.label.isin(GROUP_FREE)
     return old[old.label.map(lambda lab: router_free(lab, cfg.layer_top_k)) & old.label.isin(labels)
                & old.window.isin(windows) & (plain | ((seed == cfg.seed) & (_spec(old, "layer_top_k") == "")))]
 
@@ -151,7 +155,7 @@ def against_rows(df: pd.DataFrame, against: Path) -> list[dict]:
             continue
         other = pd.read_parquet(cell)
         for label in sorted(set(g.label) & set(other.label)):
-            if label in ("dense", "window") or (g[g.label == label].reused_from != "").all():
+            if label in GROUP_FREE or (g[g.label == label].reused_from != "").all():
                 continue
             a, b = g[g.label == label], other[other.label == label]
             m, lo, hi = paired_change(a, b)
