@@ -25,12 +25,12 @@ import pandas as pd
 PATTERNS = "dense,window,hard_top1,hard_top2,random_top1,random_top2,shuffled_top1,shuffled_top2"
 WINDOWS = "512:8,1024:8,2048:8,4096:8,8192:4"
 SCHEMA_VERSION = 1
-# patterns whose result does not depend on the router (random groups ignore its bias): --reuse
-# takes them from another table's cells on the same windows instead of recomputing them
 # patterns that use no groups at all: the same rows whatever the router file, seed or per-layer k
 GROUP_FREE = ("dense", "window")
 
 
+# patterns whose result does not depend on the router (random groups ignore its bias): --reuse
+# takes them from another table's cells on the same windows instead of recomputing them
 def router_free(label: str, layer_top_k: dict | None = None) -> bool:
     """Patterns whose rows do not depend on the router file, so ``--reuse`` may take them from
     another table: dense, window, and random_topK unless a per-layer k (``--layer-top-k``)
