@@ -54,16 +54,19 @@ def format_layer_top_k(layer_top_k: dict) -> str:
     by_k: dict[int, list[int]] = {}
     for layer, k in layer_top_k.items():
         by_k.setdefault(int(k), []).append(int(layer))
-    parts = []
-    for k in sorted(by_k):
-        layers, runs = sorted(by_k[k]), []
-        for layer in layers:
-            if runs and layer == runs[-1][1] + 1:
-                runs[-1][1] = layer
-            else:
-                runs.append([layer, layer])
-        parts.append(",".join(f"{a}" if a == b else f"{a}-{b}" for a, b in runs) + f":{k}")
-    return ";".join(parts) or "none"
+    return ";".join(f"{format_int_list(by_k[k])}:{k}" for k in sorted(by_k)) or "none"
+
+
+def format_int_list(values) -> str:
+    """The inverse of ``parse_int_list``: integers -> ascending, runs as ranges, e.g.
+    [1, 2, 3, 7, 9, 10] -> '1-3,7,9-10'; [] -> ''."""
+    runs: list[list[int]] = []
+    for v in sorted(int(x) for x in values):
+        if runs and v == runs[-1][1] + 1:
+            runs[-1][1] = v
+        else:
+            runs.append([v, v])
+    return ",".join(f"{a}" if a == b else f"{a}-{b}" for a, b in runs)
 
 
 def parse_int_list(spec: str) -> list[int]:

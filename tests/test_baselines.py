@@ -327,8 +327,10 @@ def test_add_speedup_per_group_by_hand():
 def test_random_layers_route_like_random_groups_there_only():
     """FocusConfig.random_layers: the named layers route exactly like assignment="random" (no
     group bias), the others like the router, in every assignment; shuffled leaves them random."""
-    from focus_lab.config import ConfigError, parse_int_list, parse_random_layers
+    from focus_lab.config import ConfigError, format_int_list, parse_int_list, parse_random_layers
     assert parse_int_list("1-3, 7") == [1, 2, 3, 7]
+    assert format_int_list([9, 1, 2, 3, 7, 10]) == "1-3,7,9-10" and format_int_list([]) == ""
+    assert parse_int_list(format_int_list([0, 4, 5, 6, 29])) == [0, 4, 5, 6, 29]
     assert parse_random_layers(" None ") == [] and parse_random_layers("1-2") == [1, 2]
     with pytest.raises(ValueError, match="0,3,5-7"):
         parse_int_list("a-b")
