@@ -22,8 +22,8 @@ share (settings, context, style) is in ``analyses/common.py``.
 texts (minutes; used by tests/test_figures.py). The full set runs on the embedded SmolLM2-135M
 with the routers shipped in the package (``focus_lab/routers/``; ``--routers`` for another
 file) at long context (``analyses.common.FULL``: baselines, domains and recorded runs at 4096
-tokens; the length table's cells from 512 to 8192 tokens), sized for about two hours on a
-2-core CPU. PNGs are committed (palette-optimized); the HTML files are generated.
+tokens; the length table's cells from 512 to 8192 tokens): 38 min on a quiet 2-core CPU with
+``--threads 2`` when the committed length-table cells are reused (stop 27), hours without. PNGs are committed (palette-optimized); the HTML files are generated.
 Sources: docs/method.md §1-§6; the issue 8 figure list.
 """
 
