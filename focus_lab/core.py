@@ -70,6 +70,13 @@ class Router(nn.Module):
         self.centroids = nn.Parameter(torch.randn(K, dg, generator=g) * (config.tau / math.sqrt(dg)))
         self.register_buffer("group_bias", torch.zeros(K))
 
+    def routes(self, config: FocusConfig | None = None) -> bool:
+        """Whether this layer's groups come from this router under ``config`` (default the
+        router's own): False for balanced random groups (``assignment="random"``, or the layer in
+        ``random_layers``, docs/method.md §2.6). Training leaves a router that does not route
+        untouched: no loss, no gradient, no group-bias update."""
+        return (config or self.config).assignment_at(self.layer_idx) != "random"
+
     def forward(self, h: torch.Tensor, config: FocusConfig | None = None, start: int = 0) -> torch.Tensor:
         """Router scores. h: (B, T, d) attention input -> S: (B, T, K), fp32.
 
@@ -77,7 +84,7 @@ class Router(nn.Module):
         router's own. ``start``: absolute position of the first token (random groups only: a
         KV-cache decode step)."""
         cfg = config or self.config
-        if cfg.assignment_at(self.layer_idx) == "random":
+        if not self.routes(cfg):
             return random_scores(h.shape[0], h.shape[1], cfg.num_groups,
                                  seed=layer_seed(cfg.seed, self.layer_idx), device=h.device, start=start)
         h = rms_normalize(h) if cfg.normalize_input else h.float()  # (B, T, d)

@@ -132,6 +132,8 @@ def distill_step(model, ids: torch.Tensor, config: FocusConfig, step: int, num_q
     def observe(module, q, k, v, routing, bias, out):
         r = module.focus_router
         h = inputs.pop(r.layer_idx).detach()
+        if not r.routes(config):  # random groups here: nothing to learn (Router.routes)
+            return
         with torch.enable_grad():
             loss, col, scores = layer_distill_loss(module, r, h, q, k, v, out, q_pos, config,
                                                    attention_scale(module, q.shape[-1]), top_ks)

@@ -333,7 +333,7 @@ def _route_layer(router: Router, state: FocusForward, keep: torch.Tensor,
     token_mask = keep.diagonal(dim1=1, dim2=2, offset=Tk - Tq) if attention_mask is not None else None
     start = state.cache.seen(router.layer_idx) if (state.cache is not None and Tq < Tk) else Tk - Tq
     routing = route(router, h, token_mask, cfg, start)  # start: absolute position of h[:, 0]
-    if router.training and routing.col_potential is not None:
+    if router.training and routing.col_potential is not None and router.routes(cfg):
         router.update_bias(routing.col_potential, cfg.bias_momentum)
     if cfg.mode != "hard":
         return routing, 0

@@ -267,6 +267,8 @@ def coverage_step(model, ids: torch.Tensor, config: FocusConfig, shares: dict | 
     def observe(module, q, k, v, routing, bias, out):
         r = module.focus_router
         h = inputs.pop(r.layer_idx).detach()
+        if not r.routes(config):  # random groups here: nothing to learn (Router.routes)
+            return
         attn = head_mean_attention(q, k, attention_scale(module, q.shape[-1]))  # (B, T, T)
         with torch.enable_grad():
             scores = r(h, config)  # (B, T, K)

@@ -202,3 +202,31 @@ def test_continued_training_keeps_the_init_files_random_groups(tmp_path):
     train(fresh, wins, FocusConfig(num_groups=3, window=4, top_k=1, sink_tokens=1, seed=1),
           TrainConfig(steps=1, seq_len=48, batch_size=2, lr=3e-2, seed=1), tmp_path / "new", progress=False)
     assert read_router_file(tmp_path / "new" / "routers.safetensors")[0].seed == 1
+
+
+@pytest.mark.parametrize("objective", ["lm", "distill", "coverage"])
+def test_training_leaves_the_random_layers_routers_untouched(tmp_path, objective):
+    """Continued training of a file with random_layers (the shipped file's case) runs under every
+    objective and changes only the routers that route: a random layer's proj, centroids and group
+    bias stay the init file's (the distill and coverage objectives raised 'element 0 of tensors
+    does not require grad' there, and the LM objective moved its group bias)."""
+    from types import SimpleNamespace
+    from focus_lab.retrofit import read_router_file, save_routers
+    from focus_lab.train import train
+    torch.manual_seed(0)
+    ids = torch.randint(3, 97, (2, 48))
+    wins = [SimpleNamespace(input_ids=ids[i]) for i in range(2)]
+    base = dict(num_groups=3, window=4, top_k=1, sink_tokens=1)
+    first = tiny_llama(layers=3)
+    focus_lab.attach(first, FocusConfig(**base, random_layers=[1]))
+    init = save_routers(first, tmp_path / "init.safetensors")
+    extra = {} if objective == "lm" else {"objective": objective}
+    train(tiny_llama(layers=3), wins, FocusConfig(**base),
+          TrainConfig(steps=2, seq_len=48, batch_size=2, lr=3e-2, init_routers=str(init), **extra),
+          tmp_path / "out", progress=False)
+    _, _, start, _ = read_router_file(init)
+    _, _, end, _ = read_router_file(tmp_path / "out" / "routers.safetensors")
+    for name in ("proj", "centroids", "group_bias"):
+        assert torch.equal(end[f"layers.1.{name}"], start[f"layers.1.{name}"]), name
+    assert not torch.equal(end["layers.0.proj"], start["layers.0.proj"])
+    assert not torch.equal(end["layers.2.proj"], start["layers.2.proj"])
