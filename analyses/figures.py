@@ -23,7 +23,8 @@ texts (minutes; used by tests/test_figures.py). The full set runs on the embedde
 with the routers shipped in the package (``focus_lab/routers/``; ``--routers`` for another
 file) at long context (``analyses.common.FULL``: baselines, domains and recorded runs at 4096
 tokens; the length table's cells from 512 to 8192 tokens): 38 min on a quiet 2-core CPU with
-``--threads 2`` when the committed length-table cells are reused (stop 27), hours without. PNGs are committed (palette-optimized); the HTML files are generated.
+``--threads 2`` when the committed length-table cells are reused (stop 27), hours without.
+PNGs are committed (palette-optimized); the HTML files are generated.
 Sources: docs/method.md §1-§6; the issue 8 figure list.
 """
 
@@ -85,8 +86,8 @@ EXPERIMENTS: list[Experiment] = [
 def parse_only(only: list[str] | None) -> list[str] | None:
     """Experiment names for ``--only``: repeated options and comma-separated lists alike
     (``--only baselines,records`` = ``--only baselines --only records``). Raises
-    ``focus_lab.config.ConfigError`` (one line, exit 2 from the CLI) naming the unknown names and the valid ones (a misspelt name would otherwise run nothing
-    and say nothing)."""
+    ``focus_lab.config.ConfigError`` (one line, exit 2 from the CLI) naming the unknown names
+    and the valid ones (a misspelt name would otherwise run nothing and say nothing)."""
     if not only:
         return None
     names = [n.strip() for item in only for n in item.split(",") if n.strip()]
@@ -360,7 +361,8 @@ def run_figures(out: str | Path | None = None, quick: bool = False, only: list[s
         out: output folder (default ``figures`` in the repository, ``figures/quick`` with quick).
         quick: tiny model and inputs (minutes). only: experiment names to run (others are only
             read from the cache; ``parse_only``: comma lists accepted, unknown names raise
-            ConfigError before anything runs). threads: torch threads (1: a polite default on a shared CPU).
+            ConfigError before anything runs). threads: torch threads (1: a polite default on
+            a shared CPU).
         png: also write PNG files through kaleido. update_readme: write the reproduction table
             into docs/reproduction.md (between its markers). routers: a router file instead of
             the shipped routers.
