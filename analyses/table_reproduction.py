@@ -8,13 +8,12 @@ CPU only, short schedules, few windows: differences of about 1% are within noise
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from focus_lab.config import format_int_list
+from focus_lab.config import FocusConfig, format_int_list
 
 from analyses.common import bench_dir, read
 
@@ -97,8 +96,7 @@ class _Ctx:
         steps, T = router.get("steps"), router.get("train_seq_len")
         model = {"smollm2-135m-instruct": "SmolLM2-135M"}.get(str(router.get("model")), str(router.get("model")))
         sched = "" if steps is None or pd.isna(steps) else f"last stage {int(steps)} steps at {int(T)} tokens, "
-        cfg = json.loads(router["focus_config"]) if isinstance(router.get("focus_config"), str) else {}
-        rl = cfg.get("random_layers") or []
+        rl = FocusConfig.from_json(router["focus_config"]).random_layers or []
         mixed = f", balanced random groups in layers {format_int_list(rl)}" if rl else ""
         return (f"{model}, router-only ({sched}K={int(router.num_groups)}, w={int(router.window)}, "
                 f"{int(router.sink_tokens)} sink tokens{mixed})")

@@ -335,10 +335,11 @@ def test_reproduction_setting_names_the_random_layers(tmp_path):
     """The reproduction table's setting text names the router file's random layers (read from its
     saved FocusConfig), so numbers of a mixed file are not read as every layer routed."""
     from analyses.table_reproduction import _Ctx
+    from focus_lab import FocusConfig
     row = {"num_groups": 4, "window": 128, "sink_tokens": 64, "steps": 30, "train_seq_len": 4096,
            "model": "smollm2-135m-instruct"}
     for layers, text in (([1, 2, 3, 9], ", balanced random groups in layers 1-3,9)"), (None, "64 sink tokens)")):
-        pd.DataFrame([{**row, "focus_config": json.dumps({"random_layers": layers})}]).to_parquet(
+        pd.DataFrame([{**row, "focus_config": FocusConfig(random_layers=layers).to_json()}]).to_parquet(
             tmp_path / "router.parquet")
         got = _Ctx(tmp_path).routers
         assert got.endswith(text) and got.startswith("SmolLM2-135M, router-only (last stage 30 steps at 4096")
