@@ -315,14 +315,14 @@ def committed_rows(name: str, cell: str, labels: list[str], windows: list[int], 
     (``length_table.same_router_rows``: the same file, or one holding the same tensors under the
     same random layers, ``shipped.same_tensor_shas``). A pattern is taken only when one table
     holds it on every window; tables are tried in name order. Columns: evaluate's + window."""
-    from analyses.length_table import reusable_rows, same_router_rows
+    from analyses.length_table import complete_labels, reusable_rows, same_router_rows
     from focus_lab.shipped import same_tensor_shas
     shas, taken, have = same_tensor_shas(sha), [], set()
     for path in sorted(FIGURES.glob(f"*/cells/{cell}.parquet")):
         old = pd.read_parquet(path)
         rows = pd.concat([reusable_rows(old, labels, windows, cfg),
                           same_router_rows(old, labels, windows, cfg, shas, sha)]).drop_duplicates(["label", "window"])
-        full = {lab for lab, g in rows.groupby("label") if set(g["window"]) == set(windows)} - have
+        full = complete_labels(rows, windows) - have
         if full:
             keep = [c for c in rows.columns if c in _CELL_COLUMNS]
             taken.append(rows[rows["label"].isin(full)][keep])

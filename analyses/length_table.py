@@ -38,9 +38,16 @@ def router_free(label: str, layer_top_k: dict | None = None) -> bool:
     return label in GROUP_FREE or (label.startswith("random_top") and not layer_top_k)
 
 
-def _spec(old: pd.DataFrame, column: str) -> pd.Series:
-    """A cell's spec column (``random_layers``, ``layer_top_k``) as text, '' where absent."""
-    return old[column].fillna("").astype(str) if column in old else pd.Series("", index=old.index)
+def _column(old: pd.DataFrame, column: str, default) -> pd.Series:
+    """A cell's column, ``default`` for a cell made before it existed (seed: 0; the spec columns
+    ``random_layers`` and ``layer_top_k``: '', as text)."""
+    col = old[column] if column in old else pd.Series(default, index=old.index)
+    return col.fillna("").astype(str) if default == "" else col
+
+
+def complete_labels(rows: pd.DataFrame, windows: list[int]) -> set[str]:
+    """The patterns ``rows`` hold on every one of ``windows`` (only those are reused)."""
+    return {lab for lab, g in rows.groupby("label") if set(g["window"]) >= set(windows)}
 
 
 def reusable_rows(old: pd.DataFrame, labels: list[str], windows: list[int], cfg) -> pd.DataFrame:
@@ -49,10 +56,10 @@ def reusable_rows(old: pd.DataFrame, labels: list[str], windows: list[int], cfg)
     the same seed (``cfg.seed`` fixes the random control's groups; a cell without a seed column
     was made with seed 0) and without a per-layer k (a cell made with ``--layer-top-k`` keeps
     other pairs under random groups)."""
-    seed = old["seed"] if "seed" in old else pd.Series(0, index=old.index)
     plain = old.label.isin(GROUP_FREE)
     return old[old.label.map(lambda lab: router_free(lab, cfg.layer_top_k)) & old.label.isin(labels)
-               & old.window.isin(windows) & (plain | ((seed == cfg.seed) & (_spec(old, "layer_top_k") == "")))]
+               & old.window.isin(windows)
+               & (plain | ((_column(old, "seed", 0) == cfg.seed) & (_column(old, "layer_top_k", "") == "")))]
 
 
 def same_router_rows(old: pd.DataFrame, labels: list[str], windows: list[int], cfg, shas: set[str],
@@ -65,13 +72,12 @@ def same_router_rows(old: pd.DataFrame, labels: list[str], windows: list[int], c
     from focus_lab.config import parse_random_layers
     if cfg.layer_top_k or "routers_sha256" not in old:
         return old.iloc[:0]
-    spec = _spec(old, "random_layers")
+    spec = _column(old, "random_layers", "")
     want = sorted(cfg.random_layers or [])
     same_layers = spec.map(lambda x: x != "" and sorted(parse_random_layers(x)) == want)
     sha = old["routers_sha256"]
-    seed = old["seed"] if "seed" in old else pd.Series(0, index=old.index)
-    return old[old.label.isin(labels) & old.window.isin(windows) & (seed == cfg.seed)
-               & (_spec(old, "layer_top_k") == "")
+    return old[old.label.isin(labels) & old.window.isin(windows) & (_column(old, "seed", 0) == cfg.seed)
+               & (_column(old, "layer_top_k", "") == "")
                & (((sha == own_sha) & ((spec == "") | same_layers)) | (sha.isin(shas) & same_layers))]
 
 
@@ -108,7 +114,7 @@ def run_cells(args) -> None:
             reused = args.reuse / "cells" / cell.name if args.reuse else None
             if reused is not None and reused.is_file():
                 old = reusable_rows(pd.read_parquet(reused), [p for p, _ in pats], [w.index for w in ws], cfg)
-                have = {lab for lab, g in old.groupby("label") if len(g) == len(ws)}
+                have = complete_labels(old, [w.index for w in ws])
                 rows.append(old[old.label.isin(have)][[c for c in old.columns if c not in (
                     "corpus", "seq_len", "heldout", "routers", "routers_sha256", "table_schema_version",
                     "reused_from")]].assign(reused_from=str(args.reuse)))
