@@ -81,6 +81,34 @@ def same_router_rows(old: pd.DataFrame, labels: list[str], windows: list[int], c
                & (((sha == own_sha) & ((spec == "") | same_layers)) | (sha.isin(shas) & same_layers))]
 
 
+# the columns of a cell that a reused row keeps (the rest describe the run that made the cell)
+_RUN_COLUMNS = ("corpus", "seq_len", "heldout", "routers", "routers_sha256", "table_schema_version",
+                "reused_from", "random_layers", "layer_top_k", "seed")
+
+
+def reused_rows(folders: list[Path], cell: str, labels: list[str], windows: list[int], cfg,
+                sha: str) -> pd.DataFrame:
+    """The rows ``--reuse`` takes for one cell (``<folder>/cells/<cell>``), window by window: the
+    router-free rows (``reusable_rows``) and the rows made with this router (``same_router_rows``:
+    this file, sha256 ``sha``, or one holding the same tensors under the same random layers); for
+    each (pattern, window), the first folder that has it. The run evaluates only the pairs
+    missing, so a table with more windows than an earlier one computes only the new windows.
+    Columns: the cell's per-window columns and ``reused_from`` (the folder)."""
+    from focus_lab.shipped import same_tensor_shas
+    taken = []
+    for folder in folders or []:
+        path = Path(folder) / "cells" / cell
+        if not path.is_file():
+            continue
+        old = pd.read_parquet(path)
+        rows = pd.concat([reusable_rows(old, labels, windows, cfg),
+                          same_router_rows(old, labels, windows, cfg, same_tensor_shas(sha), sha)])
+        taken.append(rows[[c for c in rows.columns if c not in _RUN_COLUMNS]].assign(reused_from=str(folder)))
+    if not taken:
+        return pd.DataFrame()
+    return pd.concat(taken, ignore_index=True).drop_duplicates(["label", "window"]).reset_index(drop=True)
+
+
 def run_cells(args) -> None:
     import torch
     from focus_lab.data import load_corpus, make_windows
@@ -110,18 +138,20 @@ def run_cells(args) -> None:
             if cell.is_file():
                 continue
             ws = make_windows(corp.heldout, tok, L, max_windows=windows_at[L])
-            rows, todo = [], pats
-            reused = args.reuse / "cells" / cell.name if args.reuse else None
-            if reused is not None and reused.is_file():
-                old = reusable_rows(pd.read_parquet(reused), [p for p, _ in pats], [w.index for w in ws], cfg)
-                have = complete_labels(old, [w.index for w in ws])
-                rows.append(old[old.label.isin(have)][[c for c in old.columns if c not in (
-                    "corpus", "seq_len", "heldout", "routers", "routers_sha256", "table_schema_version",
-                    "reused_from")]].assign(reused_from=str(args.reuse)))
-                todo = [p for p in pats if p[0] not in have]
-                print(f"{corpus} {L}: reusing {sorted(have)} from {reused}", flush=True)
+            rows = []
+            old = reused_rows(args.reuse, cell.name, [p for p, _ in pats], [w.index for w in ws], cfg,
+                              file_sha256(routers))
+            if len(old):
+                rows.append(old)
+                for src, g in old.groupby("reused_from"):
+                    print(f"{corpus} {L}: reusing " + ", ".join(
+                        f"{lab} ({len(h)} windows)" for lab, h in g.groupby("label")) + f" from {src}", flush=True)
+            have = set(zip(old.get("label", []), old.get("window", [])))
             t0 = time.perf_counter()
             for w in ws:
+                todo = [p for p in pats if (p[0], w.index) not in have]
+                if not todo:
+                    continue
                 df = evaluate(model, [w], todo, progress=False, per_window=True)
                 rows.append(df)
                 print(f"{corpus} {L} window {w.index}: " + ", ".join(
@@ -269,8 +299,10 @@ def main(argv=None) -> None:
     ap.add_argument("--windows", default=WINDOWS, help="LENGTH:WINDOWS pairs")
     ap.add_argument("--patterns", default=PATTERNS)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--reuse", type=Path, default=None, help="another table's folder: take the "
-                    "router-independent patterns (dense, window, random_topK) from its cells")
+    ap.add_argument("--reuse", type=lambda v: [Path(x) for x in v.split(",") if x], default=None,
+                    help="other tables' folders, comma-separated: take from their cells, window by "
+                    "window, the router-free patterns (dense, window, random_topK) and the rows made "
+                    "with this router file (the first folder that has a pattern on a window wins)")
     ap.add_argument("--layer-top-k", default=None, help="hard patterns: per-layer k overriding the pattern's "
                     "top_k, e.g. '1-9:0;10-14:2', or 'none'; default: the router file's (FocusConfig.layer_top_k)")
     ap.add_argument("--random-layers", default=None, help="layers routed by balanced random groups "

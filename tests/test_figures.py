@@ -343,3 +343,27 @@ def test_reproduction_setting_names_the_random_layers(tmp_path):
             tmp_path / "router.parquet")
         got = _Ctx(tmp_path).routers
         assert got.endswith(text) and got.startswith("SmolLM2-135M, router-only (last stage 30 steps at 4096")
+
+
+def test_length_table_reuses_rows_window_by_window_from_several_tables(tmp_path):
+    """analyses/length_table.reused_rows: for each (pattern, window) the first folder holding a
+    row it may take (router-free rows from any file; router rows only from this file), so that a
+    run with more windows evaluates only the new ones; a folder without the cell is skipped."""
+    from analyses.length_table import reused_rows
+    from focus_lab import FocusConfig
+
+    def cell(folder, rows):
+        (tmp_path / folder / "cells").mkdir(parents=True)
+        pd.DataFrame(rows, columns=["label", "window", "nll", "routers_sha256"]).assign(
+            corpus="austen", seq_len=64).to_parquet(tmp_path / folder / "cells" / "austen_64.parquet")
+
+    cell("a", [("dense", 0, 1.0, "x"), ("dense", 1, 1.1, "x"), ("hard_top2", 0, 2.0, "other")])
+    cell("b", [("dense", 0, 9.0, "own"), ("dense", 2, 1.2, "own"), ("hard_top2", 2, 2.2, "own"),
+               ("hard_top2", 5, 2.5, "own")])
+    folders = [tmp_path / "a", tmp_path / "missing", tmp_path / "b"]
+    got = reused_rows(folders, "austen_64.parquet", ["dense", "hard_top2"], [0, 1, 2, 3], FocusConfig(), "own")
+    taken = {(r.label, r.window): (r.nll, r.reused_from) for r in got.itertuples()}
+    assert taken == {("dense", 0): (1.0, str(tmp_path / "a")), ("dense", 1): (1.1, str(tmp_path / "a")),
+                     ("dense", 2): (1.2, str(tmp_path / "b")), ("hard_top2", 2): (2.2, str(tmp_path / "b"))}
+    assert "corpus" not in got and "routers_sha256" not in got
+    assert reused_rows(None, "austen_64.parquet", ["dense"], [0], FocusConfig(), "own").empty
