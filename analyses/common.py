@@ -200,7 +200,7 @@ class Context:
 
     def router_id(self) -> str:
         """The router file's sha256 (what the committed cells are matched on)."""
-        from focus_lab.record import file_sha256
+        from focus_lab.io import file_sha256
         return file_sha256(self.routers())
 
 

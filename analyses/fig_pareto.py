@@ -27,7 +27,7 @@ DATA = ("baselines",)
 def _same_routers(data_dir: Path, routers: pd.Series) -> pd.Series:
     """Per benchmark row, whether its router file (``routers``: paths, relative to the repository
     or absolute) is the one of ``data/router``: sha256 compared, each file hashed once."""
-    from focus_lab.record import file_sha256
+    from focus_lab.io import file_sha256
 
     def sha(path: str) -> str | None:
         p = Path(path) if Path(path).is_absolute() else REPO / path

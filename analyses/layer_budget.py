@@ -125,7 +125,7 @@ def main(argv=None) -> None:
     from focus_lab.evaluate import evaluate
     from focus_lab.io import atomic_path, write_parquet
     from focus_lab.models import load_model
-    from focus_lab.record import file_sha256
+    from focus_lab.io import file_sha256
     from focus_lab.retrofit import load_routers, routers as routers_of
     from focus_lab.shipped import resolve_routers
 

@@ -1,4 +1,5 @@
-"""The ``focus-lab`` command line: prepare, train, eval, record, app, quickstart, probe passkey."""
+"""The ``focus-lab`` command line: prepare, train, calibrate, soup, eval, record, app, quickstart,
+figures, probe passkey."""
 
 from __future__ import annotations
 
@@ -233,6 +234,23 @@ def calibrate(
     return _guard(run)
 
 
+@app.command()
+def soup(
+    files: list[Path] = typer.Argument(..., help="two or more router files of one base model and one config"),
+    weights: Optional[str] = typer.Option(None, help="one weight per file, comma-separated (normalized); "
+                                          "default equal weights"),
+    out: Path = typer.Option(..., help="router file to write"),
+):
+    """Average router files tensor by tensor (a model soup), e.g. a file and the same file trained further."""
+    def run():
+        from .retrofit import soup_router_files
+        w = _spec(weights, "--weights", lambda v: [float(x) for x in v.split(",")]) if weights else None
+        soup_router_files(files, out, w)
+        typer.echo(f"averaged {len(files)} router files; routers: {out}")
+        return out
+    return _guard(run)
+
+
 @app.command("eval")
 def eval_cmd(
     routers_opt: Optional[Path] = typer.Option(None, "--routers", help="router file; default: the routers shipped "
@@ -326,7 +344,8 @@ def record(
         nonlocal seq_len
         import pandas as pd
         from .data import make_windows
-        from .record import ALL_METRICS, GiB, RecordMemoryError, file_sha256, record_run
+        from .io import file_sha256
+        from .record import ALL_METRICS, GiB, RecordMemoryError, record_run
         from .retrofit import load_routers, set_config
         routers = _routers(routers_opt, model)
         chosen = ALL_METRICS if metrics.strip() == "all" else tuple(x.strip() for x in metrics.split(",") if x.strip())
@@ -570,7 +589,7 @@ def probe_passkey(
         from .evaluate import parse_patterns
         from .passkey import FORMATS, load_haystack, run_passkey, summary
         from .config import format_layer_top_k
-        from .record import file_sha256
+        from .io import file_sha256
         from .retrofit import load_routers, model_identity, read_router_file
         bad = [f for f in fmts if f not in FORMATS] or ([] if fmts else [formats])
         if bad:

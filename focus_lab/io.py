@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import json
 import os
 import shutil
@@ -14,6 +15,16 @@ from typing import Any, Iterator
 
 class ArtifactError(RuntimeError):
     """An artifact could not be written or read; the message names the path and the fix."""
+
+
+def file_sha256(path: str | Path) -> str:
+    """sha256 (hex) of a file's bytes, read in 1 MiB chunks: the identity of a router file or
+    an artifact in every table and manifest."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 def _explain_os_error(path: Path, e: OSError) -> ArtifactError:

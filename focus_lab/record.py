@@ -25,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import datetime as _dt
 import types
-import hashlib
 import importlib.metadata as md
 import json
 import platform
@@ -60,14 +59,6 @@ def package_versions() -> dict[str, str]:
         except md.PackageNotFoundError:
             out[p] = "not installed"
     return out
-
-
-def file_sha256(path: str | Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 # --------------------------------------------------------------------------------------------

@@ -29,7 +29,7 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from .config import FocusConfig
 from .core import Router, Routing, focus_bias, masked_attention, route, window_only_groups
 from .decomposition import hard_focus_attention
-from .io import atomic_path
+from .io import atomic_path, file_sha256
 
 ATTN_NAME = "focus"
 ROUTER_FORMAT = "focus-lab-router"
@@ -632,6 +632,55 @@ def read_router_file(path: str | Path) -> tuple[FocusConfig, dict, dict[str, tor
         raise RouterMismatchError(f"{path} is not a focus-lab router file (no '{ROUTER_FORMAT}' metadata)")
     return (FocusConfig.from_json(meta["focus_config"]), json.loads(meta["base_model"]), tensors,
             json.loads(meta.get("extra", "{}")))
+
+
+def soup_router_files(paths: list[str | Path], out: str | Path, weights: list[float] | None = None) -> Path:
+    """Average router files tensor by tensor (a "model soup", Wortsman et al. 2022): ``proj``,
+    ``centroids`` and ``group_bias`` of every layer become ``sum_i w_i * t_i``. Meant for files
+    trained from a common start (e.g. a file and the same file trained further on other text,
+    docs/recipes.md "Stop 28"), whose groups still correspond; for independently trained files
+    the groups are unrelated and the average means nothing.
+
+    Args:
+        paths: two or more router files of the same base model and the same FocusConfig.
+        out: file to write (atomically); it may not be one of ``paths``.
+        weights: one non-negative weight per file, normalized to sum 1; default equal weights.
+    Returns: ``out``. Its metadata: the common FocusConfig and base model, and ``extra.soup``
+        listing each input's name, sha256 and weight.
+    Raises:
+        ConfigError: fewer than two files, weights of the wrong count, negative or all zero.
+        RouterMismatchError: the files differ in base model, FocusConfig or tensor names/shapes.
+    """
+    from .config import ConfigError
+    paths, out = [Path(x) for x in paths], Path(out)
+    if len(paths) < 2:
+        raise ConfigError("a router soup needs at least two router files")
+    w = [1.0] * len(paths) if weights is None else [float(x) for x in weights]
+    if len(w) != len(paths) or min(w) < 0 or sum(w) <= 0:
+        raise ConfigError(f"--weights: give {len(paths)} non-negative numbers, not all zero (got {weights})")
+    if any(out.resolve() == x.resolve() for x in paths):
+        raise ConfigError(f"--out {out} is one of the input files; choose another path")
+    w = [x / sum(w) for x in w]
+    files = [read_router_file(x) for x in paths]
+    config, base, first, _ = files[0]
+    for x, (cfg, b, tensors, _) in zip(paths[1:], files[1:]):
+        if (b.get("config_sha256"), b.get("embedding_sha256")) != (base.get("config_sha256"), base.get("embedding_sha256")):
+            raise RouterMismatchError(f"{x} was trained on base model {b.get('name')!r}, {paths[0]} on "
+                                      f"{base.get('name')!r}: a soup mixes files of one base model only")
+        if cfg.to_dict() != config.to_dict():
+            diff = sorted(k for k, v in cfg.to_dict().items() if config.to_dict().get(k) != v)
+            raise RouterMismatchError(f"{x} and {paths[0]} differ in their FocusConfig ({', '.join(diff)}): "
+                                      "a soup mixes files of one config only")
+        if {k: t.shape for k, t in tensors.items()} != {k: t.shape for k, t in first.items()}:
+            raise RouterMismatchError(f"{x} and {paths[0]} hold different tensors (names or shapes)")
+    tensors = {k: sum(wi * f[2][k].float() for wi, f in zip(w, files)).contiguous() for k in sorted(first)}
+    soup = [{"file": x.name, "sha256": file_sha256(x), "weight": wi}
+            for x, wi in zip(paths, w)]
+    meta = {"format": ROUTER_FORMAT, "format_version": ROUTER_FORMAT_VERSION, "focus_config": config.to_json(),
+            "base_model": json.dumps(base, sort_keys=True), "extra": json.dumps({"soup": soup}, sort_keys=True)}
+    with atomic_path(out) as tmp:
+        save_file(tensors, str(tmp), metadata=meta)
+    return out
 
 
 def load_routers(model: nn.Module, path: str | Path, config_overrides: dict | None = None) -> FocusConfig:

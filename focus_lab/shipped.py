@@ -8,11 +8,10 @@ checksums), so ``retrofit.load_routers`` refuses it on another model.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 
-from .io import ArtifactError
+from .io import ArtifactError, file_sha256
 
 ROUTER_DIR = Path(__file__).resolve().parent / "routers"
 MANIFEST = ROUTER_DIR / "MANIFEST.json"
@@ -44,7 +43,7 @@ def shipped_router_file(model_name: str | None = None) -> Path:
     if not path.is_file():
         raise ArtifactError(f"the shipped router file {path} is missing: reinstall focus-lab, or "
                             "train routers with 'focus-lab train' and pass --routers")
-    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    digest = file_sha256(path)
     if digest != entry["sha256"]:
         raise ArtifactError(f"the shipped router file {path} is corrupted (sha256 {digest[:12]}, "
                             f"expected {entry['sha256'][:12]}): reinstall focus-lab, or train routers "
@@ -80,7 +79,7 @@ def ship(source: str | Path, model_name: str, provenance: dict) -> Path:
     with atomic_path(target) as tmp:
         tmp.write_bytes(data)
     entries = manifest()
-    entries[model_name] = {"file": target.name, "sha256": hashlib.sha256(data).hexdigest(),
+    entries[model_name] = {"file": target.name, "sha256": file_sha256(target),
                            "bytes": len(data), **provenance}
     write_json(MANIFEST, entries)
     return target

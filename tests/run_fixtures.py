@@ -107,7 +107,8 @@ def _make_tiny_run(path, num_groups, window, top_k, layers, seq_len, with_pos, w
                    assets, seed, patterns=()) -> Path:
     from focus_lab import FocusConfig, attach, save_routers
     from focus_lab.models import load_model
-    from focus_lab.record import file_sha256, record_run
+    from focus_lab.io import file_sha256
+    from focus_lab.record import record_run
 
     assets = Path(assets) if assets is not None else path.parent / f".{path.name}-assets"
     model_dir = assets / "model"

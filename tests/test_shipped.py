@@ -117,3 +117,50 @@ def test_eval_cli_bad_layer_top_k_is_one_line_exit_2():
     res = CliRunner().invoke(app, ["eval", "--layer-top-k", "1-9", "--patterns", "dense"])
     assert res.exit_code == 2
     assert "--layer-top-k" in res.output.strip().splitlines()[-1] and "LAYERS:K" in res.output
+
+
+def test_soup_averages_router_files_tensor_by_tensor_and_refuses_mixed_files(tmp_path):
+    """retrofit.soup_router_files / `focus-lab soup`: every tensor (proj, centroids, group_bias of
+    every layer) is sum_i w_i t_i with the weights normalized, the file keeps the common config and
+    base model and lists its inputs; files of another config or base model, bad weights and an
+    output that is an input are refused in one line (exit 2)."""
+    from focus_lab import FocusConfig, attach, save_routers
+    from focus_lab.cli import app
+    from focus_lab.io import file_sha256
+    from focus_lab.retrofit import routers, soup_router_files
+
+    def make(seed, model_seed=0, **cfg):
+        m = tiny_llama(seed=model_seed)
+        attach(m, FocusConfig(num_groups=3, **cfg))
+        g = torch.Generator().manual_seed(seed)  # the same config, other tensors
+        with torch.no_grad():
+            for r in routers(m).values():
+                for t in (r.proj, r.centroids, r.group_bias):
+                    t.copy_(torch.randn(t.shape, generator=g))
+        return save_routers(m, tmp_path / f"r{seed}_{model_seed}_{len(cfg)}.safetensors")
+
+    a, b = make(1), make(2)
+    out = soup_router_files([a, b], tmp_path / "soup.safetensors", [1.0, 3.0])
+    config, _, got, extra = read_router_file(out)
+    ta, tb = read_router_file(a)[2], read_router_file(b)[2]
+    assert sorted(got) == sorted(ta) and any(k.endswith("group_bias") for k in got)
+    for k in ta:
+        assert torch.allclose(got[k], 0.25 * ta[k] + 0.75 * tb[k], atol=1e-7), k
+    assert config == read_router_file(a)[0]
+    assert [(s["sha256"], s["weight"]) for s in extra["soup"]] == [(file_sha256(a), 0.25), (file_sha256(b), 0.75)]
+    load_routers(tiny_llama(seed=0), out)  # loads on the base model of its inputs
+    # equal weights by default, through the CLI
+    res = CliRunner().invoke(app, ["soup", str(a), str(b), "--out", str(tmp_path / "eq.safetensors")])
+    assert res.exit_code == 0, res.output
+    eq = read_router_file(tmp_path / "eq.safetensors")[2]
+    assert all(torch.allclose(eq[k], (ta[k] + tb[k]) / 2, atol=1e-7) for k in ta)
+    with pytest.raises(RouterMismatchError, match="FocusConfig.*window"):
+        soup_router_files([a, make(3, window=8)], tmp_path / "x.safetensors")
+    with pytest.raises(RouterMismatchError, match="base model"):
+        soup_router_files([a, make(4, model_seed=1)], tmp_path / "x.safetensors")
+    for bad in (["--weights", "1,2,3"], ["--weights", "1,-1"], ["--weights", "1,x"]):
+        res = CliRunner().invoke(app, ["soup", str(a), str(b), "--out", str(tmp_path / "x.safetensors"), *bad])
+        assert res.exit_code == 2 and "--weights" in res.output and "Traceback" not in res.output, res.output
+    res = CliRunner().invoke(app, ["soup", str(a), str(b), "--out", str(a)])
+    assert res.exit_code == 2 and "input" in res.output
+    assert not (tmp_path / "x.safetensors").exists()
