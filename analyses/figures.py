@@ -59,6 +59,12 @@ class Experiment:
 
     name: str
     what: str
+    # whether the results depend on the router file in use: such a cache is recomputed when it
+    # was made with another file (``run_experiments``)
+    uses_router: bool = True
+    # folders under ``data/`` that the experiment fills besides ``<name>.parquet`` and
+    # ``<name>.parts/``, cleared with them when the cache is stale
+    caches: tuple = ()
 
     @property
     def module(self) -> str:
@@ -73,12 +79,13 @@ EXPERIMENTS: list[Experiment] = [
     Experiment("baselines", "Focus + every baseline on held-out Austen (settings.seq_len tokens)"),
     Experiment("causal_leak", "soft full / prefix-causal Sinkhorn / hard causal (settings.soft_seq_len tokens)"),
     Experiment("transfer_domain", "Austen router on Shakespeare and Python docs"),
-    Experiment("records", "recorded runs: Focus and the router baselines"),
+    Experiment("records", "recorded runs: Focus and the router baselines", caches=("runs",)),
     Experiment("transfer_length", "the length table's cells, 512 to 8192 tokens, two corpora (committed cells reused)"),
     Experiment("lora", "LoRA at the router's parameter budget"),
-    Experiment("collapse", "Sinkhorn vs softmax training (no trained router needed)"),
-    Experiment("ablation", "K / window / tau / Sinkhorn iterations, short runs (no trained router needed)"),
-    Experiment("bench", "kernel benchmark table (analyses/bench_attention.py)"),
+    Experiment("collapse", "Sinkhorn vs softmax training (no trained router needed)", uses_router=False),
+    Experiment("ablation", "K / window / tau / Sinkhorn iterations, short runs (no trained router needed)",
+               uses_router=False),
+    Experiment("bench", "kernel benchmark table (analyses/bench_attention.py)", uses_router=False),
     Experiment("passkey", "passkey retrieval by length and depth (committed probe tables reused)"),
 ]
 
@@ -99,9 +106,37 @@ def parse_only(only: list[str] | None) -> list[str] | None:
     return names or None
 
 
+def _routers_in_use(ctx: Context, e: Experiment) -> str | None:
+    """sha256 of the router file experiment ``e`` would use now, or None when it does not depend
+    on one (``uses_router``), or (experiment "router" without ``--routers`` or a shipped file)
+    when the routers are trained by the run itself."""
+    if not e.uses_router:
+        return None
+    from focus_lab.io import file_sha256
+    if e.name == "router":
+        p = ctx.default_routers
+        return file_sha256(p) if p is not None and Path(p).is_file() else None
+    try:
+        return ctx.router_id()
+    except FileNotFoundError:  # experiment "router" has not run: it fails and says so
+        return None
+
+
+def _clear(ctx: Context, e: Experiment) -> None:
+    """Delete an experiment's cache: ``<name>.parquet``, its ``.json``, ``<name>.parts/`` and its
+    ``caches`` folders."""
+    import shutil
+    for f in (ctx.data / f"{e.name}.parquet", ctx.data / f"{e.name}.json"):
+        f.unlink(missing_ok=True)
+    for d in (ctx.data / f"{e.name}.parts", *(ctx.data / c for c in e.caches)):
+        shutil.rmtree(d, ignore_errors=True)
+
+
 def run_experiments(ctx: Context, only: list[str] | None = None) -> dict[str, dict]:
     """Run (or skip, when cached) every experiment in order; a failing experiment is logged and
-    the others go on. Returns {name: status dict}."""
+    the others go on. A cache made with another router file than the run uses (sha256 in its
+    ``<name>.json``; none recorded counts as another) is deleted and recomputed, so that a new
+    shipped file or ``--routers`` never re-renders another file's results. Returns {name: status dict}."""
     status = {}
     for e in EXPERIMENTS:
         target = ctx.data / f"{e.name}.parquet"
@@ -110,6 +145,13 @@ def run_experiments(ctx: Context, only: list[str] | None = None) -> dict[str, di
             if target.is_file():  # not run now, but its cached wall time still counts
                 status[e.name] = {"status": "cached", **(json.loads(meta_p.read_text()) if meta_p.is_file() else {})}
             continue
+        want = _routers_in_use(ctx, e)
+        if target.is_file() and want is not None:
+            had = (json.loads(meta_p.read_text()) if meta_p.is_file() else {}).get("routers_sha256")
+            if had != want:
+                ctx.log(f"[{e.name}] cached with other routers (sha256 {str(had)[:12]}; this run uses "
+                        f"{want[:12]}): recomputing")
+                _clear(ctx, e)
         if target.is_file():
             ctx.log(f"[{e.name}] cached ({target})")
             status[e.name] = {"status": "cached", **(json.loads(meta_p.read_text()) if meta_p.is_file() else {})}
@@ -128,7 +170,8 @@ def run_experiments(ctx: Context, only: list[str] | None = None) -> dict[str, di
         write_parquet(target, df)
         meta = {"seconds": secs, "started": started, "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
                 "settings": dataclasses.asdict(ctx.settings), "torch_threads": torch.get_num_threads(),
-                "loadavg": os.getloadavg()}
+                "loadavg": os.getloadavg(),
+                "routers_sha256": ctx.router_id() if e.uses_router else None}
         write_json(meta_p, meta)
         status[e.name] = {"status": "ran", **meta}
         ctx.log(f"[{e.name}] done in {secs:.0f}s -> {target}")

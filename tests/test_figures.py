@@ -367,3 +367,50 @@ def test_length_table_reuses_rows_window_by_window_from_several_tables(tmp_path)
                      ("dense", 2): (1.2, str(tmp_path / "b")), ("hard_top2", 2): (2.2, str(tmp_path / "b"))}
     assert "corpus" not in got and "routers_sha256" not in got
     assert reused_rows(None, "austen_64.parquet", ["dense"], [0], FocusConfig(), "own").empty
+
+
+def test_cache_made_with_other_routers_is_recomputed(tmp_path, monkeypatch):
+    """analyses/figures.run_experiments: a cached experiment that depends on the routers is
+    recomputed, its parts and extra cache folders cleared, when the router file in use has another
+    sha256 than the one its cache records (e.g. a new shipped file at the same path); an
+    experiment that does not depend on them stays cached; the same file stays cached."""
+    from types import SimpleNamespace
+    from focus_lab.io import file_sha256
+
+    calls = []
+
+    class Fake(F.Experiment):
+        def make_data(self, ctx):
+            calls.append(self.name)
+            if self.name == "router":
+                return pd.DataFrame({"path": [str(ctx.default_routers)]})
+            (ctx.data / f"{self.name}.parts").mkdir(exist_ok=True)
+            (ctx.data / f"{self.name}.parts" / "old.parquet").write_bytes(b"x")
+            return pd.DataFrame({"x": [len(calls)]})
+
+    monkeypatch.setattr(F, "EXPERIMENTS", [Fake("router", "r"), Fake("uses", "u", caches=("runs",)),
+                                           Fake("free", "f", uses_router=False)])
+    routers = tmp_path / "routers.safetensors"
+    routers.write_bytes(b"first file")
+    data = tmp_path / "data"
+    data.mkdir()
+    ctx = SimpleNamespace(data=data, default_routers=routers, settings=C.QUICK, log=lambda m: None,
+                          router_id=lambda: file_sha256(pd.read_parquet(data / "router.parquet")["path"].iloc[0]))
+    F.run_experiments(ctx)
+    assert calls == ["router", "uses", "free"]
+    assert json.loads((data / "uses.json").read_text())["routers_sha256"] == file_sha256(routers)
+    F.run_experiments(ctx)
+    assert calls == ["router", "uses", "free"]  # same file: all cached
+    (data / "runs").mkdir()
+    (data / "runs" / "stale").write_bytes(b"x")
+    routers.write_bytes(b"another file, same path")
+    status = F.run_experiments(ctx)
+    assert calls[3:] == ["router", "uses"] and status["free"]["status"] == "cached"
+    assert not (data / "runs").exists() and (data / "uses.parts" / "old.parquet").is_file()
+    assert json.loads((data / "uses.json").read_text())["routers_sha256"] == file_sha256(routers)
+    # a cache that records no router file (made before this rule) counts as another file's
+    meta = json.loads((data / "uses.json").read_text())
+    del meta["routers_sha256"]
+    (data / "uses.json").write_text(json.dumps(meta))
+    F.run_experiments(ctx)
+    assert calls[5:] == ["uses"]
