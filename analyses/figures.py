@@ -309,6 +309,16 @@ def optimize_png(path: Path, colors: int = 256) -> int:
 # ============================================================================================
 # README files
 
+def _routers_line(status: dict) -> str:
+    """The README's sentence naming the router file the experiments were made with (the sha256
+    each experiment's cache records, ``run_experiments``)."""
+    shas = sorted({v["routers_sha256"] for v in status.values() if v.get("routers_sha256")})
+    if not shas:
+        return "Router file of the experiments: not recorded."
+    return "Router file of the experiments: " + ", ".join(f"sha256 `{x[:12]}...`" for x in shas) + (
+        " (several: experiments made with different files)" if len(shas) > 1 else "") + "."
+
+
 def write_readme(ctx: Context, records: list[dict], status: dict, wall: float, command: str) -> Path:
     """``<out>/README.md``: every output, what it shows, its data and the command that made it."""
     s = ctx.settings
@@ -321,6 +331,8 @@ def write_readme(ctx: Context, records: list[dict], status: dict, wall: float, c
         f"on {time.strftime('%Y-%m-%d %H:%M')}; this invocation took {wall / 60:.1f} min "
         "(cached experiments are skipped, so a rerun only renders). Delete `data/<experiment>.parquet` "
         "(and `data/<experiment>.parts/`) to recompute one experiment.",
+        "",
+        _routers_line(status),
         "",
         "Every figure is a PNG (kaleido + Chromium, palette-optimized; committed, so a fresh clone shows "
         "it) and an interactive, self-contained HTML file (plotly, no network needed; generated, not "

@@ -25,6 +25,10 @@ def quick(tmp_path_factory):
 def test_every_output_exists_and_is_listed(quick):
     out, log = quick
     readme = (out / "README.md").read_text()
+    # the router file the experiments used, from their caches (quick mode: trained by the run)
+    router = pd.read_parquet(out / "data" / "router.parquet")["path"].iloc[0]
+    from focus_lab.io import file_sha256
+    assert f"Router file of the experiments: sha256 `{file_sha256(router)[:12]}...`." in readme
     png_ok = any((out / f"{o.name}.png").is_file() for o in F.FIGURES)
     for o in F.FIGURES:
         is_table = F.load_output(o.module).__dict__.get("make_table") is not None
