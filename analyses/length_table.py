@@ -113,9 +113,8 @@ def run_cells(args) -> None:
     import torch
     from focus_lab.data import load_corpus, make_windows
     from focus_lab.evaluate import evaluate, parse_patterns
-    from focus_lab.io import write_parquet
+    from focus_lab.io import file_sha256, write_parquet
     from focus_lab.models import load_model
-    from focus_lab.io import file_sha256
     from focus_lab.retrofit import load_routers
     from focus_lab.shipped import resolve_routers
 

@@ -608,9 +608,17 @@ def save_routers(model: nn.Module, path: str | Path, extra: dict | None = None,
     for i, r in routers(model).items():
         for name, t in [("proj", r.proj), ("centroids", r.centroids), ("group_bias", r.group_bias)]:
             tensors[f"layers.{i}.{name}"] = t.detach().to("cpu", torch.float32).contiguous()
-    meta = {"format": ROUTER_FORMAT, "format_version": ROUTER_FORMAT_VERSION,
-            "focus_config": (config or focus_config(model)).to_json(),
-            "base_model": json.dumps(model_identity(model), sort_keys=True),
+    return write_router_file(path, tensors, config or focus_config(model), model_identity(model), extra)
+
+
+def write_router_file(path: str | Path, tensors: dict[str, torch.Tensor], config: FocusConfig,
+                      base: dict, extra: dict | None = None) -> Path:
+    """The router file format, written once for every writer (``save_routers``,
+    ``soup_router_files``): safetensors, atomically, with the format tag and version, the
+    FocusConfig, the base model's identity (``model_identity``) and ``extra`` in the metadata."""
+    path = Path(path)
+    meta = {"format": ROUTER_FORMAT, "format_version": ROUTER_FORMAT_VERSION, "focus_config": config.to_json(),
+            "base_model": json.dumps(base, sort_keys=True),
             "extra": json.dumps(extra or {}, sort_keys=True, default=str)}
     with atomic_path(path) as tmp:
         save_file(tensors, str(tmp), metadata=meta)
@@ -676,11 +684,7 @@ def soup_router_files(paths: list[str | Path], out: str | Path, weights: list[fl
     tensors = {k: sum(wi * f[2][k].float() for wi, f in zip(w, files)).contiguous() for k in sorted(first)}
     soup = [{"file": x.name, "sha256": file_sha256(x), "weight": wi}
             for x, wi in zip(paths, w)]
-    meta = {"format": ROUTER_FORMAT, "format_version": ROUTER_FORMAT_VERSION, "focus_config": config.to_json(),
-            "base_model": json.dumps(base, sort_keys=True), "extra": json.dumps({"soup": soup}, sort_keys=True)}
-    with atomic_path(out) as tmp:
-        save_file(tensors, str(tmp), metadata=meta)
-    return out
+    return write_router_file(out, tensors, config, base, {"soup": soup})
 
 
 def load_routers(model: nn.Module, path: str | Path, config_overrides: dict | None = None) -> FocusConfig:
