@@ -159,9 +159,17 @@ def train(
                                                 "curriculum: e.g. routers trained at 512, continued at 4096); "
                                                 "its seed and random layers carry over"),
     distill_queries: int = typer.Option(_T.distill_queries, help="distill objective: queries sampled per window"),
+    stop_after: Optional[int] = typer.Option(None, help="end after this many steps; the learning-rate "
+                                             "schedule still spans --steps (default: run every step)"),
+    random_layers: Optional[str] = typer.Option(None, "--random-layers", help="layers given balanced random "
+                                                "groups instead of a router (not trained), e.g. 1-9, or 'none'; "
+                                                "default: the --init-routers file's, else none"),
 ):
     """Train only the routers (frozen base model) on the corpus's training documents."""
-    from .config import TrainConfig
+    from .config import TrainConfig, parse_random_layers
+    if stop_after is not None and not 1 <= stop_after <= (1000 if full else steps):
+        _fail(f"--stop-after {stop_after}: need 1 <= --stop-after <= --steps ({1000 if full else steps})")
+    random_list = None if random_layers is None else _spec(random_layers, "--random-layers", parse_random_layers)
 
     def run():
         from .data import make_windows
@@ -178,7 +186,8 @@ def train(
         tcfg = TrainConfig(steps=steps, seq_len=seq_len, batch_size=batch_size, lr=lr,
                            checkpoint_every=checkpoint_every, seed=seed,
                            init_routers=str(init_routers) if init_routers else None,
-                           distill_queries=distill_queries, **tchanges)
+                           distill_queries=distill_queries, stop_after=stop_after,
+                           random_layers=random_list, **tchanges)
         m, tok, corp, seq_len = _load(model, corpus, seq_len)
         if device != "cpu":
             dev = f"cuda:{os.environ.get('LOCAL_RANK', '0')}" if device == "cuda" else device

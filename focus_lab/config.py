@@ -269,6 +269,12 @@ class TrainConfig:
             LM training (a top-1 model). Recipe ``distill64_topk`` sets (1, 2).
         init_routers: optional router file to start from (a length curriculum: train at 512
             tokens, continue at 4K); its config must match the FocusConfig's shapes.
+        stop_after: end the run after this many steps (None: after ``steps``); the learning-rate
+            schedule still spans ``steps``. Reproduces a run stopped at a checkpoint (the file
+            shipped at stops 20-22: ``steps=40, stop_after=30``, docs/recipes.md).
+        random_layers: layers given balanced random groups instead of their routers
+            (``FocusConfig.random_layers``, docs/method.md §2.6); their routers are not trained.
+            None: the init file's random layers with ``init_routers``, else the FocusConfig's.
     """
 
     steps: int = 60
@@ -286,6 +292,8 @@ class TrainConfig:
     distill_queries: int = 512
     distill_top_k: tuple[int, ...] = ()
     init_routers: str | None = None
+    stop_after: int | None = None
+    random_layers: list[int] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -297,6 +305,14 @@ class TrainConfig:
         self.distill_top_k = tuple(self.distill_top_k)  # a list after a JSON round trip
         if not all(isinstance(k, int) and k >= 1 for k in self.distill_top_k):
             raise ConfigError(f"TrainConfig.distill_top_k={self.distill_top_k!r}: need integers >= 1")
+        if self.stop_after is not None and not (isinstance(self.stop_after, int) and 1 <= self.stop_after <= self.steps):
+            raise ConfigError(f"TrainConfig.stop_after={self.stop_after!r}: need an integer from 1 to "
+                              f"steps={self.steps} (or None to run every step)")
+        if self.random_layers is not None:
+            if not all(isinstance(i, int) and i >= 0 for i in self.random_layers):
+                raise ConfigError(f"TrainConfig.random_layers={self.random_layers!r}: need layer indices >= 0 "
+                                  "(e.g. [1, ..., 9]), or None to keep the init file's")
+            self.random_layers = list(self.random_layers)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

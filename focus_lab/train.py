@@ -143,6 +143,8 @@ def train(model, windows: list, focus_cfg: FocusConfig, train_cfg: TrainConfig, 
         # random and shuffled controls) and its random layers (docs/method.md §2.6);
         # ``train_cfg.seed`` still orders the windows
         base_cfg = base_cfg.replace(seed=loaded.seed, random_layers=loaded.random_layers)
+    if train_cfg.random_layers is not None:  # an explicit choice wins over the init file's
+        base_cfg = base_cfg.replace(random_layers=list(train_cfg.random_layers))
     if resume:
         state = torch.load(ckpt / "trainer.pt", weights_only=True)
         opt.load_state_dict(state["optimizer"])
@@ -175,7 +177,8 @@ def train(model, windows: list, focus_cfg: FocusConfig, train_cfg: TrainConfig, 
     n_params = sum(p.numel() for p in params)
     t_start = time.perf_counter()
     tokens_done = 0
-    bar = tqdm(range(start, train_cfg.steps), initial=start, total=train_cfg.steps,
+    stop = train_cfg.stop_after or train_cfg.steps  # the schedule spans train_cfg.steps
+    bar = tqdm(range(start, stop), initial=start, total=stop,
                desc="train routers", disable=not progress or rank > 0, dynamic_ncols=True)
     try:
         for step in bar:
@@ -215,7 +218,7 @@ def train(model, windows: list, focus_cfg: FocusConfig, train_cfg: TrainConfig, 
                                  "tokens_per_second": ids.numel() / dt,
                                  "max_group_share": float(s.max()), "min_group_share": float(s.min())})
             bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{ids.numel() / dt:.0f}")
-            if rank == 0 and ((step + 1) % train_cfg.checkpoint_every == 0 or step + 1 == train_cfg.steps):
+            if rank == 0 and ((step + 1) % train_cfg.checkpoint_every == 0 or step + 1 == stop):
                 _checkpoint(model, opt, step + 1, log_rows, ckpt, base_cfg)
     finally:
         remove()
@@ -233,11 +236,11 @@ def train(model, windows: list, focus_cfg: FocusConfig, train_cfg: TrainConfig, 
         dist.barrier()
     if rank == 0:
         write_parquet(out / "train_log.parquet", log)
-        save_routers(model, out / "routers.safetensors", extra={"steps": train_cfg.steps, **(meta or {})},
+        save_routers(model, out / "routers.safetensors", extra={"steps": stop, **(meta or {})},
                      config=base_cfg)
     per_step = log.groupby("step")["loss"].first()
     n = min(5, len(per_step))  # single-batch losses are noisy: average the first and last n steps
-    return TrainResult(out, train_cfg.steps, float(per_step.iloc[:n].mean()), float(per_step.iloc[-n:].mean()), seconds,
+    return TrainResult(out, stop, float(per_step.iloc[:n].mean()), float(per_step.iloc[-n:].mean()), seconds,
                        tokens_done / seconds if seconds > 0 else float("nan"), n_params)
 
 

@@ -230,3 +230,66 @@ def test_training_leaves_the_random_layers_routers_untouched(tmp_path, objective
         assert torch.equal(end[f"layers.1.{name}"], start[f"layers.1.{name}"]), name
     assert not torch.equal(end["layers.0.proj"], start["layers.0.proj"])
     assert not torch.equal(end["layers.2.proj"], start["layers.2.proj"])
+
+
+def test_explicit_random_layers_override_the_init_files(tmp_path):
+    """TrainConfig.random_layers given with an init file whose layers all route: the saved file
+    has those random layers, their routers keep the init tensors, and the other layers' routers
+    end exactly as in a run that trains every layer (the distill objective is per layer)."""
+    from types import SimpleNamespace
+    from focus_lab.retrofit import read_router_file, save_routers
+    from focus_lab.train import train
+    torch.manual_seed(0)
+    ids = torch.randint(3, 97, (2, 48))
+    wins = [SimpleNamespace(input_ids=ids[i]) for i in range(2)]
+    base = dict(num_groups=3, window=4, top_k=1, sink_tokens=1)
+    first = tiny_llama(layers=3)
+    focus_lab.attach(first, FocusConfig(**base))
+    init = save_routers(first, tmp_path / "init.safetensors")
+    common = dict(steps=2, seq_len=48, batch_size=2, lr=3e-2, init_routers=str(init), objective="distill",
+                  distill_queries=8)
+    train(tiny_llama(layers=3), wins, FocusConfig(**base), TrainConfig(**common, random_layers=[1]),
+          tmp_path / "skip", progress=False)
+    train(tiny_llama(layers=3), wins, FocusConfig(**base), TrainConfig(**common), tmp_path / "all", progress=False)
+    cfg, _, skip, _ = read_router_file(tmp_path / "skip" / "routers.safetensors")
+    assert cfg.random_layers == [1]
+    assert read_router_file(tmp_path / "all" / "routers.safetensors")[0].random_layers in (None, [])
+    _, _, start, _ = read_router_file(init)
+    _, _, every, _ = read_router_file(tmp_path / "all" / "routers.safetensors")
+    for name in ("proj", "centroids", "group_bias"):
+        assert torch.equal(skip[f"layers.1.{name}"], start[f"layers.1.{name}"]), name
+        assert not torch.equal(every["layers.1.proj"], start["layers.1.proj"])
+        for layer in (0, 2):
+            assert torch.equal(skip[f"layers.{layer}.{name}"], every[f"layers.{layer}.{name}"]), (layer, name)
+
+
+def test_stop_after_then_resume_equals_the_uninterrupted_run(tmp_path):
+    """stop_after=3 of a 6-step schedule stops with the 4-step learning rates (not a 3-step
+    schedule's), and resuming it to the end gives the tensors of a 6-step run in one go."""
+    from types import SimpleNamespace
+    from focus_lab.retrofit import read_router_file
+    from focus_lab.train import _lr_at, train
+    import pandas as pd
+    torch.manual_seed(0)
+    ids = torch.randint(3, 97, (2, 48))
+    wins = [SimpleNamespace(input_ids=ids[i]) for i in range(2)]
+    fcfg = FocusConfig(num_groups=3, window=4, top_k=1, sink_tokens=1)
+    sched = dict(steps=6, seq_len=48, batch_size=2, lr=3e-2, warmup=1, checkpoint_every=1)
+    torch.manual_seed(1)
+    res = train(tiny_llama(layers=2), wins, fcfg, TrainConfig(**sched, stop_after=3), tmp_path / "cut", progress=False)
+    assert res.steps == 3
+    log = pd.read_parquet(tmp_path / "cut" / "train_log.parquet")
+    assert sorted(log["step"].unique()) == [0, 1, 2]
+    assert log.groupby("step")["lr"].first().tolist() == pytest.approx(
+        [_lr_at(s, TrainConfig(**sched)) for s in range(3)])
+    assert _lr_at(2, TrainConfig(**sched)) != pytest.approx(_lr_at(2, TrainConfig(**{**sched, "steps": 3})))
+    torch.manual_seed(1)
+    train(tiny_llama(layers=2), wins, fcfg, TrainConfig(**sched), tmp_path / "cut", resume=True, progress=False)
+    torch.manual_seed(1)
+    train(tiny_llama(layers=2), wins, fcfg, TrainConfig(**sched), tmp_path / "whole", progress=False)
+    _, _, a, _ = read_router_file(tmp_path / "cut" / "routers.safetensors")
+    _, _, b, _ = read_router_file(tmp_path / "whole" / "routers.safetensors")
+    for k in b:
+        assert torch.allclose(a[k], b[k], atol=1e-6), k
+    with pytest.raises(focus_lab.config.ConfigError, match="stop_after"):
+        TrainConfig(**sched, stop_after=7)

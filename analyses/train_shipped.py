@@ -1,0 +1,154 @@
+"""Train the shipped router file from scratch, end to end, and time every stage (issue 14).
+
+The recipe of ``focus_lab/routers/MANIFEST.json`` as one resumable chain of ``focus-lab``
+commands (docs/recipes.md, "The shipped file from scratch"):
+
+1. ``sinks64``: 60 steps x 2 windows x 512 tokens on Austen (Persuasion held out).
+2. ``distill64`` at 4096 tokens from (1): a 40-step schedule stopped after 30 steps, random
+   groups in layers 1-9 (their routers are not trained; the other layers' tensors are those
+   of a run that trains every layer, because the distill objective is per layer).
+3. ``distill64`` at 4096 tokens on Austen + Shakespeare (Persuasion and Hamlet held out):
+   3 runs of 30 steps from (2), seeds 0, 1, 2, each from the last.
+4. ``focus-lab soup`` of (2) and (3) with equal weights.
+
+Writes ``<out>/chain.json`` (per stage: command, seconds, peak RSS in GiB, sha256; the total)
+after every stage, so a stopped chain resumes where it was (a stage whose file exists is not
+re-run). With ``--reference`` (default: the shipped file) it says how far the result's tensors
+are from the reference's on the layers that route (random layers' routers are not used).
+
+    python analyses/train_shipped.py --out checkpoints/shipped_chain
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import json  # noqa: E402
+
+from focus_lab.io import file_sha256, write_json  # noqa: E402
+
+MIX = "mix_austen_shakespeare"
+HELD_OUT = {"austen": "persuasion.txt", "shakespeare": "hamlet.txt"}
+
+
+def mix_folder(data: Path) -> Path:
+    """``data/mix_austen_shakespeare``: links to the prepared Austen and Shakespeare files except
+    the held-out ones, then Persuasion as the folder's (last, held-out) file. Raises
+    FileNotFoundError naming ``focus-lab prepare`` when a corpus is not prepared."""
+    out = data / MIX
+    for corpus in HELD_OUT:
+        if not (data / corpus / HELD_OUT[corpus]).is_file():
+            raise FileNotFoundError(f"{data / corpus} is not prepared: run `focus-lab prepare {corpus}` first")
+    out.mkdir(parents=True, exist_ok=True)
+    for corpus, held in HELD_OUT.items():
+        for f in sorted((data / corpus).glob("*.txt")):
+            link = out / f"{corpus}_{f.name}"
+            if f.name != held and not link.exists():
+                link.symlink_to(Path("..") / corpus / f.name)
+    last = out / "zz_persuasion.txt"
+    if not last.exists():
+        last.symlink_to(Path("..") / "austen" / "persuasion.txt")
+    return out
+
+
+def stages(out: Path, data: Path) -> list[tuple[str, list[str], Path]]:
+    """(name, focus-lab arguments, routers file) of every stage, in order."""
+    s1, s2 = out / "s1_sinks64_512", out / "s2_distill64_4096"
+    runs = [(f"s3_mix_seed{i}", out / f"s3_mix_seed{i}") for i in range(3)]
+    todo = [("s1_sinks64_512", ["train", "--out", str(s1), "--steps", "60"], s1 / "routers.safetensors"),
+            ("s2_distill64_4096", ["train", "--recipe", "distill64", "--seq-len", "4096", "--batch-size", "1",
+                                   "--steps", "40", "--stop-after", "30", "--lr", "1e-3", "--checkpoint-every", "10",
+                                   "--random-layers", "1-9", "--init-routers", str(s1 / "routers.safetensors"),
+                                   "--out", str(s2)], s2 / "routers.safetensors")]
+    prev = s2 / "routers.safetensors"
+    for i, (name, folder) in enumerate(runs):
+        todo.append((name, ["train", "--recipe", "distill64", "--corpus", str(data / MIX), "--seq-len", "4096",
+                            "--batch-size", "1", "--steps", "30", "--lr", "1e-3", "--seed", str(i),
+                            "--init-routers", str(prev), "--out", str(folder)], folder / "routers.safetensors"))
+        prev = folder / "routers.safetensors"
+    final = out / "routers.safetensors"
+    todo.append(("s4_soup", ["soup", str(s2 / "routers.safetensors"), str(prev), "--out", str(final)], final))
+    return todo
+
+
+def run_stage(args: list[str], log: Path) -> tuple[float, float, int]:
+    """Run ``focus-lab <args>`` with output to ``log``; (seconds, peak RSS in GiB, exit code)."""
+    t0 = time.perf_counter()
+    with open(log, "w") as fh:
+        proc = subprocess.Popen([sys.executable, "-m", "focus_lab", *args], stdout=fh, stderr=subprocess.STDOUT,
+                                cwd=ROOT)
+        _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return time.perf_counter() - t0, usage.ru_maxrss / 2**20, proc.returncode
+
+
+def compare(path: Path, reference: Path) -> dict:
+    """Largest absolute difference of ``path``'s router tensors from ``reference``'s on the
+    layers that route in both (proj, centroids, group_bias), and whether they are equal."""
+    import torch
+    from focus_lab.retrofit import read_router_file
+    cfg_a, _, a, _ = read_router_file(path)
+    cfg_b, _, b, _ = read_router_file(reference)
+    random = set(cfg_a.random_layers or []) | set(cfg_b.random_layers or [])
+    diffs = {}
+    for key in sorted(b):
+        layer = int(key.split(".")[1]) if key.startswith("layers.") else None
+        if layer is None or layer in random or key not in a:
+            continue
+        diffs[key] = float((a[key].float() - b[key].float()).abs().max())
+    return {"reference": str(reference), "reference_sha256": file_sha256(reference),
+            "routed_tensors": len(diffs), "equal": all(d == 0.0 for d in diffs.values()),
+            "max_abs_diff": max(diffs.values(), default=float("nan")),
+            "same_random_layers": (cfg_a.random_layers or []) == (cfg_b.random_layers or [])}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, default=ROOT / "checkpoints" / "shipped_chain")
+    ap.add_argument("--data", type=Path, default=ROOT / "data")
+    ap.add_argument("--reference", type=Path,
+                    default=ROOT / "focus_lab" / "routers" / "smollm2-135m-instruct.safetensors")
+    a = ap.parse_args(argv)
+    out = a.out
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        mix_folder(a.data)
+    except FileNotFoundError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    record_path = out / "chain.json"
+    record = json.loads(record_path.read_text()) if record_path.is_file() else {"stages": {}}
+    for name, args, routers_file in stages(out, a.data):
+        done = record["stages"].get(name)
+        if done and routers_file.is_file() and done.get("sha256") == file_sha256(routers_file):
+            print(f"{name}: done before ({done['seconds']:.0f} s)")
+            continue
+        print(f"{name}: focus-lab {' '.join(args)}", flush=True)
+        seconds, rss, code = run_stage(args, out / f"{name}.log")
+        if code != 0 or not routers_file.is_file():
+            print(f"error: {name} failed (exit {code}); see {out / (name + '.log')}", file=sys.stderr)
+            return 1
+        record["stages"][name] = {"command": "focus-lab " + " ".join(args), "seconds": round(seconds, 1),
+                                  "peak_rss_gb": round(rss, 2), "sha256": file_sha256(routers_file)}
+        record["total_seconds"] = round(sum(s["seconds"] for s in record["stages"].values()), 1)
+        write_json(record_path, record)
+        print(f"{name}: {seconds:.0f} s, peak RSS {rss:.2f} GiB", flush=True)
+    final = out / "routers.safetensors"
+    if a.reference and a.reference.is_file():
+        record["against_reference"] = compare(final, a.reference)
+        write_json(record_path, record)
+        print(f"against {a.reference.name}: {record['against_reference']}")
+    print(f"total {record['total_seconds']:.0f} s ({record['total_seconds'] / 60:.1f} min); {record_path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
