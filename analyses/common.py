@@ -315,7 +315,7 @@ def committed_rows(name: str, cell: str, labels: list[str], windows: list[int], 
     (``length_table.same_router_rows``: the same file, or one holding the same tensors under the
     same random layers, ``shipped.same_tensor_shas``). A pattern is taken only when one table
     holds it on every window; tables are tried in name order. Columns: evaluate's + window."""
-    from analyses.length_table import complete_labels, reusable_rows, same_router_rows
+    from analyses.length_table import complete_labels, reusable_rows, same_router_rows, window_columns
     from focus_lab.shipped import same_tensor_shas
     shas, taken, have = same_tensor_shas(sha), [], set()
     for path in sorted(FIGURES.glob(f"*/cells/{cell}.parquet")):
@@ -324,16 +324,10 @@ def committed_rows(name: str, cell: str, labels: list[str], windows: list[int], 
                           same_router_rows(old, labels, windows, cfg, shas, sha)]).drop_duplicates(["label", "window"])
         full = complete_labels(rows, windows) - have
         if full:
-            keep = [c for c in rows.columns if c in _CELL_COLUMNS]
-            taken.append(rows[rows["label"].isin(full)][keep])
+            taken.append(rows[rows["label"].isin(full)][window_columns(rows)])
             have |= full
             log(f"  [{name}] {cell}: reusing {sorted(full)} from {path.parent.parent.relative_to(REPO)}")
     return pd.concat(taken, ignore_index=True) if taken else pd.DataFrame()
-
-
-# evaluate(..., per_window=True)'s columns plus the window: what a reused row keeps
-_CELL_COLUMNS = ("label", "mode", "top_k", "nll", "perplexity", "tokens", "distant_pairs_kept",
-                 "max_group_share", "seconds", "tokens_per_second", "schema_version", "window")
 
 
 def length_cells(ctx: Context, name: str, specs) -> pd.DataFrame:

@@ -141,20 +141,19 @@ def run_experiments(ctx: Context, only: list[str] | None = None) -> dict[str, di
     for e in EXPERIMENTS:
         target = ctx.data / f"{e.name}.parquet"
         meta_p = ctx.data / f"{e.name}.json"
+        cached = json.loads(meta_p.read_text()) if target.is_file() and meta_p.is_file() else {}
         if only and e.name not in only:
             if target.is_file():  # not run now, but its cached wall time still counts
-                status[e.name] = {"status": "cached", **(json.loads(meta_p.read_text()) if meta_p.is_file() else {})}
+                status[e.name] = {"status": "cached", **cached}
             continue
         want = _routers_in_use(ctx, e)
-        if target.is_file() and want is not None:
-            had = (json.loads(meta_p.read_text()) if meta_p.is_file() else {}).get("routers_sha256")
-            if had != want:
-                ctx.log(f"[{e.name}] cached with other routers (sha256 {str(had)[:12]}; this run uses "
-                        f"{want[:12]}): recomputing")
-                _clear(ctx, e)
+        if target.is_file() and want is not None and cached.get("routers_sha256") != want:
+            ctx.log(f"[{e.name}] cached with other routers (sha256 {str(cached.get('routers_sha256'))[:12]}; "
+                    f"this run uses {want[:12]}): recomputing")
+            _clear(ctx, e)
         if target.is_file():
             ctx.log(f"[{e.name}] cached ({target})")
-            status[e.name] = {"status": "cached", **(json.loads(meta_p.read_text()) if meta_p.is_file() else {})}
+            status[e.name] = {"status": "cached", **cached}
             continue
         ctx.log(f"[{e.name}] {e.what} ...")
         t0 = time.perf_counter()

@@ -81,9 +81,15 @@ def same_router_rows(old: pd.DataFrame, labels: list[str], windows: list[int], c
                & (((sha == own_sha) & ((spec == "") | same_layers)) | (sha.isin(shas) & same_layers))]
 
 
-# the columns of a cell that a reused row keeps (the rest describe the run that made the cell)
+# the columns of a cell that describe the run that made it; a reused row keeps the others
 _RUN_COLUMNS = ("corpus", "seq_len", "heldout", "routers", "routers_sha256", "table_schema_version",
                 "reused_from", "random_layers", "layer_top_k", "seed")
+
+
+def window_columns(rows: pd.DataFrame) -> list[str]:
+    """The columns of a cell's rows that a reused row keeps: ``evaluate(..., per_window=True)``'s
+    and ``window``, not those describing the run that made the cell (``_RUN_COLUMNS``)."""
+    return [c for c in rows.columns if c not in _RUN_COLUMNS]
 
 
 def reused_rows(folders: list[Path], cell: str, labels: list[str], windows: list[int], cfg,
@@ -103,7 +109,7 @@ def reused_rows(folders: list[Path], cell: str, labels: list[str], windows: list
         old = pd.read_parquet(path)
         rows = pd.concat([reusable_rows(old, labels, windows, cfg),
                           same_router_rows(old, labels, windows, cfg, same_tensor_shas(sha), sha)])
-        taken.append(rows[[c for c in rows.columns if c not in _RUN_COLUMNS]].assign(reused_from=str(folder)))
+        taken.append(rows[window_columns(rows)].assign(reused_from=str(folder)))
     if not taken:
         return pd.DataFrame()
     return pd.concat(taken, ignore_index=True).drop_duplicates(["label", "window"]).reset_index(drop=True)

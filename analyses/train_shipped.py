@@ -22,18 +22,16 @@ are from the reference's on the layers that route (random layers' routers are no
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from focus_lab.io import file_sha256, write_json
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-import json  # noqa: E402
-
-from focus_lab.io import file_sha256, write_json  # noqa: E402
 
 MIX = "mix_austen_shakespeare"
 HELD_OUT = {"austen": "persuasion.txt", "shakespeare": "hamlet.txt"}

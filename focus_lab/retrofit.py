@@ -642,6 +642,15 @@ def read_router_file(path: str | Path) -> tuple[FocusConfig, dict, dict[str, tor
             json.loads(meta.get("extra", "{}")))
 
 
+def base_model_mismatch(a: dict, b: dict) -> str | None:
+    """The first identity checksum (``config_sha256``, then ``embedding_sha256``, as written by
+    ``model_identity``) in which two base-model records differ; None when they name one model."""
+    for key in ("config_sha256", "embedding_sha256"):
+        if a.get(key) != b.get(key):
+            return key
+    return None
+
+
 def soup_router_files(paths: list[str | Path], out: str | Path, weights: list[float] | None = None) -> Path:
     """Average router files tensor by tensor (a "model soup", Wortsman et al. 2022): ``proj``,
     ``centroids`` and ``group_bias`` of every layer become ``sum_i w_i * t_i``. Meant for files
@@ -672,7 +681,7 @@ def soup_router_files(paths: list[str | Path], out: str | Path, weights: list[fl
     files = [read_router_file(x) for x in paths]
     config, base, first, _ = files[0]
     for x, (cfg, b, tensors, _) in zip(paths[1:], files[1:]):
-        if (b.get("config_sha256"), b.get("embedding_sha256")) != (base.get("config_sha256"), base.get("embedding_sha256")):
+        if base_model_mismatch(b, base):
             raise RouterMismatchError(f"{x} was trained on base model {b.get('name')!r}, {paths[0]} on "
                                       f"{base.get('name')!r}: a soup mixes files of one base model only")
         if cfg.to_dict() != config.to_dict():
@@ -696,12 +705,12 @@ def load_routers(model: nn.Module, path: str | Path, config_overrides: dict | No
     """
     config, base, tensors, _ = read_router_file(path)
     ident = model_identity(model)
-    for key in ("config_sha256", "embedding_sha256"):
-        if base.get(key) != ident[key]:
-            raise RouterMismatchError(
-                f"router file {path} was trained on base model {base.get('name')!r} "
-                f"({key} {base.get(key, '?')[:12]}), not on this model {ident['name']!r} "
-                f"({ident[key][:12]}): load it onto the model it was trained on, or train a new router")
+    key = base_model_mismatch(base, ident)
+    if key:
+        raise RouterMismatchError(
+            f"router file {path} was trained on base model {base.get('name')!r} "
+            f"({key} {base.get(key, '?')[:12]}), not on this model {ident['name']!r} "
+            f"({ident[key][:12]}): load it onto the model it was trained on, or train a new router")
     if config_overrides:
         config = config.replace(**config_overrides)
     if is_attached(model):

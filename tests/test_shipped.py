@@ -164,3 +164,42 @@ def test_soup_averages_router_files_tensor_by_tensor_and_refuses_mixed_files(tmp
     res = CliRunner().invoke(app, ["soup", str(a), str(b), "--out", str(a)])
     assert res.exit_code == 2 and "input" in res.output
     assert not (tmp_path / "x.safetensors").exists()
+
+
+def test_train_shipped_chain_builds_the_mix_folder_and_chains_each_stage_to_the_last(tmp_path):
+    """analyses/train_shipped.py: the two-domain folder links every prepared file but the held-out
+    ones and ends with Persuasion (its held-out file); each training stage starts from the last
+    stage's file and the soup averages stage 2 and the last two-domain run; an unprepared corpus
+    is one error naming `focus-lab prepare`."""
+    from analyses.train_shipped import mix_folder, stages
+    data = tmp_path / "data"
+    with pytest.raises(FileNotFoundError, match="focus-lab prepare austen"):
+        mix_folder(data)
+    for corpus, names in {"austen": ["emma", "persuasion"], "shakespeare": ["hamlet", "lear", "macbeth"]}.items():
+        (data / corpus).mkdir(parents=True)
+        for n in names:
+            (data / corpus / f"{n}.txt").write_text(n)
+    folder = mix_folder(data)
+    assert sorted(p.name for p in folder.iterdir()) == [
+        "austen_emma.txt", "shakespeare_lear.txt", "shakespeare_macbeth.txt", "zz_persuasion.txt"]
+    assert (folder / "zz_persuasion.txt").read_text() == "persuasion"
+    mix_folder(data)  # idempotent
+    todo = stages(tmp_path / "out", data)
+    assert [n for n, _, _ in todo] == ["s1_sinks64_512", "s2_distill64_4096", "s3_mix_seed0", "s3_mix_seed1",
+                                       "s3_mix_seed2", "s4_soup"]
+    for (_, args, _), (_, _, prev) in zip(todo[1:5], todo[:4]):
+        assert args[args.index("--init-routers") + 1] == str(prev)
+    s2 = todo[1][1]
+    assert s2[s2.index("--stop-after") + 1] == "30" and s2[s2.index("--random-layers") + 1] == "1-9"
+    assert todo[5][1][:3] == ["soup", str(todo[1][2]), str(todo[4][2])]
+
+
+@pytest.mark.parametrize("args, needle", [(["--steps", "10", "--stop-after", "11"], "--stop-after 11"),
+                                          (["--random-layers", "1-x"], "--random-layers")])
+def test_train_cli_bad_stop_after_or_random_layers_is_one_line_exit_2(args, needle):
+    """Checked before any model or corpus is loaded: one line, exit 2."""
+    from focus_lab.cli import app
+    res = CliRunner().invoke(app, ["train", *args])
+    assert res.exit_code == 2
+    lines = res.output.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0], res.output
