@@ -110,11 +110,13 @@ def compare(path: Path, reference: Path) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", type=Path, default=ROOT / "checkpoints" / "shipped_chain")
-    ap.add_argument("--data", type=Path, default=ROOT / "data")
+    ap.add_argument("--out", type=Path, default=Path("checkpoints") / "shipped_chain",
+                    help="folder of the chain (relative paths: to the repository root)")
+    ap.add_argument("--data", type=Path, default=Path("data"), help="the prepared corpora's folder")
     ap.add_argument("--reference", type=Path,
                     default=ROOT / "focus_lab" / "routers" / "smollm2-135m-instruct.safetensors")
     a = ap.parse_args(argv)
+    os.chdir(ROOT)  # the commands run from the repository root, with the paths as given
     out = a.out
     out.mkdir(parents=True, exist_ok=True)
     try:
