@@ -91,7 +91,6 @@ def run_stage(args: list[str], log: Path) -> tuple[float, float, int]:
 def compare(path: Path, reference: Path) -> dict:
     """Largest absolute difference of ``path``'s router tensors from ``reference``'s on the
     layers that route in both (proj, centroids, group_bias), and whether they are equal."""
-    import torch
     from focus_lab.retrofit import read_router_file
     cfg_a, _, a, _ = read_router_file(path)
     cfg_b, _, b, _ = read_router_file(reference)

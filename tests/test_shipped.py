@@ -194,7 +194,7 @@ def test_train_shipped_chain_builds_the_mix_folder_and_chains_each_stage_to_the_
     assert todo[5][1][:3] == ["soup", str(todo[1][2]), str(todo[4][2])]
 
 
-@pytest.mark.parametrize("args, needle", [(["--steps", "10", "--stop-after", "11"], "--stop-after 11"),
+@pytest.mark.parametrize("args, needle", [(["--steps", "10", "--stop-after", "11"], "stop_after=11"),
                                           (["--random-layers", "1-x"], "--random-layers")])
 def test_train_cli_bad_stop_after_or_random_layers_is_one_line_exit_2(args, needle):
     """Checked before any model or corpus is loaded: one line, exit 2."""
