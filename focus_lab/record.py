@@ -587,7 +587,7 @@ def estimate_memory(shape: ModelShape, seq_len: int, windows: int, layers: int, 
 
     Calibration (SmolLM2-135M: 134.5M float32 parameters, 30 layers, 9 heads, V = 49152, the
     shipped routers, Persuasion, one torch thread; peak RSS of the real command, ``/usr/bin/time
-    -v`` and ``analyses/record_memory.py``), estimate vs measured, one window unless said:
+    -v`` and ``analyses/studies/record_memory.py``), estimate vs measured, one window unless said:
     1024 tokens, layers 0-3, assignments + balance, no POS: 1.42 vs 1.37 GB (+3%); 1024, layers
     0-3, every metric: 1.79 vs 1.76 GB (+2%); 1024, 30 layers: 1.97 vs 1.96 GB (+1%); 1024 x 4
     windows, 30 layers, no loss_delta: 2.26 vs 2.10 GB (+8%); 2048, layers 0-3, 2 patterns: 2.35

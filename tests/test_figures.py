@@ -242,11 +242,11 @@ def test_length_table_report_marks_reused_rows(tmp_path):
 
 
 def test_layer_budget_allocates_cheapest_drops_against_largest_raises():
-    """analyses/layer_budget.allocate on a hand-made sweep: pairs (cheapest k = 0, largest k = 2
+    """analyses/studies/layer_budget.allocate on a hand-made sweep: pairs (cheapest k = 0, largest k = 2
     gain) while the pair's summed change is < 0, a layer used once; the spec string round-trips
     through config.parse_layer_top_k."""
     import pandas as pd
-    from analyses.layer_budget import allocate, spec_string
+    from analyses.studies.layer_budget import allocate, spec_string
     from focus_lab.config import parse_layer_top_k
     k0 = [0.001, 0.05, -0.002, 0.02, 0.03]
     k2 = [-0.01, -0.03, -0.001, -0.004, 0.0]
@@ -267,11 +267,11 @@ def test_layer_budget_allocates_cheapest_drops_against_largest_raises():
 
 
 def test_layer_budget_random_sweep_flips_layers_better_on_every_corpus():
-    """analyses/layer_budget.choose_random_layers on a hand-made sweep: a layer's assignment is
+    """analyses/studies/layer_budget.choose_random_layers on a hand-made sweep: a layer's assignment is
     flipped (router -> random, or random -> router) only when its flip lowers the NLL on both
     corpora by more than min_gain."""
     import pandas as pd
-    from analyses.layer_budget import choose_random_layers
+    from analyses.studies.layer_budget import choose_random_layers
     deltas = {  # layer: (austen, shakespeare) NLL change of the flipped variant
         1: (-0.002, -0.001),  # random now; routing it helps on both -> back to the router
         2: (-0.004, +0.001),  # random now; mixed -> stays random

@@ -388,7 +388,7 @@ def test_memory_estimate_grows_with_length_layers_heads_and_options():
     assert estimate_memory(smol, 1024, 8, 30, 9, metrics=no_ld, per_query=False) < many["peak"]
     # the real model at 4096 tokens, every metric, one window: the (T, V) logits dominate, of the
     # recorded forward and of loss_delta's other-mode forward (measured 2.64 GB); four windows: the
-    # tables (measured 5.23 GB, analyses/record_memory.py)
+    # tables (measured 5.23 GB, analyses/studies/record_memory.py)
     p = memory_parts(smol, 4096, 1, 30, 9)
     assert max(("record", "tables", "loss_delta", "write"), key=p.get) in ("record", "loss_delta")
     assert p["record"] == p["loss_delta"] == 4 * 4096 * 49152 + 4 * 1024 * 49152

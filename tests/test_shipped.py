@@ -167,11 +167,11 @@ def test_soup_averages_router_files_tensor_by_tensor_and_refuses_mixed_files(tmp
 
 
 def test_train_shipped_chain_builds_the_mix_folder_and_chains_each_stage_to_the_last(tmp_path):
-    """analyses/train_shipped.py: the two-domain folder links every prepared file but the held-out
+    """analyses/studies/train_shipped.py: the two-domain folder links every prepared file but the held-out
     ones and ends with Persuasion (its held-out file); each training stage starts from the last
     stage's file and the soup averages stage 2 and the last two-domain run; an unprepared corpus
     is one error naming `focus-lab prepare`."""
-    from analyses.train_shipped import mix_folder, stages
+    from analyses.studies.train_shipped import mix_folder, stages
     data = tmp_path / "data"
     with pytest.raises(FileNotFoundError, match="focus-lab prepare austen"):
         mix_folder(data)

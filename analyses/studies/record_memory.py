@@ -11,7 +11,7 @@ RSS of each phase, the process's overall peak (``ru_maxrss``) and the estimate t
 computes for the same command (``record.memory_parts``, the breakdown of
 ``estimate_memory``), in GiB. Used to calibrate the estimate (docs/reliability.md).
 
-    .venv/bin/python analyses/record_memory.py -- --seq-len 1024 --max-windows 1 --layers 0-3 --out /tmp/m
+    .venv/bin/python analyses/studies/record_memory.py -- --seq-len 1024 --max-windows 1 --layers 0-3 --out /tmp/m
 """
 
 from __future__ import annotations

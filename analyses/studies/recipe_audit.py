@@ -1,7 +1,7 @@
 """Issue 9: what each router recipe changes in the dense attention mass the hard mask drops.
 
 For each recipe's routers (``<recipes>/<name>/routers.safetensors``, from
-``analyses/recipes_sweep.py``) the recorder (``focus_lab.record``) audits the *dense* model on
+``analyses/studies/recipes_sweep.py``) the recorder (``focus_lab.record``) audits the *dense* model on
 the same held-out windows (Persuasion) under the recipe's hard top-k mask: the dense mass the
 mask drops per query (``crossing.dense_dropped``), coverage by distance
 (``coverage_distance``, patterns focus and random groups at equal sparsity), and the dropped
@@ -10,7 +10,7 @@ edges (``dropped_edges``, P_ij >= --edge-threshold) summed by key position. Writ
 
 Usage (~3 min per recipe for one 1024-token window on 2 CPU cores)::
 
-    python analyses/recipe_audit.py --recipes paper sinks sinks64 coverage64
+    python analyses/studies/recipe_audit.py --recipes paper sinks sinks64 coverage64
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def main(argv=None) -> None:
     missing = [r for r in args.recipes if not (args.dir / r / "routers.safetensors").is_file()]
     if missing:
         raise SystemExit(f"error: no routers for {missing} under {args.dir}; train them first "
-                         f"(python analyses/recipes_sweep.py --recipes {' '.join(missing)})")
+                         f"(python analyses/studies/recipes_sweep.py --recipes {' '.join(missing)})")
     model, tok = load_model()
     corp = load_corpus("austen")
     wins = make_windows(corp.heldout, tok, args.seq_len, max_windows=args.windows)

@@ -1,7 +1,7 @@
 """Try every bad input of issue 7 through the real CLI / library and print the answer each gets,
 as the markdown table in the README. Offline: a tiny random Llama + tokenizer saved locally.
 
-    .venv/bin/python analyses/bad_inputs_table.py > figures/bad_inputs.md
+    .venv/bin/python analyses/studies/bad_inputs_table.py > figures/bad_inputs.md
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ sparsity), on the recipes sweep's held-out windows (Persuasion, 3 x 1024 tokens)
 
 Outputs ``<out>/sinks_sweep.parquet`` and ``.md``. Usage (~10 min on 2 CPU cores)::
 
-    python analyses/sinks_sweep.py --routers figures/recipes/sinks/routers.safetensors
+    python analyses/studies/sinks_sweep.py --routers figures/recipes/sinks/routers.safetensors
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     if not args.routers.is_file():
         raise SystemExit(f"error: no router file {args.routers}; train one first "
-                         "(python analyses/recipes_sweep.py --recipes sinks)")
+                         "(python analyses/studies/recipes_sweep.py --recipes sinks)")
     model, tok = load_model()
     corp = load_corpus("austen")
     eval_w = make_windows(corp.heldout, tok, args.eval_seq_len, max_windows=args.eval_windows)

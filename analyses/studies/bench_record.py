@@ -6,7 +6,7 @@ hard mode, one window of held-out Austen at each length. Plain and recorded forw
 reported. ``tables()`` (turning the reductions into DataFrames, done once per run, not per
 forward) is timed separately. Goal (issue 3): ratio <= 2.
 
-    .venv/bin/python analyses/bench_record.py [--lengths 512 1024] [--reps 5] [--out logs/bench_record.json]
+    .venv/bin/python analyses/studies/bench_record.py [--lengths 512 1024] [--reps 5] [--out logs/bench_record.json]
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 import focus_lab  # noqa: E402
 from focus_lab.models import load_model  # noqa: E402

@@ -6,7 +6,7 @@ same initialization, then is evaluated on the same held-out windows. Results app
 the training cost of each. The dense, sliding-window and random-groups controls are evaluated
 once. Usage (background; ~15 min per recipe on 2 CPU cores)::
 
-    nohup .venv/bin/python analyses/recipes_sweep.py --out figures/recipes > logs/recipes.log 2>&1 &
+    nohup .venv/bin/python analyses/studies/recipes_sweep.py --out figures/recipes > logs/recipes.log 2>&1 &
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ Each (layer, k) result is written when done (``sweep.parquet``), so a rerun resu
 
 Usage (background; about 25 s per 4096-token window and variant on 2 cores)::
 
-    python analyses/layer_budget.py --out figures/layer_budget
+    python analyses/studies/layer_budget.py --out figures/layer_budget
     python analyses/length_table.py --layer-top-k "$(cat figures/layer_budget/spec.txt)" ...
 """
 
@@ -54,7 +54,7 @@ def allocate(sweep: pd.DataFrame, max_pairs: int | None = None, base_k: int = 1)
     lo, hi = base_k - 1, base_k + 1
     by = sweep.groupby(["layer_idx", "top_k"]).delta_nll.mean().unstack()
     if lo not in by or hi not in by:
-        raise ValueError(f"the sweep needs rows with top_k {lo} and {hi}; run analyses/layer_budget.py to the end")
+        raise ValueError(f"the sweep needs rows with top_k {lo} and {hi}; run analyses/studies/layer_budget.py to the end")
     down = by[lo].sort_values()  # cheapest drop first (delta >= 0 mostly)
     up = by[hi].sort_values()  # largest gain first (most negative delta)
     spec: dict[int, int] = {}
@@ -85,7 +85,7 @@ def choose_random_layers(sweep: pd.DataFrame, current: list[int], min_gain: floa
     Raises: ValueError on an empty sweep.
     """
     if sweep.empty:
-        raise ValueError("the sweep has no rows; run analyses/layer_budget.py --sweep random to the end")
+        raise ValueError("the sweep has no rows; run analyses/studies/layer_budget.py --sweep random to the end")
     by = sweep.groupby(["layer_idx", "corpus"]).delta_nll.mean().unstack()
     table = by.copy()
     table.insert(0, "random_now", [i in current for i in by.index])

@@ -7,7 +7,7 @@ distance d share a group, by distance bucket, against the same-size baseline ``s
 i.e. high same-group probability at short distances and lower at long ones, means membership
 drifts with position: a query then keeps fewer of the far keys than its group's size suggests.
 
-    python analyses/group_locality.py --seq-len 8192 --windows 1 --out figures/group_locality
+    python analyses/studies/group_locality.py --seq-len 8192 --windows 1 --out figures/group_locality
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ after every stage, so a stopped chain resumes where it was (a stage whose file e
 re-run). With ``--reference`` (default: the shipped file) it says how far the result's tensors
 are from the reference's on the layers that route (random layers' routers are not used).
 
-    python analyses/train_shipped.py --out checkpoints/shipped_chain
+    python analyses/studies/train_shipped.py --out checkpoints/shipped_chain
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from pathlib import Path
 
 from focus_lab.io import file_sha256, write_json
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 MIX = "mix_austen_shakespeare"
 HELD_OUT = {"austen": "persuasion.txt", "shakespeare": "hamlet.txt"}
