@@ -34,11 +34,12 @@ def _root() -> Path:
 
 
 REPO = _root()
-# per-window cells of the length tables (``figures/<table>/cells/``) and passkey tables, committed
-# with the repository and reused by the experiments "transfer_length", "transfer_domain" and
+# the per-window cells of every committed length table, and the committed passkey probe tables
+# (``figures/results/``), reused by the experiments "transfer_length", "transfer_domain" and
 # "passkey" (full settings)
 FIGURES = REPO / "figures"
-PASSKEY_TABLES = REPO / "figures" / "passkey"
+LENGTH_CELLS = FIGURES / "results" / "length_cells.parquet"
+PASSKEY_TABLES = FIGURES / "results"
 
 # ============================================================================================
 # settings and context
@@ -58,7 +59,8 @@ class Settings:
     soft_seq_len: int = 512             # the soft gate's experiment (causal_leak): O(T^2) float bias
     soft_windows: int = 8
     # (corpus, tokens, windows) of the length-transfer and domain-transfer cells: the length
-    # tables' (figures/*/cells, reused where made with the routers in use: common.committed_rows)
+    # tables' (figures/results/length_cells.parquet, reused where made with the routers in use:
+    # common.committed_rows)
     length_cells: tuple = (("austen", 512, 8), ("austen", 1024, 8), ("austen", 2048, 8), ("austen", 4096, 8),
                            ("austen", 8192, 4), ("shakespeare", 512, 8), ("shakespeare", 1024, 8),
                            ("shakespeare", 2048, 8), ("shakespeare", 4096, 8), ("shakespeare", 8192, 4))
@@ -82,7 +84,7 @@ class Settings:
     lora_batch: int = 2
     lora_lr: float = 1e-3
     lora_targets: tuple = ("q_proj", "v_proj")
-    # passkey probe (focus_lab.passkey): committed tables under figures/passkey are reused
+    # passkey probe (focus_lab.passkey): the committed tables in figures/results/ are reused
     passkey_lengths: tuple = (4096, 8184)
     passkey_depths: tuple = (0, 25, 50, 75, 100)
     passkey_keys: int = 3
@@ -309,24 +311,29 @@ def pattern_method(label: str) -> str:
 
 def committed_rows(name: str, cell: str, labels: list[str], windows: list[int], cfg, sha: str,
                    log) -> pd.DataFrame:
-    """Rows of the committed length-table cells (``FIGURES/*/cells/<cell>.parquet``, made by
-    ``analyses/length_table.py``) that this run may take instead of evaluating: router-free rows
-    (``length_table.reusable_rows``) and rows made with this router
-    (``length_table.same_router_rows``: the same file, or one holding the same tensors under the
-    same random layers, ``shipped.same_tensor_shas``). A pattern is taken only when one table
-    holds it on every window; tables are tried in name order. Columns: evaluate's + window."""
-    from analyses.length_table import complete_labels, reusable_rows, same_router_rows, window_columns
+    """Rows of the committed length-table cells (``LENGTH_CELLS``: every table's cells in one tidy
+    file, a ``table`` column; made by ``analyses/length_table.py``) that this run may take instead
+    of evaluating, for ``cell`` (``"<corpus>_<tokens>"``): router-free rows
+    (``length_table.reusable_rows``) and rows made with this router (``length_table.same_router_rows``:
+    the same file, or one holding the same tensors under the same random layers,
+    ``shipped.same_tensor_shas``). A pattern is taken only when one table holds it on every window;
+    tables are tried in name order. Columns: evaluate's + window."""
+    from analyses.length_table import (committed_cells, complete_labels, reusable_rows, same_router_rows,
+                                       split_cell, window_columns)
     from focus_lab.shipped import same_tensor_shas
     shas, taken, have = same_tensor_shas(sha), [], set()
-    for path in sorted(FIGURES.glob(f"*/cells/{cell}.parquet")):
-        old = pd.read_parquet(path)
+    corpus, tokens = split_cell(cell)
+    cells = committed_cells(LENGTH_CELLS)
+    cells = cells[(cells["corpus"] == corpus) & (cells["seq_len"] == tokens)]
+    for table in sorted(cells["table"].unique()):
+        old = cells[cells["table"] == table].drop(columns="table").reset_index(drop=True)
         rows = pd.concat([reusable_rows(old, labels, windows, cfg),
                           same_router_rows(old, labels, windows, cfg, shas, sha)]).drop_duplicates(["label", "window"])
         full = complete_labels(rows, windows) - have
         if full:
             taken.append(rows[rows["label"].isin(full)][window_columns(rows)])
             have |= full
-            log(f"  [{name}] {cell}: reusing {sorted(full)} from {path.parent.parent.relative_to(REPO)}")
+            log(f"  [{name}] {cell}: reusing {sorted(full)} from the committed table {table!r}")
     return pd.concat(taken, ignore_index=True) if taken else pd.DataFrame()
 
 

@@ -17,17 +17,20 @@ SAME_PROMPT = ("prompt_version", "haystack", "max_new_tokens", "needle", "questi
 
 
 def _tables() -> list[tuple[str, dict, pd.DataFrame]]:
-    """Every committed probe table: (folder name, its passkey.json settings, cases)."""
-    out = []
-    for meta in sorted(PASSKEY_TABLES.glob("*/passkey.json")):
-        settings = json.loads(meta.read_text()).get("settings", {})
-        out.append((meta.parent.name, settings, pd.read_parquet(meta.parent / "cases.parquet")))
-    return out
+    """Every committed probe table: (its name, its settings from ``passkey_tables.json``, cases
+    from ``passkey_cases.parquet`` without the ``table`` column), in name order."""
+    meta_path, cases_path = PASSKEY_TABLES / "passkey_tables.json", PASSKEY_TABLES / "passkey_cases.parquet"
+    if not meta_path.is_file() or not cases_path.is_file():
+        return []
+    meta = json.loads(meta_path.read_text())
+    cases = pd.read_parquet(cases_path)
+    return [(name, meta[name].get("settings", {}),
+             cases[cases["table"] == name].drop(columns="table").reset_index(drop=True)) for name in sorted(meta)]
 
 
 def _committed(ctx: Context) -> list[pd.DataFrame]:
-    """The committed probe tables (``figures/passkey/<run>/cases.parquet``, written by
-    ``focus-lab probe passkey``) made with the routers in use (sha256 in their passkey.json) and
+    """The committed probe tables (``figures/results/passkey_cases.parquet``, one ``table`` per run
+    of ``focus-lab probe passkey``) made with the routers in use (sha256 in their settings) and
     their own configuration: a run with ``--layer-top-k`` / ``--random-layers`` (``config_overrides``
     in its settings) measures another pattern under the same label, so it is left out.
 
@@ -52,7 +55,7 @@ def _committed(ctx: Context) -> list[pd.DataFrame]:
     # the router's own rows first: a pattern of a case is taken once, from the first table that has it
     rows = pd.concat(mine + extra, ignore_index=True).drop_duplicates(CASE + ["pattern"], keep="first")
     for name, g in rows.groupby("source", sort=False):
-        ctx.log(f"  [passkey] {PASSKEY_TABLES / name}: {sorted(g['pattern'].unique())}, {len(g)} rows"
+        ctx.log(f"  [passkey] committed table {name!r}: {sorted(g['pattern'].unique())}, {len(g)} rows"
                 + ("" if name in own else " (router-free, on the router's cases)"))
     return [rows]
 
@@ -61,7 +64,7 @@ def make_data(ctx: Context) -> pd.DataFrame:
     """Passkey retrieval (``passkey.run_passkey``) on held-out Austen haystacks: one row per case
     (length, depth, pattern, seed: exact match, key log-prob in nats, distant pairs kept,
     needle edges kept). Full settings: the committed tables of ``focus-lab probe passkey`` runs
-    with the same routers (``figures/passkey/``), else the probe at ``settings.passkey_*``
+    with the same routers (``figures/results/passkey_*``), else the probe at ``settings.passkey_*``
     (``chat`` prompt format; quick: ``bare``, the tiny tokenizer has no chat template)."""
     if not ctx.quick:
         frames = _committed(ctx)

@@ -7,10 +7,18 @@ shuffled, both at the router's sparsity). Each window is its own row, so every d
 comes with a paired bootstrap interval over windows (a +-1% difference on 4 windows is not a
 verdict). Resumable: one parquet per (corpus, length) cell under ``<out>/cells/``.
 
+Every table measured for the docs is committed as one tidy file,
+``figures/results/length_cells.parquet`` (``COMMITTED``: one row per table, corpus, length,
+window and pattern; ``table`` names the table, ``routers_sha256`` / ``random_layers`` /
+``layer_top_k`` / ``seed`` say what made it). ``--reuse`` and ``--against`` take a folder of
+this script's output or the name of a committed table; ``--commit NAME`` adds a run's cells to
+the committed file; ``--table NAME --report`` writes a committed table's markdown.
+
 Usage (background; ~25 min per corpus on 2 CPU cores at the default windows)::
 
-    python analyses/length_table.py --out figures/length_table            # run / resume
-    python analyses/length_table.py --out figures/length_table --report   # tables only
+    python -m analyses.length_table --out checkpoints/lt --reuse shipped          # run / resume
+    python -m analyses.length_table --out checkpoints/lt --report                 # tables only
+    python -m analyses.length_table --table shipped --out figures --report        # figures/length_table.md
 """
 
 from __future__ import annotations
@@ -25,6 +33,8 @@ import pandas as pd
 PATTERNS = "dense,window,hard_top1,hard_top2,random_top1,random_top2,shuffled_top1,shuffled_top2"
 WINDOWS = "512:8,1024:8,2048:8,4096:8,8192:4"
 SCHEMA_VERSION = 1
+# every committed length-table cell, one tidy table (``table`` column)
+COMMITTED = Path(__file__).resolve().parent.parent / "figures" / "results" / "length_cells.parquet"
 # patterns that use no groups at all: the same rows whatever the router file, seed or per-layer k
 GROUP_FREE = ("dense", "window")
 
@@ -92,21 +102,70 @@ def window_columns(rows: pd.DataFrame) -> list[str]:
     return [c for c in rows.columns if c not in _RUN_COLUMNS]
 
 
+def split_cell(cell: str) -> tuple[str, int]:
+    """``"austen_4096"`` or ``"austen_4096.parquet"`` -> ``("austen", 4096)``."""
+    corpus, _, tokens = cell.removesuffix(".parquet").rpartition("_")
+    return corpus, int(tokens)
+
+
+def committed_cells(path: Path | None = None) -> pd.DataFrame:
+    """The committed cells (``COMMITTED``, or ``path``); an empty frame when the file is absent."""
+    path = Path(path) if path is not None else COMMITTED
+    return pd.read_parquet(path) if path.is_file() else pd.DataFrame(columns=["table", "corpus", "seq_len"])
+
+
+def table_cell(source: Path | str, cell: str, committed: pd.DataFrame | None = None) -> pd.DataFrame | None:
+    """The rows of one cell (``"<corpus>_<tokens>.parquet"``) of a table: ``<source>/cells/<cell>``
+    when ``source`` is a folder of this script's output, else the rows of the committed table named
+    ``source`` (without the ``table`` column). None when neither has the cell."""
+    path = Path(source) / "cells" / cell
+    if path.is_file():
+        return pd.read_parquet(path)
+    committed = committed_cells() if committed is None else committed
+    corpus, tokens = split_cell(cell)
+    rows = committed[(committed["table"] == str(source)) & (committed["corpus"] == corpus)
+                     & (committed["seq_len"] == tokens)]
+    return rows.drop(columns="table").reset_index(drop=True) if len(rows) else None
+
+
+def commit_table(out: Path, name: str, path: Path | None = None) -> int:
+    """Add the cells of a run (``<out>/cells/*.parquet``) to the committed file as table ``name``
+    (rows of an earlier table of that name are replaced). Returns the number of rows written."""
+    from focus_lab.io import write_parquet
+    path = Path(path) if path is not None else COMMITTED
+    cells = sorted((Path(out) / "cells").glob("*.parquet"))
+    if not cells:
+        raise SystemExit(f"no cells under {Path(out) / 'cells'}: nothing to commit")
+    new = pd.concat([pd.read_parquet(c) for c in cells], ignore_index=True)
+    new.insert(0, "table", name)
+    old = committed_cells(path)
+    both = pd.concat([old[old["table"] != name], new], ignore_index=True)
+    for col in ("routers_sha256", "random_layers", "layer_top_k", "reused_from"):
+        if col in both:
+            both[col] = both[col].fillna("").astype(str)
+    if "seed" in both:
+        both["seed"] = both["seed"].fillna(0).astype("int64")
+    write_parquet(path, both)
+    return len(new)
+
+
 def reused_rows(folders: list[Path], cell: str, labels: list[str], windows: list[int], cfg,
                 sha: str) -> pd.DataFrame:
-    """The rows ``--reuse`` takes for one cell (``<folder>/cells/<cell>``), window by window: the
+    """The rows ``--reuse`` takes for one cell (``table_cell``: a folder's ``cells/<cell>`` or a
+    committed table's rows), window by window: the
     router-free rows (``reusable_rows``) and the rows made with this router (``same_router_rows``:
     this file, sha256 ``sha``, or one holding the same tensors under the same random layers); for
     each (pattern, window), the first folder that has it. The run evaluates only the pairs
     missing, so a table with more windows than an earlier one computes only the new windows.
     Columns: the cell's per-window columns and ``reused_from`` (the folder)."""
     from focus_lab.shipped import same_tensor_shas
-    taken = []
+    taken, committed = [], None
     for folder in folders or []:
-        path = Path(folder) / "cells" / cell
-        if not path.is_file():
+        if not (Path(folder) / "cells" / cell).is_file() and committed is None:
+            committed = committed_cells()
+        old = table_cell(folder, cell, committed)
+        if old is None:
             continue
-        old = pd.read_parquet(path)
         rows = pd.concat([reusable_rows(old, labels, windows, cfg),
                           same_router_rows(old, labels, windows, cfg, same_tensor_shas(sha), sha)])
         taken.append(rows[window_columns(rows)].assign(reused_from=str(folder)))
@@ -184,17 +243,17 @@ def paired_delta(df: pd.DataFrame, a: str, b: str, reps: int = 2000, seed: int =
 
 def against_rows(df: pd.DataFrame, against: Path) -> list[dict]:
     """Paired change of every router pattern (hard_topK, shuffled_topK) and of random_topK of this
-    table over the same pattern in another table's cells (``against/cells``), on the windows both
+    table over the same pattern in another table's cells (``table_cell``: a folder or a committed
+    table's name), on the windows both
     have: e.g. a ``--random-layers`` or ``--layer-top-k`` setting against the plain routers.
     Returns rows corpus, seq_len, label, windows, vs_against_pct, ci_lo, ci_hi (< 0: this table's
     pattern is better)."""
     from focus_lab.evaluate import paired_change
     rows = []
     for (corpus, L), g in df.groupby(["corpus", "seq_len"], sort=True):
-        cell = against / "cells" / f"{corpus}_{L}.parquet"
-        if not cell.is_file():
+        other = table_cell(against, f"{corpus}_{L}.parquet")
+        if other is None:
             continue
-        other = pd.read_parquet(cell)
         for label in sorted(set(g.label) & set(other.label)):
             if label in GROUP_FREE or (g[g.label == label].reused_from != "").all():
                 continue
@@ -205,18 +264,12 @@ def against_rows(df: pd.DataFrame, against: Path) -> list[dict]:
     return rows
 
 
-def report(out: Path, against: Path | None = None) -> str:
+def summarize(df: pd.DataFrame) -> pd.DataFrame:
+    """Per (corpus, length, pattern) of a table's per-window rows: pooled perplexity, windows,
+    tokens, distant pairs kept, tokens/s, the change vs dense in % with its 95% paired interval
+    (``delta_vs_dense_pct``, ``ci_lo``, ``ci_hi``) and, for random / shuffled groups, the control's
+    change over the router at the same k (``control_vs_router_pct``, > 0: the router is better)."""
     from focus_lab.evaluate import pool_windows
-    cells = sorted((out / "cells").glob("*.parquet"))
-    if not cells:
-        raise SystemExit(f"no cells under {out / 'cells'}: run without --report first")
-    df = pd.concat([pd.read_parquet(c) for c in cells], ignore_index=True)
-    if "reused_from" not in df:
-        df["reused_from"] = ""
-    df["reused_from"] = df["reused_from"].fillna("")
-    reused = {(r.corpus, r.seq_len, r.label): r.reused_from
-              for r in df[df.reused_from != ""].drop_duplicates(["corpus", "seq_len", "label"]).itertuples()}
-    lines = []
     summary = []
     for (corpus, L), g in df.groupby(["corpus", "seq_len"], sort=True):
         nwin = g.window.nunique()
@@ -235,8 +288,40 @@ def report(out: Path, against: Path | None = None) -> str:
             summary.append(row)
     s = pd.DataFrame(summary)
     s["schema_version"] = SCHEMA_VERSION
-    from focus_lab.io import write_parquet
-    write_parquet(out / "length_table.parquet", s)
+    return s
+
+
+def report(out: Path, against: Path | str | None = None, table: str | None = None) -> str:
+    """``<out>/length_table.md`` (and ``<out>/length_table.parquet``, the ``summarize`` rows) from
+    the cells under ``<out>/cells``, or, with ``table``, from that committed table (markdown only)."""
+    if table is not None:
+        df = committed_cells()
+        df = df[df["table"] == table].drop(columns="table")
+        if not len(df):
+            raise SystemExit(f"no committed table {table!r} in {COMMITTED}: choose from "
+                             + ", ".join(sorted(committed_cells()["table"].unique())))
+    else:
+        cells = sorted((out / "cells").glob("*.parquet"))
+        if not cells:
+            raise SystemExit(f"no cells under {out / 'cells'}: run without --report first")
+        df = pd.concat([pd.read_parquet(c) for c in cells], ignore_index=True)
+    if "reused_from" not in df:
+        df["reused_from"] = ""
+    df["reused_from"] = df["reused_from"].fillna("")
+    reused = {(r.corpus, r.seq_len, r.label): r.reused_from
+              for r in df[df.reused_from != ""].drop_duplicates(["corpus", "seq_len", "label"]).itertuples()}
+    lines = []
+    if table is not None:
+        made = df.drop_duplicates(["routers_sha256", "random_layers", "layer_top_k"])
+        lines.append(f"# Length table `{table}`\n\nCommitted cells: `figures/results/{COMMITTED.name}`, "
+                     f"rows with table == '{table}'. Router file sha256 "
+                     + "; ".join(f"`{r.routers_sha256[:12]}...`" + (f", random groups in layers {r.random_layers}"
+                                 if r.random_layers else "") + (f", per-layer k `{r.layer_top_k}`" if r.layer_top_k else "")
+                                 for r in made.itertuples()) + ".")
+    s = summarize(df)
+    if table is None:
+        from focus_lab.io import write_parquet
+        write_parquet(out / "length_table.parquet", s)
     order = [p for p in PATTERNS.split(",") if p in set(s.label)]
     for corpus, g in s.groupby("corpus"):
         held = df[df.corpus == corpus].heldout.iloc[0]
@@ -291,34 +376,45 @@ def report(out: Path, against: Path | None = None) -> str:
         else:
             lines.append("(no cell of the same corpus and length there)")
     text = "\n".join(lines) + "\n"
-    (out / "length_table.md").write_text(text)
+    Path(out).mkdir(parents=True, exist_ok=True)
+    (Path(out) / "length_table.md").write_text(text)
     return text
 
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--routers", type=Path, default=None, help="default: the shipped routers")
-    ap.add_argument("--out", type=Path, default=Path("figures/length_table"))
+    ap.add_argument("--out", type=Path, default=Path("checkpoints/length_table"))
     ap.add_argument("--corpora", default="austen,shakespeare")
     ap.add_argument("--lengths", default="512,1024,2048,4096,8192")
     ap.add_argument("--windows", default=WINDOWS, help="LENGTH:WINDOWS pairs")
     ap.add_argument("--patterns", default=PATTERNS)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--reuse", type=lambda v: [Path(x) for x in v.split(",") if x], default=None,
-                    help="other tables' folders, comma-separated: take from their cells, window by "
+                    help="other tables (folders of this script's output or committed table names), "
+                    "comma-separated: take from their cells, window by "
                     "window, the router-free patterns (dense, window, random_topK) and the rows made "
                     "with this router file (the first folder that has a pattern on a window wins)")
     ap.add_argument("--layer-top-k", default=None, help="hard patterns: per-layer k overriding the pattern's "
                     "top_k, e.g. '1-9:0;10-14:2', or 'none'; default: the router file's (FocusConfig.layer_top_k)")
     ap.add_argument("--random-layers", default=None, help="layers routed by balanced random groups "
                     "instead of the router, e.g. 1-9, or 'none'; default: the router file's (FocusConfig.random_layers)")
-    ap.add_argument("--against", type=Path, default=None, help="another table's folder: report the paired "
-                    "change of each router pattern over the same pattern there (same windows)")
+    ap.add_argument("--against", type=Path, default=None, help="another table (a folder or a committed "
+                    "table's name): report the paired change of each router pattern over the same pattern "
+                    "there (same windows)")
     ap.add_argument("--report", action="store_true", help="only write the tables from the cells")
+    ap.add_argument("--table", default=None, help="with --report: a committed table's name (e.g. shipped): "
+                    "write its markdown into --out")
+    ap.add_argument("--commit", default=None, metavar="NAME", help="add this run's cells to the committed "
+                    f"file ({COMMITTED.parent.name}/{COMMITTED.name}) as table NAME")
     args = ap.parse_args(argv)
+    if args.table is not None and not args.report:
+        ap.error("--table reports a committed table: add --report")
     if not args.report:
         run_cells(args)
-    print(report(args.out, args.against))
+    print(report(args.out, args.against, table=args.table))
+    if args.commit:
+        print(f"committed {commit_table(args.out, args.commit)} rows as table {args.commit!r} in {COMMITTED}")
 
 
 if __name__ == "__main__":

@@ -113,7 +113,8 @@ def test_cli_says_where_the_figures_live_without_the_package(monkeypatch):
 
 
 def test_length_cells_reuse_committed_rows_only_for_the_same_routers(tmp_path, monkeypatch):
-    """Committed length-table rows (any ``figures/*/cells``) are taken for the patterns one table
+    """Committed length-table rows (``figures/results/length_cells.parquet``, one ``table`` column)
+    are taken for the patterns one table
     holds on exactly the requested windows: dense from any table, hard rows only when made with
     this router file or with one the manifest lists as holding the same tensors under the same
     random layers; the other patterns are evaluated."""
@@ -147,7 +148,7 @@ def test_length_cells_reuse_committed_rows_only_for_the_same_routers(tmp_path, m
         def router_id(self):
             return self.sha
 
-    figures = tmp_path / "figures"
+    frames = []
     for table, rows in {
             # a: dense on both windows, hard_top2 on one only
             "a": {"label": ["dense", "dense", "hard_top2"], "window": [3, 7, 3], "routers_sha256": ["abc"] * 3,
@@ -155,10 +156,14 @@ def test_length_cells_reuse_committed_rows_only_for_the_same_routers(tmp_path, m
             # b: hard_top2 on both windows, made with the 'twin' file under random layers 1
             "b": {"label": ["hard_top2", "hard_top2"], "window": [3, 7], "routers_sha256": ["twin"] * 2,
                   "random_layers": ["1"] * 2}}.items():
-        (figures / table / "cells").mkdir(parents=True)
-        pd.DataFrame(rows).assign(nll=9.0, tokens=31).to_parquet(figures / table / "cells" / "austen_32.parquet")
-    monkeypatch.setattr(C, "FIGURES", figures)
-    monkeypatch.setattr(C, "REPO", tmp_path)
+        frames.append(pd.DataFrame(rows).assign(table=table, corpus="austen", seq_len=32, nll=9.0, tokens=31))
+    # another cell (other length) holding every pattern on both windows: never taken for austen_32
+    frames.append(pd.DataFrame({"label": ["hard_top2", "random_top2"] * 2, "window": [3, 3, 7, 7]}).assign(
+        table="c", corpus="austen", seq_len=64, routers_sha256="abc", random_layers="", nll=9.0, tokens=31))
+    cells = tmp_path / "results" / "length_cells.parquet"
+    cells.parent.mkdir()
+    pd.concat(frames, ignore_index=True).fillna({"random_layers": ""}).to_parquet(cells)
+    monkeypatch.setattr(C, "LENGTH_CELLS", cells)
 
     ctx = Ctx()
     ctx.sha = "abc"
@@ -291,25 +296,27 @@ def test_layer_budget_random_sweep_flips_layers_better_on_every_corpus():
 
 
 def test_passkey_reuses_committed_tables_of_the_shipped_configuration_only(tmp_path, monkeypatch):
-    """Figure 12 takes the router's rows from the committed probe tables made with the routers in
+    """Figure 12 takes the router's rows from the committed probe tables (``passkey_cases.parquet``
+    with a ``table`` column, settings in ``passkey_tables.json``) made with the routers in
     use and no config overrides; dense and random rows (router-free) come from other tables for
     the same cases only, never random rows changed by a per-layer k, never a pattern twice."""
     import json
     from analyses import exp_passkey
 
+    meta, cases = {}, []
+
     def table(name, sha, rows, **extra):
-        d = tmp_path / name
-        d.mkdir()
-        settings = {"routers": {"sha256": sha}, "prompt_version": 2, "haystack": "h", **extra}
-        (d / "passkey.json").write_text(json.dumps({"settings": settings}))
-        pd.DataFrame([{"format": "chat", "length": 64, "depth": 50.0, "seed": s, "key": str(s),
-                       "pattern": p, "exact_match": True} for p, s in rows]).to_parquet(d / "cases.parquet")
+        meta[name] = {"settings": {"routers": {"sha256": sha}, "prompt_version": 2, "haystack": "h", **extra}}
+        cases.append(pd.DataFrame([{"table": name, "format": "chat", "length": 64, "depth": 50.0, "seed": s,
+                                    "key": str(s), "pattern": p, "exact_match": True} for p, s in rows]))
 
     table("plain", "abc", [("hard_top2", 0), ("hard_top2", 1)])
     table("budget", "abc", [("hard_top2", 0), ("dense", 1), ("random_top2", 1)],
           config_overrides={"layer_top_k": {"3": 1}})
     table("older", "def", [(p, s) for p in ("dense", "random_top2", "hard_top2") for s in (0, 1, 2)])
     table("other_prompt", "def", [("window", 0)], prompt_version=1)
+    (tmp_path / "passkey_tables.json").write_text(json.dumps(meta))
+    pd.concat(cases, ignore_index=True).to_parquet(tmp_path / "passkey_cases.parquet")
     monkeypatch.setattr(exp_passkey, "PASSKEY_TABLES", tmp_path)
 
     class Ctx:
@@ -347,6 +354,49 @@ def test_reproduction_setting_names_the_random_layers(tmp_path):
             tmp_path / "router.parquet")
         got = _Ctx(tmp_path).routers
         assert got.endswith(text) and got.startswith("SmolLM2-135M, router-only (last stage 30 steps at 4096")
+
+
+def test_committed_length_cells_round_trip(tmp_path, monkeypatch):
+    """analyses/length_table: ``--commit NAME`` adds a run's cells to the committed tidy file as
+    table NAME (a second commit replaces them); ``--reuse NAME`` and ``--against NAME`` read that
+    table's rows of the same cell (``table_cell``), nothing of another cell or table."""
+    from analyses import length_table as LT
+    from focus_lab import FocusConfig
+    committed = tmp_path / "results" / "length_cells.parquet"
+    run = tmp_path / "run"
+    (run / "cells").mkdir(parents=True)
+    pd.DataFrame({"label": ["dense", "hard_top2"], "window": [0, 0], "nll": [1.0, 1.1], "routers_sha256": "own"}).assign(
+        corpus="austen", seq_len=64).to_parquet(run / "cells" / "austen_64.parquet")
+    monkeypatch.setattr(LT, "COMMITTED", committed)
+    assert LT.commit_table(run, "mine") == 2 and LT.commit_table(run, "mine") == 2  # replaced, not added twice
+    assert len(pd.read_parquet(committed)) == 2
+    got = LT.table_cell("mine", "austen_64.parquet")
+    assert sorted(got.label) == ["dense", "hard_top2"] and "table" not in got
+    assert LT.table_cell("mine", "austen_128.parquet") is None and LT.table_cell("other", "austen_64.parquet") is None
+    rows = LT.reused_rows(["mine"], "austen_64.parquet", ["dense", "hard_top2"], [0], FocusConfig(), "own")
+    assert sorted(rows.label) == ["dense", "hard_top2"] and set(rows.reused_from) == {"mine"}
+    assert LT.split_cell("python-docs_4096.parquet") == ("python-docs", 4096)
+
+
+def test_committed_results_hold_the_shipped_routers_tables():
+    """figures/results/: the length table of the shipped file (table 'shipped': both corpora,
+    512-8192 tokens, every pattern) and its passkey tables are committed, made with the file the
+    manifest ships, so that `focus-lab figures` reuses them."""
+    import json
+    from analyses.length_table import COMMITTED, PATTERNS
+    from focus_lab import shipped
+    sha = shipped.manifest()["smollm2-135m-instruct"]["sha256"]
+    cells = pd.read_parquet(COMMITTED)
+    mine = cells[cells.table == "shipped"]
+    assert set(mine.routers_sha256) == {sha}
+    assert set(zip(mine.corpus, mine.seq_len)) == {(c, t) for c in ("austen", "shakespeare")
+                                                   for t in (512, 1024, 2048, 4096, 8192)}
+    assert set(mine.label) >= set(PATTERNS.split(",")) - {"shuffled_top2"}
+    assert not cells.duplicated(["table", "corpus", "seq_len", "window", "label"]).any()
+    meta = json.loads((COMMITTED.parent / "passkey_tables.json").read_text())
+    cases = pd.read_parquet(COMMITTED.parent / "passkey_cases.parquet")
+    assert set(cases.table) == set(meta)
+    assert {n for n, m in meta.items() if m["settings"]["routers"]["sha256"] == sha} >= {"shipped_4k", "shipped_8k"}
 
 
 def test_length_table_reuses_rows_window_by_window_from_several_tables(tmp_path):
