@@ -163,3 +163,109 @@ def test_relative_link_points_into_the_repository(page, target):
     if anchor and rel.endswith(".md") and rel in files:
         slugs = heading_slugs((REPO / rel).read_text(encoding="utf-8"))
         assert anchor in slugs, f"{page}: link {target!r}: {rel} has no heading #{anchor} (it has {sorted(slugs)})"
+
+
+# ------------------------------------------------------------------------------------------
+# nothing lost: every number in the README's tables is in the committed data the README links
+
+_TABLE_ROW = re.compile(r"^\|.*\|\s*$")
+
+
+def markdown_tables(text: str) -> list[tuple[str, list[str], list[list[str]]]]:
+    """(the paragraph before it, header cells, body rows) of each markdown table outside code."""
+    lines, out, i = _FENCE.sub("", text).splitlines(), [], 0
+    while i < len(lines):
+        if _TABLE_ROW.match(lines[i]) and i + 1 < len(lines) and re.match(r"^\|[\s:|-]+\|\s*$", lines[i + 1]):
+            j = i - 1
+            while j >= 0 and not lines[j].strip():
+                j -= 1
+            k = j
+            while k >= 0 and lines[k].strip():
+                k -= 1
+            cells = lambda line: [c.strip() for c in line.strip().strip("|").split("|")]
+            body, n = [], i + 2
+            while n < len(lines) and _TABLE_ROW.match(lines[n]):
+                body.append(cells(lines[n]))
+                n += 1
+            out.append(("\n".join(lines[k + 1:j + 1]), cells(lines[i]), body))
+            i = n
+        else:
+            i += 1
+    return out
+
+
+def _length_table_problems(intro: str, header: list[str], body: list[list[str]]) -> list[str]:
+    """The README's length table against the committed cells it links: each corpus's columns
+    (``*<held-out text>* dense``, ``hard top-K``, ..., ``vs random top-1 / top-2``) recomputed
+    from the per-window rows (``analyses.length_table.summarize``) and formatted as shown."""
+    import pandas as pd
+    from analyses.length_table import summarize
+    data = [t for t in markdown_links(intro) if t.endswith(".parquet")]
+    table = re.search(r"table `([\w-]+)`", intro)
+    if not data or not table:
+        return [f"length table: the paragraph before it links no .parquet file and names no table `...`: {intro[-200:]!r}"]
+    cells = pd.read_parquet(REPO / data[0])
+    cells = cells[cells["table"] == table.group(1)].drop(columns="table")
+    if not len(cells):
+        return [f"length table: {data[0]} has no table {table.group(1)!r}"]
+    summary = summarize(cells).set_index(["corpus", "seq_len", "label"])
+    corpus_of = {h.lower(): c for c, h in cells.groupby("corpus")["heldout"].first().items()}
+    problems, corpus = [], None
+    for col, head in enumerate(header[1:], start=1):
+        m = re.match(r"\*(\w+)\* dense$", head)
+        if m:
+            corpus = corpus_of.get(m.group(1).lower())
+            if corpus is None:
+                problems.append(f"column {head!r}: no held-out text {m.group(1)!r} in {data[0]}")
+                continue
+        for row in body:
+            tokens, shown = int(row[0]), row[col]
+
+            def value(label, column, fmt):
+                key = (corpus, tokens, label)
+                return format(summary.loc[key, column], fmt) if key in summary.index else "missing"
+            if m:
+                want = value("dense", "perplexity", ".2f")
+            elif (k := re.match(r"hard top-(\d)$", head)):
+                lab = f"hard_top{k.group(1)}"
+                want = f"{value(lab, 'delta_vs_dense_pct', '+.1f')}% [{value(lab, 'distant_pairs_kept', '.2f')}]"
+            elif head == "vs random top-1 / top-2":
+                want = " / ".join(f"{value(f'random_top{k}', 'control_vs_router_pct', '+.1f')}%" for k in (1, 2))
+            else:
+                problems.append(f"column {head!r}: no rule to find it in the data")
+                break
+            if shown != want:
+                problems.append(f"{corpus} {tokens} tokens, {head!r}: README {shown!r}, data {want!r}")
+    return problems
+
+
+def readme_table_problems(text: str) -> list[str]:
+    """Every number of every table of the README, checked against the committed data file the
+    paragraph before the table links; a table of no known kind is a problem too."""
+    problems = []
+    for intro, header, body in markdown_tables(text):
+        if header[0] == "tokens" and any(h.endswith("dense") for h in header):
+            problems += _length_table_problems(intro, header, body)
+        elif not any(re.search(r"\d", c) for row in body for c in row):
+            continue  # a table without numbers (e.g. the documentation index)
+        else:
+            problems.append(f"a table with numbers and no rule to check them: {header}")
+    return problems
+
+
+def test_every_number_in_the_readme_tables_is_in_the_data_it_links():
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    assert markdown_tables(text), "README.md has no table"
+    problems = readme_table_problems(text)
+    assert not problems, "README.md's tables disagree with the committed data:\n" + "\n".join(problems)
+
+
+def test_readme_number_check_fails_on_a_changed_number():
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    row = next(line for line in text.splitlines() if line.startswith("| 4096 |"))
+    cells = row.split("|")
+    cells[3] = cells[3].replace("%", "1%", 1)  # hard top-2 at 4096: +0.9% -> +0.91%
+    bad = text.replace(row, "|".join(cells))
+    assert bad != text and readme_table_problems(bad)
+    assert readme_table_problems(text.replace("| 27.60 |", "| 27.61 |"))
+    assert readme_table_problems(text.replace("table `shipped`", "table `nothing`"))
