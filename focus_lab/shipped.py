@@ -54,7 +54,7 @@ def shipped_router_file(model_name: str | None = None) -> Path:
 def same_tensor_shas(sha256: str) -> set[str]:
     """sha256 of the router files that hold exactly the tensors of the file with ``sha256`` under
     another saved config, as the manifest records for a shipped file (``same_tensors_sha256``:
-    e.g. the file shipped at stops 20-22, whose tensors ship since stop 23 with
+    e.g. the file with every layer routed, whose tensors ship with
     ``random_layers`` 1-9). Results made with such a file under the same config are this file's
     results (``analyses.length_table.same_router_rows``). Empty for any other file."""
     for entry in manifest().values():

@@ -22,8 +22,8 @@ Each (layer, k) result is written when done (``sweep.parquet``), so a rerun resu
 
 Usage (background; about 25 s per 4096-token window and variant on 2 cores)::
 
-    python analyses/studies/layer_budget.py --out figures/layer_budget
-    python analyses/length_table.py --layer-top-k "$(cat figures/layer_budget/spec.txt)" ...
+    python -m analyses.studies.layer_budget --out checkpoints/layer_budget
+    python -m analyses.length_table --layer-top-k "$(cat checkpoints/layer_budget/spec.txt)" ...
 """
 
 from __future__ import annotations
@@ -116,7 +116,7 @@ def main(argv=None) -> None:
                     "base-k -/+ 1 (the budget); random: one layer's assignment flipped (router <-> random groups)")
     ap.add_argument("--min-gain", type=float, default=0.0, help="--sweep random: flip a layer only when "
                     "the NLL falls by more than this on every corpus (nats/token)")
-    ap.add_argument("--out", type=Path, default=Path("figures/layer_budget"))
+    ap.add_argument("--out", type=Path, default=Path("checkpoints/layer_budget"))
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args(argv)
 
