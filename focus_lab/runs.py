@@ -7,7 +7,8 @@ Layout::
     <run>/tokens.parquet       one row per (window, position)
     <run>/assignments.parquet  one row per (window, position, layer_idx)
     <run>/pos.parquet          one row per (window, position): spaCy labels joined by offsets
-    <run>/eval.parquet         optional: held-out perplexity table
+    <run>/eval.parquet         optional: held-out perplexity table (``focus-lab eval --run``: of the
+                               recorded windows, described by the manifest's ``eval`` entry)
     <run>/train_log.parquet    optional: per-step training log
     (+ the recorder's tables: balance, balance_layer, coverage, coverage_query,
        coverage_distance, crossing, crossing_query, dropped_edges, patterns, pos_contingency,
@@ -15,7 +16,8 @@ Layout::
        column)
 
 A run directory is written under a temporary name and renamed when complete, so a reader
-never sees half a run.
+never sees half a run; a table added later (``write_table``) is written the same way, then the
+manifest.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Iterable, Sequence
 
+import numpy as np
 import pandas as pd
 
 SCHEMA_VERSION = 1
@@ -69,7 +72,7 @@ SCHEMA: dict[str, tuple[str, ...]] = {
     "costly_drops": ("window", "query_position", "query_rank", "delta", "nll_dense", "nll_hard", "query_token",
                      "next_token", "layer_idx", "head", "key_position", "distance", "weight", "soft_weight",
                      "key_token", "key_is_sink", "relation"),
-    "eval": (),  # written by focus_lab.evaluate (copied in by ``focus-lab record``)
+    "eval": (),  # written by focus_lab.evaluate (``focus-lab eval --run``, or copied in by ``focus-lab record``)
     "train_log": (),  # written by focus_lab.train (copied in by ``focus-lab record``)
 }
 
@@ -220,6 +223,19 @@ class Run:
             return int(self.columns("assignments", ["group"])["group"].max()) + 1
         return 0
 
+    def window_token_ids(self) -> dict[int, np.ndarray]:
+        """{window: its token ids, shape (T,) int64, in position order} from the ``tokens`` table:
+        the exact inputs the recorder saw (``focus-lab eval --run`` evaluates them again).
+        RunError when the table is missing or a window's positions are not 0..T-1."""
+        tok = self.columns("tokens", ["window", "position", "token_id"]).sort_values(["window", "position"])
+        out = {}
+        for w, g in tok.groupby("window", sort=True):
+            if not np.array_equal(g["position"].to_numpy(), np.arange(len(g))):
+                raise RunError(f"run {self.path}: window {w} of the tokens table does not hold positions "
+                               f"0..{len(g) - 1}; record the run again")
+            out[int(w)] = g["token_id"].to_numpy(dtype=np.int64)
+        return out
+
     def token_frame(self, pos_columns: Iterable[str] | None = None) -> pd.DataFrame:
         """tokens joined with pos on (window, position), when pos exists (all its columns, or
         those of ``pos_columns`` it has)."""
@@ -231,6 +247,30 @@ class Run:
                                                     and c not in ("window", "position")]]
             tok = tok.merge(pos, on=["window", "position"], how="left")
         return tok
+
+
+def write_table(path: str | Path, name: str, df: pd.DataFrame, manifest_entry: dict | None = None) -> Path:
+    """Add (or replace) the table ``name`` of the run directory ``path``, e.g. ``eval`` from
+    ``focus-lab eval --run``. The parquet file is written under a temporary name and renamed,
+    then the manifest likewise (its ``tables`` list gains ``name``; ``manifest_entry``, when
+    given, becomes the manifest's entry ``name``: how the table was made), so a reader sees the
+    run before or after, never a half-written file.
+
+    Returns the table's path. Raises RunError (``Run.read_manifest``: not a run of this schema
+    version), ValueError (``name`` is not a table of ``SCHEMA``).
+    """
+    from .io import write_json, write_parquet
+    if name not in SCHEMA:
+        raise ValueError(f"{name!r} is not a table of the run schema (tables: {', '.join(SCHEMA)})")
+    path = Path(path)
+    manifest = Run.read_manifest(path)
+    target = path / f"{name}.parquet"
+    write_parquet(target, df)
+    manifest["tables"] = sorted(set(manifest.get("tables", [])) | {name})
+    if manifest_entry is not None:
+        manifest[name] = manifest_entry
+    write_json(path / MANIFEST, manifest)
+    return target
 
 
 def dropped_mass_by_distance(coverage_distance: pd.DataFrame, min_distance: int = 512,

@@ -14,7 +14,9 @@
 * the recorder's metric tables (balance, coverage, crossing, dropped_edges, linguistics), as
   ``record_run`` writes them.
 
-Also ``corrupt_run`` and ``other_schema_run`` for the error-message tests.
+``make_main_job_run`` turns such a run into what the main job leaves (shipped routers, the eval
+table of the recorded windows); ``corrupt_run`` and ``other_schema_run`` serve the error-message
+tests.
 """
 
 from __future__ import annotations
@@ -137,6 +139,30 @@ def _make_tiny_run(path, num_groups, window, top_k, layers, seq_len, with_pos, w
             "routers": {"path": str(routers_path), "sha256": file_sha256(routers_path)}}
     record_run(model, tok, windows, {DOC: TEXT}, path, meta=meta, with_pos=with_pos,
                extra_tables=extra, progress=False, **({"patterns": list(patterns)} if patterns else {}))
+    return path
+
+
+def make_main_job_run(path: str | Path, source: str | Path, patterns: str | None = None) -> Path:
+    """A run as the main job (``focus-lab quickstart``) leaves it, on the tiny model: a copy of
+    the recorded run ``source`` without its copied eval and train_log tables, whose manifest says
+    its routers are the file shipped with focus-lab (``routers.shipped``: the real entry of
+    ``focus_lab/routers/MANIFEST.json``, as ``focus-lab record`` writes it for that file), then
+    ``focus-lab eval --run`` on it with the quickstart's patterns (default
+    ``cli.QUICKSTART_PATTERNS``), through the CLI."""
+    from typer.testing import CliRunner
+    from focus_lab import cli, shipped
+    path = Path(path)
+    shutil.copytree(source, path)
+    mf = json.loads((path / "manifest.json").read_text())
+    for name in ("eval", "train_log"):
+        (path / f"{name}.parquet").unlink()
+    mf["tables"] = [t for t in mf["tables"] if t not in ("eval", "train_log")]
+    model, entry = next(iter(shipped.manifest().items()))
+    mf["routers"]["shipped"] = cli._shipped_provenance(entry["sha256"])
+    assert mf["routers"]["shipped"]["model"] == model
+    (path / "manifest.json").write_text(json.dumps(mf, indent=2))
+    res = CliRunner().invoke(cli.app, ["eval", "--run", str(path), "--patterns", patterns or cli.QUICKSTART_PATTERNS])
+    assert res.exit_code == 0, res.output
     return path
 
 

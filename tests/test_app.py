@@ -2,7 +2,8 @@
 
 Each page is checked for content computed independently from the run's parquet files, not
 only for the absence of exceptions. Runs: ``tiny`` (K=4, 2 layers, with pos/eval/train_log and
-stand-in coverage/audit tables), ``tiny-k2`` (K=2, for Compare), ``bare`` (tokens and
+stand-in coverage/audit tables), ``tiny-k2`` (K=2, for Compare), ``main-job`` (what the main job
+leaves: shipped routers, the eval table of its recorded windows), ``bare`` (tokens and
 assignments only), ``broken`` (corrupted manifest), ``old`` (schema version 0) and
 ``badtable`` (a corrupted assignments parquet). Passkey outputs (not runs): ``passkey`` (written
 by the probe on the tiny model) and ``probes/passkey-synth`` (chosen values).
@@ -14,20 +15,18 @@ import base64
 import json
 import os
 import shutil
-import sys
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 
-HERE = Path(__file__).resolve().parent
-MAIN = HERE.parent / "focus_lab" / "app" / "main.py"
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent / "focus_lab" / "app"))
+import focus_lab.app
+from run_fixtures import (corrupt_run, make_main_job_run, make_passkey_dir, make_synthetic_passkey_dir,
+                          make_tiny_run, other_schema_run)
 
-from run_fixtures import (corrupt_run, make_passkey_dir, make_synthetic_passkey_dir, make_tiny_run,  # noqa: E402
-                          other_schema_run)
+#: the dashboard's script, from the installed package focus_lab.app (the repository's app/ folder)
+MAIN = Path(focus_lab.app.__file__).parent / "main.py"
 
 st_testing = pytest.importorskip("streamlit.testing.v1")
 TIMEOUT = 120
@@ -39,6 +38,7 @@ def runs_root(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("runs")
     tiny = make_tiny_run(root / "tiny", patterns=((1, 0),))
     make_tiny_run(root / "tiny-k2", num_groups=2, top_k=1, seed=1)
+    make_main_job_run(root / "main-job", source=tiny)
     bare = root / "bare"
     shutil.copytree(tiny, bare)
     for t in bare.glob("*.parquet"):
@@ -152,7 +152,7 @@ def test_groups_token_search_shows_every_layer(app, runs_root):
 
 
 def test_context_is_html_escaped():
-    import lib
+    from focus_lab.app import lib
     tokens = pd.DataFrame({"window": 0, "position": [0, 1, 2], "token": ["a", "<script>x</script>", "&b"],
                            "char_start": [0, 2, 20], "char_end": [1, 19, 22]})
     out = lib.render_context(tokens, 0, 1)
@@ -180,6 +180,30 @@ def test_overview_shows_manifest_eval_and_training(app, runs_root):
     assert len(at.get("download_button")) == 1
 
 
+def test_overview_after_the_main_job_shows_the_eval_of_the_recorded_windows_and_the_shipped_provenance(
+        app, runs_root):
+    """The run the main job leaves (``focus-lab eval --run`` wrote its eval table; shipped routers,
+    no training log): the perplexity table of the quickstart's patterns on every recorded window,
+    said in the caption, and the shipped file's provenance from focus_lab/routers/MANIFEST.json
+    (read here directly); no info box."""
+    from focus_lab.cli import QUICKSTART_PATTERNS
+    from focus_lab.shipped import MANIFEST
+    ev = read(runs_root, "main-job", "eval")
+    windows = read(runs_root, "main-job", "tokens")["window"].nunique()
+    at = app("overview", run="main-job")
+    assert not at.info, [i.value for i in at.info]
+    table = at.dataframe[0].value
+    assert table["label"].tolist() == QUICKSTART_PATTERNS.split(",") == ev["label"].tolist()
+    assert np.allclose(table["perplexity"], ev["perplexity"])
+    assert any(f"On all {windows} recorded windows, 48 tokens each" in c.value for c in at.caption)
+    entry = next(iter(json.loads(MANIFEST.read_text()).values()))
+    assert any("shipped with focus-lab" in m.value and entry["sha256"][:12] in m.value for m in at.markdown)
+    prov = at.dataframe[1].value.set_index("field")["value"]
+    assert prov["command"] == entry["command"]
+    assert prov["whole recipe from scratch"] == entry["from_scratch"]["command"]
+    assert not any("loss" in title(f) for f in figures(at))  # no training curves: nothing was trained
+
+
 def test_missing_tables_are_info_messages(app):
     at = app("overview", run="bare")
     infos = " ".join(i.value for i in at.info)
@@ -205,7 +229,7 @@ def test_balance_largest_shares(app, runs_root):
     asg = read(runs_root, "tiny", "assignments")
     bal = read(runs_root, "tiny", "balance")
     at = app("balance")
-    from lib import BALANCE_METHOD_NAMES as METHOD_NAMES
+    from focus_lab.app.lib import BALANCE_METHOD_NAMES as METHOD_NAMES
     summary = at.dataframe[0].value.set_index("layer")
     for layer in (0, 1):
         hard = np.bincount(asg.loc[asg.layer_idx == layer, "group"], minlength=4) / (asg.layer_idx == layer).sum()
@@ -299,7 +323,7 @@ def _costly_block(at) -> str:
 def test_audit_costly_drops_lists_the_costliest_queries(app, runs_root):
     import html
     import re
-    import lib
+    from focus_lab.app import lib
     drops = read(runs_root, "tiny", "costly_drops")
     loss = read(runs_root, "tiny", "loss_delta")
     at = app("audit")
@@ -414,7 +438,7 @@ def heatmap_traces(at) -> dict:
 
 
 def test_passkey_folders_are_not_runs(runs_root):
-    import lib
+    from focus_lab.app import lib
     from focus_lab.runs import list_runs
     assert lib.passkey_dirs(runs_root) == ["passkey", "probes/passkey-synth"]
     runs = lib.available_runs(runs_root)
@@ -528,7 +552,7 @@ def test_corrupted_table_shows_its_message(app):
 
 
 def test_runs_outside_the_root_are_refused(app, runs_root, tmp_path):
-    import lib
+    from focus_lab.app import lib
     from focus_lab.runs import RunError
     outside = make_outside = tmp_path / "outside"
     shutil.copytree(runs_root / "tiny", outside)
@@ -547,7 +571,7 @@ def test_runs_outside_the_root_are_refused(app, runs_root, tmp_path):
 
 
 def test_runs_root_from_command_line():
-    import lib
+    from focus_lab.app import lib
     assert lib.parse_runs_root(["--runs", "/tmp/x"]) == Path("/tmp/x").resolve()
     assert lib.parse_runs_root(["--rootdir=/y"]) != Path("/y")
 

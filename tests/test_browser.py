@@ -160,7 +160,6 @@ def _have_browser() -> str | None:
 @pytest.mark.browser
 @pytest.mark.skipif(_have_browser() is not None, reason=str(_have_browser()))
 def test_every_page_renders_in_chromium(tmp_path):
-    sys.path.insert(0, str(HERE))
     from run_fixtures import make_synthetic_passkey_dir, make_tiny_run
     runs = tmp_path / "runs"
     make_tiny_run(runs / "tiny")

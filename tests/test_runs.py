@@ -11,9 +11,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from focus_lab.runs import MANIFEST, SCHEMA, SCHEMA_VERSION, Run, RunError
-
-APP = Path(__file__).resolve().parent.parent / "focus_lab" / "app"
+from focus_lab.runs import MANIFEST, SCHEMA, SCHEMA_VERSION, Run, RunError, write_table
 
 
 def write_run(path: Path, focus_config: dict | None = None, with_pos: bool = True) -> Path:
@@ -75,8 +73,7 @@ def test_the_dashboard_reads_runs_through_run(tmp_path, monkeypatch):
     """``app.lib.RunView`` is a ``Run``: the same tables, columns, K and errors, read through the
     Streamlit caches; a re-written table is read again."""
     pytest.importorskip("streamlit")
-    monkeypatch.syspath_prepend(str(APP))
-    import lib
+    from focus_lab.app import lib
     path = write_run(tmp_path / "root" / "sub" / "r", focus_config={"num_groups": 4})
     view = lib.open_run("sub/r", root=tmp_path / "root")
     run = Run.open(path)
@@ -94,6 +91,44 @@ def test_the_dashboard_reads_runs_through_run(tmp_path, monkeypatch):
     pd.DataFrame({"window": [0], "position": [0], "layer_idx": [0], "group": [1]}).to_parquet(
         path / "assignments.parquet")
     assert len(lib.open_run("sub/r", root=tmp_path / "root").table("assignments")) == 1
+
+
+def test_window_token_ids_are_the_recorded_inputs(tmp_path):
+    """Each window's token ids in position order, whatever the row order on disk; a window with a
+    gap in its positions is refused."""
+    import numpy as np
+    path = write_run(tmp_path / "r")
+    tok = pd.DataFrame({"window": [1, 0, 1, 0, 0, 1], "position": [2, 1, 0, 0, 2, 1], "doc": "d",
+                        "token_id": [17, 6, 15, 5, 7, 16], "token": "x", "char_start": 0, "char_end": 1})
+    tok[list(SCHEMA["tokens"])].to_parquet(path / "tokens.parquet")
+    ids = Run.open(path).window_token_ids()
+    assert list(ids) == [0, 1]
+    assert ids[0].tolist() == [5, 6, 7] and ids[1].tolist() == [15, 16, 17] and ids[0].dtype == np.int64
+    tok[tok.position != 1][list(SCHEMA["tokens"])].to_parquet(path / "tokens.parquet")
+    with pytest.raises(RunError, match="window 0 of the tokens table does not hold positions 0..1"):
+        Run.open(path).window_token_ids()
+
+
+def test_write_table_adds_a_table_and_its_manifest_entry(tmp_path):
+    """write_table puts the parquet file and the manifest's entry in place (nothing else left in
+    the run folder), keeps the other manifest fields, and refuses a table outside the schema or a
+    folder that is not a run."""
+    path = write_run(tmp_path / "r", focus_config={"num_groups": 4})
+    before = json.loads((path / MANIFEST).read_text())
+    df = pd.DataFrame({"label": ["dense", "hard_top2"], "perplexity": [10.0, 11.0]})
+    target = write_table(path, "eval", df, {"windows": [0], "patterns": ["dense", "hard_top2"]})
+    assert target == path / "eval.parquet"
+    run = Run.open(path)
+    pd.testing.assert_frame_equal(run.eval, df)
+    assert run.manifest["eval"] == {"windows": [0], "patterns": ["dense", "hard_top2"]}
+    assert run.manifest["tables"] == ["eval"]
+    assert {k: v for k, v in run.manifest.items() if k not in ("eval", "tables")} == before
+    assert sorted(p.name for p in path.iterdir()) == ["assignments.parquet", "eval.parquet", MANIFEST,
+                                                      "pos.parquet", "tokens.parquet"]
+    with pytest.raises(ValueError, match="'evaluation' is not a table of the run schema"):
+        write_table(path, "evaluation", df)
+    with pytest.raises(RunError, match="is not a directory"):
+        write_table(tmp_path / "nope", "eval", df)
 
 
 # ------------------------------------------------------------------------------------------

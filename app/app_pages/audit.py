@@ -13,7 +13,7 @@ import plotly.express as px
 import plotly.graph_objects as go
 import streamlit as st
 
-import lib
+from focus_lab.app import lib
 
 MAX_ARCS = 400
 MAX_ROWS = 2000

@@ -18,7 +18,7 @@ import plotly.graph_objects as go
 import streamlit as st
 from plotly.subplots import make_subplots
 
-import lib
+from focus_lab.app import lib
 
 
 def heatmap_figure(cases: pd.DataFrame) -> go.Figure:

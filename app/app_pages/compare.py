@@ -6,7 +6,7 @@ import pandas as pd
 import plotly.express as px
 import streamlit as st
 
-import lib
+from focus_lab.app import lib
 
 def flat(d: dict, prefix: str = "") -> dict:
     out = {}

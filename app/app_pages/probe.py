@@ -15,7 +15,7 @@ import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
-import lib
+from focus_lab.app import lib
 
 MAX_TOKENS = 256
 DEFAULT_TEXT = ("Anne had been forced into prudence in her youth, she learned romance as she grew older: "

@@ -1,19 +1,17 @@
-"""focus-lab dashboard: `focus-lab app --runs runs/` or
-`python -m streamlit run focus_lab/app/main.py -- --runs <folder>` (bound to 127.0.0.1 by focus-lab app).
+"""focus-lab dashboard: `focus-lab app --runs runs/` (bound to 127.0.0.1), or
+`python -m streamlit run <this file> -- --runs <folder>`.
 
-The sidebar picks a run below the runs root; the pages in app_pages/ read it through lib. The
-Passkey page picks its own folder (a ``focus-lab probe passkey`` output, not a recorder run).
+The dashboard is the package ``focus_lab.app`` (the folder ``app/`` of the repository, installed
+with focus_lab), so this script and the pages in ``app_pages/`` import ``focus_lab.app.lib`` like
+any installed module. The sidebar picks a run below the runs root; the pages read it through lib.
+The Passkey page picks its own folder (a ``focus-lab probe passkey`` output, not a recorder run).
 """
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import streamlit as st
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import lib  # noqa: E402
+from focus_lab.app import lib
 
 st.set_page_config(page_title="focus-lab", page_icon=":material/center_focus_strong:", layout="wide")
 

@@ -9,7 +9,7 @@ import plotly.express as px
 import plotly.graph_objects as go
 import streamlit as st
 
-import lib
+from focus_lab.app import lib
 
 PATTERN_COLS = ("pattern", "method", "baseline", "mask", "variant")
 DIST_TABLES = ("coverage_distance", "coverage_by_distance")

@@ -11,7 +11,7 @@ import plotly.express as px
 import plotly.graph_objects as go
 import streamlit as st
 
-import lib
+from focus_lab.app import lib
 
 EXAMPLES = 6
 TOP_TOKENS = 12

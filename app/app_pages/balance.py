@@ -6,7 +6,7 @@ import pandas as pd
 import plotly.express as px
 import streamlit as st
 
-import lib
+from focus_lab.app import lib
 
 METHOD_NAMES = lib.BALANCE_METHOD_NAMES
 #: Columns that are not a partition of the tokens (they do not sum to 1 over groups).

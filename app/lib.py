@@ -20,13 +20,12 @@ import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
-APP_DIR = Path(__file__).resolve().parent  # focus_lab/app: the dashboard ships inside the package
-REPO = APP_DIR.parent.parent  # the folder holding the focus_lab package (a checkout's root)
-if str(REPO) not in sys.path:  # `streamlit run focus_lab/app/main.py` from a checkout without install
-    sys.path.insert(0, str(REPO))
+import focus_lab  # light: its public names resolve lazily
+from focus_lab.runs import MANIFEST, Run, RunError, list_runs
 
-
-from focus_lab.runs import MANIFEST, Run, RunError, list_runs  # noqa: E402  (light: `import focus_lab` is lazy)
+#: the folder holding the installed ``focus_lab`` package: a checkout's root under ``pip install -e .``
+#: (where relative paths in a run's manifest, recorded from the checkout, are resolved)
+REPO = Path(focus_lab.__file__).resolve().parent.parent
 
 ENV_RUNS = "FOCUS_LAB_RUNS"
 RECORD_HINT = "record it with `focus-lab record` (the recorder's metrics of issue 3)"
@@ -204,8 +203,8 @@ def guarded(page: Callable[[], None], subject: Callable[[], str] | None = None) 
 
 
 HOW_TO_RECORD = {
-    "eval": "run `focus-lab eval --routers <file>` (it writes eval.parquet next to the routers), then "
-            "`focus-lab record` with the same `--routers`",
+    "eval": "run `focus-lab eval --run <run folder>` (it evaluates the recorded windows and writes the table "
+            "into the run)",
     "train_log": "train the routers with `focus-lab train` (it writes train_log.parquet next to them), then "
                  "`focus-lab record` with the same `--routers`",
     "pos": "record it with spaCy labels: `focus-lab record --pos`",

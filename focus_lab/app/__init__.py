@@ -1,1 +1,0 @@
-"""The Streamlit dashboard (``focus-lab app``); run as scripts by Streamlit, not imported."""
