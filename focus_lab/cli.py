@@ -390,7 +390,9 @@ def _eval_run(run_dir: Path, patterns: str, max_windows: int | None) -> "pd.Data
     df = evaluate(m, windows, pats)
     seconds = time.perf_counter() - t0
     entry = {"patterns": [lab for lab, _ in pats], "windows": chosen, "seq_len": T,
-             "seconds": round(seconds, 1), "command": " ".join(["focus-lab", *sys.argv[1:]]),
+             "seconds": round(seconds, 1),
+             "command": f"focus-lab eval --run {run_dir} --patterns {patterns}"
+                        + (f" --max-windows {max_windows}" if max_windows else ""),
              "routers_sha256": (mf.get("routers") or {}).get("sha256"),
              "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
     target = write_table(run.path, "eval", df, entry)
