@@ -1,5 +1,5 @@
 """Experiment ``ablation``: ``make_data(ctx)`` makes ``<out>/data/ablation.parquet`` (run and cached by
-``analyses/figures.py``, ``focus-lab figures``). Read by ``analyses/fig_ablation.py``,
+``analyses/figures.py``, ``focus-lab-figures``). Read by ``analyses/fig_ablation.py``,
 ``analyses/table_reproduction.py``.
 """
 

@@ -1,5 +1,5 @@
 """Experiment ``baselines``: ``make_data(ctx)`` makes ``<out>/data/baselines.parquet`` (run and cached
-by ``analyses/figures.py``, ``focus-lab figures``). Read by ``analyses/fig_domain_transfer.py``,
+by ``analyses/figures.py``, ``focus-lab-figures``). Read by ``analyses/fig_domain_transfer.py``,
 ``analyses/fig_length_transfer.py``, ``analyses/fig_lora.py``, ``analyses/fig_pareto.py``,
 ``analyses/fig_topk.py``, ``analyses/table_baselines.py``, ``analyses/table_reproduction.py``,
 ``analyses/exp_records.py`` (MoBA's matched top-k).

@@ -1,5 +1,5 @@
 """Experiment ``bench``: ``make_data(ctx)`` makes ``<out>/data/bench.parquet`` (run and cached by
-``analyses/figures.py``, ``focus-lab figures``). Read by ``analyses/fig_pareto.py``,
+``analyses/figures.py``, ``focus-lab-figures``). Read by ``analyses/fig_pareto.py``,
 ``analyses/fig_speedup_length.py``, ``analyses/table_reproduction.py``.
 """
 

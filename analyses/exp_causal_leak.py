@@ -1,5 +1,5 @@
 """Experiment ``causal_leak``: ``make_data(ctx)`` makes ``<out>/data/causal_leak.parquet`` (run and
-cached by ``analyses/figures.py``, ``focus-lab figures``). Read by ``analyses/fig_causal_leak.py``,
+cached by ``analyses/figures.py``, ``focus-lab-figures``). Read by ``analyses/fig_causal_leak.py``,
 ``analyses/table_reproduction.py``.
 """
 

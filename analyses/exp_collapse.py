@@ -1,5 +1,5 @@
 """Experiment ``collapse``: ``make_data(ctx)`` makes ``<out>/data/collapse.parquet`` (run and cached by
-``analyses/figures.py``, ``focus-lab figures``). Read by ``analyses/fig_collapse.py``,
+``analyses/figures.py``, ``focus-lab-figures``). Read by ``analyses/fig_collapse.py``,
 ``analyses/table_reproduction.py``.
 """
 

@@ -1,5 +1,5 @@
 """Experiment ``lora``: ``make_data(ctx)`` makes ``<out>/data/lora.parquet`` (run and cached by
-``analyses/figures.py``, ``focus-lab figures``). Read by ``analyses/fig_lora.py``,
+``analyses/figures.py``, ``focus-lab-figures``). Read by ``analyses/fig_lora.py``,
 ``analyses/table_reproduction.py``.
 """
 

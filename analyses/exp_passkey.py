@@ -1,5 +1,5 @@
 """Experiment ``passkey``: ``make_data(ctx)`` makes ``<out>/data/passkey.parquet`` (run and cached by
-``analyses/figures.py``, ``focus-lab figures``). Read by ``analyses/fig_passkey.py``,
+``analyses/figures.py``, ``focus-lab-figures``). Read by ``analyses/fig_passkey.py``,
 ``analyses/table_reproduction.py``.
 """
 

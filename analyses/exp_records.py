@@ -1,5 +1,5 @@
 """Experiment ``records``: ``make_data(ctx)`` makes ``<out>/data/records.parquet`` (run and cached by
-``analyses/figures.py``, ``focus-lab figures``). Read by ``analyses/fig_coverage_distance.py``,
+``analyses/figures.py``, ``focus-lab-figures``). Read by ``analyses/fig_coverage_distance.py``,
 ``analyses/fig_groups_pos.py``, ``analyses/table_reproduction.py``.
 """
 
@@ -71,7 +71,7 @@ def make_data(ctx: Context) -> pd.DataFrame:
             set_config(model, mode="hard")
             metrics = ("assignments", "balance", "coverage", "crossing", "linguistics") if method == "focus" \
                 else ("coverage",)
-            record_run(model, ctx.tokenizer, ev, texts, path, meta={"method": method, "by": "focus-lab figures"},
+            record_run(model, ctx.tokenizer, ev, texts, path, meta={"method": method, "by": "focus-lab-figures"},
                        with_pos=with_pos and method == "focus", progress=False, metrics=metrics, per_query=False)
             ctx.log(f"  [records] {method}: {time.perf_counter() - t0:.0f}s")
         rows.append({"method": method, "path": str(path), "seconds": time.perf_counter() - t0})

@@ -1,5 +1,5 @@
 """Experiment ``router``: ``make_data(ctx)`` makes ``<out>/data/router.parquet`` (run and cached by
-``analyses/figures.py``, ``focus-lab figures``). Read by ``analyses/table_reproduction.py``.
+``analyses/figures.py``, ``focus-lab-figures``). Read by ``analyses/table_reproduction.py``.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def make_data(ctx: Context) -> pd.DataFrame:
             win = ctx.windows("austen", "train", s.seq_len, None)
             res = train(model, win, ctx.base_config(),
                         TrainConfig(steps=s.router_steps, seq_len=s.seq_len, batch_size=s.router_batch),
-                        path.parent, progress=False, meta={"corpus": "austen", "by": "focus-lab figures"})
+                        path.parent, progress=False, meta={"corpus": "austen", "by": "focus-lab-figures"})
             secs = res.seconds
         trained_here = True
     cfg, base, tensors, extra = read_router_file(path)

@@ -1,5 +1,5 @@
 """Experiment ``transfer_domain``: ``make_data(ctx)`` makes ``<out>/data/transfer_domain.parquet`` (run
-and cached by ``analyses/figures.py``, ``focus-lab figures``). Read by
+and cached by ``analyses/figures.py``, ``focus-lab-figures``). Read by
 ``analyses/fig_domain_transfer.py``, ``analyses/fig_lora.py``, ``analyses/table_reproduction.py``.
 """
 

@@ -1,5 +1,5 @@
 """Experiment ``transfer_length``: ``make_data(ctx)`` makes ``<out>/data/transfer_length.parquet`` (run
-and cached by ``analyses/figures.py``, ``focus-lab figures``). Read by
+and cached by ``analyses/figures.py``, ``focus-lab-figures``). Read by
 ``analyses/fig_length_transfer.py``, ``analyses/table_reproduction.py``.
 """
 

@@ -45,7 +45,7 @@ def coverage_by_distance(data_dir: Path) -> pd.DataFrame:
                              "distance_hi": r.distance_hi, "coverage": r.kept_mass / r.mass if r.mass > 0 else float("nan"),
                              "mass_share": r.mass / total if total > 0 else float("nan")})
     if not rows:
-        raise FileNotFoundError(f"{Path(data_dir) / 'runs'} has no recorded runs: run `focus-lab figures` "
+        raise FileNotFoundError(f"{Path(data_dir) / 'runs'} has no recorded runs: run `focus-lab-figures` "
                                 "(experiment 'records')")
     return pd.DataFrame(rows).sort_values(["method", "distance_lo"])
 

@@ -22,7 +22,7 @@ def make_figure(data_dir: Path):
 
     path = Path(data_dir) / "runs" / "focus"
     if not (path / "manifest.json").is_file():
-        raise FileNotFoundError(f"{path} is missing: run `focus-lab figures` (experiment 'records')")
+        raise FileNotFoundError(f"{path} is missing: run `focus-lab-figures` (experiment 'records')")
     run = Run.open(path)
     if not run.has("pos_contingency"):
         raise FileNotFoundError(f"{path} has no pos_contingency table (recorded without spaCy)")

@@ -1,7 +1,7 @@
 """The reproduction table: each claim of the paper (docs/method.md §5, plus the §1-§4 notes we can
 test), our measured number, the setting, and a verdict: **holds**, **does not hold**, or **not
 testable here** (and why). Every number is read from the cached experiment results under
-``data/`` (``focus-lab figures``); the verdict rules are written next to each claim below, so
+``data/`` (``focus-lab-figures``); the verdict rules are written next to each claim below, so
 that a rerun with other data re-decides them. Models and data here: SmolLM2-135M-Instruct
 (Llama family, 30 layers), router-only training on five Austen novels, held-out *Persuasion*;
 CPU only, short schedules, few windows: differences of about 1% are within noise."""

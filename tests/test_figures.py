@@ -371,7 +371,7 @@ def test_committed_length_cells_round_trip(tmp_path, monkeypatch):
 def test_committed_results_hold_the_shipped_routers_tables():
     """figures/results/: the length table of the shipped file (table 'shipped': both corpora,
     512-8192 tokens, every pattern) and its passkey tables are committed, made with the file the
-    manifest ships, so that `focus-lab figures` reuses them."""
+    manifest ships, so that `focus-lab-figures` reuses them."""
     import json
     from analyses.length_table import COMMITTED, PATTERNS
     from focus_lab import shipped
