@@ -394,11 +394,12 @@ def write_readme(ctx: Context, records: list[dict], status: dict, wall: float, c
 
 def update_readme_section(readme: Path, table_md: str) -> None:
     """Replace (or append) the block between the reproduction markers of ``readme``
-    (docs/reproduction.md)."""
+    (docs/reproduction.md); the begin marker is found by its start, ``<!-- reproduction:begin``."""
     text = readme.read_text()
     block = f"{README_BEGIN}\n{table_md.strip()}\n{README_END}"
-    if README_BEGIN in text and README_END in text:
-        a = text.index(README_BEGIN)
+    begin = README_BEGIN.split(" (")[0]  # "<!-- reproduction:begin": whatever command the marker names
+    if begin in text and README_END in text:
+        a = text.index(begin)
         b = text.index(README_END) + len(README_END)
         text = text[:a] + block + text[b:]
     else:

@@ -4,6 +4,7 @@ Playwright, every page visited; no exception element, plotly charts rendered, sc
 Also a script for the screenshots of a real run (and each page's render time)::
 
     python tests/test_browser.py --runs runs --run smollm2-austen --out docs/screenshots
+    python tests/test_browser.py --runs runs --pages overview --full-page --no-probe --out docs/screenshots
 """
 
 from __future__ import annotations
@@ -92,8 +93,8 @@ def wait_rendered(page, title: str, charts: int, timeout_ms: int = 90_000) -> No
 
 
 def visit_all(url: str, run: str, out: Path, width: int = 1280, height: int = 800, click_probe: bool = True,
-              full_page: bool = False, expect_charts: bool = True) -> dict[str, dict]:
-    """Visit every page of the dashboard for ``run``; screenshots into ``out``. Returns
+              full_page: bool = False, expect_charts: bool = True, only: list[str] | None = None) -> dict[str, dict]:
+    """Visit every page of the dashboard (or those named in ``only``) for ``run``; screenshots into ``out``. Returns
     {page: {seconds, charts, exceptions, errors}}; seconds from navigation until rendered
     (the probe page: until the probe's chart rendered after the click, model load included)."""
     from playwright.sync_api import sync_playwright
@@ -109,6 +110,8 @@ def visit_all(url: str, run: str, out: Path, width: int = 1280, height: int = 80
             page.goto(f"{url}/?run={run}", wait_until="domcontentloaded")
             wait_rendered(page, "Groups", 1)
             for name, path, title, charts in PAGES:
+                if only is not None and name not in only:
+                    continue
                 charts = charts if expect_charts else 0  # a real run may lack a page's tables
                 t0 = time.perf_counter()
                 page.goto(f"{url}/{path}?run={run}", wait_until="domcontentloaded")
@@ -186,21 +189,27 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-probe", action="store_true", help="do not press Run probe (no model load)")
     ap.add_argument("--full-page", action="store_true", help="screenshots of the whole page, not the viewport")
     ap.add_argument("--palette", action="store_true", help="shrink the PNGs to 256 colours (needs Pillow)")
+    ap.add_argument("--pages", default=None, help="comma list of the pages to visit, e.g. overview (default: all: "
+                    + ", ".join(name for name, *_ in PAGES) + ")")
     a = ap.parse_args(argv)
+    only = None if a.pages is None else [x.strip() for x in a.pages.split(",") if x.strip()]
+    unknown = sorted(set(only or []) - {name for name, *_ in PAGES})
+    if unknown:
+        ap.error(f"--pages: unknown page(s) {', '.join(unknown)}")
     runs = a.runs.resolve()
     allres: list[dict] = []
     with dashboard(runs) as url:
         for i in range(a.repeat):
             out = a.out if i == 0 else Path(tempfile.mkdtemp(prefix="focus-lab-shots-"))
             allres.append(visit_all(url, a.run, out, click_probe=not a.no_probe, full_page=a.full_page,
-                                    expect_charts=False))
+                                    expect_charts=False, only=only))
     summary = {}
     for name in allres[0]:
         secs = [r[name]["seconds"] for r in allres]  # in visit order (the first probe loads the model)
         summary[name] = {**allres[0][name], "seconds_all": secs, "seconds_median": sorted(secs)[len(secs) // 2]}
     if a.palette:
         from PIL import Image
-        for png in a.out.glob("*.png"):
+        for png in (a.out / f"{name}.png" for name in allres[0]):
             Image.open(png).convert("RGB").quantize(256, dither=Image.Dither.NONE).save(png, optimize=True)
     print(json.dumps(summary, indent=1))
     return 0

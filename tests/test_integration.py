@@ -1,5 +1,6 @@
 """End to end on the real embedded model (SmolLM2-135M from its PyPI GGUF) and real Austen text:
-train 2 steps, eval, record, open the run — through the CLI a researcher uses."""
+train 2 steps, eval, record, evaluate the recorded window into the run, open the run — through the
+CLI a researcher uses."""
 
 import pandas as pd
 import pytest
@@ -47,3 +48,15 @@ def test_train_eval_record_open_on_embedded_model(tmp_path):
     assert run.manifest["model"]["num_layers"] == 30
     pos = run.token_frame()
     assert (pos.pos != "").mean() > 0.5  # most tokens belong to a spaCy word
+
+    # the copied tables name their source; eval --run replaces the copied eval by the recorded window's
+    assert run.manifest["copied_tables"] == {"eval": str(ck / "eval.parquet"), "train_log": str(ck / "train_log.parquet")}
+    assert "shipped" not in run.manifest["routers"]  # a file trained here, not the shipped one
+    r = runner.invoke(app, ["eval", "--run", str(out), "--patterns", "dense,hard_top2"])
+    assert r.exit_code == 0, r.output
+    run = Run.open(out)
+    ev = run.eval.set_index("label")
+    assert list(ev.index) == ["dense", "hard_top2"] and run.manifest["eval"]["windows"] == [0]
+    ld = run.loss_delta  # the recorder's own per-token losses of the same window
+    assert ev.loc["dense", "nll"] == pytest.approx(ld.nll_dense.mean(), abs=1e-4)
+    assert ev.loc["hard_top2", "nll"] == pytest.approx(ld.nll_hard.mean(), abs=1e-4)
