@@ -278,7 +278,8 @@ def eval_cmd(
     routers_opt: Optional[Path] = typer.Option(None, "--routers", help="router file; default: the routers shipped "
                                            "with focus-lab for the model (focus_lab/routers/)"),
     model: Optional[str] = typer.Option(None), corpus: str = typer.Option("austen"),
-    seq_len: int = typer.Option(512), max_windows: int = typer.Option(8, help="held-out windows"),
+    seq_len: int = typer.Option(512), max_windows: int = typer.Option(8, help="held-out windows (with --run: the "
+                                                                     "run's first N; default every recorded one)"),
     out: Optional[Path] = typer.Option(None, help="parquet output; default next to the routers"),
     random_groups: bool = typer.Option(False, help="control: random groups instead of the router"),
     random_layers: Optional[str] = RANDOM_LAYERS_OPTION,
@@ -287,7 +288,8 @@ def eval_cmd(
                                  "shuffled_topK (controls at equal sparsity), or 'all' (dense, window, "
                                  "soft, hard_top1..K); e.g. dense,window,hard_top1,hard_top2,random_top2,shuffled_top2"),
 ):
-    """Held-out perplexity of the chosen patterns on the same windows (controls included)."""
+    """Held-out perplexity of the chosen patterns on the same windows (controls included); with --run, of a
+    recorded run's windows, written into the run."""
     if run_dir is not None:
         given = [f"--{n.replace('_opt', '').replace('_', '-')}" for n in
                  ("routers_opt", "model", "corpus", "seq_len", "out", "random_groups", "random_layers", "layer_top_k")
@@ -295,6 +297,8 @@ def eval_cmd(
         if given:
             _fail(f"--run takes the model, router file and windows from the run: drop {', '.join(given)}")
         limit = max_windows if _given(ctx, "max_windows") else None
+        if limit is not None and limit < 1:
+            _fail(f"--max-windows {limit}: at least one window")
         return guard(lambda: _eval_run(run_dir, patterns, limit))
 
     def run():
@@ -373,7 +377,7 @@ def _eval_run(run_dir: Path, patterns: str, max_windows: int | None) -> "pd.Data
     chosen = sorted(ids)[:max_windows] if max_windows else sorted(ids)
     if not chosen:
         raise RunError(f"run {run.path} has no recorded windows to evaluate")
-    recorded = mf.get("model") or {}
+    recorded = mf.get("model") if isinstance(mf.get("model"), dict) else {}
     m, _ = load_model(recorded.get("name") or None)
     here = model_identity(m)
     for key in ("config_sha256", "embedding_sha256"):

@@ -94,6 +94,7 @@ def test_eval_run_refuses_bad_input_in_one_line(recorded, tmp_path):
     one_error_line(invoke("eval", "--run", str(run_dir), "--seq-len", "64", "--routers", "x.safetensors"),
                    "--run takes the model, router file and windows from the run", "drop --routers, --seq-len")
     one_error_line(invoke("eval", "--run", str(tmp_path / "nothing")), "is not a directory")
+    one_error_line(invoke("eval", "--run", str(run_dir), "--max-windows", "0"), "--max-windows 0: at least one")
     one_error_line(invoke("eval", "--run", str(run_dir), "--patterns", "dense,hard_top9"), "hard_top9")
     mf = json.loads((run_dir / "manifest.json").read_text())
     router_file = Path(mf["routers"]["path"])
