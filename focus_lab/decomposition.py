@@ -32,8 +32,8 @@ Backends (``backend=``):
     "torch": torch's fused CPU flash-attention kernel
         ``aten._scaled_dot_product_flash_attention_for_cpu`` (returns (out, logsumexp); accepts
         GQA directly, so K/V are never repeated per query head; accepts any strides and an
-        additive float mask; a fully masked row comes back as out 0 / lse 0 and is fixed to
-        lse -inf here). On other devices "torch" uses an exact chunked math implementation
+        additive float mask; a fully masked row comes back as out 0 / lse 0, its lse is set to
+        -inf here). On other devices "torch" uses an exact chunked math implementation
         (correct, not fast; untested on a GPU here).
     "flash": flash-attn's ``flash_attn_varlen_func(..., causal=True, return_attn_probs=True)``
         (its softmax LSE) for every causal segment of part A packed into ONE varlen call, GQA
@@ -289,11 +289,10 @@ def _attn_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, *
                                out=_scratch("mask", shape, q.dtype, q.device, call) if call else None)
         with call.kernels() if call else _nullcontext():
             out, lse = _cpu_flash(q, k, v, 0.0, causal, attn_mask=mask, scale=scale)
-        if allowed is not None:
+        if allowed is not None:  # the kernel's out is already 0 on such rows: only lse is fixed
             empty = ~allowed.any(-1)  # (N|1, 1, L)
             if bool(empty.any()):
                 lse = lse.masked_fill(empty, _NEG_INF)
-                out = out.masked_fill(empty[..., None], 0.0)
         return out, lse
     return _math_attn_lse(q, k, v, allowed, scale, causal)
 
@@ -641,6 +640,47 @@ def _sink_other_groups(qn, kn, vn, query_groups, key_group, window, sinks, scale
 
 
 # --------------------------------------------------------------------------------------------
+# KV-cache steps: a few queries against a long cache
+
+#: Steps with at most this many queries (and keys before them, Tq < Tk) take ``_few_queries``.
+FEW_QUERIES = 16
+
+
+def _few_queries(query, key, value, query_groups, key_group, window, sinks, scale, call):
+    """A KV-cache step (``Tq <= FEW_QUERIES < Tk`` typical of decoding): per batch row, the keys
+    any of the step's queries keeps (``core.hard_mask``: its window, the sinks, the cached keys of
+    its groups) are gathered and ONE attention call runs over them, with the mask restricted to
+    those keys when Tq > 1 (a single query keeps every gathered key). Work O(Tk) integer
+    bookkeeping plus attention over the kept keys only, about ``(k/K) Tk + w + sinks`` per query
+    for balanced groups, instead of the decomposition's per-segment calls over the whole cache.
+
+    query: (B, H, Tq, D); key, value: (B, Hkv, Tk, D); query_groups: (B, Tq, k); key_group:
+    (B, Tk). Returns out (B, H, Tq, D) in query.dtype (a view of (B, Tq, H, D) memory) and lse
+    (B, H, Tq) fp32."""
+    from .core import hard_mask
+
+    B, H, Tq, D = query.shape
+    Tk = key.shape[2]
+    dev = query.device
+    with call("plan"):
+        q_pos = torch.arange(Tk - Tq, Tk, device=dev)
+        keep = hard_mask(query_groups, key_group, window, q_pos, torch.arange(Tk, device=dev), sinks)  # (B, Tq, Tk)
+    out = torch.empty(B, Tq, H, D, dtype=query.dtype, device=dev)
+    lse = torch.empty(B, H, Tq, dtype=torch.float32, device=dev)
+    for b in range(B):
+        with call("gather"):
+            idx = keep[b].any(0).nonzero().squeeze(1)  # (n,) kept keys, increasing
+            kb = key[b:b + 1].index_select(2, idx)  # (1, Hkv, n, D)
+            vb = value[b:b + 1].index_select(2, idx)
+            allowed = keep[b:b + 1, None][..., idx] if Tq > 1 else None  # (1, 1, Tq, n)
+        with call("attn_A"):
+            o, l = _attn_lse(query[b:b + 1], kb, vb, scale, allowed=allowed, call=call)
+        out[b] = o[0].transpose(0, 1)
+        lse[b] = l[0]
+    return out.transpose(1, 2), lse
+
+
+# --------------------------------------------------------------------------------------------
 # the public function
 
 def hard_focus_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -715,6 +755,9 @@ def _hard_focus_attention(query, key, value, query_groups, key_group, window, sc
     k = query_groups.shape[-1]
     query_groups = query_groups.to(query.device)
     key_group = key_group.to(query.device)
+    if Tq < Tk and Tq <= FEW_QUERIES:  # a KV-cache step: gather the kept keys, one call per row
+        out, lse = _few_queries(query, key, value, query_groups, key_group, window, sinks, scale, call)
+        return (out, lse) if return_lse else out
 
     with call("gather"):
         qn = query.transpose(1, 2).contiguous()  # (B, Tq, H, D); no copy for transformers' layout

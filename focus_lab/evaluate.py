@@ -111,7 +111,7 @@ def evaluate(model, windows: list, patterns: list[tuple[str, dict]] | None = Non
             if cfg.top_k_at(module.focus_router.layer_idx) > 0:  # a window-only layer has no groups
                 shares.append(float(hard_group_shares(routing.key_group, cfg.num_groups).max()))
 
-    remove = add_observer(model, observe)
+    remove = add_observer(model, observe, mask=False)  # pairs kept come from the groups: no mask
     try:
         for label, changes in patterns:
             state = forward_state(model, **changes)

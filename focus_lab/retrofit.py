@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import time
 import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -158,12 +159,19 @@ class FocusForward:
             possible with this state (full forwards only).
         inputs: {layer_idx: (B, T, d_model)} router inputs of the forward in flight (internal:
             filled by the pre-hook, consumed by the attention function).
+        timings: None, or a dict into which every routed layer's attention function adds wall
+            seconds per phase (for benchmarks, ``analyses/bench_attention.py``): "route" (router
+            and groups), "mask" (transformers' mask read, path choice), "observers", the
+            decomposition's "plan", "gather", "scatter", "attn_A", "attn_B", "merge"
+            (``decomposition.hard_focus_attention``), "attn_dense" (dense SDPA) or
+            "attn_reference" (the masked reference), and "attention_fn", the whole function.
     Source: docs/method.md §1-§4.
     """
 
     config: FocusConfig
     cache: FocusCache | None = None
     inputs: dict[int, torch.Tensor] = field(default_factory=dict, repr=False)
+    timings: dict[str, float] | None = field(default=None, repr=False, compare=False)
     _plain: "PlainCausalCheck" = field(default_factory=lambda: PlainCausalCheck(), repr=False, compare=False)
 
     def is_plain_causal(self, attention_mask: torch.Tensor | None, keep: torch.Tensor) -> bool:
@@ -259,23 +267,50 @@ def focus_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, v
     reference (``core.masked_attention``, with ``softcap``). With a KV cache, a step's queries
     see their window plus the earlier keys of their groups (``FocusCache``).
     """
+    focus = kwargs.get("focus")
+    timings = focus.timings if isinstance(focus, FocusForward) else None
+    if timings is None:
+        return _focus_attention(module, query, key, value, attention_mask, scaling, **kwargs)
+    with _phase(timings, "attention_fn"):
+        return _focus_attention(module, query, key, value, attention_mask, scaling, **kwargs)
+
+
+@contextmanager
+def _phase(timings: dict | None, name: str):
+    """Add the enclosed block's wall seconds to ``timings[name]`` (no-op when timings is None)."""
+    if timings is None:
+        yield
+        return
+    t = time.perf_counter()
+    try:
+        yield
+    finally:
+        timings[name] = timings.get(name, 0.0) + time.perf_counter() - t
+
+
+def _focus_attention(module, query, key, value, attention_mask, scaling, **kwargs):
+    """The body of ``focus_attention`` (same arguments and result)."""
     softcap = kwargs.get("softcap")
     B, H, Tq, _ = query.shape
     Tk = key.shape[2]
-    keep = _keep_from_hf_mask(attention_mask, B, Tq, Tk, query.device)  # (B, Tq, Tk)
     router: Router | None = getattr(module, "focus_router", None)
     if router is None:  # an unrouted layer (e.g. a sliding layer of Gemma): the model's own mask
+        keep = _keep_from_hf_mask(attention_mask, B, Tq, Tk, query.device)  # (B, Tq, Tk)
         return _finish(module, query, key, value, None, keep,
                        masked_attention(query, key, value, keep, scaling, softcap=softcap))
     state = _state_of(kwargs.get("focus"))
     if state is None:
         raise RuntimeError("Focus state missing in a routed layer: call the model itself (its "
                            "attach() pre-hooks pass it), or attach() the model again")
-    cfg = state.config
+    cfg, tm = state.config, state.timings
+    with _phase(tm, "mask"):
+        keep = _keep_from_hf_mask(attention_mask, B, Tq, Tk, query.device)  # (B, Tq, Tk)
     # 1. route: the layer's groups (and those of every cached token in a hard decode step)
-    routing, offset = _route_layer(router, state, keep, attention_mask, Tq, Tk)
+    with _phase(tm, "route"):
+        routing, offset = _route_layer(router, state, keep, attention_mask, Tq, Tk)
     # 2. choose the path, 3. compute
-    path = _attention_path(state, query, key, attention_mask, keep, Tq, Tk, offset, softcap)
+    with _phase(tm, "mask"):
+        path = _attention_path(state, query, key, attention_mask, keep, Tq, Tk, offset, softcap)
     q_pos = torch.arange(offset + Tk - Tq, offset + Tk, device=query.device)  # absolute positions
     k_pos = torch.arange(offset, offset + Tk, device=query.device)
     if path == "decomposition":
@@ -285,22 +320,34 @@ def focus_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, v
         else:
             qg, kg = routing.query_groups, routing.key_group
         out = hard_focus_attention(query, key, value, qg, kg, cfg.window, scaling, backend=cfg.backend,
-                                   sinks=cfg.sink_tokens)
-        # observers get the same dense mask as on the reference path
-        bias = (focus_bias(cfg, routing, q_pos, k_pos, B) & keep) if _observers(module) else None
+                                   sinks=cfg.sink_tokens, timings=tm)
+        # observers that read it get the same dense mask as on the reference path (O(T^2))
+        with _phase(tm, "observers"):
+            bias = (focus_bias(cfg, routing, q_pos, k_pos, B) & keep) if _observers_need_mask(module) else None
+            return _finish(module, query, key, value, routing, bias, out)
+    if path == "causal_sdpa":  # dense through the flash kernel, no (B, Tq, Tk) mask: ~2x at 4K
+        # Tq == Tk: top-left causal; Tq == 1 (a decode step): the last query sees every key
+        with _phase(tm, "attn_dense"):
+            out = F.scaled_dot_product_attention(query, key, value, is_causal=Tq > 1, scale=scaling,
+                                                 enable_gqa=query.shape[1] != key.shape[1])
+        with _phase(tm, "observers"):
+            return _finish(module, query, key, value, routing, keep, out)
+    with _phase(tm, "attn_reference"):
+        fb = focus_bias(cfg, routing, q_pos, k_pos, B)  # (B, Tq, Tk) bool mask or float bias
+        bias = fb & keep if fb.dtype == torch.bool else fb.masked_fill(~keep, float("-inf"))
+        out = masked_attention(query, key, value, bias, scaling, softcap=softcap)
+    with _phase(tm, "observers"):
         return _finish(module, query, key, value, routing, bias, out)
-    if path == "causal_sdpa":  # dense through the causal flash kernel (no (B, T, T) mask): ~2x at 4K
-        out = F.scaled_dot_product_attention(query, key, value, is_causal=True, scale=scaling,
-                                             enable_gqa=query.shape[1] != key.shape[1])
-        return _finish(module, query, key, value, routing, keep, out)
-    fb = focus_bias(cfg, routing, q_pos, k_pos, B)  # (B, Tq, Tk) bool mask or float bias
-    bias = fb & keep if fb.dtype == torch.bool else fb.masked_fill(~keep, float("-inf"))
-    return _finish(module, query, key, value, routing, bias,
-                   masked_attention(query, key, value, bias, scaling, softcap=softcap))
 
 
 def _observers(module: nn.Module) -> tuple:
     return module.__dict__.get("_focus_observers", ())
+
+
+def _observers_need_mask(module: nn.Module) -> bool:
+    """True when an observer of ``module`` reads the dense mask (``add_observer(mask=True)``)."""
+    maskless = module.__dict__.get("_focus_maskless_observers", ())
+    return any(fn not in maskless for fn in _observers(module))
 
 
 def _finish(module, query, key, value, routing, bias, out: torch.Tensor) -> tuple[torch.Tensor, None]:
@@ -354,7 +401,8 @@ def _attention_path(state: FocusForward, query, key, attention_mask, keep, Tq: i
                     offset: int, softcap) -> str:
     """"decomposition" (hard mode, two attention calls, docs/method.md §4; window mode too, as
     the hard mask whose queries share no group with any key), "causal_sdpa" (dense
-    mode, the causal flash kernel) or "reference" (the dense masked O(T^2) path). The fast
+    mode, the flash kernel with no mask: a full causal forward or a one-token decode step) or
+    "reference" (the dense masked O(T^2) path). The fast
     paths need plain causality (no padding, no model sliding window), keys from position 0, no
     logit soft-capping, and for the decomposition no autograd."""
     cfg = state.config
@@ -362,7 +410,7 @@ def _attention_path(state: FocusForward, query, key, attention_mask, keep, Tq: i
     needs_grad = torch.is_grad_enabled() and (query.requires_grad or key.requires_grad)
     if cfg.mode in ("hard", "window") and cfg.backend != "dense" and not needs_grad and simple:
         return "decomposition"
-    if cfg.mode == "dense" and Tq == Tk and simple:
+    if cfg.mode == "dense" and (Tq == Tk or Tq == 1) and simple:
         return "causal_sdpa"
     return "reference"
 
@@ -731,21 +779,31 @@ def load_routers(model: nn.Module, path: str | Path, config_overrides: dict | No
     return focus_config(model)
 
 
-def add_observer(model: nn.Module, fn: Callable, layers: list[int] | None = None) -> Callable[[], None]:
+def add_observer(model: nn.Module, fn: Callable, layers: list[int] | None = None,
+                 mask: bool = True) -> Callable[[], None]:
     """Call ``fn(module, query, key, value, routing, bias, out)`` after each Focus attention
     call of the selected layers (default: the routed layers, those with a ``focus_router``;
     a listed layer without one is observed with ``routing=None``, e.g. Gemma's sliding layers).
+
+    ``mask``: the observer reads ``bias``, the (B, Tq, Tk) mask or bias the layer attended with.
+    On the decomposition path (hard and window modes, docs/method.md §4) that dense mask exists
+    only for observers: it is built per layer, O(T^2), when at least one observer of the layer
+    asks for it. An observer registered with ``mask=False`` (e.g. one that counts kept pairs from
+    the groups, ``core.distant_pairs_kept``) gets ``bias=None`` there and costs no mask.
     Returns a function that removes the observer."""
     mods = [(i, m) for i, m in attention_modules(model)
             if (hasattr(m, "focus_router") if layers is None else i in layers)]
     for _, m in mods:
         m.__dict__.setdefault("_focus_observers", []).append(fn)
+        if not mask:
+            m.__dict__.setdefault("_focus_maskless_observers", []).append(fn)
 
     def remove() -> None:
         for _, m in mods:
-            obs = m.__dict__.get("_focus_observers", [])
-            if fn in obs:
-                obs.remove(fn)
-            if not obs:
-                m.__dict__.pop("_focus_observers", None)
+            for attr in ("_focus_observers", "_focus_maskless_observers"):
+                obs = m.__dict__.get(attr, [])
+                if fn in obs:
+                    obs.remove(fn)
+                if not obs:
+                    m.__dict__.pop(attr, None)
     return remove

@@ -123,6 +123,34 @@ def test_equals_dense_reference(backend, c):
     assert (lse - ref_lse).abs().max().item() <= 1e-4
 
 
+@pytest.mark.parametrize("Tq", [1, 3, 16])
+def test_kv_cache_step_equals_reference_and_ignores_dropped_keys(Tq):
+    """A decode step against a long cache (Tq <= FEW_QUERIES < Tk, gathered kept keys) equals the
+    dense masked reference, batch rows with different groups; and changing the keys and values
+    the mask drops (other groups, far, not sinks) does not change it."""
+    gen = torch.Generator().manual_seed(Tq)
+    B, H, Hkv, T, D, K, k, w, sinks = 2, 4, 2, 700, 16, 4, 2, 128, 64
+    qg, kg = make_groups(gen, B, T, K, k, "router")
+    qg = qg[:, T - Tq:]
+    q, key, v = rand_qkv(gen, B, H, Hkv, Tq, T, D)
+    out, lse = hard_focus_attention(q, key, v, qg, kg, w, sinks=sinks, return_lse=True)
+    c = {"window": w, "sinks": sinks}
+    _check_against_reference(out, q, key, v, qg, kg, c, " (KV-cache step)")
+    mask = hard_mask(qg, kg, w, torch.arange(T - Tq, T), torch.arange(T), sinks)  # (B, Tq, T)
+    s = q @ key.repeat_interleave(H // Hkv, 1).transpose(-1, -2) / math.sqrt(D)
+    assert (lse - s.masked_fill(~mask[:, None], float("-inf")).logsumexp(-1)).abs().max() <= 1e-4
+    # every query of the step in groups 0 and 1: keys of groups 2, 3 outside window and sinks are dropped
+    qg01 = torch.tensor([0, 1]).expand(B, Tq, 2)
+    out01 = hard_focus_attention(q, key, v, qg01, kg, w, sinks=sinks)
+    _check_against_reference(out01, q, key, v, qg01, kg, c, " (KV-cache step, groups 0 and 1)")
+    dropped = ~hard_mask(qg01, kg, w, torch.arange(T - Tq, T), torch.arange(T), sinks).any(1)  # (B, T)
+    assert dropped.sum() > T // 4
+    key2, v2 = key.clone(), v.clone()
+    key2.masked_fill_(dropped[:, None, :, None], 1e3)
+    v2.masked_fill_(dropped[:, None, :, None], float("nan"))
+    assert torch.equal(hard_focus_attention(q, key2, v2, qg01, kg, w, sinks=sinks), out01)
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @settings(max_examples=30, deadline=None)
 @given(c=cases(), cut=st.floats(0.0, 1.0))

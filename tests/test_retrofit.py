@@ -169,3 +169,42 @@ def test_router_inputs_captures_every_routed_layer_and_always_removes_its_hooks(
             assert n_hooks() == before + 1
             1 / 0
     assert n_hooks() == before
+
+
+@torch.no_grad()
+def test_observers_get_the_dense_mask_only_when_they_ask_for_it():
+    """On the decomposition path, an observer registered with mask=False gets bias=None (no
+    O(T^2) mask is built for it), one with the default gets the hard mask itself (brute force
+    here), and phase timings of a FocusForward add up inside the attention function."""
+    from focus_lab.core import hard_mask
+    from focus_lab.retrofit import add_observer, forward_state
+    model = tiny_llama()
+    focus_lab.attach(model, FocusConfig(mode="hard", window=4, num_groups=4, top_k=2, sink_tokens=2))
+    ids = _ids()
+    seen = {"plain": [], "mask": []}
+    remove_plain = add_observer(model, lambda m, q, k, v, r, b, o: seen["plain"].append(b), mask=False)
+    state = forward_state(model)
+    state.timings = {}
+    model(ids, use_cache=False, focus=state)
+    assert seen["plain"] and all(b is None for b in seen["plain"])
+    remove_mask = add_observer(model, lambda m, q, k, v, r, b, o: seen["mask"].append((r, b)))
+    model(ids, use_cache=False)
+    pos = torch.arange(T)
+    assert len(seen["mask"]) == len(focus_lab.routers(model))
+    for routing, bias in seen["mask"]:
+        qg, kg = routing.query_groups, routing.key_group
+        brute = torch.zeros(2, T, T, dtype=torch.bool)
+        for b in range(2):
+            for i in range(T):
+                for j in range(i + 1):
+                    brute[b, i, j] = bool((kg[b, j] == qg[b, i]).any()) or i - j < 4 or j < 2
+        assert torch.equal(bias, brute)
+        assert torch.equal(hard_mask(qg, kg, 4, pos, pos, 2), brute)
+    remove_mask()
+    remove_plain()
+    assert not any(hasattr(m, "_focus_observers") or hasattr(m, "_focus_maskless_observers")
+                   for _, m in focus_lab.retrofit.attention_modules(model))
+    t = state.timings
+    inside = sum(v for k, v in t.items() if k != "attention_fn")
+    assert {"route", "plan", "attn_A", "attn_B", "merge", "attention_fn"} <= set(t)
+    assert 0 < inside <= t["attention_fn"]
