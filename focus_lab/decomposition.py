@@ -13,9 +13,8 @@ A. same-group causal pairs: ``g(j) in G_k(i)`` and ``j <= i``. Keys are stably s
    is a variable-length segment ("plan_segments"). Slot 1 of ``core.hard_assign`` (the key's
    own group) gives square causal segments: they are padded to a common length in buckets
    (at most 20% padding work) and run as ONE batched causal kernel call per bucket. Slots
-   2..k (and KV-cache steps) give "staircase" segments (query m sees the first ``counts[m]``
-   keys of the group), run per segment in query chunks: an unmasked call for the key prefix
-   all queries of the chunk see plus a masked call for the rest.
+   2..k give "staircase" segments (query m sees the first ``counts[m]`` keys of the group),
+   cut into pieces of query rows and batched into a few masked calls (``_stairs``).
    A key lives in exactly one group and repeated query groups count once, so no pair is
    counted twice. Cost O(k n^2 / K) for balanced groups.
 B. local pairs in other groups: ``0 <= i - j < w`` and ``g(j) not in G_k(i)``: query blocks
@@ -23,6 +22,10 @@ B. local pairs in other groups: ``0 <= i - j < w`` and ``g(j) not in G_k(i)``: q
    windows of K/V (no copy), with the band and group condition as the mask. Cost O(n (c + w)).
 C. (only with ``sinks > 0``) sink pairs ``j < sinks`` outside the window and in other groups:
    one call against the first ``sinks`` keys.
+
+KV-cache steps with at most FEW_QUERIES queries skip the parts: per batch row the keys the step
+keeps (window, sinks, its groups' cached keys) are gathered and attended in ONE call
+(``_few_queries``); a decoding step then touches the kept keys only.
 
 The partial results are merged in fp32: ``o = sum_p e^{lse_p} o_p / sum_p e^{lse_p}``; an
 empty part has ``lse = -inf`` and weight 0. Every query keeps its own diagonal pair (in A when
@@ -83,7 +86,8 @@ class DecompositionOptions:
         A fresh 75 MB CPU buffer (32K tokens x 9 heads x 64 x fp32) pays its page faults on
         first touch: measured 0.07-0.22 s per buffer on a 2-core VM, i.e. the whole "gather"
         and "scatter" phases at 32K tokens. What is returned to the caller never comes from it.
-    stair_chunk: query rows per chunk of a stair segment (None: ``clamp(Lq / 4, 256, 1024)``).
+    stair_chunk: query rows per piece of a stair segment (None: STAIR_CHUNK); pieces of all
+        segments are batched into a few masked calls (``_stairs``).
     serial_bookkeeping: run everything but the attention kernels on one thread. Each
         multi-threaded op waits for every worker thread; on an oversubscribed 2-core machine
         the ~30 small bookkeeping ops then stall (measured at 2K tokens under load ~9: 282 ms
@@ -100,6 +104,7 @@ class DecompositionOptions:
 
 
 DEFAULT_OPTIONS = DecompositionOptions()
+STAIR_CHUNK = 512  # default query rows per stair piece: about 256 extra keys computed per query
 
 
 
@@ -411,66 +416,73 @@ def _buckets(segs: list[Segment], waste: float = 1.2) -> list[list[Segment]]:
     return out
 
 
-def _merge2(o1, l1, o2, l2):
-    """LSE merge of two partial attentions over disjoint key sets, fp32.
-    o: (..., L, H, D) rows, l: (..., L, H); an empty part has l = -inf (l1 must be finite)."""
-    m = torch.maximum(l1, l2)
-    w1, w2 = torch.exp(l1 - m), torch.exp(l2 - m)
-    den = w1 + w2
-    o = o1.float() * (w1 / den)[..., None] + o2.float() * (w2 / den)[..., None]
-    return o, m + torch.log(den)
-
-
 def _stairs(qrows, krows, vrows, segs: list[Segment], Tq: int, Tk: int, scale: float,
-            outA_flat, lseA_flat, nrows: int, call, chunk: int | None = None) -> None:
+            outA_flat, lseA_flat, nrows: int, call, chunk: int | None = None,
+            waste: float = 1.2) -> None:
     """All "stair" / "bottom_right" segments: query m of a segment attends keys
     ``0 .. counts[m]-1`` of its group (counts nondecreasing).
 
-    Each segment goes on its own, queries in chunks of ``chunk`` rows (default ``call.options.stair_chunk``, else
-    ``clamp(Lq / 4, 256, 1024)``). Per chunk, the key prefix every query of the chunk sees
-    (``counts[a]`` keys) is one unmasked kernel call and the rest (``counts[a] ..
-    counts[e-1]``) one masked call; the two merge by LSE. Per segment, not padded into one
-    batch: with unbalanced groups (a trained router's second choices) the segments' prefixes
-    differ by hundreds of keys, and a common prefix made most pairs masked (measured at 4K
-    tokens, K = 4, k = 2: 1.86x the needed pairs computed, half of them masked, vs 1.28x).
-    Writes rows of outA_flat / lseA_flat ((k*nrows, H, D) / (k*nrows, H)).
+    Every segment is cut into pieces of ``chunk`` query rows (default
+    ``call.options.stair_chunk``, else STAIR_CHUNK); a piece needs the first ``tmax`` keys of its
+    group (``tmax`` = its last query's count), with the stair as its mask. Pieces of every
+    segment are sorted by ``tmax`` and batched: a batch is padded to its largest piece (rows and
+    keys) while that costs at most ``waste`` x the pairs of its members, and runs as ONE masked
+    kernel call (padding query rows write to the dummy row ``nrows - 1``, padding keys are
+    masked). A handful of calls per layer instead of two calls and an LSE merge per piece: on a
+    shared 2-core machine each kernel call costs a fixed few ms of thread synchronization.
+    Pairs computed: the stair plus about ``chunk / 2`` keys per query. Writes rows of
+    outA_flat / lseA_flat ((k*nrows, H, D) / (k*nrows, H)).
     """
     if not segs:
         return
     H, D = qrows.shape[1], qrows.shape[2]
+    Hkv = krows.shape[1]
     dev = qrows.device
-    for sg in segs:
-        Lq = sg.q_idx.numel()
-        c_all = sg.counts
+    ck = chunk or call.options.stair_chunk or STAIR_CHUNK
+    with call("plan"):
+        pieces = []  # (segment, first row, end row, keys needed)
+        for sg in segs:
+            Lq = sg.q_idx.numel()
+            ends = list(range(ck, Lq, ck)) + [Lq]
+            tmaxes = sg.counts[torch.tensor(ends, device=sg.counts.device) - 1].tolist()
+            for a, e, t in zip([0] + ends[:-1], ends, tmaxes):
+                if t > 0:
+                    pieces.append((sg, a, e, t))
+        pieces.sort(key=lambda p: -p[3])
+        batches: list[list] = []
+        for pc in pieces:
+            if batches:
+                b = batches[-1]
+                rows = max(x[2] - x[1] for x in b + [pc])
+                if len(b + [pc]) * rows * b[0][3] <= waste * sum((x[2] - x[1]) * x[3] for x in b + [pc]):
+                    b.append(pc)
+                    continue
+            batches.append([pc])
+    for batch in batches:
+        N, S = len(batch), batch[0][3]
+        L = max(e - a for _, a, e, _ in batch)
         with call("gather"):
-            kidx = sg.k_idx[:int(c_all[-1])] + sg.b * Tk  # the keys any query of the segment sees
-            kp = krows.index_select(0, kidx).transpose(0, 1)[None]  # (1, Hkv, Lk, D) view
-            vp = vrows.index_select(0, kidx).transpose(0, 1)[None]
-        ck = chunk or call.options.stair_chunk or min(max(Lq // 4, 256), 1024)
-        for a in range(0, Lq, ck):
-            e = min(a + ck, Lq)
-            L = e - a
-            c = c_all[a:e]  # (L,) nondecreasing
-            pmin, tmax = int(c[0]), int(c[-1])
-            if tmax == 0:
-                continue
-            with call("gather"):
-                qs = qrows.index_select(0, sg.q_idx[a:e] + sg.b * Tq).transpose(0, 1)[None]  # (1, H, L, D)
-            with call("attn_A"):
-                o = l = None
-                if pmin > 0:  # the prefix every query of the chunk sees
-                    o, l = _attn_lse(qs, kp[:, :, :pmin], vp[:, :, :pmin], scale, call=call)
-                    o, l = o.transpose(1, 2), l.transpose(1, 2)  # (1, L, H, D), (1, L, H)
-                if tmax > pmin:
-                    cols = torch.arange(pmin, tmax, device=dev)
-                    allowed = (cols < c[:, None])[None, None]  # (1, 1, L, tmax - pmin)
-                    o2, l2 = _attn_lse(qs, kp[:, :, pmin:tmax], vp[:, :, pmin:tmax], scale, allowed=allowed, call=call)
-                    o2, l2 = o2.transpose(1, 2), l2.transpose(1, 2)
-                    o, l = (o2, l2) if o is None else _merge2(o, l, o2, l2)
-            with call("scatter"):
-                d = sg.q_idx[a:e] + sg.b * Tq + sg.slot * nrows
-                outA_flat.index_copy_(0, d, o.reshape(L, H, D).float())
-                lseA_flat.index_copy_(0, d, l.reshape(L, H))
+            src_q = torch.zeros(N, L, dtype=torch.long, device=dev)
+            src_k = torch.zeros(N, S, dtype=torch.long, device=dev)
+            dst = torch.full((N, L), nrows - 1, dtype=torch.long, device=dev)  # padding -> dummy row
+            cnt = torch.zeros(N, L, dtype=torch.long, device=dev)
+            for i, (sg, a, e, t) in enumerate(batch):
+                src_q[i, :e - a] = sg.q_idx[a:e] + sg.b * Tq
+                src_k[i, :t] = sg.k_idx[:t] + sg.b * Tk
+                dst[i, :e - a] = sg.q_idx[a:e] + sg.b * Tq + sg.slot * nrows
+                cnt[i, :e - a] = sg.counts[a:e]
+            allowed = (torch.arange(S, device=dev) < cnt[..., None])[:, None]  # (N, 1, L, S)
+            qb = torch.index_select(qrows, 0, src_q.view(-1), out=_scratch(
+                "qS", (N * L, H, D), qrows.dtype, dev, call)).view(N, L, H, D).transpose(1, 2)
+            kb = torch.index_select(krows, 0, src_k.view(-1), out=_scratch(
+                "kS", (N * S, Hkv, D), krows.dtype, dev, call)).view(N, S, Hkv, D).transpose(1, 2)
+            vb = torch.index_select(vrows, 0, src_k.view(-1), out=_scratch(
+                "vS", (N * S, Hkv, D), vrows.dtype, dev, call)).view(N, S, Hkv, D).transpose(1, 2)
+        with call("attn_A"):
+            o, lse = _attn_lse(qb, kb, vb, scale, allowed=allowed, call=call)  # (N, H, L, D), (N, H, L)
+        with call("scatter"):
+            outA_flat.index_copy_(0, dst.view(-1), o.transpose(1, 2).reshape(N * L, H, D).float())
+            lseA_flat.index_copy_(0, dst.view(-1), lse.transpose(1, 2).reshape(N * L, H))
 
 
 def _part_a_torch(qrows, krows, vrows, segs, B, Tq, Tk, scale, call, outA_flat, lseA_flat):
@@ -766,6 +778,7 @@ def _hard_focus_attention(query, key, value, query_groups, key_group, window, sc
     with call("plan"):
         segs = plan_segments(query_groups, key_group)
     nrows = B * Tq + 1
+    ka = k if segs else 0  # slots of part A in the merge (none in window mode: no shared group)
     # every row gets written when top-1 slots are causal segments covering all queries (k = 1
     # from hard_assign): then skip zero-filling the buffers (a full pass over q-sized memory)
     full = k == 1 and all(sg.kind == "causal" for sg in segs) and \
@@ -773,34 +786,35 @@ def _hard_focus_attention(query, key, value, query_groups, key_group, window, sc
     if full:
         outA = _scratch("outA", (nrows, H, D), torch.float32, query.device, call)
         lseA = _scratch("lseA", (nrows, H), torch.float32, query.device, call)
-    else:
+    elif ka:
         outA = _scratch("outA", (k * nrows, H, D), torch.float32, query.device, call).zero_()
         lseA = _scratch("lseA", (k * nrows, H), torch.float32, query.device, call).fill_(_NEG_INF)
-    part_a = _part_a_flash if be == "flash" else _part_a_torch
-    part_a(qn.view(B * Tq, H, D), kn.view(B * Tk, Hkv, D), vn.view(B * Tk, Hkv, D), segs,
-           B, Tq, Tk, scale, call, outA, lseA)
+    if ka:
+        part_a = _part_a_flash if be == "flash" else _part_a_torch
+        part_a(qn.view(B * Tq, H, D), kn.view(B * Tk, Hkv, D), vn.view(B * Tk, Hkv, D), segs,
+               B, Tq, Tk, scale, call, outA, lseA)
     outB, lseB = _local_other_groups(qn, kn, vn, query_groups, key_group, window, scale, call)
     sink = _sink_other_groups(qn, kn, vn, query_groups, key_group, window, sinks, scale, call)
 
     with call("merge"):
         n = B * Tq
-        parts = [lseA.view(k, nrows, H)[:, :n], lseB.view(1, n, H)]
+        parts = ([lseA.view(k, nrows, H)[:, :n]] if ka else []) + [lseB.view(1, n, H)]
         if sink is not None:
             parts.append(sink[1].reshape(1, n, H))
-        lse_all = torch.cat(parts, 0)  # (k+1[+1], n, H)
+        lse_all = torch.cat(parts, 0)  # (ka+1[+1], n, H)
         m = lse_all.amax(0)  # finite: the diagonal pair is always kept
         wts = torch.exp(lse_all - m)  # 0 for empty parts
         den = wts.sum(0)
         wts /= den
         if _is_scratch(outB):  # a fresh output, its first touch (page faults) on all threads
             with call.kernels():
-                out = torch.mul(outB.view(n, H, D), wts[k][..., None])
+                out = torch.mul(outB.view(n, H, D), wts[ka][..., None])
         else:
-            out = outB.view(n, H, D).mul_(wts[k][..., None])
-        for s in range(k):
+            out = outB.view(n, H, D).mul_(wts[ka][..., None])
+        for s in range(ka):
             out.addcmul_(outA.view(k, nrows, H, D)[s, :n], wts[s][..., None])
         if sink is not None:
-            out.addcmul_(sink[0].reshape(n, H, D), wts[k + 1][..., None])
+            out.addcmul_(sink[0].reshape(n, H, D), wts[ka + 1][..., None])
         out = out.view(B, Tq, H, D).to(query.dtype).transpose(1, 2)
     if return_lse:
         return out, (m + torch.log(den)).view(B, Tq, H).transpose(1, 2)
