@@ -1,32 +1,40 @@
-"""Benchmark: dense causal SDPA vs hard Focus as two attention calls + LSE merge (docs/method.md §4).
+"""Benchmark: hard Focus against dense attention, end to end and per attention call (docs/method.md §4).
+
+One command (``python -m analyses.bench_attention``) measures, on this machine, in one run:
+
+End to end, the embedded SmolLM2-135M with the shipped routers (their file's config: K = 4,
+w = 128, 64 sinks, layers 1-9 on random groups; ``--routers`` for another file), one held-out
+window of *Persuasion* per length (4096 and 8192 tokens, ``--e2e-sizes``):
+  * prefill: tokens/s of the bare forward (decoder + chunked lm_head loss) and of
+    ``focus_lab.evaluate.evaluate`` (what ``focus-lab eval`` runs and prints) per pattern (dense,
+    window + sinks, hard top-1, hard top-2, random top-2; ``--patterns``). Every repeat runs every
+    pattern, round-robin (repeat r starts at pattern r), and the medians are compared, so load from
+    other processes hits dense and sparse alike: read the ratios, not the absolute numbers. The
+    window pattern's ratio is the bound of what attention sparsity can buy (every distant pair
+    skipped). The bare forwards also record where the time goes (``FocusForward.timings``):
+    routing, group planning (sort + segments), gather/scatter, the attention calls, the LSE
+    merge, mask/observer bookkeeping, and everything outside the attention functions.
+  * decode: ``model.generate`` (greedy, KV cache) after a prefix of ``L - 16`` tokens for
+    contexts L = 2K, 4K, 8K (``--decode-contexts``): the median time per generated token
+    (gaps between tokens, prefill excluded) for dense, hard top-1 and hard top-2.
 
 Kernel part: wall time of ``F.scaled_dot_product_attention(is_causal=True, enable_gqa=True)``
-and of ``focus_lab.decomposition.hard_focus_attention`` at n = 1K .. 64K tokens, with the
-embedded model's attention shapes (SmolLM2-135M: 9 query heads, 3 KV heads, head_dim 64),
-batch 1, fp32, window 128, K in {4, 8}, k in {1, 2}. Groups are balanced (a random
-permutation cut into K equal groups; extra top-k slots random) or, with ``--groups FILE``,
-produced by a trained router (see ``--make-groups``). Every configuration (and dense) first
-gets one untimed call at full size (the decomposition's CPU scratch buffers then exist, as
-they do from the second layer of a forward on; ``--cold-start`` warms up on 256 tokens only).
-Dense and Focus calls are interleaved in every repeat (dense once, then each Focus config)
-and the medians compared, so load from other processes hits both sides alike. The decomposition's phases are timed separately:
-``plan`` (sort + segment layout), ``gather``, ``scatter``, ``merge`` (= the overhead) and the
-attention calls ``attn_A`` (same-group) and ``attn_B`` (local other-group).
+and of ``focus_lab.decomposition.hard_focus_attention`` at n = 1K .. 32K tokens, with the
+embedded model's attention shapes (9 query heads, 3 KV heads, head_dim 64), batch 1, fp32,
+window 128, K in {4, 8}, k in {1, 2}, balanced groups (a random permutation cut into K equal
+groups; extra top-k slots random) or, with ``--groups FILE``, a trained router's (see
+``--make-groups``). Dense and Focus calls are interleaved in every repeat and the medians
+compared; the decomposition's phases are timed separately.
 
-End-to-end part: held-out perplexity and tokens/s of the embedded model at 4K and 8K tokens of
-context, dense (the model's own SDPA attention) vs hard Focus (the decomposition) with the
-router (``--router``; an untrained one when no router file exists) and with random groups
-(``assignment="random"``: balanced by construction, the speed a balanced router would get; its
-perplexity is a control, not a result).
-
-Outputs under ``--out`` (default figures/bench_attention/): kernel.csv, kernel.parquet,
-kernel.md, e2e.csv, e2e.md, bench_attention.html (+ .png via kaleido), env.json.
+Outputs under ``--out`` (default figures/bench_attention/): results.md (every table, the
+command, the machine and its load), e2e.csv (prefill and decode rows), kernel.csv, env.json
+(machine: cores, CPU model, torch threads, load averages), bench_attention.html (not committed).
+Bad options (an unknown pattern, a length above the model's positions) get one line and exit 2.
 
 Usage:
-    python analyses/bench_attention.py                      # everything, n up to 64K
-    python analyses/bench_attention.py --max-n 8192 --no-e2e  # quick
-    python analyses/bench_attention.py --make-groups checkpoints/x/routers.safetensors \\
-        --groups figures/bench_attention/groups.pt          # record trained-router groups
+    python -m analyses.bench_attention                         # everything (about 1 h on 2 cores)
+    python -m analyses.bench_attention --no-kernel --no-decode # prefill only
+    python -m analyses.bench_attention --no-e2e --sizes 4096,32768
 """
 
 from __future__ import annotations
@@ -251,91 +259,261 @@ def kernel_bench(args) -> pd.DataFrame:
 
 
 # --------------------------------------------------------------------------------------------
-# end to end
+# end to end: prefill (bare forward and focus-lab eval) and decode, the embedded model
+
+E2E_PATTERNS = "dense,window,hard_top1,hard_top2,random_top2"
+DECODE_PATTERNS = "dense,hard_top1,hard_top2"
+# phases of retrofit.FocusForward.timings, grouped as the tables report them
+SHARES = {"route": ("route",), "plan": ("plan",), "gather_scatter": ("gather", "scatter"),
+          "attention": ("attn_A", "attn_B", "attn_dense", "attn_reference"), "merge": ("merge",),
+          "mask_observers": ("mask", "observers")}
+
+
+class BadInput(ValueError):
+    """Options the benchmark cannot run; main() prints the message as one line and exits 2."""
+
+
+def _ints(s: str) -> list[int]:
+    try:
+        out = [int(x) for x in s.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{s!r}: need a comma list of integers") from None
+    if not out or min(out) < 1:
+        raise argparse.ArgumentTypeError(f"{s!r}: need positive integers")
+    return out
+
+
+def check_e2e_args(args, num_groups: int, positions: int | None, window: int, sinks: int) -> tuple[list, list]:
+    """The end-to-end patterns [(label, changes)] and decode patterns, checked against the model:
+    raises BadInput (one line) for an unknown pattern, a prefill length above the model's
+    positions or not above the window + sinks, or a decode context (prefix + ``--new-tokens``)
+    above the positions."""
+    from focus_lab.config import ConfigError
+    from focus_lab.evaluate import parse_patterns
+    try:
+        pats = parse_patterns(args.patterns, num_groups)
+        dpats = parse_patterns(args.decode_patterns, num_groups)
+    except ConfigError as e:
+        raise BadInput(str(e)) from None
+    if "dense" not in [x for x, _ in pats] or "dense" not in [x for x, _ in dpats]:
+        raise BadInput("--patterns and --decode-patterns must include dense (the ratios are against it)")
+    lim = positions or 1 << 30
+    for T in args.e2e_sizes:
+        if T > lim:
+            raise BadInput(f"--e2e-sizes {T}: above the model's {lim} positions")
+        if T <= window + sinks:
+            raise BadInput(f"--e2e-sizes {T}: need more than window + sinks = {window + sinks} tokens")
+    for L in args.decode_contexts:
+        if L > lim:
+            raise BadInput(f"--decode-contexts {L}: prefix + {args.new_tokens} new tokens must fit the model's "
+                           f"{lim} positions")
+        if L - args.new_tokens < 2:
+            raise BadInput(f"--decode-contexts {L}: need more than --new-tokens {args.new_tokens} + 1 tokens")
+    return pats, dpats
+
 
 @torch.no_grad()
-def _ppl_and_speed(model, windows) -> tuple[float, float, float]:
-    """(perplexity, tokens/s, seconds) over windows; the loss goes through lm_head in chunks
-    (the full (T, vocab) logits of 8K tokens would take 1.6 GB)."""
-    nll, ntok = 0.0, 0
-    t0 = time.perf_counter()
-    for w in windows:
-        ids = w.input_ids[None]
-        h = model.model(input_ids=ids, use_cache=False).last_hidden_state  # (1, T, d)
-        for a in range(0, ids.shape[1] - 1, 1024):
-            b = min(a + 1024, ids.shape[1] - 1)
-            logits = model.lm_head(h[:, a:b]).float()
-            nll += F.cross_entropy(logits[0], ids[0, a + 1:b + 1], reduction="sum").item()
-            ntok += b - a
-    dt = time.perf_counter() - t0
-    return math.exp(nll / ntok), sum(w.input_ids.numel() for w in windows) / dt, dt
+def bare_forward(model, ids: torch.Tensor, state) -> float:
+    """One forward of ``ids`` (1, T) with the FocusForward ``state``: the decoder, then the loss
+    through lm_head in chunks of 1024 positions (the full (T, vocab) logits of 8K tokens take
+    1.6 GB). Returns the summed next-token NLL (nats)."""
+    h = model.model(input_ids=ids, use_cache=False, focus=state).last_hidden_state  # (1, T, d)
+    nll = 0.0
+    for a in range(0, ids.shape[1] - 1, 1024):
+        b = min(a + 1024, ids.shape[1] - 1)
+        nll += F.cross_entropy(model.lm_head(h[:, a:b]).float()[0], ids[0, a + 1:b + 1], reduction="sum").item()
+    return nll
 
 
-def end_to_end(args) -> pd.DataFrame | None:
-    try:
-        from focus_lab.data import load_corpus, make_windows
-        from focus_lab.models import load_model
-    except ImportError as e:  # TODO(issue 4): needs the model and corpus loaders
-        print(f"end-to-end part skipped: {e}")
-        return None
-    import focus_lab
-    from focus_lab.retrofit import load_routers, set_config
+def prefill_bench(model, tok, args, pats) -> pd.DataFrame:
+    """Per length and pattern: tokens/s of the bare forward and of ``focus_lab.evaluate.evaluate``
+    (what ``focus-lab eval`` runs) on one held-out window, patterns round-robin per repeat
+    (repeat r starts at pattern r), medians; the bare forwards record the phase times of every
+    routed layer's attention function (``FocusForward.timings``)."""
+    from focus_lab.data import load_corpus, make_windows
+    from focus_lab.evaluate import evaluate
+    from focus_lab.retrofit import forward_state
 
-    model, tok = load_model()
-    router = args.router
-    if router == "auto":
-        cand = Path("checkpoints/smollm2-austen/routers.safetensors")
-        router = str(cand) if cand.is_file() else None
-    if router:
-        cfg = load_routers(model, router, {"mode": "hard", "top_k": args.e2e_top_k})
-        router_label = router
-    else:
-        cfg = focus_lab.attach(model, focus_lab.FocusConfig(num_groups=args.e2e_K, top_k=args.e2e_top_k,
-                                                            window=args.window, mode="hard"))
-        cfg = focus_lab.focus_config(model)
-        router_label = "untrained (initial router weights)"
-    print(f"end-to-end: router {router_label}, K={cfg.num_groups}, k={cfg.top_k}, w={cfg.window}",
-          flush=True)
     corpus = load_corpus(args.corpus)
     rows = []
-
-    def use(label: str) -> None:
-        if label == "dense":  # the model's own attention (SDPA, is_causal)
-            model.set_attn_implementation(model._focus_state.attn_implementation)
-        else:  # hard Focus through the decomposition; random groups: the balanced control
-            model.set_attn_implementation("focus")
-            set_config(model, mode="hard", backend="auto",
-                       assignment="random" if label == "hard-random-groups" else cfg.assignment)
-
     for T in args.e2e_sizes:
-        windows = make_windows(corpus.heldout, tok, T, max_windows=args.e2e_windows)
-        labels = [x for x in ["dense", "hard"] + (["hard-random-groups"] if args.e2e_random else [])
-                  if x in args.e2e_labels]
-        secs: dict[str, list[float]] = {x: [] for x in labels}
-        ppl: dict[str, float] = {}
-        # ABBA order over repeats, so slow drifts of the machine's load hit every label alike
+        win = make_windows(corpus.heldout, tok, T, max_windows=1)[0]
+        ids = win.input_ids[None]
+        for label, changes in pats:  # warm-up: thread pool, first-call costs, scratch buffers
+            bare_forward(model, ids[:, :1024], forward_state(model, **changes))
+        res = {label: {"bare": [], "eval": [], "phases": [], "ppl": None, "kept": None} for label, _ in pats}
+        loads = []
         for r in range(args.e2e_repeats):
-            for label in (labels if r % 2 == 0 else labels[::-1]):
-                use(label)
-                p, tps, dt = _ppl_and_speed(model, windows)
-                ppl[label] = p
-                secs[label].append(dt)
-                print(f"  T={T} {label:>18} (repeat {r + 1}): ppl {p:8.3f}  {tps:7.1f} tok/s  ({dt:.1f}s)",
-                      flush=True)
-        ntok = sum(w.input_ids.numel() for w in windows)
-        for label in labels:
-            dt = statistics.median(secs[label])
-            rows.append({"tokens": T, "windows": len(windows), "attention": label, "perplexity": ppl[label],
-                         "tokens_per_s": ntok / dt, "seconds": dt, "repeats": len(secs[label]),
-                         "router": router_label, "K": cfg.num_groups, "k": cfg.top_k, "window": cfg.window,
-                         "corpus": f"{args.corpus} (held out)", "loadavg": os.getloadavg()[0]})
-        model.set_attn_implementation("focus")
-        set_config(model, assignment=cfg.assignment)
+            for label, changes in pats[r % len(pats):] + pats[:r % len(pats)]:
+                st = forward_state(model, **changes)
+                st.timings = {}
+                t = time.perf_counter()
+                bare_forward(model, ids, st)
+                dt = time.perf_counter() - t
+                res[label]["bare"].append(dt)
+                res[label]["phases"].append({**st.timings, "total": dt})
+                t = time.perf_counter()
+                ev = evaluate(model, [win], [(label, changes)], progress=False).iloc[0]
+                res[label]["eval"].append(time.perf_counter() - t)
+                res[label]["ppl"], res[label]["kept"] = float(ev.perplexity), float(ev.distant_pairs_kept)
+                loads.append(os.getloadavg()[0])
+                print(f"  T={T} repeat {r + 1} {label:>12}: bare {T / dt:6.1f} tok/s, eval "
+                      f"{T / res[label]['eval'][-1]:6.1f} tok/s, ppl {res[label]['ppl']:.4f}  "
+                      f"(load {loads[-1]:.1f})", flush=True)
+        for label, _ in pats:
+            d = res[label]
+            bare, ev = statistics.median(d["bare"]), statistics.median(d["eval"])
+            row = {"phase": "prefill", "tokens": T, "pattern": label, "bare_tokens_per_s": T / bare,
+                   "eval_tokens_per_s": T / ev, "eval_over_bare": bare / ev, "perplexity": d["ppl"],
+                   "distant_pairs_kept": d["kept"], "bare_s": bare, "eval_s": ev, "repeats": len(d["bare"]),
+                   "loadavg_min": min(loads), "loadavg_max": max(loads)}
+            # time shares of the bare forward (medians over repeats of each phase's share)
+            ph = d["phases"]
+            fn = [p.get("attention_fn", 0.0) / p["total"] for p in ph]
+            for name, keys in SHARES.items():
+                row[f"share_{name}"] = statistics.median(sum(p.get(k, 0.0) for k in keys) / p["total"] for p in ph)
+            row["share_other_attention_fn"] = statistics.median(
+                (p.get("attention_fn", 0.0) - sum(p.get(k, 0.0) for ks in SHARES.values() for k in ks)) / p["total"]
+                for p in ph)
+            row["share_outside_attention"] = 1 - statistics.median(fn)
+            rows.append(row)
     df = pd.DataFrame(rows)
-    dense_tps = df[df.attention == "dense"].set_index("tokens")["tokens_per_s"]
-    df["speedup_vs_dense"] = df.apply(
-        lambda r: r.tokens_per_s / dense_tps[r.tokens] if r.tokens in dense_tps else float("nan"), axis=1)
+    dense = df[df.pattern == "dense"].set_index("tokens")
+    df["speedup_bare"] = df.tokens.map(dense.bare_tokens_per_s).rdiv(df.bare_tokens_per_s)
+    df["speedup_eval"] = df.tokens.map(dense.eval_tokens_per_s).rdiv(df.eval_tokens_per_s)
+    if (df.pattern == "window").any():  # the bound: what skipping every distant pair gives
+        win_s = df[df.pattern == "window"].set_index("tokens").bare_s
+        dense_s = dense.bare_s
+        df["window_bound"] = df.tokens.map(dense_s / win_s)
+        df["share_of_bound"] = (df.tokens.map(dense_s) - df.bare_s) / (df.tokens.map(dense_s) - df.tokens.map(win_s))
     return df
+
+
+class _StepClock:
+    """A generate() logits processor that stamps the wall time of every generated token (the
+    first stamp ends the prefill; the gaps between stamps are the decode steps)."""
+
+    def __init__(self):
+        self.stamps: list[float] = []
+
+    def __call__(self, input_ids, scores):
+        self.stamps.append(time.perf_counter())
+        return scores
+
+
+@torch.no_grad()
+def decode_bench(model, tok, args, dpats) -> pd.DataFrame:
+    """``model.generate`` (greedy, KV cache) after a held-out prefix of ``L - new_tokens``
+    tokens, per context L and pattern (set as the model's default config, so generate's forwards
+    use it and its FocusCache), patterns round-robin per repeat: per-step time (the median gap
+    between consecutive tokens, prefill excluded) and the prefill time."""
+    from transformers import LogitsProcessorList
+
+    from focus_lab.data import load_corpus, make_windows
+    from focus_lab.retrofit import focus_config, set_config
+
+    corpus = load_corpus(args.corpus)
+    original = focus_config(model)
+    rows = []
+    try:
+        for L in args.decode_contexts:
+            prefix = make_windows(corpus.heldout, tok, L, max_windows=1)[0].input_ids[: L - args.new_tokens][None]
+            res = {label: {"step": [], "prefill": []} for label, _ in dpats}
+            loads = []
+            for r in range(args.decode_repeats):
+                for label, changes in dpats[r % len(dpats):] + dpats[:r % len(dpats)]:
+                    set_config(model, **changes)
+                    clock = _StepClock()
+                    t0 = time.perf_counter()
+                    model.generate(prefix, attention_mask=torch.ones_like(prefix), max_new_tokens=args.new_tokens,
+                                   min_new_tokens=args.new_tokens, do_sample=False, use_cache=True,
+                                   logits_processor=LogitsProcessorList([clock]), pad_token_id=tok.eos_token_id)
+                    gaps = [b - a for a, b in zip(clock.stamps, clock.stamps[1:])]
+                    res[label]["step"].append(statistics.median(gaps))
+                    res[label]["prefill"].append(clock.stamps[0] - t0)
+                    loads.append(os.getloadavg()[0])
+                    print(f"  decode L={L} repeat {r + 1} {label:>10}: {1000 * res[label]['step'][-1]:7.1f} ms/token, "
+                          f"prefill {prefix.shape[1] / res[label]['prefill'][-1]:6.1f} tok/s (load {loads[-1]:.1f})",
+                          flush=True)
+            for label, _ in dpats:
+                step = statistics.median(res[label]["step"])
+                pre = statistics.median(res[label]["prefill"])
+                rows.append({"phase": "decode", "tokens": L, "prefix": prefix.shape[1], "pattern": label,
+                             "ms_per_token": 1000 * step, "decode_tokens_per_s": 1 / step,
+                             "prefill_tokens_per_s": prefix.shape[1] / pre, "new_tokens": args.new_tokens,
+                             "repeats": len(res[label]["step"]), "loadavg_min": min(loads),
+                             "loadavg_max": max(loads)})
+    finally:
+        set_config(model, **{k: v for k, v in original.to_dict().items()
+                             if k not in ("num_groups", "router_dim", "layers")})
+    df = pd.DataFrame(rows)
+    dense = df[df.pattern == "dense"].set_index("tokens").ms_per_token
+    df["speedup_decode"] = df.tokens.map(dense) / df.ms_per_token
+    return df
+
+
+def end_to_end(args) -> pd.DataFrame:
+    """Prefill (bare and eval) and decode tables of the embedded model with the shipped routers
+    (``--routers`` to use others), as ``focus-lab eval`` loads them (the file's config, its random
+    layers included)."""
+    from focus_lab.models import load_model
+    from focus_lab.retrofit import load_routers
+    from focus_lab.shipped import resolve_routers
+
+    model, tok = load_model()
+    routers = resolve_routers(args.routers)
+    cfg = load_routers(model, routers)
+    pats, dpats = check_e2e_args(args, cfg.num_groups, getattr(model.config, "max_position_embeddings", None),
+                                 cfg.window, cfg.sink_tokens)
+    print(f"end to end: routers {routers} (K={cfg.num_groups}, w={cfg.window}, sinks={cfg.sink_tokens}, "
+          f"random layers {cfg.random_layers}), patterns {[x for x, _ in pats]}", flush=True)
+    parts = []
+    if args.e2e_sizes and not args.no_prefill:
+        parts.append(prefill_bench(model, tok, args, pats))
+    if args.decode_contexts and not args.no_decode:
+        parts.append(decode_bench(model, tok, args, dpats))
+    df = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
+    df["routers"] = str(routers)
+    df["K"] = cfg.num_groups
+    return df
+
+
+PREFILL_COLS = ["tokens", "pattern", "bare_tokens_per_s", "speedup_bare", "eval_tokens_per_s", "speedup_eval",
+                "eval_over_bare", "share_of_bound", "perplexity", "distant_pairs_kept"]
+SHARE_COLS = ["tokens", "pattern", "share_route", "share_plan", "share_gather_scatter", "share_attention",
+              "share_merge", "share_mask_observers", "share_other_attention_fn", "share_outside_attention"]
+DECODE_COLS = ["tokens", "prefix", "pattern", "ms_per_token", "decode_tokens_per_s", "speedup_decode",
+               "prefill_tokens_per_s"]
+E2E_FMT = {"bare_tokens_per_s": "{:.1f}", "eval_tokens_per_s": "{:.1f}", "speedup_bare": "{:.2f}",
+           "speedup_eval": "{:.2f}", "eval_over_bare": "{:.2f}", "share_of_bound": "{:.2f}",
+           "perplexity": "{:.4f}", "distant_pairs_kept": "{:.3f}", "ms_per_token": "{:.1f}",
+           "decode_tokens_per_s": "{:.2f}", "speedup_decode": "{:.2f}", "prefill_tokens_per_s": "{:.1f}",
+           "prefix": "{:.0f}",
+           **{c: "{:.3f}" for c in SHARE_COLS if c.startswith("share")}}
+
+
+def e2e_markdown(df: pd.DataFrame) -> str:
+    """The end-to-end tables (prefill speed, time shares, decode) as markdown."""
+    out = []
+    pre = df[df.phase == "prefill"] if len(df) else df
+    if len(pre):
+        bound = ", ".join(f"{int(t)}: x{b:.2f}" for t, b in pre.groupby("tokens").window_bound.first().items()) \
+            if "window_bound" in pre else "-"
+        out.append("### Prefill: tokens/s of the bare forward and of `focus-lab eval` (ratios vs dense)\n\n"
+                   f"Window bound (dense time / window time, bare): {bound}. `share_of_bound`: the part of "
+                   "the window pattern's saving a pattern gets, (t_dense - t) / (t_dense - t_window).\n\n"
+                   + to_markdown(pre, PREFILL_COLS, E2E_FMT))
+        out.append("### Where the bare forward's time goes (shares of its wall time)\n\n"
+                   "route: router + groups; plan: sort + segment layout; gather_scatter; attention: the "
+                   "kernel calls; merge: the LSE merge; mask_observers: mask read, path choice, observers; "
+                   "other_attention_fn: the rest of the attention function; outside_attention: the model "
+                   "outside its attention functions (projections, MLP, norms, lm_head, loss).\n\n"
+                   + to_markdown(pre, SHARE_COLS, E2E_FMT))
+    dec = df[df.phase == "decode"] if len(df) else df
+    if len(dec):
+        out.append("### Decode: `model.generate` through the KV cache (per-step time, median over steps)\n\n"
+                   + to_markdown(dec, DECODE_COLS, E2E_FMT))
+    return "\n".join(out)
 
 
 # --------------------------------------------------------------------------------------------
@@ -385,11 +563,8 @@ def plot(df: pd.DataFrame, out: Path, title: str) -> None:
     fig.update_xaxes(type="log", title="tokens n")
     fig.update_yaxes(type="log", row=1, col=1)
     fig.update_layout(title=title, width=1200, height=500, template="plotly_white")
-    fig.write_html(out / "bench_attention.html", include_plotlyjs=True)
-    try:
-        fig.write_image(out / "bench_attention.png", scale=1.5)
-    except Exception as e:  # kaleido / Chromium missing
-        print(f"PNG not written ({e}); the HTML is")
+    fig.write_html(out / "bench_attention.html", include_plotlyjs=True)  # not committed (5 MB); figure 2 is
+    # drawn from kernel.csv and e2e.csv by analyses/fig_speedup_length.py
 
 
 def _title(args, env) -> str:
@@ -402,106 +577,133 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=Path("figures/bench_attention"))
-    ap.add_argument("--sizes", type=lambda s: [int(x) for x in s.split(",")],
-                    default=[1024, 2048, 4096, 8192, 16384, 32768, 65536])
-    ap.add_argument("--max-n", type=int, default=65536, help="largest n to run")
-    ap.add_argument("--dense-max-n", type=int, default=1 << 30, help="no dense call above this n")
-    ap.add_argument("--dense-max-seconds", type=float, default=300.0,
-                    help="skip dense at n when its time extrapolated (n^2) from the last n exceeds this")
-    ap.add_argument("--Ks", type=lambda s: [int(x) for x in s.split(",")], default=[4, 8])
-    ap.add_argument("--ks", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2])
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--serial-bookkeeping", choices=["auto", "on", "off"], default="auto",
-                    help="DecompositionOptions.serial_bookkeeping: auto (serial only on an oversubscribed "
-                         "machine), on, off")
-    ap.add_argument("--cold-start", action="store_true",
-                    help="warm up on 256 tokens only (the first timed Focus call then pays for "
-                         "growing its scratch buffers); default: one untimed full-size call each")
-    ap.add_argument("--large-from", type=int, default=65536,
-                    help="from this n on, only --large-configs and --large-repeats")
-    ap.add_argument("--large-repeats", type=int, default=1)
-    ap.add_argument("--large-configs", default=[(8, 1), (4, 1)],
-                    type=lambda s: [tuple(int(x) for x in c.split(":")) for c in s.split(",")],
-                    help="K:k pairs run (balanced groups only) at the largest sizes (default 8:1,4:1)")
-    ap.add_argument("--window", type=int, default=128)
-    ap.add_argument("--heads", type=int, default=9, help="query heads (SmolLM2-135M: 9)")
-    ap.add_argument("--kv-heads", type=int, default=3, help="KV heads (SmolLM2-135M: 3)")
-    ap.add_argument("--head-dim", type=int, default=64, help="head_dim (SmolLM2-135M: 64)")
-    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
-    ap.add_argument("--check-max-n", type=int, default=2048,
-                    help="compare with the dense masked reference up to this n")
-    ap.add_argument("--groups", type=str, default=None, help="router scores recorded by --make-groups")
-    ap.add_argument("--groups-layer", type=int, default=None, help="layer of --groups (default: middle)")
-    ap.add_argument("--make-groups", type=str, default=None, metavar="ROUTER",
-                    help="record a trained router's scores into --groups, then exit")
-    ap.add_argument("--groups-tokens", type=int, default=4096)
+    ap.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
     ap.add_argument("--no-thp", action="store_true",
                     help="do not set THP_MEM_ALLOC_ENABLE=1 (huge-page allocation of large tensors)")
-    ap.add_argument("--no-kernel", action="store_true")
-    ap.add_argument("--no-e2e", action="store_true")
-    ap.add_argument("--e2e-sizes", type=lambda s: [int(x) for x in s.split(",")], default=[4096, 8192])
-    ap.add_argument("--e2e-windows", type=int, default=2)
-    ap.add_argument("--e2e-repeats", type=int, default=2,
-                    help="forwards per label and size, in ABBA order; the median time is reported")
-    ap.add_argument("--e2e-K", type=int, default=8, help="groups of the untrained router")
-    ap.add_argument("--e2e-top-k", type=int, default=1)
-    ap.add_argument("--router", type=str, default="auto",
-                    help="router file for end-to-end ('auto': checkpoints/smollm2-austen if present)")
-    ap.add_argument("--corpus", type=str, default="austen")
-    ap.add_argument("--e2e-labels", type=lambda s: s.split(","), default=["dense", "hard", "hard-random-groups"],
-                    help="end-to-end rows to run (dense, hard, hard-random-groups)")
-    ap.add_argument("--no-e2e-random", dest="e2e_random", action="store_false",
-                    help="skip the end-to-end row with random balanced groups (assignment='random')")
-    ap.add_argument("--replot", action="store_true", help="only redraw the plot from --out/kernel.csv")
+    k = ap.add_argument_group("kernel part (one attention call, random q/k/v)")
+    k.add_argument("--no-kernel", action="store_true")
+    k.add_argument("--sizes", type=_ints, default=[1024, 2048, 4096, 8192, 16384, 32768])
+    k.add_argument("--max-n", type=int, default=65536, help="largest n to run")
+    k.add_argument("--dense-max-n", type=int, default=1 << 30, help="no dense call above this n")
+    k.add_argument("--dense-max-seconds", type=float, default=300.0,
+                   help="skip dense at n when its time extrapolated (n^2) from the last n exceeds this")
+    k.add_argument("--Ks", type=_ints, default=[4, 8])
+    k.add_argument("--ks", type=_ints, default=[1, 2])
+    k.add_argument("--repeats", type=int, default=3)
+    k.add_argument("--serial-bookkeeping", choices=["auto", "on", "off"], default="auto",
+                   help="DecompositionOptions.serial_bookkeeping: auto (serial only on an oversubscribed "
+                        "machine), on, off")
+    k.add_argument("--cold-start", action="store_true",
+                   help="warm up on 256 tokens only (the first timed Focus call then pays for "
+                        "growing its scratch buffers); default: one untimed full-size call each")
+    k.add_argument("--large-from", type=int, default=65536,
+                   help="from this n on, only --large-configs and --large-repeats")
+    k.add_argument("--large-repeats", type=int, default=1)
+    k.add_argument("--large-configs", default=[(8, 1), (4, 1)],
+                   type=lambda s: [tuple(int(x) for x in c.split(":")) for c in s.split(",")],
+                   help="K:k pairs run (balanced groups only) at the largest sizes (default 8:1,4:1)")
+    k.add_argument("--window", type=int, default=128)
+    k.add_argument("--heads", type=int, default=9, help="query heads (SmolLM2-135M: 9)")
+    k.add_argument("--kv-heads", type=int, default=3, help="KV heads (SmolLM2-135M: 3)")
+    k.add_argument("--head-dim", type=int, default=64, help="head_dim (SmolLM2-135M: 64)")
+    k.add_argument("--check-max-n", type=int, default=2048,
+                   help="compare with the dense masked reference up to this n")
+    k.add_argument("--groups", type=str, default=None, help="router scores recorded by --make-groups")
+    k.add_argument("--groups-layer", type=int, default=None, help="layer of --groups (default: middle)")
+    k.add_argument("--make-groups", type=str, default=None, metavar="ROUTER",
+                   help="record a trained router's scores into --groups, then exit")
+    k.add_argument("--groups-tokens", type=int, default=4096)
+    e = ap.add_argument_group("end to end (the embedded model, the shipped routers)")
+    e.add_argument("--no-e2e", action="store_true", help="skip prefill and decode")
+    e.add_argument("--no-prefill", action="store_true")
+    e.add_argument("--no-decode", action="store_true")
+    e.add_argument("--routers", type=str, default=None, help="router file (default: the shipped one)")
+    e.add_argument("--corpus", type=str, default="austen")
+    e.add_argument("--patterns", default=E2E_PATTERNS, help=f"prefill patterns (default {E2E_PATTERNS})")
+    e.add_argument("--e2e-sizes", type=_ints, default=[4096, 8192], help="prefill lengths (tokens)")
+    e.add_argument("--e2e-repeats", type=int, default=2,
+                   help="bare + eval forwards per pattern and length, round-robin; medians reported")
+    e.add_argument("--decode-patterns", default=DECODE_PATTERNS)
+    e.add_argument("--decode-contexts", type=_ints, default=[2048, 4096, 8192],
+                   help="context lengths L of decoding: a prefix of L - new-tokens tokens, then "
+                        "--new-tokens generated (L must fit the model's positions)")
+    e.add_argument("--new-tokens", type=int, default=16)
+    e.add_argument("--decode-repeats", type=int, default=2)
+    e.add_argument("--replot", action="store_true", help="only redraw the plot from --out/kernel.csv")
     args = ap.parse_args(argv)
     if args.replot:
         env = json.loads((args.out / "env.json").read_text())
         plot(pd.read_csv(args.out / "kernel.csv"), args.out, _title(args, env))
         return 0
+    if min(args.repeats, args.e2e_repeats, args.decode_repeats, args.new_tokens) < 1:
+        print("bench_attention: --repeats, --e2e-repeats, --decode-repeats and --new-tokens must be >= 1",
+              file=sys.stderr)
+        return 2
 
     global SERIAL_MODE
     SERIAL_MODE = args.serial_bookkeeping
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    torch.set_num_threads(args.threads)
     if args.make_groups:
         make_groups(args.make_groups, Path(args.groups or args.out / "groups.pt"), args.groups_tokens, args.corpus)
         return 0
-    args.out.mkdir(parents=True, exist_ok=True)
-    env = {"torch": torch.__version__, "threads": torch.get_num_threads(), "cpu": platform.processor()
-           or platform.machine(), "nproc": os.cpu_count(), "loadavg_start": os.getloadavg(),
-           "argv": sys.argv[1:], "started": time.strftime("%Y-%m-%d %H:%M:%S"),
-           "THP_MEM_ALLOC_ENABLE": os.environ.get("THP_MEM_ALLOC_ENABLE"),
-           "serial_bookkeeping": args.serial_bookkeeping}
-    try:
-        env["cpu_model"] = next(l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if "model name" in l)
-    except Exception:
-        pass
-    if not args.no_kernel:
-        df = kernel_bench(args)
-        df.to_csv(args.out / "kernel.csv", index=False)
-        try:
-            df.to_parquet(args.out / "kernel.parquet", index=False)
-        except Exception as e:
-            print(f"parquet not written: {e}")
-        md = to_markdown(df, KERNEL_COLS, KERNEL_FMT)
-        (args.out / "kernel.md").write_text(md)
-        print("\n" + md)
-        plot(df, args.out, _title(args, env))
+    env = machine()
+    env.update({"argv": sys.argv[1:] if argv is None else list(argv), "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+                "THP_MEM_ALLOC_ENABLE": os.environ.get("THP_MEM_ALLOC_ENABLE"),
+                "serial_bookkeeping": args.serial_bookkeeping})
+    md = [f"# Benchmark tables ({env['started']}, {env['cpu_model']}, {env['nproc']} cores, "
+          f"{env['threads']} torch threads, load average at start {env['loadavg_start'][0]:.1f})\n",
+          "Command: `python -m analyses.bench_attention " + " ".join(env["argv"]) + "`\n"]
+    kernel = e2e = None
     if not args.no_e2e:
-        e2e = end_to_end(args)
-        if e2e is not None:
-            e2e.to_csv(args.out / "e2e.csv", index=False)
-            cols = ["tokens", "windows", "attention", "perplexity", "tokens_per_s", "speedup_vs_dense",
-                    "seconds", "repeats", "K", "k", "router", "loadavg"]
-            md = to_markdown(e2e, cols, {"perplexity": "{:.3f}", "tokens_per_s": "{:.1f}",
-                                         "speedup_vs_dense": "{:.2f}", "seconds": "{:.1f}",
-                                         "loadavg": "{:.1f}"})
-            (args.out / "e2e.md").write_text(md)
-            print("\n" + md)
+        try:
+            e2e = end_to_end(args)
+        except BadInput as err:
+            print(f"bench_attention: {err}", file=sys.stderr)
+            return 2
+    if not args.no_kernel:
+        kernel = kernel_bench(args)
+    args.out.mkdir(parents=True, exist_ok=True)
+    if e2e is not None and len(e2e):
+        write_csv(e2e, args.out / "e2e.csv")
+        text = e2e_markdown(e2e)
+        md.append("## End to end: SmolLM2-135M, shipped routers\n\n" + text)
+        print("\n" + text)
+    if kernel is not None:
+        write_csv(kernel, args.out / "kernel.csv")
+        text = to_markdown(kernel, KERNEL_COLS, KERNEL_FMT)
+        md.append("## Kernel: one attention call (dense causal SDPA vs hard_focus_attention)\n\n" + text)
+        print("\n" + text)
+        plot(kernel, args.out, _title(args, env))
     env["loadavg_end"] = os.getloadavg()
     env["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
-    (args.out / "env.json").write_text(json.dumps(env, indent=1))
+    md.append(f"Load average at the end: {env['loadavg_end'][0]:.1f} (1 min), {env['loadavg_end'][1]:.1f} (5 min).\n")
+    write_text("\n".join(md), args.out / "results.md")
+    write_text(json.dumps(env, indent=1), args.out / "env.json")
     return 0
+
+
+def machine() -> dict:
+    """The machine a run measured on: torch version and threads, cores, CPU model, load average."""
+    env = {"torch": torch.__version__, "threads": torch.get_num_threads(), "nproc": os.cpu_count(),
+           "platform": platform.platform(), "loadavg_start": os.getloadavg(), "cpu_model": platform.machine()}
+    try:
+        env["cpu_model"] = next(l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if "model name" in l)
+    except (OSError, StopIteration):
+        pass
+    return env
+
+
+def write_text(text: str, path: Path) -> None:
+    """Write ``text`` to a temporary file next to ``path``, then rename it into place."""
+    from focus_lab.io import atomic_path
+    with atomic_path(path) as tmp:
+        Path(tmp).write_text(text)
+
+
+def write_csv(df: pd.DataFrame, path: Path) -> None:
+    from focus_lab.io import atomic_path
+    with atomic_path(path) as tmp:
+        df.to_csv(tmp, index=False)
 
 
 if __name__ == "__main__":

@@ -189,13 +189,19 @@ def _claims(c: _Ctx) -> list:
         txt = f"end to end at {T} tokens (inside the evaluation): top-1 x{sp[1]:.2f}, top-{c.k} x{sp[c.k]:.2f}"
         best = max(sp.values())
         bd = bench_dir(c.d.parent)
-        if bd is not None and (bd / "e2e.csv").is_file():
-            e = pd.read_csv(bd / "e2e.csv")
-            e = e[e.attention == "hard"]
-            txt += "; benchmark end to end " + ", ".join(
-                f"{int(t)}: x{s:.2f} (K={int(K)} k={int(k)}{', untrained router' if str(r).startswith('untrained') else ''})"
-                for t, s, K, k, r in zip(e.tokens, e.speedup_vs_dense, e.K, e.k, e.router))
-            best = max(best, float(e.speedup_vs_dense.max()))
+        e = pd.read_csv(bd / "e2e.csv") if bd is not None and (bd / "e2e.csv").is_file() else None
+        if e is not None and "phase" in e:
+            pre = e[(e.phase == "prefill") & e.pattern.str.startswith("hard_top")]
+            txt += "; benchmark (analyses/bench_attention.py, shipped routers, bare forward vs dense): prefill " + \
+                ", ".join(f"{int(t)}: " + " ".join(f"{p.replace('hard_', '')} x{x:.2f}" for p, x in zip(g.pattern, g.speedup_bare))
+                          + f" (window bound x{g.window_bound.iloc[0]:.2f})" for t, g in pre.groupby("tokens"))
+            dec = e[(e.phase == "decode") & e.pattern.str.startswith("hard_top")]
+            if len(dec):
+                t = int(dec.tokens.max())
+                d = dec[dec.tokens == t]
+                txt += f"; decode at {t} tokens of context: " + ", ".join(
+                    f"{p.replace('hard_', '')} x{x:.2f}" for p, x in zip(d.pattern, d.speedup_decode))
+            best = max([best, *pre.speedup_bare.tolist(), *dec.speedup_decode.tolist()])
         return txt, "CPU (2 cores, shared), hard mode through the decomposition", HOLDS if best >= 2 else \
             f"{FAILS} at these lengths on CPU"
 
