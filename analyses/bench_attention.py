@@ -325,11 +325,12 @@ def bare_forward(model, ids: torch.Tensor, state) -> float:
     return nll
 
 
-def prefill_bench(model, tok, args, pats) -> pd.DataFrame:
+def prefill_bench(model, tok, args, pats, save=None) -> pd.DataFrame:
     """Per length and pattern: tokens/s of the bare forward and of ``focus_lab.evaluate.evaluate``
     (what ``focus-lab eval`` runs) on one held-out window, patterns round-robin per repeat
     (repeat r starts at pattern r), medians; the bare forwards record the phase times of every
-    routed layer's attention function (``FocusForward.timings``)."""
+    routed layer's attention function (``FocusForward.timings``). ``evaluate`` runs at the
+    lengths in ``args.eval_sizes`` only. ``save(rows so far)`` is called after each length."""
     from focus_lab.data import load_corpus, make_windows
     from focus_lab.evaluate import evaluate
     from focus_lab.retrofit import forward_state
@@ -341,7 +342,8 @@ def prefill_bench(model, tok, args, pats) -> pd.DataFrame:
         ids = win.input_ids[None]
         for label, changes in pats:  # warm-up: thread pool, first-call costs, scratch buffers
             bare_forward(model, ids[:, :1024], forward_state(model, **changes))
-        res = {label: {"bare": [], "eval": [], "phases": [], "ppl": None, "kept": None} for label, _ in pats}
+        res = {label: {"bare": [], "eval": [], "phases": [], "ppl": float("nan"), "kept": float("nan")}
+               for label, _ in pats}
         loads = []
         for r in range(args.e2e_repeats):
             for label, changes in pats[r % len(pats):] + pats[:r % len(pats)]:
@@ -352,17 +354,20 @@ def prefill_bench(model, tok, args, pats) -> pd.DataFrame:
                 dt = time.perf_counter() - t
                 res[label]["bare"].append(dt)
                 res[label]["phases"].append({**st.timings, "total": dt})
-                t = time.perf_counter()
-                ev = evaluate(model, [win], [(label, changes)], progress=False).iloc[0]
-                res[label]["eval"].append(time.perf_counter() - t)
-                res[label]["ppl"], res[label]["kept"] = float(ev.perplexity), float(ev.distant_pairs_kept)
+                ev_txt = ""
+                if T in args.eval_sizes:
+                    t = time.perf_counter()
+                    ev = evaluate(model, [win], [(label, changes)], progress=False).iloc[0]
+                    res[label]["eval"].append(time.perf_counter() - t)
+                    res[label]["ppl"], res[label]["kept"] = float(ev.perplexity), float(ev.distant_pairs_kept)
+                    ev_txt = f", eval {T / res[label]['eval'][-1]:6.1f} tok/s, ppl {res[label]['ppl']:.4f}"
                 loads.append(os.getloadavg()[0])
-                print(f"  T={T} repeat {r + 1} {label:>12}: bare {T / dt:6.1f} tok/s, eval "
-                      f"{T / res[label]['eval'][-1]:6.1f} tok/s, ppl {res[label]['ppl']:.4f}  "
+                print(f"  T={T} repeat {r + 1} {label:>12}: bare {T / dt:6.1f} tok/s{ev_txt}  "
                       f"(load {loads[-1]:.1f})", flush=True)
         for label, _ in pats:
             d = res[label]
-            bare, ev = statistics.median(d["bare"]), statistics.median(d["eval"])
+            bare = statistics.median(d["bare"])
+            ev = statistics.median(d["eval"]) if d["eval"] else float("nan")
             row = {"phase": "prefill", "tokens": T, "pattern": label, "bare_tokens_per_s": T / bare,
                    "eval_tokens_per_s": T / ev, "eval_over_bare": bare / ev, "perplexity": d["ppl"],
                    "distant_pairs_kept": d["kept"], "bare_s": bare, "eval_s": ev, "repeats": len(d["bare"]),
@@ -377,7 +382,13 @@ def prefill_bench(model, tok, args, pats) -> pd.DataFrame:
                 for p in ph)
             row["share_outside_attention"] = 1 - statistics.median(fn)
             rows.append(row)
-    df = pd.DataFrame(rows)
+        if save is not None:
+            save(_prefill_ratios(pd.DataFrame(rows)))
+    return _prefill_ratios(pd.DataFrame(rows))
+
+
+def _prefill_ratios(df: pd.DataFrame) -> pd.DataFrame:
+    """Prefill rows with their ratios to dense (and to the window pattern) at the same length."""
     dense = df[df.pattern == "dense"].set_index("tokens")
     df["speedup_bare"] = df.tokens.map(dense.bare_tokens_per_s).rdiv(df.bare_tokens_per_s)
     df["speedup_eval"] = df.tokens.map(dense.eval_tokens_per_s).rdiv(df.eval_tokens_per_s)
@@ -452,10 +463,10 @@ def decode_bench(model, tok, args, dpats) -> pd.DataFrame:
     return df
 
 
-def end_to_end(args) -> pd.DataFrame:
+def end_to_end(args, save=None) -> pd.DataFrame:
     """Prefill (bare and eval) and decode tables of the embedded model with the shipped routers
     (``--routers`` to use others), as ``focus-lab eval`` loads them (the file's config, its random
-    layers included)."""
+    layers included). ``save(table so far)`` is called after each prefill length and stage."""
     from focus_lab.models import load_model
     from focus_lab.retrofit import load_routers
     from focus_lab.shipped import resolve_routers
@@ -468,13 +479,33 @@ def end_to_end(args) -> pd.DataFrame:
     print(f"end to end: routers {routers} (K={cfg.num_groups}, w={cfg.window}, sinks={cfg.sink_tokens}, "
           f"random layers {cfg.random_layers}), patterns {[x for x, _ in pats]}", flush=True)
     parts = []
+
+    def partial(df):
+        if save is not None:
+            save(_e2e_columns(pd.concat(parts + [df], ignore_index=True), routers, cfg))
     if args.e2e_sizes and not args.no_prefill:
-        parts.append(prefill_bench(model, tok, args, pats))
+        parts.append(prefill_bench(model, tok, args, pats, partial))
+        partial(pd.DataFrame())
     if args.decode_contexts and not args.no_decode:
         parts.append(decode_bench(model, tok, args, dpats))
     df = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
+    return _e2e_columns(df, routers, cfg)
+
+
+def _e2e_columns(df: pd.DataFrame, routers, cfg) -> pd.DataFrame:
+    """The router file, K, and the columns analyses/fig_pareto.py reads, on the end-to-end rows."""
+    if not len(df):
+        return df
+    df = df.copy()
     df["routers"] = str(routers)
     df["K"] = cfg.num_groups
+    # the columns analyses/fig_pareto.py reads: prefill rows as "dense" / "hard" (router groups) /
+    # "hard-random-groups" / "window" with their bare-forward ratio; decode rows as "decode"
+    kind = df.pattern.map(lambda p: "hard" if p.startswith("hard_") else "hard-random-groups"
+                          if p.startswith("random_") else p)
+    df["attention"] = kind.where(df.phase == "prefill", "decode")
+    df["router"] = str(routers)
+    df["speedup_vs_dense"] = df.speedup_bare if "speedup_bare" in df else float("nan")
     return df
 
 
@@ -621,6 +652,8 @@ def main(argv=None) -> int:
     e.add_argument("--corpus", type=str, default="austen")
     e.add_argument("--patterns", default=E2E_PATTERNS, help=f"prefill patterns (default {E2E_PATTERNS})")
     e.add_argument("--e2e-sizes", type=_ints, default=[4096, 8192], help="prefill lengths (tokens)")
+    e.add_argument("--eval-sizes", type=lambda x: [] if x == "none" else _ints(x), default=None,
+                   help="lengths at which evaluate() is timed too (default: every --e2e-sizes; 'none')")
     e.add_argument("--e2e-repeats", type=int, default=2,
                    help="bare + eval forwards per pattern and length, round-robin; medians reported")
     e.add_argument("--decode-patterns", default=DECODE_PATTERNS)
@@ -635,6 +668,8 @@ def main(argv=None) -> int:
         env = json.loads((args.out / "env.json").read_text())
         plot(pd.read_csv(args.out / "kernel.csv"), args.out, _title(args, env))
         return 0
+    if args.eval_sizes is None:
+        args.eval_sizes = args.e2e_sizes
     if min(args.repeats, args.e2e_repeats, args.decode_repeats, args.new_tokens) < 1:
         print("bench_attention: --repeats, --e2e-repeats, --decode-repeats and --new-tokens must be >= 1",
               file=sys.stderr)
@@ -650,24 +685,30 @@ def main(argv=None) -> int:
     env.update({"argv": sys.argv[1:] if argv is None else list(argv), "started": time.strftime("%Y-%m-%d %H:%M:%S"),
                 "THP_MEM_ALLOC_ENABLE": os.environ.get("THP_MEM_ALLOC_ENABLE"),
                 "serial_bookkeeping": args.serial_bookkeeping})
+    args.out.mkdir(parents=True, exist_ok=True)
     md = [f"# Benchmark tables ({env['started']}, {env['cpu_model']}, {env['nproc']} cores, "
           f"{env['threads']} torch threads, load average at start {env['loadavg_start'][0]:.1f})\n",
           "Command: `python -m analyses.bench_attention " + " ".join(env["argv"]) + "`\n"]
     kernel = e2e = None
+
+    def save_e2e(df: pd.DataFrame, final: bool = False) -> None:  # also the partial tables of a long run
+        if not len(df):
+            return
+        write_csv(df, args.out / "e2e.csv")
+        text = "## End to end: SmolLM2-135M, shipped routers\n\n" + e2e_markdown(df)
+        write_text("\n".join(md + [text, "(run in progress)\n" if not final else ""]), args.out / "results.md")
+        if final:
+            md.append(text)
+            print("\n" + text)
     if not args.no_e2e:
         try:
-            e2e = end_to_end(args)
+            e2e = end_to_end(args, save_e2e)
         except BadInput as err:
             print(f"bench_attention: {err}", file=sys.stderr)
             return 2
+        save_e2e(e2e, final=True)
     if not args.no_kernel:
         kernel = kernel_bench(args)
-    args.out.mkdir(parents=True, exist_ok=True)
-    if e2e is not None and len(e2e):
-        write_csv(e2e, args.out / "e2e.csv")
-        text = e2e_markdown(e2e)
-        md.append("## End to end: SmolLM2-135M, shipped routers\n\n" + text)
-        print("\n" + text)
     if kernel is not None:
         write_csv(kernel, args.out / "kernel.csv")
         text = to_markdown(kernel, KERNEL_COLS, KERNEL_FMT)
