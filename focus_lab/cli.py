@@ -388,7 +388,8 @@ def _eval_run(run_dir: Path, patterns: str, max_windows: int | None) -> "pd.Data
     docs = run.columns("tokens", ["window", "doc"]).drop_duplicates("window").set_index("window")["doc"]
     windows = [_RecordedWindow(str(docs[w]), w, torch.tensor(ids[w])) for w in chosen]
     T = len(ids[chosen[0]])
-    typer.echo(f"evaluating {len(pats)} patterns on {len(windows)} recorded windows of {T} tokens of run "
+    typer.echo(f"evaluating {len(pats)} patterns on {len(windows)} recorded window{'s' * (len(windows) != 1)} "
+               f"of {T} tokens of run "
                f"{run.path} ({', '.join(sorted(set(docs[chosen])))})")
     t0 = time.perf_counter()
     df = evaluate(m, windows, pats)
@@ -402,7 +403,7 @@ def _eval_run(run_dir: Path, patterns: str, max_windows: int | None) -> "pd.Data
     target = write_table(run.path, "eval", df, entry)
     show = df[["label", "perplexity", "nll", "distant_pairs_kept", "tokens_per_second"]]
     typer.echo(show.to_string(index=False, float_format=lambda x: f"{x:.4f}"))
-    typer.echo(f"wrote {target} ({len(windows)} windows x {T} tokens, {seconds:.0f} s)")
+    typer.echo(f"wrote {target} ({len(windows)} window{'s' * (len(windows) != 1)} x {T} tokens, {seconds:.0f} s)")
     return df
 
 
