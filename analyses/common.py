@@ -183,7 +183,7 @@ class Context:
         """The trained router file (experiment "router" must have run)."""
         p = self.data / "router.parquet"
         if not p.is_file():
-            raise FileNotFoundError(f"{p} is missing: run experiment 'router' first (focus-lab figures --only router)")
+            raise FileNotFoundError(f"{p} is missing: run experiment 'router' first (focus-lab-figures --only router)")
         return Path(pd.read_parquet(p)["path"].iloc[0])
 
     def router_train_config(self, path: Path | None = None) -> dict:
@@ -426,7 +426,7 @@ def read(data_dir: Path, name: str, per_window: bool = False) -> pd.DataFrame:
     from focus_lab.evaluate import add_speedup, pool_windows
     p = Path(data_dir) / f"{name}.parquet"
     if not p.is_file():
-        raise FileNotFoundError(f"{p} is missing: run `focus-lab figures` (experiment {name!r})")
+        raise FileNotFoundError(f"{p} is missing: run `focus-lab-figures` (experiment {name!r})")
     df = pd.read_parquet(p)
     if per_window or name not in PER_WINDOW:
         return df
