@@ -25,7 +25,7 @@ texts (minutes; used by tests/test_figures.py). The full set runs on the embedde
 with the routers shipped in the package (``focus_lab/routers/``; ``--routers`` for another
 file) at long context (``analyses.common.FULL``: baselines, domains and recorded runs at 4096
 tokens; the length table's cells from 512 to 8192 tokens): 38 min on a quiet 2-core CPU with
-``--threads 2`` when the committed length-table cells are reused (stop 27), hours without.
+``--threads 2`` when the committed length-table cells are reused, hours without.
 PNGs are committed (palette-optimized); the HTML files are generated.
 Sources: docs/method.md §1-§6; the issue 8 figure list.
 """
