@@ -118,7 +118,11 @@ def test_two_process_ddp_matches_single_process(tiny_dir, tmp_path):
     single = _cli(_train_args(model_dir, corpus, tmp_path / "single", 4))
     assert single.returncode == 0, single.stderr[-2000:]
     torchrun = str(Path(sys.executable).parent / "torchrun")
-    ddp = subprocess.run([torchrun, "--nproc_per_node=2", "--master_port=29561", "-m", "focus_lab",
+    import socket
+    with socket.socket() as s:  # a free port: a fixed one collides with another run of the suite
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ddp = subprocess.run([torchrun, "--nproc_per_node=2", f"--master_port={port}", "-m", "focus_lab",
                           *_train_args(model_dir, corpus, tmp_path / "ddp", 4)],
                          env=ENV, capture_output=True, text=True, timeout=600)
     assert ddp.returncode == 0, ddp.stderr[-3000:]
