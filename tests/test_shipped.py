@@ -167,24 +167,36 @@ def test_soup_averages_router_files_tensor_by_tensor_and_refuses_mixed_files(tmp
 
 
 def test_train_shipped_chain_builds_the_mix_folder_and_chains_each_stage_to_the_last(tmp_path):
-    """analyses/studies/train_shipped.py: the two-domain folder links every prepared file but the held-out
-    ones and ends with Persuasion (its held-out file); each training stage starts from the last
+    """analyses/studies/train_shipped.py: a mix folder links every prepared file of its corpora but the
+    held-out ones (named files and prefixes) and ends with Persuasion (its held-out file); each training stage starts from the last
     stage's file and the soup averages stage 2 and the last two-domain run; an unprepared corpus
     is one error naming `focus-lab prepare`."""
     from analyses.studies.train_shipped import mix_folder, stages
     data = tmp_path / "data"
     with pytest.raises(FileNotFoundError, match="focus-lab prepare austen"):
-        mix_folder(data)
-    for corpus, names in {"austen": ["emma", "persuasion"], "shakespeare": ["hamlet", "lear", "macbeth"]}.items():
+        mix_folder(data, "austen-shakespeare")
+    files = {"austen": ["emma", "persuasion"], "shakespeare": ["hamlet", "lear", "macbeth"],
+             "kernel-docs": ["filesystems__ext4", "admin__init"], "python-source": ["asyncio__tasks", "stdlib__os"]}
+    for corpus, names in files.items():
         (data / corpus).mkdir(parents=True)
         for n in names:
             (data / corpus / f"{n}.txt").write_text(n)
-    folder = mix_folder(data)
+    folder = mix_folder(data, "austen-shakespeare")
     assert sorted(p.name for p in folder.iterdir()) == [
         "austen_emma.txt", "shakespeare_lear.txt", "shakespeare_macbeth.txt", "zz_persuasion.txt"]
     assert (folder / "zz_persuasion.txt").read_text() == "persuasion"
-    mix_folder(data)  # idempotent
-    todo = stages(tmp_path / "out", data)
+    mix_folder(data, "austen-shakespeare")  # idempotent
+    with pytest.raises(FileNotFoundError, match="focus-lab prepare bible-kjv"):
+        mix_folder(data, "broad")
+    (data / "bible-kjv").mkdir()
+    for n in ["01_genesis", "43_john"]:
+        (data / "bible-kjv" / f"{n}.txt").write_text(n)
+    broad = mix_folder(data, "broad")
+    assert sorted(p.name for p in broad.iterdir()) == [
+        "austen_emma.txt", "bible_kjv_01_genesis.txt", "kernel_docs_admin__init.txt", "python_source_stdlib__os.txt",
+        "shakespeare_lear.txt", "shakespeare_macbeth.txt", "zz_persuasion.txt"]
+    todo = stages(tmp_path / "out", data, "austen-shakespeare")
+    assert todo[2][1][todo[2][1].index("--corpus") + 1] == str(data / "mix_austen_shakespeare")
     assert [n for n, _, _ in todo] == ["s1_sinks64_512", "s2_distill64_4096", "s3_mix_seed0", "s3_mix_seed1",
                                        "s3_mix_seed2", "s4_soup"]
     for (_, args, _), (_, _, prev) in zip(todo[1:5], todo[:4]):

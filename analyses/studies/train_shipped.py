@@ -7,8 +7,9 @@ commands (docs/recipes.md, "The shipped file from scratch"):
 2. ``distill64`` at 4096 tokens from (1): a 40-step schedule stopped after 30 steps, random
    groups in layers 1-9 (their routers are not trained; the other layers' tensors are those
    of a run that trains every layer, because the distill objective is per layer).
-3. ``distill64`` at 4096 tokens on Austen + Shakespeare (Persuasion and Hamlet held out):
-   3 runs of 30 steps from (2), seeds 0, 1, 2, each from the last.
+3. ``distill64`` at 4096 tokens on a mix of domains, each without its held-out documents
+   (``--mix``; default ``broad``: Austen, Shakespeare, kernel docs, Python source, the King
+   James Bible): 3 runs of 30 steps from (2), seeds 0, 1, 2, each from the last.
 4. ``focus-lab soup`` of (2) and (3) with equal weights.
 
 Writes ``<out>/chain.json`` (per stage: command, seconds, peak RSS in GiB, sha256; the total)
@@ -33,23 +34,39 @@ from focus_lab.io import file_sha256, write_json
 
 ROOT = Path(__file__).resolve().parents[2]
 
-MIX = "mix_austen_shakespeare"
-HELD_OUT = {"austen": "persuasion.txt", "shakespeare": "hamlet.txt"}
+# the training mixes: corpus names, each without its held-out documents (data/README.md);
+# "broad" is the shipped file's mix, five domains of different kinds (docs/recipes.md)
+MIXES = {"austen-shakespeare": ("austen", "shakespeare"),
+         "broad": ("austen", "shakespeare", "kernel-docs", "python-source", "bible-kjv")}
+MIX = "broad"
 
 
-def mix_folder(data: Path) -> Path:
-    """``data/mix_austen_shakespeare``: links to the prepared Austen and Shakespeare files except
-    the held-out ones, then Persuasion as the folder's (last, held-out) file. Raises
-    FileNotFoundError naming ``focus-lab prepare`` when a corpus is not prepared."""
-    out = data / MIX
-    for corpus in HELD_OUT:
-        if not (data / corpus / HELD_OUT[corpus]).is_file():
+def _held_out(corpus: str, stem: str) -> bool:
+    """Whether the prepared file ``stem`` of the named ``corpus`` is one of its held-out documents
+    (the rules of ``focus_lab.data``: a named file or a file-name prefix)."""
+    from focus_lab.data import _DEFAULT_HELDOUT, _HELDOUT_PREFIX
+    prefix = _HELDOUT_PREFIX.get(corpus)
+    return stem == _DEFAULT_HELDOUT.get(corpus) or (prefix is not None and stem.startswith(prefix))
+
+
+def mix_folder(data: Path, mix: str = MIX) -> Path:
+    """``data/mix_<mix>``: links to the prepared files of the mix's corpora except their held-out
+    documents, named ``<corpus>_<file>``, then Persuasion as the folder's last (held-out) file.
+    Raises FileNotFoundError naming ``focus-lab prepare`` when a corpus is not prepared, KeyError
+    for an unknown mix."""
+    if mix not in MIXES:
+        raise KeyError(f"unknown mix {mix!r}; choose one of: {', '.join(MIXES)}")
+    out = data / f"mix_{mix.replace('-', '_')}"
+    for corpus in MIXES[mix]:
+        if not (data / corpus).is_dir() or not any((data / corpus).glob("*.txt")):
             raise FileNotFoundError(f"{data / corpus} is not prepared: run `focus-lab prepare {corpus}` first")
+    if not (data / "austen" / "persuasion.txt").is_file():
+        raise FileNotFoundError(f"{data / 'austen'} is not prepared: run `focus-lab prepare austen` first")
     out.mkdir(parents=True, exist_ok=True)
-    for corpus, held in HELD_OUT.items():
+    for corpus in MIXES[mix]:
         for f in sorted((data / corpus).glob("*.txt")):
-            link = out / f"{corpus}_{f.name}"
-            if f.name != held and not link.exists():
+            link = out / f"{corpus.replace('-', '_')}_{f.name}"
+            if not _held_out(corpus, f.stem) and not link.exists():
                 link.symlink_to(Path("..") / corpus / f.name)
     last = out / "zz_persuasion.txt"
     if not last.exists():
@@ -57,8 +74,9 @@ def mix_folder(data: Path) -> Path:
     return out
 
 
-def stages(out: Path, data: Path) -> list[tuple[str, list[str], Path]]:
+def stages(out: Path, data: Path, mix: str = MIX) -> list[tuple[str, list[str], Path]]:
     """(name, focus-lab arguments, routers file) of every stage, in order."""
+    mix_dir = data / f"mix_{mix.replace('-', '_')}"
     s1, s2 = out / "s1_sinks64_512", out / "s2_distill64_4096"
     runs = [(f"s3_mix_seed{i}", out / f"s3_mix_seed{i}") for i in range(3)]
     todo = [("s1_sinks64_512", ["train", "--out", str(s1), "--steps", "60"], s1 / "routers.safetensors"),
@@ -68,7 +86,7 @@ def stages(out: Path, data: Path) -> list[tuple[str, list[str], Path]]:
                                    "--out", str(s2)], s2 / "routers.safetensors")]
     prev = s2 / "routers.safetensors"
     for i, (name, folder) in enumerate(runs):
-        todo.append((name, ["train", "--recipe", "distill64", "--corpus", str(data / MIX), "--seq-len", "4096",
+        todo.append((name, ["train", "--recipe", "distill64", "--corpus", str(mix_dir), "--seq-len", "4096",
                             "--batch-size", "1", "--steps", "30", "--lr", "1e-3", "--seed", str(i),
                             "--init-routers", str(prev), "--out", str(folder)], folder / "routers.safetensors"))
         prev = folder / "routers.safetensors"
@@ -112,6 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=Path("checkpoints") / "shipped_chain",
                     help="folder of the chain (relative paths: to the repository root)")
     ap.add_argument("--data", type=Path, default=Path("data"), help="the prepared corpora's folder")
+    ap.add_argument("--mix", choices=sorted(MIXES), default=MIX,
+                    help="the training mix of stage 3 (default: %(default)s)")
     ap.add_argument("--reference", type=Path,
                     default=ROOT / "focus_lab" / "routers" / "smollm2-135m-instruct.safetensors")
     a = ap.parse_args(argv)
@@ -119,13 +139,13 @@ def main(argv: list[str] | None = None) -> int:
     out = a.out
     out.mkdir(parents=True, exist_ok=True)
     try:
-        mix_folder(a.data)
+        mix_folder(a.data, a.mix)
     except FileNotFoundError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     record_path = out / "chain.json"
     record = json.loads(record_path.read_text()) if record_path.is_file() else {"stages": {}}
-    for name, args, routers_file in stages(out, a.data):
+    for name, args, routers_file in stages(out, a.data, a.mix):
         done = record["stages"].get(name)
         if done and routers_file.is_file() and done.get("sha256") == file_sha256(routers_file):
             print(f"{name}: done before ({done['seconds']:.0f} s)")
