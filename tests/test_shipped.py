@@ -195,15 +195,22 @@ def test_train_shipped_chain_builds_the_mix_folder_and_chains_each_stage_to_the_
     assert sorted(p.name for p in broad.iterdir()) == [
         "austen_emma.txt", "bible_kjv_01_genesis.txt", "kernel_docs_admin__init.txt", "python_source_stdlib__os.txt",
         "shakespeare_lear.txt", "shakespeare_macbeth.txt", "zz_persuasion.txt"]
-    todo = stages(tmp_path / "out", data, "austen-shakespeare")
-    assert todo[2][1][todo[2][1].index("--corpus") + 1] == str(data / "mix_austen_shakespeare")
+    todo = stages(tmp_path / "out", data, "broad", runs=2)
     assert [n for n, _, _ in todo] == ["s1_sinks64_512", "s2_distill64_4096", "s3_mix_seed0", "s3_mix_seed1",
-                                       "s3_mix_seed2", "s4_soup"]
-    for (_, args, _), (_, _, prev) in zip(todo[1:5], todo[:4]):
+                                       "s3_mix_seed2", "s4_soup", "s5_broad_seed0", "s5_broad_seed1", "s6_soup"]
+    for (_, args, _), (_, _, prev) in list(zip(todo[1:5], todo[:4])) + list(zip(todo[6:8], todo[5:7])):
         assert args[args.index("--init-routers") + 1] == str(prev)
+    corpus = {n: a[a.index("--corpus") + 1] for n, a, _ in todo if "--corpus" in a}
+    assert corpus["s3_mix_seed2"] == str(data / "mix_austen_shakespeare")
+    assert corpus["s5_broad_seed0"] == str(data / "mix_broad")
     s2 = todo[1][1]
     assert s2[s2.index("--stop-after") + 1] == "30" and s2[s2.index("--random-layers") + 1] == "1-9"
     assert todo[5][1][:3] == ["soup", str(todo[1][2]), str(todo[4][2])]
+    assert todo[8][1][:3] == ["soup", str(todo[5][2]), str(todo[7][2])]
+    base = tmp_path / "shipped.safetensors"
+    short = stages(tmp_path / "out", data, "broad", base=base, runs=1)
+    assert [n for n, _, _ in short] == ["s5_broad_seed0", "s6_soup"]
+    assert short[0][1][short[0][1].index("--init-routers") + 1] == str(base)
 
 
 @pytest.mark.parametrize("args, needle", [(["--steps", "10", "--stop-after", "11"], "stop_after=11"),

@@ -7,10 +7,15 @@ commands (docs/recipes.md, "The shipped file from scratch"):
 2. ``distill64`` at 4096 tokens from (1): a 40-step schedule stopped after 30 steps, random
    groups in layers 1-9 (their routers are not trained; the other layers' tensors are those
    of a run that trains every layer, because the distill objective is per layer).
-3. ``distill64`` at 4096 tokens on a mix of domains, each without its held-out documents
+3. ``distill64`` at 4096 tokens on Austen + Shakespeare (Persuasion and Hamlet held out):
+   3 runs of 30 steps from (2), seeds 0, 1, 2, each from the last.
+4. ``focus-lab soup`` of (2) and (3) with equal weights: the two-domain file.
+5. ``distill64`` at 4096 tokens on a mix of domains, each without its held-out documents
    (``--mix``; default ``broad``: Austen, Shakespeare, kernel docs, Python source, the King
-   James Bible): 3 runs of 30 steps from (2), seeds 0, 1, 2, each from the last.
-4. ``focus-lab soup`` of (2) and (3) with equal weights.
+   James Bible): ``--runs`` runs of 30 steps from (4), seeds 0, 1, ..., each from the last.
+6. ``focus-lab soup`` of (4) and (5) with equal weights.
+
+``--base FILE`` stands a finished two-domain file in for stages 1-4.
 
 Writes ``<out>/chain.json`` (per stage: command, seconds, peak RSS in GiB, sha256; the total)
 after every stage, so a stopped chain resumes where it was (a stage whose file exists is not
@@ -74,24 +79,40 @@ def mix_folder(data: Path, mix: str = MIX) -> Path:
     return out
 
 
-def stages(out: Path, data: Path, mix: str = MIX) -> list[tuple[str, list[str], Path]]:
-    """(name, focus-lab arguments, routers file) of every stage, in order."""
-    mix_dir = data / f"mix_{mix.replace('-', '_')}"
+def stages(out: Path, data: Path, mix: str = MIX, base: Path | None = None,
+           runs: int = 2) -> list[tuple[str, list[str], Path]]:
+    """(name, focus-lab arguments, routers file) of every stage, in order.
+
+    Stages 1-4 make the two-domain file (Austen, then Austen + Shakespeare; the shipped file
+    before the broad mix); stages 5-6 continue it on ``mix`` (``runs`` distill runs of 30 steps,
+    seeds 0, 1, ..., each from the last) and average the result with it. ``base``: an existing
+    file standing for stage 4 (e.g. the earlier shipped file): stages 1-4 are not run."""
     s1, s2 = out / "s1_sinks64_512", out / "s2_distill64_4096"
-    runs = [(f"s3_mix_seed{i}", out / f"s3_mix_seed{i}") for i in range(3)]
     todo = [("s1_sinks64_512", ["train", "--out", str(s1), "--steps", "60"], s1 / "routers.safetensors"),
             ("s2_distill64_4096", ["train", "--recipe", "distill64", "--seq-len", "4096", "--batch-size", "1",
                                    "--steps", "40", "--stop-after", "30", "--lr", "1e-3", "--checkpoint-every", "10",
                                    "--random-layers", "1-9", "--init-routers", str(s1 / "routers.safetensors"),
                                    "--out", str(s2)], s2 / "routers.safetensors")]
-    prev = s2 / "routers.safetensors"
-    for i, (name, folder) in enumerate(runs):
-        todo.append((name, ["train", "--recipe", "distill64", "--corpus", str(mix_dir), "--seq-len", "4096",
-                            "--batch-size", "1", "--steps", "30", "--lr", "1e-3", "--seed", str(i),
-                            "--init-routers", str(prev), "--out", str(folder)], folder / "routers.safetensors"))
-        prev = folder / "routers.safetensors"
+
+    def distill_runs(prefix: str, mix_name: str, n: int, prev: Path) -> Path:
+        mix_dir = data / f"mix_{mix_name.replace('-', '_')}"
+        for i in range(n):
+            folder = out / f"{prefix}_seed{i}"
+            todo.append((f"{prefix}_seed{i}", ["train", "--recipe", "distill64", "--corpus", str(mix_dir),
+                                               "--seq-len", "4096", "--batch-size", "1", "--steps", "30",
+                                               "--lr", "1e-3", "--seed", str(i), "--init-routers", str(prev),
+                                               "--out", str(folder)], folder / "routers.safetensors"))
+            prev = folder / "routers.safetensors"
+        return prev
+
+    two = out / "s4_two_domains.safetensors"
+    last = distill_runs("s3_mix", "austen-shakespeare", 3, s2 / "routers.safetensors")
+    todo.append(("s4_soup", ["soup", str(s2 / "routers.safetensors"), str(last), "--out", str(two)], two))
+    if base is not None:
+        todo, two = [], base
+    last = distill_runs("s5_broad", mix, runs, two)
     final = out / "routers.safetensors"
-    todo.append(("s4_soup", ["soup", str(s2 / "routers.safetensors"), str(prev), "--out", str(final)], final))
+    todo.append(("s6_soup", ["soup", str(two), str(last), "--out", str(final)], final))
     return todo
 
 
@@ -132,6 +153,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--data", type=Path, default=Path("data"), help="the prepared corpora's folder")
     ap.add_argument("--mix", choices=sorted(MIXES), default=MIX,
                     help="the training mix of stage 3 (default: %(default)s)")
+    ap.add_argument("--base", type=Path, default=None,
+                    help="a router file standing for stage 4 (e.g. the earlier shipped file): only stages 5-6 run")
+    ap.add_argument("--runs", type=int, default=2, help="distill runs of 30 steps on the mix in stage 5")
     ap.add_argument("--reference", type=Path,
                     default=ROOT / "focus_lab" / "routers" / "smollm2-135m-instruct.safetensors")
     a = ap.parse_args(argv)
@@ -140,12 +164,14 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     try:
         mix_folder(a.data, a.mix)
+        if a.mix != "austen-shakespeare":
+            mix_folder(a.data, "austen-shakespeare")
     except FileNotFoundError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     record_path = out / "chain.json"
     record = json.loads(record_path.read_text()) if record_path.is_file() else {"stages": {}}
-    for name, args, routers_file in stages(out, a.data, a.mix):
+    for name, args, routers_file in stages(out, a.data, a.mix, a.base, a.runs):
         done = record["stages"].get(name)
         if done and routers_file.is_file() and done.get("sha256") == file_sha256(routers_file):
             print(f"{name}: done before ({done['seconds']:.0f} s)")
