@@ -6,7 +6,7 @@ End to end, the embedded SmolLM2-135M with the shipped routers (their file's con
 w = 128, 64 sinks, layers 1-9 on random groups; ``--routers`` for another file), one held-out
 window of *Persuasion* per length (4096 and 8192 tokens, ``--e2e-sizes``):
   * prefill: tokens/s of the bare forward (decoder + chunked lm_head loss) and of
-    ``focus_lab.evaluate.evaluate`` (what ``focus-lab eval`` runs and prints) per pattern (dense,
+    ``focus_lab.eval.evaluate.evaluate`` (what ``focus-lab eval`` runs and prints) per pattern (dense,
     window + sinks, hard top-1, hard top-2, random top-2; ``--patterns``). Every repeat runs every
     pattern, round-robin (repeat r starts at pattern r), and the medians are compared, so load from
     other processes hits dense and sparse alike: read the ratios, not the absolute numbers. The
@@ -19,7 +19,7 @@ window of *Persuasion* per length (4096 and 8192 tokens, ``--e2e-sizes``):
     (gaps between tokens, prefill excluded) for dense, hard top-1 and hard top-2.
 
 Kernel part: wall time of ``F.scaled_dot_product_attention(is_causal=True, enable_gqa=True)``
-and of ``focus_lab.decomposition.hard_focus_attention`` at n = 1K .. 32K tokens, with the
+and of ``focus_lab.method.decomposition.hard_focus_attention`` at n = 1K .. 32K tokens, with the
 embedded model's attention shapes (9 query heads, 3 KV heads, head_dim 64), batch 1, fp32,
 window 128, K in {4, 8}, k in {1, 2}, balanced groups (a random permutation cut into K equal
 groups; extra top-k slots random) or, with ``--groups FILE``, a trained router's (see
@@ -59,7 +59,7 @@ import pandas as pd  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from focus_lab.decomposition import DecompositionOptions, hard_focus_attention, reference_hard_attention  # noqa: E402
+from focus_lab.method.decomposition import DecompositionOptions, hard_focus_attention, reference_hard_attention  # noqa: E402
 
 SERIAL_MODE = "auto"  # --serial-bookkeeping, chosen per run
 SERIAL_LOAD_FACTOR = 1.5
@@ -102,7 +102,7 @@ def trained_groups(path: Path, n: int, k: int, layer: int | None) -> tuple[torch
     """Groups of a trained router recorded by ``--make-groups``: the hard top-k of one layer's
     scores (``core.hard_assign``), tiled to n tokens when the recording is shorter.
     Returns (query_groups (1, n, k), key_group (1, n), K)."""
-    from focus_lab.core import hard_assign
+    from focus_lab.method.core import hard_assign
 
     rec = torch.load(path, weights_only=False)
     layers = sorted(rec["scores"])
@@ -120,8 +120,8 @@ def make_groups(router_path: str, out: Path, tokens: int, corpus: str) -> None:
     untrained one) on held-out text (hard mode, top-1) and save every layer's router scores:
     {"scores": {layer: (T, K)}, "group_bias": {layer: (K,)}, "tau": float, "router": path}."""
     from focus_lab.data import load_corpus, make_windows
-    from focus_lab.models import load_model
-    from focus_lab.retrofit import load_routers, routers
+    from focus_lab.hf.models import load_model
+    from focus_lab.hf.retrofit import load_routers, routers
 
     import focus_lab
 
@@ -266,7 +266,7 @@ DECODE_PATTERNS = "dense,hard_top1,hard_top2"
 # phases of retrofit.FocusForward.timings, grouped as the tables report them
 SHARES = {"route": ("route",), "plan": ("plan",), "gather_scatter": ("gather", "scatter"),
           "attention": ("attn_A", "attn_B", "attn_dense", "attn_reference"), "merge": ("merge",),
-          "mask_observers": ("mask", "observers")}
+          "mask_hooks": ("mask", "hooks")}
 
 
 class BadInput(ValueError):
@@ -288,8 +288,8 @@ def check_e2e_args(args, num_groups: int, positions: int | None, window: int, si
     raises BadInput (one line) for an unknown pattern, a prefill length above the model's
     positions or not above the window + sinks, or a decode context (prefix + ``--new-tokens``)
     above the positions."""
-    from focus_lab.config import ConfigError
-    from focus_lab.evaluate import parse_patterns
+    from focus_lab.method.config import ConfigError
+    from focus_lab.eval.evaluate import parse_patterns
     try:
         pats = parse_patterns(args.patterns, num_groups)
         dpats = parse_patterns(args.decode_patterns, num_groups)
@@ -326,14 +326,14 @@ def bare_forward(model, ids: torch.Tensor, state) -> float:
 
 
 def prefill_bench(model, tok, args, pats, save=None) -> pd.DataFrame:
-    """Per length and pattern: tokens/s of the bare forward and of ``focus_lab.evaluate.evaluate``
+    """Per length and pattern: tokens/s of the bare forward and of ``focus_lab.eval.evaluate.evaluate``
     (what ``focus-lab eval`` runs) on one held-out window, patterns round-robin per repeat
     (repeat r starts at pattern r), medians; the bare forwards record the phase times of every
     routed layer's attention function (``FocusForward.timings``). ``evaluate`` runs at the
     lengths in ``args.eval_sizes`` only. ``save(rows so far)`` is called after each length."""
     from focus_lab.data import load_corpus, make_windows
-    from focus_lab.evaluate import evaluate
-    from focus_lab.retrofit import forward_state
+    from focus_lab.eval.evaluate import evaluate
+    from focus_lab.hf.retrofit import forward_state
 
     corpus = load_corpus(args.corpus)
     rows = []
@@ -421,7 +421,7 @@ def decode_bench(model, tok, args, dpats) -> pd.DataFrame:
     from transformers import LogitsProcessorList
 
     from focus_lab.data import load_corpus, make_windows
-    from focus_lab.retrofit import focus_config, set_config
+    from focus_lab.hf.retrofit import focus_config, set_config
 
     corpus = load_corpus(args.corpus)
     original = focus_config(model)
@@ -467,9 +467,9 @@ def end_to_end(args, save=None) -> pd.DataFrame:
     """Prefill (bare and eval) and decode tables of the embedded model with the shipped routers
     (``--routers`` to use others), as ``focus-lab eval`` loads them (the file's config, its random
     layers included). ``save(table so far)`` is called after each prefill length and stage."""
-    from focus_lab.models import load_model
-    from focus_lab.retrofit import load_routers
-    from focus_lab.shipped import resolve_routers
+    from focus_lab.hf.models import load_model
+    from focus_lab.hf.retrofit import load_routers
+    from focus_lab.hf.shipped import resolve_routers
 
     model, tok = load_model()
     routers = resolve_routers(args.routers)
@@ -512,7 +512,7 @@ def _e2e_columns(df: pd.DataFrame, routers, cfg) -> pd.DataFrame:
 PREFILL_COLS = ["tokens", "pattern", "bare_tokens_per_s", "speedup_bare", "eval_tokens_per_s", "speedup_eval",
                 "eval_over_bare", "share_of_bound", "perplexity", "distant_pairs_kept"]
 SHARE_COLS = ["tokens", "pattern", "share_route", "share_plan", "share_gather_scatter", "share_attention",
-              "share_merge", "share_mask_observers", "share_other_attention_fn", "share_outside_attention"]
+              "share_merge", "share_mask_hooks", "share_other_attention_fn", "share_outside_attention"]
 DECODE_COLS = ["tokens", "prefix", "pattern", "ms_per_token", "decode_tokens_per_s", "speedup_decode",
                "prefill_tokens_per_s"]
 E2E_FMT = {"bare_tokens_per_s": "{:.1f}", "eval_tokens_per_s": "{:.1f}", "speedup_bare": "{:.2f}",
@@ -536,7 +536,7 @@ def e2e_markdown(df: pd.DataFrame) -> str:
                    + to_markdown(pre, PREFILL_COLS, E2E_FMT))
         out.append("### Where the bare forward's time goes (shares of its wall time)\n\n"
                    "route: router + groups; plan: sort + segment layout; gather_scatter; attention: the "
-                   "kernel calls; merge: the LSE merge; mask_observers: mask read, path choice, observers; "
+                   "kernel calls; merge: the LSE merge; mask_hooks: mask read, path choice, hook points; "
                    "other_attention_fn: the rest of the attention function; outside_attention: the model "
                    "outside its attention functions (projections, MLP, norms, lm_head, loss).\n\n"
                    + to_markdown(pre, SHARE_COLS, E2E_FMT))

@@ -5,7 +5,7 @@
   windows; ``cached_part`` makes one resumable unit of a multi-part experiment
   (``<out>/data/<name>.parts/<part>.parquet``).
 * ``--quick`` inputs: built-in texts of three domains and a tiny BPE tokenizer over them
-  (``focus_lab.tiny`` builds the tokenizer and the tiny random Llama).
+  (``focus_lab.hf.tiny`` builds the tokenizer and the tiny random Llama).
 * for the figure and table modules: ``read`` (an experiment's cached result), ``placeholder``,
   ``bench_dir``, ``RECORD_METHODS``, ``METHOD_NAMES``, ``METHOD_COLORS``, ``pareto_front``.
 
@@ -23,7 +23,7 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 
-from focus_lab.config import FocusConfig
+from focus_lab.method.config import FocusConfig
 from focus_lab.io import write_parquet
 
 def _root() -> Path:
@@ -84,7 +84,7 @@ class Settings:
     lora_batch: int = 2
     lora_lr: float = 1e-3
     lora_targets: tuple = ("q_proj", "v_proj")
-    # passkey probe (focus_lab.passkey): the committed tables in figures/results/ are reused
+    # passkey probe (focus_lab.eval.passkey): the committed tables in figures/results/ are reused
     passkey_lengths: tuple = (4096, 8184)
     passkey_depths: tuple = (0, 25, 50, 75, 100)
     passkey_keys: int = 3
@@ -122,7 +122,7 @@ class Context:
         self._corpora: dict = {}
         self._windows: dict = {}
         if routers is None and not quick:
-            from focus_lab.shipped import shipped_router_file
+            from focus_lab.hf.shipped import shipped_router_file
             routers = shipped_router_file()
         self.default_routers = routers
 
@@ -130,12 +130,12 @@ class Context:
     def model(self):
         """A fresh model (its tokenizer is ``self.tokenizer``)."""
         if self.quick:
-            from focus_lab.tiny import tiny_llama
+            from focus_lab.hf.tiny import tiny_llama
             m = tiny_llama(seed=0, layers=2, vocab_size=len(self.tokenizer), max_positions=1024,
                            bos_token_id=0, eos_token_id=0, pad_token_id=0)
             m.config._name_or_path = "tiny-random-llama"
             return m
-        from focus_lab.models import load_model
+        from focus_lab.hf.models import load_model
         m, tok = load_model(verbose=False)
         if self._tok is None:
             self._tok = tok
@@ -147,7 +147,7 @@ class Context:
             if self.quick:
                 self._tok = quick_tokenizer()
             else:
-                from focus_lab.models import load_model
+                from focus_lab.hf.models import load_model
                 m, self._tok = load_model(verbose=False)
                 del m
         return self._tok
@@ -193,7 +193,7 @@ class Context:
         p = path.parent / "train_config.json"
         if p.is_file():
             return json.loads(p.read_text())["train_config"]
-        from focus_lab.shipped import manifest
+        from focus_lab.hf.shipped import manifest
         for entry in manifest().values():
             if entry.get("file") == path.name:
                 # the entry's "steps" are the steps actually run (a run may stop at a checkpoint)
@@ -272,7 +272,7 @@ def quick_corpus(name: str):
 
 def quick_tokenizer(vocab: int = 300):
     """A tiny fast BPE tokenizer trained on the built-in texts (offsets for spaCy alignment)."""
-    from focus_lab.tiny import bpe_tokenizer
+    from focus_lab.hf.tiny import bpe_tokenizer
     return bpe_tokenizer([s for v in _QUICK_TEXTS.values() for s in v], vocab, special_tokens=("<unk>",),
                          split_punctuation=True)
 
@@ -320,7 +320,7 @@ def committed_rows(name: str, cell: str, labels: list[str], windows: list[int], 
     tables are tried in name order. Columns: evaluate's + window."""
     from analyses.length_table import (committed_cells, complete_labels, reusable_rows, same_router_rows,
                                        split_cell, window_columns)
-    from focus_lab.shipped import same_tensor_shas
+    from focus_lab.hf.shipped import same_tensor_shas
     shas, taken, have = same_tensor_shas(sha), [], set()
     corpus, tokens = split_cell(cell)
     cells = committed_cells(LENGTH_CELLS)
@@ -344,13 +344,13 @@ def length_cells(ctx: Context, name: str, specs) -> pd.DataFrame:
     length-table cells (``committed_rows``: router-free rows, and rows made with this router, on
     the same windows) and evaluate only the patterns they lack. Columns: evaluate's + window,
     corpus, seq_len, reused (bool), method (``pattern_method``)."""
-    from focus_lab.evaluate import evaluate, parse_patterns
+    from focus_lab.eval.evaluate import evaluate, parse_patterns
     frames = []
     for corpus, T, n in specs:
         def run(corpus=corpus, T=T, n=n):
             ws = ctx.windows(corpus, "heldout", T, n)
             model = ctx.model()
-            from focus_lab.retrofit import load_routers
+            from focus_lab.hf.retrofit import load_routers
             cfg = load_routers(model, ctx.routers())
             pats = parse_patterns(ctx.settings.cell_patterns, cfg.num_groups)
             rows, todo = [], pats
@@ -381,13 +381,13 @@ def convert_router(cls, r, **kw):
 
 def focus_patterns(K: int, soft: bool = True, window: bool = True) -> list:
     """``evaluate.standard_patterns(K)``, optionally without the soft and the window pattern."""
-    from focus_lab.evaluate import standard_patterns
+    from focus_lab.eval.evaluate import standard_patterns
     return [p for p in standard_patterns(K) if (soft or p[0] != "soft") and (window or p[0] != "window")]
 
 def evaluate_with_random(model, windows: list, patterns: list, top_k: int) -> pd.DataFrame:
     """``evaluate`` the patterns (method: dense / window / focus), then hard top-``top_k`` with
     balanced random groups at the same sparsity (method: random), one frame."""
-    from focus_lab.evaluate import evaluate
+    from focus_lab.eval.evaluate import evaluate
     df = evaluate(model, windows, patterns, progress=False)
     df.insert(0, "method", df["label"].map(lambda l: l if l in ("dense", "window") else "focus"))
     r = evaluate(model, windows, [(f"hard_top{top_k}", {"mode": "hard", "assignment": "random"})],
@@ -423,7 +423,7 @@ def read(data_dir: Path, name: str, per_window: bool = False) -> pd.DataFrame:
     ``per_window``, those rows are pooled over windows (``evaluate.pool_windows``: token-weighted
     perplexity, summed tokens and seconds, a ``windows`` count) and ``speedup`` is recomputed
     from the pooled tokens/s (over dense's, per corpus and length)."""
-    from focus_lab.evaluate import add_speedup, pool_windows
+    from focus_lab.eval.evaluate import add_speedup, pool_windows
     p = Path(data_dir) / f"{name}.parquet"
     if not p.is_file():
         raise FileNotFoundError(f"{p} is missing: run `focus-lab-figures` (experiment {name!r})")
@@ -441,7 +441,7 @@ def change_table(df: pd.DataFrame, by=("corpus", "seq_len"), patterns=("method",
     pooled perplexity, windows, tokens, mean distant pairs kept, tokens/s, and the change vs the
     ``reference`` pattern of the same group in % with its 95% paired bootstrap interval over
     windows (``evaluate.paired_change``; change_pct, ci_lo, ci_hi; NaN for the reference)."""
-    from focus_lab.evaluate import paired_change, pool_windows
+    from focus_lab.eval.evaluate import paired_change, pool_windows
     by, patterns = list(by), list(patterns)
     rows = []
     for key, g in df.groupby(by, sort=False):

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from focus_lab.config import TrainConfig
+from focus_lab.method.config import TrainConfig
 
 from analyses.common import Context, cached_part
 
@@ -16,9 +16,9 @@ def make_data(ctx: Context) -> pd.DataFrame:
     """Short router trainings over K, window, tau and Sinkhorn iterations, one axis at a time
     around the base setting (docs/method.md §3, Table 9); each evaluated (held-out Austen) in soft mode
     and hard top-(K/2), with the dense model once."""
-    from focus_lab.evaluate import evaluate
-    from focus_lab.retrofit import attach
-    from focus_lab.train import train
+    from focus_lab.eval.evaluate import evaluate
+    from focus_lab.hf.retrofit import attach
+    from focus_lab.train.loop import train
     s = ctx.settings
     base = ctx.base_config()
     win = ctx.windows("austen", "train", s.ablation_seq_len, None)

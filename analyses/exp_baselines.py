@@ -17,7 +17,7 @@ def make_data(ctx: Context) -> pd.DataFrame:
     ``settings.seq_len`` tokens, one row per (window, method, pattern): Focus at
     ``settings.focus_top_ks``, the baselines at ``settings.baseline_top_ks``, no soft pattern
     at long lengths (its O(T^2) float bias; the soft gate is experiment "causal_leak")."""
-    from focus_lab.baselines import evaluate_baselines
+    from focus_lab.eval.baselines import evaluate_baselines
     s = ctx.settings
     df = evaluate_baselines(ctx.model(), ctx.routers(), ctx.windows("austen", "train", s.seq_len, s.fit_windows),
                             ctx.windows("austen", "heldout", s.seq_len, s.eval_windows), log=ctx.log,

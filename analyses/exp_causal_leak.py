@@ -15,9 +15,9 @@ def make_data(ctx: Context) -> pd.DataFrame:
     prefix-causal Sinkhorn (``baselines.PrefixCausalRouter``) vs causal hard top-k inference,
     same router, same held-out Austen windows of ``settings.soft_seq_len`` tokens, one row per
     (window, variant) (docs/method.md §1 [ours])."""
-    from focus_lab.baselines import PrefixCausalRouter, swap_routers
-    from focus_lab.evaluate import evaluate
-    from focus_lab.retrofit import load_routers
+    from focus_lab.eval.baselines import PrefixCausalRouter, swap_routers
+    from focus_lab.eval.evaluate import evaluate
+    from focus_lab.hf.retrofit import load_routers
     s = ctx.settings
     model = ctx.model()
     cfg = load_routers(model, ctx.routers())

@@ -9,7 +9,7 @@ import time
 
 import pandas as pd
 
-from focus_lab.config import FocusConfig, TrainConfig
+from focus_lab.method.config import FocusConfig, TrainConfig
 
 from analyses.common import Context
 
@@ -20,9 +20,9 @@ def make_data(ctx: Context) -> pd.DataFrame:
     at 4K tokens is out of a 2-core CPU's reach); dense PPL, one row per window, on held-out Austen
     (domain) and Shakespeare / Python docs (general text) at the windows of "baselines" and
     "transfer_domain", whose Focus numbers it is compared with."""
-    from focus_lab.baselines import lora_param_count, lora_rank_for_budget, router_parameter_count, train_lora
-    from focus_lab.evaluate import evaluate
-    from focus_lab.retrofit import attach, read_router_file
+    from focus_lab.eval.baselines import lora_param_count, lora_rank_for_budget, router_parameter_count, train_lora
+    from focus_lab.eval.evaluate import evaluate
+    from focus_lab.hf.retrofit import attach, read_router_file
     s = ctx.settings
     rcfg = read_router_file(ctx.routers())[0]
     tc = ctx.router_train_config()

@@ -70,9 +70,9 @@ def make_data(ctx: Context) -> pd.DataFrame:
         frames = _committed(ctx)
         if frames:
             return pd.concat(frames, ignore_index=True)
-    from focus_lab.evaluate import parse_patterns
-    from focus_lab.passkey import load_haystack, run_passkey
-    from focus_lab.retrofit import load_routers
+    from focus_lab.eval.evaluate import parse_patterns
+    from focus_lab.eval.passkey import load_haystack, run_passkey
+    from focus_lab.hf.retrofit import load_routers
     s = ctx.settings
     model = ctx.model()
     cfg = load_routers(model, ctx.routers())

@@ -9,7 +9,7 @@ import time
 
 import pandas as pd
 
-from focus_lab.config import FocusConfig
+from focus_lab.method.config import FocusConfig
 
 from analyses.common import RECORD_METHODS, Context
 
@@ -21,9 +21,9 @@ def _moba_matched_k(ctx: Context, moba_cfg: FocusConfig, block_size: int) -> int
     p = ctx.data / "baselines.parquet"
     if not p.is_file():
         return None
-    from focus_lab.baselines import moba_matched_top_k
-    from focus_lab.evaluate import pool_windows
-    from focus_lab.retrofit import read_router_file
+    from focus_lab.eval.baselines import moba_matched_top_k
+    from focus_lab.eval.evaluate import pool_windows
+    from focus_lab.hf.retrofit import read_router_file
     k_focus = read_router_file(ctx.routers())[0].top_k
     b = pool_windows(pd.read_parquet(p))
     f = b[(b.method == "focus") & (b.label == f"hard_top{k_focus}")]["distant_pairs_kept"]
@@ -39,16 +39,16 @@ def make_data(ctx: Context) -> pd.DataFrame:
     baselines (coverage), under ``data/runs/<method>``; all at the router's top-k except MoBA, at
     the top-k whose pairs kept match Focus's (``_moba_matched_k``). The Focus run also holds the recorder's
     window, matched-window and random-group coverage and the k-means / random NMI."""
-    from focus_lab.baselines import fit_kmeans_routers, fit_online_kmeans_routers, use_moba
-    from focus_lab.record import record_run
-    from focus_lab.retrofit import load_routers, routers, set_config
+    from focus_lab.eval.baselines import fit_kmeans_routers, fit_online_kmeans_routers, use_moba
+    from focus_lab.recording.recorder import record_run
+    from focus_lab.hf.retrofit import load_routers, routers, set_config
     s = ctx.settings
     rows = []
     ev = ctx.windows("austen", "heldout", s.seq_len, s.record_windows)
     texts = ctx.texts("austen")
     with_pos = True
     try:
-        from focus_lab.linguistics import load_spacy
+        from focus_lab.recording.linguistics import load_spacy
         load_spacy()
     except Exception as e:  # spaCy pipeline missing: record without POS
         ctx.log(f"  spaCy unavailable ({e}); recording without POS")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from focus_lab.config import TrainConfig
+from focus_lab.method.config import TrainConfig
 
 from analyses.common import Context
 
@@ -16,8 +16,8 @@ from analyses.common import Context
 def make_data(ctx: Context) -> pd.DataFrame:
     """The Focus routers every experiment uses: the shipped ones (``focus_lab/routers/``) or ``--routers``,
     else trained here (``train.train``, settings.router_steps steps) into ``data/router/``."""
-    from focus_lab.retrofit import read_router_file
-    from focus_lab.train import train
+    from focus_lab.hf.retrofit import read_router_file
+    from focus_lab.train.loop import train
     s = ctx.settings
     path = ctx.default_routers
     trained_here, secs = False, 0.0

@@ -14,7 +14,7 @@ TITLE = "Passkey retrieval on held-out Austen haystacks (shipped routers)"
 
 
 def make_figure(data_dir: Path):
-    from focus_lab.passkey import heatmap_figure
+    from focus_lab.eval.passkey_figure import heatmap_figure
     cases = read(data_dir, "passkey")
     fig = heatmap_figure(cases)
     n = cases.groupby(["length", "depth", "pattern"]).size()

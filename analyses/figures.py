@@ -96,7 +96,7 @@ EXPERIMENTS: list[Experiment] = [
 def parse_only(only: list[str] | None) -> list[str] | None:
     """Experiment names for ``--only``: repeated options and comma-separated lists alike
     (``--only baselines,records`` = ``--only baselines --only records``). Raises
-    ``focus_lab.config.ConfigError`` (one line, exit 2 from the CLI) naming the unknown names
+    ``focus_lab.method.config.ConfigError`` (one line, exit 2 from the CLI) naming the unknown names
     and the valid ones (a misspelt name would otherwise run nothing and say nothing)."""
     if not only:
         return None
@@ -104,7 +104,7 @@ def parse_only(only: list[str] | None) -> list[str] | None:
     valid = [e.name for e in EXPERIMENTS]
     unknown = [n for n in names if n not in valid]
     if unknown:
-        from focus_lab.config import ConfigError
+        from focus_lab.method.config import ConfigError
         raise ConfigError(f"unknown experiment(s) {', '.join(unknown)} for --only; choose from {', '.join(valid)}")
     return names or None
 

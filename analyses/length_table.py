@@ -1,7 +1,7 @@
 """Issue 14: perplexity by context length, Focus against dense, window and controls.
 
 For each corpus (held-out text: Persuasion for ``austen``, Hamlet for ``shakespeare``) and each
-length, the same windows are evaluated under every pattern (``focus_lab.evaluate``: dense,
+length, the same windows are evaluated under every pattern (``focus_lab.eval.evaluate``: dense,
 window + sinks, Focus hard top-1 / top-2, balanced random groups and the router's own groups
 shuffled, both at the router's sparsity). Each window is its own row, so every difference
 comes with a paired bootstrap interval over windows (a +-1% difference on 4 windows is not a
@@ -79,7 +79,7 @@ def same_router_rows(old: pd.DataFrame, labels: list[str], windows: list[int], c
     (``own_sha``, its random layers as the file says or as given) or holds the same tensors
     (``shas``, e.g. ``shipped.same_tensor_shas``) under the same ``--random-layers``; same seed,
     no per-layer k on either side, on this run's windows. ``cfg``: this run's FocusConfig."""
-    from focus_lab.config import parse_random_layers
+    from focus_lab.method.config import parse_random_layers
     if cfg.layer_top_k or "routers_sha256" not in old:
         return old.iloc[:0]
     spec = _column(old, "random_layers", "")
@@ -158,7 +158,7 @@ def reused_rows(folders: list[Path], cell: str, labels: list[str], windows: list
     each (pattern, window), the first folder that has it. The run evaluates only the pairs
     missing, so a table with more windows than an earlier one computes only the new windows.
     Columns: the cell's per-window columns and ``reused_from`` (the folder)."""
-    from focus_lab.shipped import same_tensor_shas
+    from focus_lab.hf.shipped import same_tensor_shas
     taken, committed = [], None
     for folder in folders or []:
         if not (Path(folder) / "cells" / cell).is_file() and committed is None:
@@ -177,16 +177,16 @@ def reused_rows(folders: list[Path], cell: str, labels: list[str], windows: list
 def run_cells(args) -> None:
     import torch
     from focus_lab.data import load_corpus, make_windows
-    from focus_lab.evaluate import evaluate, parse_patterns
+    from focus_lab.eval.evaluate import evaluate, parse_patterns
     from focus_lab.io import file_sha256, write_parquet
-    from focus_lab.models import load_model
-    from focus_lab.retrofit import load_routers
-    from focus_lab.shipped import resolve_routers
+    from focus_lab.hf.models import load_model
+    from focus_lab.hf.retrofit import load_routers
+    from focus_lab.hf.shipped import resolve_routers
 
     torch.set_num_threads(args.threads)
     routers = resolve_routers(args.routers)
     model, tok = load_model()
-    from focus_lab.config import parse_layer_top_k, parse_random_layers
+    from focus_lab.method.config import parse_layer_top_k, parse_random_layers
     overrides = {}
     if args.random_layers is not None:
         overrides["random_layers"] = parse_random_layers(args.random_layers)
@@ -237,7 +237,7 @@ def run_cells(args) -> None:
 def paired_delta(df: pd.DataFrame, a: str, b: str, reps: int = 2000, seed: int = 0):
     """Perplexity change of pattern ``a`` over ``b`` in % with its 95% paired bootstrap interval
     (``evaluate.paired_change`` on the per-window rows). Returns (delta, lo, hi)."""
-    from focus_lab.evaluate import paired_change
+    from focus_lab.eval.evaluate import paired_change
     return paired_change(df[df.label == a], df[df.label == b], reps=reps, seed=seed)
 
 
@@ -248,7 +248,7 @@ def against_rows(df: pd.DataFrame, against: Path) -> list[dict]:
     have: e.g. a ``--random-layers`` or ``--layer-top-k`` setting against the plain routers.
     Returns rows corpus, seq_len, label, windows, vs_against_pct, ci_lo, ci_hi (< 0: this table's
     pattern is better)."""
-    from focus_lab.evaluate import paired_change
+    from focus_lab.eval.evaluate import paired_change
     rows = []
     for (corpus, L), g in df.groupby(["corpus", "seq_len"], sort=True):
         other = table_cell(against, f"{corpus}_{L}.parquet")
@@ -269,7 +269,7 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
     tokens, distant pairs kept, tokens/s, the change vs dense in % with its 95% paired interval
     (``delta_vs_dense_pct``, ``ci_lo``, ``ci_hi``) and, for random / shuffled groups, the control's
     change over the router at the same k (``control_vs_router_pct``, > 0: the router is better)."""
-    from focus_lab.evaluate import pool_windows
+    from focus_lab.eval.evaluate import pool_windows
     summary = []
     for (corpus, L), g in df.groupby(["corpus", "seq_len"], sort=True):
         nwin = g.window.nunique()

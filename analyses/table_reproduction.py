@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from focus_lab.config import FocusConfig, format_int_list
+from focus_lab.method.config import FocusConfig, format_int_list
 
 from analyses.common import bench_dir, read
 
@@ -62,7 +62,7 @@ class _Ctx:
         frame of per-window rows, e.g. ``lora_rows``; rows filtered by ``where``, e.g. corpus=,
         seq_len=): (perplexity of a, change %, 95% low, 95% high, windows), paired over the
         windows both have (``evaluate.paired_change``)."""
-        from focus_lab.evaluate import paired_change, pool_windows
+        from focus_lab.eval.evaluate import paired_change, pool_windows
         df = name if isinstance(name, pd.DataFrame) else self(name, per_window=True)
         for col, val in where.items():
             df = df[df[col] == val]

@@ -339,7 +339,7 @@ def download_csv(df, name: str, label: str = "Download CSV") -> None:
 
 PASSKEY_FILES = ("cases.parquet", "needle_layers.parquet")
 PASSKEY_HINT = "focus-lab probe passkey --out runs/passkey"
-#: Columns the Passkey page reads (a subset of ``focus_lab.passkey.CASES_COLUMNS`` /
+#: Columns the Passkey page reads (a subset of ``focus_lab.eval.passkey.CASES_COLUMNS`` /
 #: ``LAYER_COLUMNS``; listed here so the dashboard does not import torch through passkey.py).
 PASSKEY_CASE_COLUMNS = ("format", "length", "depth", "pattern", "seed", "key", "exact_match", "key_logprob",
                         "first_key_token_rank", "distant_pairs_kept", "needle_edges_kept", "needle_depth",

@@ -11,28 +11,30 @@ import importlib
 
 __version__ = "0.1.0"
 
-# public name -> submodule that defines it
+# public name -> submodule that defines it (docs/layout.md: the folders and what each may import)
 _EXPORTS = {
-    "ConfigError": "config", "FocusConfig": "config", "TrainConfig": "config",
-    "RouterMismatchError": "retrofit", "UnsupportedModelError": "retrofit", "attach": "retrofit",
-    "detach": "retrofit", "focus_config": "retrofit", "load_routers": "retrofit",
-    "model_identity": "retrofit", "routers": "retrofit", "save_routers": "retrofit",
-    "set_config": "retrofit", "FocusForward": "retrofit", "FocusCache": "retrofit",
-    "forward_state": "retrofit",
+    "ConfigError": "method.config", "FocusConfig": "method.config", "TrainConfig": "method.config",
+    "RouterMismatchError": "hf.retrofit", "UnsupportedModelError": "hf.retrofit", "attach": "hf.retrofit",
+    "detach": "hf.retrofit", "focus_config": "hf.retrofit", "load_routers": "hf.retrofit",
+    "model_identity": "hf.retrofit", "routers": "hf.retrofit", "save_routers": "hf.retrofit",
+    "set_config": "hf.retrofit", "FocusForward": "hf.retrofit", "FocusCache": "hf.retrofit",
+    "forward_state": "hf.retrofit",
+    "hooks": "hf.hooks", "cache": "hf.hooks", "hook_names": "hf.hooks", "HookError": "hf.hooks",
+    "POINTS": "hf.hooks",
+    "record": "recording.recorder", "record_run": "recording.recorder", "evaluate": "eval.evaluate",
+    "load_model": "hf.models",
 }
 
-__all__ = [*_EXPORTS, "record", "__version__"]
+__all__ = [*_EXPORTS, "__version__"]
 
 
 def __getattr__(name: str):
-    """Import the submodule that defines ``name`` on first access (``record`` is the callable
-    module ``focus_lab.record``: ``with focus_lab.record(model, ...) as rec``)."""
+    """Import the submodule that defines ``name`` on first access (or the subpackage /
+    module ``name`` itself, e.g. ``focus_lab.runs``)."""
     if name in _EXPORTS:
         value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
-    elif name == "record":
-        value = importlib.import_module(".record", __name__)
     else:
-        try:  # any submodule, e.g. focus_lab.runs
+        try:
             value = importlib.import_module(f".{name}", __name__)
         except ModuleNotFoundError as e:
             if e.name != f"{__name__}.{name}":

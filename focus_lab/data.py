@@ -45,7 +45,7 @@ from typing import Iterable, Sequence
 import numpy as np
 import torch
 
-from .io import atomic_path
+from focus_lab.io import atomic_path
 
 __all__ = ["CorpusError", "Document", "Corpus", "Window", "KNOWN_CORPORA", "data_dir",
            "prepare_corpus", "load_corpus", "read_text", "split_text", "tokenize_document",

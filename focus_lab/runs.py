@@ -72,8 +72,8 @@ SCHEMA: dict[str, tuple[str, ...]] = {
     "costly_drops": ("window", "query_position", "query_rank", "delta", "nll_dense", "nll_hard", "query_token",
                      "next_token", "layer_idx", "head", "key_position", "distance", "weight", "soft_weight",
                      "key_token", "key_is_sink", "relation"),
-    "eval": (),  # written by focus_lab.evaluate (``focus-lab eval --run``, or copied in by ``focus-lab record``)
-    "train_log": (),  # written by focus_lab.train (copied in by ``focus-lab record``)
+    "eval": (),  # written by focus_lab.eval.evaluate (``focus-lab eval --run``, or copied in by ``focus-lab record``)
+    "train_log": (),  # written by focus_lab.train.loop (copied in by ``focus-lab record``)
 }
 
 
@@ -259,7 +259,7 @@ def write_table(path: str | Path, name: str, df: pd.DataFrame, manifest_entry: d
     Returns the table's path. Raises RunError (``Run.read_manifest``: not a run of this schema
     version), ValueError (``name`` is not a table of ``SCHEMA``).
     """
-    from .io import write_json, write_parquet
+    from focus_lab.io import write_json, write_parquet
     if name not in SCHEMA:
         raise ValueError(f"{name!r} is not a table of the run schema (tables: {', '.join(SCHEMA)})")
     path = Path(path)

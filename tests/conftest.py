@@ -13,14 +13,14 @@ torch.set_num_threads(min(2, torch.get_num_threads()))
 
 
 def tiny_llama(seed: int = 0, layers: int = 2):
-    """Llama family (GQA 4/2 heads, RoPE), random weights, eval mode (``focus_lab.tiny``)."""
-    from focus_lab.tiny import tiny_llama as make
+    """Llama family (GQA 4/2 heads, RoPE), random weights, eval mode (``focus_lab.hf.tiny``)."""
+    from focus_lab.hf.tiny import tiny_llama as make
     return make(seed=seed, layers=layers)
 
 
 def tiny_gpt2(seed: int = 0, layers: int = 2):
-    """GPT-2 (MHA, learned positions), random weights, eval mode (``focus_lab.tiny``)."""
-    from focus_lab.tiny import tiny_gpt2 as make
+    """GPT-2 (MHA, learned positions), random weights, eval mode (``focus_lab.hf.tiny``)."""
+    from focus_lab.hf.tiny import tiny_gpt2 as make
     return make(seed=seed, layers=layers)
 
 
@@ -105,7 +105,7 @@ def tiny_gemma3(seed: int = 0, layers: int = 2, sliding_window: int = 16):
 # checks detach restores "sdpa"); tests/test_architectures.py covers it with ALL_FAMILIES.
 FAMILIES = {"llama": tiny_llama, "gpt2": tiny_gpt2, "mistral": tiny_mistral, "qwen2": tiny_qwen2,
             "olmo2": tiny_olmo2, "gemma3_text": tiny_gemma3}
-# every architecture family with an adapter (focus_lab.retrofit.ADAPTERS), keyed by model_type
+# every architecture family with an adapter (focus_lab.hf.retrofit.ADAPTERS), keyed by model_type
 ALL_FAMILIES = {**FAMILIES, "gemma2": tiny_gemma2}
 
 

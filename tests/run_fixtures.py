@@ -3,13 +3,13 @@
 ``make_tiny_run(path)`` builds (offline, a few seconds on 2 cores):
 
 * a tiny fast tokenizer (byte-free BPE trained on the built-in text below, ``tokenizers``
-  wrapped in ``PreTrainedTokenizerFast``) and a tiny random Llama (``focus_lab.tiny.tiny_llama``),
+  wrapped in ``PreTrainedTokenizerFast``) and a tiny random Llama (``focus_lab.hf.tiny.tiny_llama``),
   saved under ``assets`` so the live-probe page can load them with
-  ``focus_lab.models.load_model(path)``;
+  ``focus_lab.hf.models.load_model(path)``;
 * routers attached with ``FocusConfig(mode="hard", window=8, num_groups=4)`` and saved as
   safetensors (the manifest's ``routers.path``);
-* a run directory written by ``focus_lab.record.record_run`` (tokens, assignments, pos when
-  spaCy is available) plus an eval table from ``focus_lab.evaluate.evaluate`` and a synthetic
+* a run directory written by ``focus_lab.recording.recorder.record_run`` (tokens, assignments, pos when
+  spaCy is available) plus an eval table from ``focus_lab.eval.evaluate.evaluate`` and a synthetic
   train_log with the trainer's columns;
 * the recorder's metric tables (balance, coverage, crossing, dropped_edges, linguistics), as
   ``record_run`` writes them.
@@ -31,7 +31,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from focus_lab.tiny import SAMPLE_TEXT as TEXT, bpe_tokenizer, tiny_llama  # noqa: E402
+from focus_lab.hf.tiny import SAMPLE_TEXT as TEXT, bpe_tokenizer, tiny_llama  # noqa: E402
 DOC = "tiny-doc"
 VOCAB = 97
 
@@ -64,7 +64,7 @@ def make_windows(tokenizer, text: str = TEXT, seq_len: int = 48, doc: str = DOC)
 
 def _spacy_ok() -> bool:
     try:
-        from focus_lab.linguistics import load_spacy
+        from focus_lab.recording.linguistics import load_spacy
         load_spacy()
         return True
     except Exception:
@@ -108,9 +108,9 @@ def make_tiny_run(path: str | Path, *, num_groups: int = 4, window: int = 8, top
 def _make_tiny_run(path, num_groups, window, top_k, layers, seq_len, with_pos, with_eval, with_train_log,
                    assets, seed, patterns=()) -> Path:
     from focus_lab import FocusConfig, attach, save_routers
-    from focus_lab.models import load_model
+    from focus_lab.hf.models import load_model
     from focus_lab.io import file_sha256
-    from focus_lab.record import record_run
+    from focus_lab.recording.recorder import record_run
 
     assets = Path(assets) if assets is not None else path.parent / f".{path.name}-assets"
     model_dir = assets / "model"
@@ -129,7 +129,7 @@ def _make_tiny_run(path, num_groups, window, top_k, layers, seq_len, with_pos, w
     routers_path = save_routers(model, assets / "routers.safetensors")
     extra = {}
     if with_eval:
-        from focus_lab.evaluate import evaluate
+        from focus_lab.eval.evaluate import evaluate
         extra["eval"] = evaluate(model, windows[:2], progress=False)
         from focus_lab import set_config
         set_config(model, mode="hard", top_k=top_k)
@@ -150,7 +150,8 @@ def make_main_job_run(path: str | Path, source: str | Path, patterns: str | None
     ``focus-lab eval --run`` on it with the quickstart's patterns (default
     ``cli.QUICKSTART_PATTERNS``), through the CLI."""
     from typer.testing import CliRunner
-    from focus_lab import cli, shipped
+    from focus_lab import cli
+    from focus_lab.hf import shipped
     path = Path(path)
     shutil.copytree(source, path)
     mf = json.loads((path / "manifest.json").read_text())
@@ -189,7 +190,7 @@ def other_schema_run(path: str | Path, source: str | Path | None = None, version
 
 
 # ------------------------------------------------------------------------------------------
-# a passkey probe output (focus_lab.passkey.run_passkey on the tiny model)
+# a passkey probe output (focus_lab.eval.passkey.run_passkey on the tiny model)
 
 PASSKEY_SENTENCES = ["Anne walked to the house on the hill.", "Her sister had written a long letter.",
                      "The captain was waiting by the gate; he smiled.", "They spoke of the sea and of ships!",
@@ -205,7 +206,7 @@ def passkey_tokenizer():
     question; with a small chat template (the probe's default format is chat)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
-    from focus_lab import passkey as P
+    from focus_lab.eval import passkey as P
     tk = Tokenizer(models.BPE(unk_token="<unk>"))
     tk.pre_tokenizer = pre_tokenizers.Metaspace()
     tk.decoder = decoders.Metaspace()
@@ -221,13 +222,14 @@ def passkey_tokenizer():
 
 def make_passkey_dir(path: str | Path, *, lengths=(240, 300), depths=(0, 100), keys: int = 1,
                      patterns: str = "dense,hard_top2", formats=("chat",)) -> Path:
-    """A passkey output folder written by ``focus_lab.passkey.run_passkey`` on a tiny random
+    """A passkey output folder written by ``focus_lab.eval.passkey.run_passkey`` on a tiny random
     Llama (2 layers, Focus window 8, 2 sink tokens, K = 4) and ``passkey_tokenizer``: cases.parquet,
     needle_layers.parquet, passkey.html, passkey.json and cells/ (a few seconds)."""
-    from focus_lab import FocusConfig, passkey as P
+    from focus_lab import FocusConfig
+    from focus_lab.eval import passkey as P
     from focus_lab.data import Document
-    from focus_lab.evaluate import parse_patterns
-    from focus_lab.retrofit import attach
+    from focus_lab.eval.evaluate import parse_patterns
+    from focus_lab.hf.retrofit import attach
     torch.manual_seed(0)
     tok = passkey_tokenizer()
     model = attach(_tiny_llama(VOCAB, 2), FocusConfig(window=8, sink_tokens=2, mode="hard", num_groups=4))
@@ -244,7 +246,7 @@ def make_synthetic_passkey_dir(path: str | Path, seed: int = 0) -> Path:
     rows drawn with ``seed``: formats chat and plain, lengths 1024 / 2048, depths 0 / 50 / 100,
     seeds 0..2, patterns dense / window / hard_top2, 3 audited layers per case; a hit wherever
     the key log-prob exceeds -2 nats. Written with ``io.write_parquet`` as the probe does."""
-    from focus_lab import passkey as P
+    from focus_lab.eval import passkey as P
     from focus_lab.io import write_json, write_parquet
     rng = np.random.default_rng(seed)
     path = Path(path)

@@ -187,7 +187,7 @@ def test_overview_after_the_main_job_shows_the_eval_of_the_recorded_windows_and_
     said in the caption, and the shipped file's provenance from focus_lab/routers/MANIFEST.json
     (read here directly); no info box."""
     from focus_lab.cli import QUICKSTART_PATTERNS
-    from focus_lab.shipped import MANIFEST
+    from focus_lab.hf.shipped import MANIFEST
     ev = read(runs_root, "main-job", "eval")
     windows = read(runs_root, "main-job", "tokens")["window"].nunique()
     at = app("overview", run="main-job")

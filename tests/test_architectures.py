@@ -3,8 +3,8 @@
 GPT-2 (MHA, learned positions), Llama (GQA, RoPE), Mistral (GQA, RoPE, its own sliding window),
 Qwen2 (GQA, q/k/v bias), OLMo-2 (QK-norm, post-norm), Gemma-2 (interleaved sliding/global
 layers, attention-logit soft-capping) and Gemma-3 (interleaved layers, QK-norm). One code path
-(``focus_lab.retrofit.focus_attention``) with a small adapter per family
-(``focus_lab.retrofit.ADAPTERS``). Each test runs in well under a second per family.
+(``focus_lab.hf.retrofit.focus_attention``) with a small adapter per family
+(``focus_lab.hf.retrofit.ADAPTERS``). Each test runs in well under a second per family.
 """
 
 import types
@@ -14,9 +14,9 @@ import torch
 
 import focus_lab
 from focus_lab import FocusConfig, TrainConfig, UnsupportedModelError
-from focus_lab.core import masked_attention
-from focus_lab.train import train
-from focus_lab.retrofit import ADAPTERS, attention_modules, focus_layers, sliding_layers
+from focus_lab.method.core import masked_attention
+from focus_lab.train.loop import train
+from focus_lab.hf.retrofit import ADAPTERS, attention_modules, focus_layers, sliding_layers
 from conftest import ALL_FAMILIES, tiny_gemma2, tiny_gemma3, tiny_mistral
 
 T = 48
@@ -145,7 +145,7 @@ def test_training_step_changes_only_routers(family, tmp_path):
 
 @torch.no_grad()
 def test_recording_covers_the_routed_layers(family):
-    from focus_lab.record import assignments_for_window
+    from focus_lab.recording.recorder import assignments_for_window
     model = ALL_FAMILIES[family]()
     focus_lab.attach(model, FocusConfig(mode="hard", window=4, num_groups=4, top_k=2))
     routed = sorted(focus_lab.routers(model))
@@ -165,8 +165,8 @@ def test_recording_covers_the_routed_layers(family):
 
 @torch.no_grad()
 def test_evaluate_runs_every_pattern(family):
-    """focus_lab.evaluate's observers see the routed layers only (Gemma: not the sliding ones)."""
-    from focus_lab.evaluate import evaluate
+    """focus_lab.eval.evaluate's observers see the routed layers only (Gemma: not the sliding ones)."""
+    from focus_lab.eval.evaluate import evaluate
     model = ALL_FAMILIES[family]()
     focus_lab.attach(model, FocusConfig(window=T, num_groups=2, top_k=1))
     df = evaluate(model, [types.SimpleNamespace(input_ids=w) for w in _ids(6, batch=1)], progress=False)
@@ -201,7 +201,7 @@ def test_sliding_window_and_softcap_matter_in_the_tiny_models():
 
 @torch.no_grad()
 def test_softcap_forces_the_dense_reference(monkeypatch):
-    import focus_lab.retrofit as rf
+    import focus_lab.hf.retrofit as rf
 
     def boom(*a, **k):
         raise AssertionError("the decomposition does not soft-cap; softcap must use the dense reference")
@@ -224,7 +224,7 @@ def _eager_softcap(q, k, v, bias, scale, softcap):
 
 
 def test_masked_attention_softcap_matches_eager_formula():
-    from focus_lab.core import _softcapped_attention
+    from focus_lab.method.core import _softcapped_attention
     g = torch.Generator().manual_seed(0)
     B, H, Hkv, Tq, Tk, D = 2, 4, 2, 9, 13, 8
     q = 3 * torch.randn(B, H, Tq, D, generator=g)

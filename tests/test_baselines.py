@@ -10,10 +10,10 @@ import torch
 
 import focus_lab
 from focus_lab import FocusConfig, TrainConfig
-from focus_lab import baselines as BL
-from focus_lab.core import Router, hard_assign, route, sinkhorn
-from focus_lab.metrics import window_pairs
-from focus_lab.retrofit import routers, set_config
+from focus_lab.eval import baselines as BL
+from focus_lab.method.core import Router, hard_assign, route, sinkhorn
+from focus_lab.method.metrics import window_pairs
+from focus_lab.hf.retrofit import routers, set_config
 from conftest import tiny_llama
 
 T = 32
@@ -141,8 +141,8 @@ def test_moba_blocks_are_causal_and_exact():
     assert cfg.num_groups == 4 and routers(model)[0].block_size == 8
     ids = _windows(1)[0].input_ids[None]
     seen = {}
-    focus_lab.retrofit.add_observer(model, lambda m, q, k, v, routing, bias, o: seen.setdefault(m.layer_idx, routing))
-    out = model(ids, use_cache=False).logits
+    with focus_lab.hooks(model, {"key_group": lambda kg, hook: seen.setdefault(hook.layer_idx, hook.call.routing)}):
+        out = model(ids, use_cache=False).logits
     rt = seen[0]
     pos = torch.arange(T)
     assert torch.equal(rt.key_group[0], pos // 8)
@@ -161,7 +161,7 @@ def test_moba_blocks_are_causal_and_exact():
 def test_moba_distant_kept_against_brute_force_masks():
     """The expected MoBA sparsity against masks built from MoBARouter.assign with random block
     scores, counted pair by pair; and the matched top-k picks the nearest."""
-    from focus_lab.core import hard_mask
+    from focus_lab.method.core import hard_mask
     Tn, bs, w, sinks = 96, 8, 8, 4
     pos = torch.arange(Tn)
     distant = (pos[:, None] - pos[None, :]) >= w  # (T, T)
@@ -206,7 +206,7 @@ def test_matched_window_size_has_the_same_pair_count(frac):
 
 
 def test_window_distant_kept_brute_force():
-    from focus_lab.core import local_mask
+    from focus_lab.method.core import local_mask
     n, w, s = 40, 6, 2
     pos = torch.arange(n)
     d = pos[:, None] - pos[None, :]
@@ -246,7 +246,7 @@ def test_evaluate_baselines_one_table(tmp_path):
     df = BL.evaluate_baselines(model, None, _windows(2, seed=1), _windows(2, seed=2), config=cfg)
     assert set(df["method"]) == {"dense", "window", "focus", "window_matched", "random", "kmeans",
                                  "online_kmeans", "moba"}
-    assert not focus_lab.retrofit.is_attached(model)
+    assert not focus_lab.hf.retrofit.is_attached(model)
     hard = df[df["mode"] == "hard"]
     assert hard["distant_pairs_kept"].between(0, 1).all()
     for m in ("focus", "random", "kmeans", "online_kmeans", "moba"):
@@ -267,9 +267,9 @@ def test_per_window_rows_pool_to_the_pooled_evaluation():
     pooled evaluation's perplexity exactly (token-weighted), and paired_change matches a
     hand computation."""
     import math
-    from focus_lab.evaluate import evaluate, paired_change, pool_windows
+    from focus_lab.eval.evaluate import evaluate, paired_change, pool_windows
     model = tiny_llama()
-    focus_lab.retrofit.attach(model, FocusConfig(window=8, num_groups=4, top_k=2, sink_tokens=1))
+    focus_lab.hf.retrofit.attach(model, FocusConfig(window=8, num_groups=4, top_k=2, sink_tokens=1))
     ws = _windows(3, seed=5)
     pats = [("dense", {"mode": "dense"}), ("hard_top1", {"mode": "hard", "top_k": 1})]
     pooled = evaluate(model, ws, pats, progress=False).set_index("label")
@@ -311,7 +311,7 @@ def test_evaluate_baselines_top_ks_and_per_window():
 
 def test_add_speedup_per_group_by_hand():
     import pandas as pd
-    from focus_lab.evaluate import add_speedup
+    from focus_lab.eval.evaluate import add_speedup
     df = pd.DataFrame({"corpus": ["a", "a", "b", "b", "b"],
                        "method": ["dense", "focus", "focus", "dense", "dense"],
                        "label": ["dense", "hard_top2", "hard_top2", "dense", "dense"],
@@ -327,7 +327,7 @@ def test_add_speedup_per_group_by_hand():
 def test_random_layers_route_like_random_groups_there_only():
     """FocusConfig.random_layers: the named layers route exactly like assignment="random" (no
     group bias), the others like the router, in every assignment; shuffled leaves them random."""
-    from focus_lab.config import ConfigError, format_int_list, parse_int_list, parse_random_layers
+    from focus_lab.method.config import ConfigError, format_int_list, parse_int_list, parse_random_layers
     assert parse_int_list("1-3, 7") == [1, 2, 3, 7]
     assert format_int_list([9, 1, 2, 3, 7, 10]) == "1-3,7,9-10" and format_int_list([]) == ""
     assert parse_int_list(format_int_list([0, 4, 5, 6, 29])) == [0, 4, 5, 6, 29]
@@ -338,7 +338,7 @@ def test_random_layers_route_like_random_groups_there_only():
         FocusConfig(random_layers=[-1])
     model = tiny_llama()
     cfg = FocusConfig(window=8, num_groups=4, top_k=2, mode="hard")
-    focus_lab.retrofit.attach(model, cfg)
+    focus_lab.hf.retrofit.attach(model, cfg)
     for r in routers(model).values():
         r.group_bias.copy_(torch.tensor([2.0, 0.0, -1.0, 0.5]))  # the bias must not reach random layers
     h = torch.randn(1, 40, model.config.hidden_size, generator=torch.Generator().manual_seed(0))
@@ -360,13 +360,13 @@ def test_layer_top_k_sets_k_per_layer_and_zero_keeps_only_window_and_sinks():
     (checked against window mode on the dense reference, ``core.local_mask``); k = 2 in every
     layer over top_k = 1 gives uniform top-2; a mixed spec routes each layer with its own k; the
     spec parser, validation and the JSON round trip of router files."""
-    from focus_lab.config import ConfigError, parse_layer_top_k
-    from focus_lab.core import focus_bias, local_mask
-    from focus_lab.evaluate import evaluate
-    from focus_lab.retrofit import forward_state
+    from focus_lab.method.config import ConfigError, parse_layer_top_k
+    from focus_lab.method.core import focus_bias, local_mask
+    from focus_lab.eval.evaluate import evaluate
+    from focus_lab.hf.retrofit import forward_state
     assert parse_layer_top_k("1-3:0; 5,7:2") == {1: 0, 2: 0, 3: 0, 5: 2, 7: 2}
     assert parse_layer_top_k(" none ") == {}
-    from focus_lab.config import format_layer_top_k  # the inverse, for captions and reports
+    from focus_lab.method.config import format_layer_top_k  # the inverse, for captions and reports
     assert format_layer_top_k({1: 0, 2: 0, 3: 0, 5: 2, 7: 2, 6: 2}) == "1-3:0;5-7:2"
     assert format_layer_top_k({"9": 1, "0": 3, "1": 3}) == "9:1;0-1:3" and format_layer_top_k({}) == "none"
     spec = "0,5,6,9,12,13,14,15,16,25,27,28:1;1,2,3,4,7,8,10,11,18,19,21,24:3"
@@ -384,7 +384,7 @@ def test_layer_top_k_sets_k_per_layer_and_zero_keeps_only_window_and_sinks():
     assert [mixed.top_k_at(i) for i in (0, 1, 2)] == [2, 0, 1] and cfg.top_k_at(0) == 1
 
     model = tiny_llama()
-    focus_lab.retrofit.attach(model, cfg)
+    focus_lab.hf.retrofit.attach(model, cfg)
     rs = routers(model)
     layers = sorted(rs)
     ids = torch.randint(3, 97, (1, 48), generator=torch.Generator().manual_seed(1))
@@ -404,7 +404,7 @@ def test_layer_top_k_sets_k_per_layer_and_zero_keeps_only_window_and_sinks():
     pos = torch.arange(40)
     assert torch.equal(focus_bias(mixed, got1, pos, pos, 1)[0], local_mask(pos, pos, 6, 2))
     # every router takes its hard groups from core.hard_groups: a baseline's, the recorder's random groups
-    from focus_lab.metrics import random_groups
+    from focus_lab.method.metrics import random_groups
     qg, kg = random_groups(1, 40, mixed, 1)
     assert (qg == 1).all() and qg.shape == (1, 40, 1) and not kg.any()
     assert random_groups(1, 40, mixed, 0)[0].shape == (1, 40, 2)

@@ -1,4 +1,4 @@
-"""Bias re-calibration at a target length (focus_lab.calibrate) against Sinkhorn run by hand."""
+"""Bias re-calibration at a target length (focus_lab.train.calibrate) against Sinkhorn run by hand."""
 
 from types import SimpleNamespace
 
@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from conftest import tiny_llama
-from focus_lab.calibrate import calibrate_bias
-from focus_lab.config import FocusConfig
-from focus_lab.core import sinkhorn
-from focus_lab.retrofit import attach, focus_config, routers, set_config
+from focus_lab.train.calibrate import calibrate_bias
+from focus_lab.method.config import FocusConfig
+from focus_lab.method.core import sinkhorn
+from focus_lab.hf.retrofit import attach, focus_config, routers, set_config
 
 
 def test_bias_is_the_mean_column_potential_of_hard_mode_inputs():

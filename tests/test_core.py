@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from focus_lab import ConfigError, FocusConfig
-from focus_lab.core import (hard_assign, hard_mask, masked_attention, sinkhorn, soft_gate_bias,
+from focus_lab.method.core import (hard_assign, hard_mask, masked_attention, sinkhorn, soft_gate_bias,
                             distant_pairs_kept)
 
 
@@ -133,7 +133,7 @@ def test_distant_pairs_kept_equals_counting_the_mask(K, k, w, s, T):
 
 
 def test_shared_small_concepts_against_hand_values():
-    from focus_lab.core import hard_group_shares, layer_seed, rms_normalize
+    from focus_lab.method.core import hard_group_shares, layer_seed, rms_normalize
     # group shares: hand-counted
     kg = torch.tensor([[0, 0, 2, 3], [3, 3, 3, 0]])
     assert hard_group_shares(kg, 4).tolist() == [3 / 8, 0.0, 1 / 8, 4 / 8]

@@ -1,4 +1,4 @@
-"""Exactness of hard Focus as two attention calls + LSE merge (focus_lab.decomposition, docs/method.md §4).
+"""Exactness of hard Focus as two attention calls + LSE merge (focus_lab.method.decomposition, docs/method.md §4).
 
 The reference is the ONE definition of the mask: ``core.masked_attention(q, k, v,
 core.hard_mask(...))``. Every backend present on this machine is checked (``available_backends``:
@@ -15,8 +15,8 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from focus_lab.core import hard_mask
-from focus_lab.decomposition import (available_backends, hard_focus_attention, plan_segments,
+from focus_lab.method.core import hard_mask
+from focus_lab.method.decomposition import (available_backends, hard_focus_attention, plan_segments,
                                      reference_hard_attention)
 
 BACKENDS = available_backends("cpu")
@@ -179,7 +179,7 @@ def test_stair_segments_in_many_chunks_equal_reference(backend, c, chunk):
     """Stair segments (top-k > 1 slots, KV-cache steps) go per segment in query chunks: an
     unmasked call on the chunk's common key prefix + a masked one on the rest, merged by LSE.
     The sweep's sizes fit one chunk of the default size, so small chunks are forced here."""
-    import focus_lab.decomposition as dm
+    import focus_lab.method.decomposition as dm
 
     c["k"] = max(c["k"], min(2, c["K"]))  # slot 2 exists whenever K >= 2
     gen = torch.Generator().manual_seed(c["seed"])
@@ -196,7 +196,7 @@ def test_stair_segments_in_many_chunks_equal_reference(backend, c, chunk):
 def test_math_path_equals_reference(c):
     """The device-generic math primitive (the "torch" backend off CPU, e.g. a GPU without
     flash-attn) through the whole decomposition, with tiny score chunks."""
-    import focus_lab.decomposition as dm
+    import focus_lab.method.decomposition as dm
 
     gen = torch.Generator().manual_seed(c["seed"])
     qg, kg = make_groups(gen, c["B"], c["T"], c["K"], c["k"], c["pattern"])
@@ -300,7 +300,7 @@ def _attached(family: str, **cfg):
 def _counting_decomposition():
     """Count the retrofit's calls of ``hard_focus_attention`` (yields the list of calls); the
     original function is always put back."""
-    import focus_lab.retrofit as rf
+    import focus_lab.hf.retrofit as rf
     calls, orig = [], rf.hard_focus_attention
     rf.hard_focus_attention = lambda *a, **k: calls.append(1) or orig(*a, **k)
     try:
@@ -311,7 +311,7 @@ def _counting_decomposition():
 
 @pytest.mark.parametrize("family", ["llama", "gpt2"])
 def test_retrofit_fast_path_equals_dense(family):
-    from focus_lab.retrofit import set_config
+    from focus_lab.hf.retrofit import set_config
     m = _attached(family, sink_tokens=2)
     ids = torch.randint(3, 97, (2, 70), generator=torch.Generator().manual_seed(0))
     with _counting_decomposition() as calls, torch.no_grad():
@@ -328,7 +328,7 @@ def test_window_mode_fast_path_equals_brute_force_window_mask(family):
     the window and the sinks) and equals the dense reference path and a brute-force eager
     forward with the window + sinks mask built here (no library mask code), also through a KV cache."""
     from transformers import DynamicCache
-    from focus_lab.retrofit import set_config
+    from focus_lab.hf.retrofit import set_config
     m = _attached(family, sink_tokens=3, mode="window")
     ids = torch.randint(3, 97, (2, 70), generator=torch.Generator().manual_seed(4))
     with _counting_decomposition() as calls, torch.no_grad():
@@ -373,7 +373,7 @@ def test_hard_mode_kv_cache_equals_full_forward(family, backend):
 
 
 def test_padding_falls_back_to_dense():
-    from focus_lab.retrofit import set_config
+    from focus_lab.hf.retrofit import set_config
     m = _attached("llama")
     ids = torch.randint(3, 97, (2, 40), generator=torch.Generator().manual_seed(2))
     am = torch.ones(2, 40, dtype=torch.long)
@@ -390,7 +390,7 @@ def test_options_change_the_speed_knobs_not_the_result(monkeypatch):
     output as the defaults; serial bookkeeping runs the bookkeeping on one thread and the
     kernels on the caller's count, restored afterwards; the library never reads the load."""
     import inspect
-    import focus_lab.decomposition as dm
+    import focus_lab.method.decomposition as dm
 
     assert "getloadavg" not in inspect.getsource(dm)
     gen = torch.Generator().manual_seed(3)
@@ -417,8 +417,8 @@ def test_plain_causal_check_is_cached_per_mask_and_sees_in_place_changes():
     """The fast path needs a mask that is plain causality; the check runs once per mask object
     per forward state (every layer of a forward gets the same one) and again when the mask
     changes in place."""
-    from focus_lab.config import FocusConfig
-    from focus_lab.retrofit import FocusForward
+    from focus_lab.method.config import FocusConfig
+    from focus_lab.hf.retrofit import FocusForward
 
     T = 12
     state = FocusForward(FocusConfig())
@@ -440,7 +440,7 @@ def test_plain_causal_check_is_cached_per_mask_and_sees_in_place_changes():
 
 def test_cache_step_without_prefill_history_raises():
     from transformers import DynamicCache
-    from focus_lab.retrofit import FocusCache, FocusForward, focus_config
+    from focus_lab.hf.retrofit import FocusCache, FocusForward, focus_config
     m = _attached("llama")
     ids = torch.randint(3, 97, (1, 20))
     cfg = focus_config(m)
@@ -457,7 +457,7 @@ def test_explicit_forward_state_cache_equals_full_forward_and_leaves_default_alo
     """Hard-mode decoding with an explicit FocusForward(cache=...) gives the logits of the full
     forward, and neither the model's default config nor its default cache changes."""
     from transformers import DynamicCache
-    from focus_lab.retrofit import focus_config, forward_state
+    from focus_lab.hf.retrofit import focus_config, forward_state
     m = _attached("llama", mode="soft")
     ids = torch.randint(3, 97, (1, 40))
     default = focus_config(m)
@@ -487,7 +487,7 @@ def test_workspace_reuse_never_aliases_returned_outputs():
     """Scratch buffers are reused between calls (decomposition.WORKSPACE): an output returned
     earlier must not change when later calls of other shapes reuse the buffers, and every call
     must still equal the dense reference."""
-    from focus_lab import decomposition as dec
+    from focus_lab.method import decomposition as dec
     gen = torch.Generator().manual_seed(5)
     outs = []
     for B, T, H, Hkv, K, k, w in [(1, 96, 4, 2, 4, 1, 8), (2, 64, 4, 1, 3, 2, 5), (1, 96, 4, 2, 4, 1, 8),
@@ -548,7 +548,7 @@ def test_flash_backend_glue_matches_reference_with_a_stand_in_kernel(monkeypatch
     by the math path; Tq < T is a KV-cache step) equals the dense reference and the "torch"
     backend when flash-attn is replaced by a CPU stand-in."""
     import sys
-    from focus_lab import decomposition as dec
+    from focus_lab.method import decomposition as dec
     monkeypatch.setitem(sys.modules, "flash_attn", _fake_flash_attn_module())
     monkeypatch.setattr(dec, "resolve_backend", lambda backend, device, dtype=None: "flash")
     gen = torch.Generator().manual_seed(T + K + Tq)
@@ -568,8 +568,8 @@ def test_flash_backend_glue_matches_reference_with_a_stand_in_kernel(monkeypatch
 def test_random_scores_depend_on_absolute_position_only():
     """Any length and any start agree on shared positions (a KV-cache step sees the groups a
     full forward gives), and lengths that are multiples of 64 keep the values of one plain draw."""
-    from focus_lab import core
-    from focus_lab.core import random_scores
+    from focus_lab.method import core
+    from focus_lab.method.core import random_scores
     core._RANDOM_TABLES.clear()
     full = random_scores(1, 300, 4, seed=7)[0]  # (300, 4)
     for start, T in ((0, 7), (5, 1), (63, 2), (128, 100), (299, 1), (300, 200), (600, 33)):
@@ -592,7 +592,7 @@ def test_hard_kv_cache_decode_equals_full_forward(assignment):
     only: ``random_layers``), and a per-layer k (``layer_top_k``: window and sinks only in layer
     0, top-2 in layer 1): the logits of each step equal the full forward's at that position."""
     from transformers import DynamicCache
-    from focus_lab.retrofit import forward_state
+    from focus_lab.hf.retrofit import forward_state
     m = _attached("llama", mode="soft", sink_tokens=1)
     ids = torch.randint(3, 97, (1, 37))
     changes = {"assignment": "router", "random_layers": [0]} if assignment == "mixed" else {"assignment": assignment}
@@ -610,7 +610,7 @@ def test_hard_kv_cache_decode_equals_full_forward(assignment):
 
 def test_focus_keyword_takes_a_forward_state_only():
     """A bare FocusConfig as focus= is refused with the fix named (one state serves all layers)."""
-    from focus_lab.retrofit import focus_config
+    from focus_lab.hf.retrofit import focus_config
     m = _attached("llama")
     with pytest.raises(TypeError, match="forward_state"):
         m(torch.randint(3, 97, (1, 12)), use_cache=False, focus=focus_config(m))

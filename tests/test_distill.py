@@ -1,4 +1,4 @@
-"""The distill objective (focus_lab.distill) against a brute-force soft-gated attention."""
+"""The distill objective (focus_lab.train.distill) against a brute-force soft-gated attention."""
 
 import math
 
@@ -6,27 +6,25 @@ import pytest
 import torch
 
 from conftest import tiny_gpt2, tiny_llama
-from focus_lab.config import FocusConfig, TrainConfig
-from focus_lab.core import sinkhorn, soft_top_k_membership
-from focus_lab.distill import distill_step, layer_distill_loss, output_projection, sample_queries
-from focus_lab.retrofit import add_observer, attach, focus_config, routers, set_config
+from focus_lab.method.config import FocusConfig, TrainConfig
+from focus_lab.method.core import sinkhorn, soft_top_k_membership
+from focus_lab.train.distill import distill_step, layer_distill_loss, output_projection, sample_queries
+import focus_lab
+from focus_lab.hf.retrofit import attach, attention_modules, focus_config, forward_state, routers
 
 
 def _capture_layer(model, ids, layer=0):
     """q, k, v, dense out and router input of one layer from a dense forward."""
     got = {}
-    mod = [m for m in model.modules() if hasattr(m, "focus_router")][layer]
+    i, mod = [(i, m) for i, m in attention_modules(model) if hasattr(m, "focus_router")][layer]
+    # the router input from a forward pre-hook of the module itself (independent of the hook points)
     hook = mod.register_forward_pre_hook(
         lambda m, a, kw: got.__setitem__("h", kw.get("hidden_states", a[0] if a else None)),
         with_kwargs=True)
-    remove = add_observer(model, lambda m, q, k, v, r, b, o: got.setdefault("qkvo", (q, k, v, o))
-                          if m is mod else None)
-    set_config(model, mode="dense")
-    with torch.no_grad():
-        model(input_ids=ids, use_cache=False)
-    remove()
+    with torch.no_grad(), focus_lab.cache(model, [f"layers.{i}.{p}" for p in ("query", "key", "value", "attn_out")]) as c:
+        model(input_ids=ids, use_cache=False, focus=forward_state(model, mode="dense"))
     hook.remove()
-    return mod, got["h"], got["qkvo"]
+    return mod, got["h"], tuple(c[f"layers.{i}.{p}"] for p in ("query", "key", "value", "attn_out"))
 
 
 def _brute_force(q, k, v, log_p, q_pos, cfg, scale, q_side=None):
@@ -119,7 +117,7 @@ def test_sample_queries_and_config_errors():
     assert q.tolist() == list(range(10, 100))
     with pytest.raises(ValueError, match="no distant pairs"):
         sample_queries(10, 10, 4, g)
-    from focus_lab.config import ConfigError
+    from focus_lab.method.config import ConfigError
     with pytest.raises(ConfigError, match="objective"):
         TrainConfig(objective="nope")
     with pytest.raises(ConfigError, match="distill_queries"):

@@ -111,8 +111,9 @@ def test_length_cells_reuse_committed_rows_only_for_the_same_routers(tmp_path, m
     from dataclasses import dataclass
     import torch
     from conftest import tiny_llama
-    from focus_lab import FocusConfig, shipped
-    from focus_lab.retrofit import attach, save_routers
+    from focus_lab import FocusConfig
+    from focus_lab.hf import shipped
+    from focus_lab.hf.retrofit import attach, save_routers
 
     @dataclass
     class W:
@@ -242,7 +243,7 @@ def test_layer_budget_allocates_cheapest_drops_against_largest_raises():
     through config.parse_layer_top_k."""
     import pandas as pd
     from analyses.studies.layer_budget import allocate, spec_string
-    from focus_lab.config import parse_layer_top_k
+    from focus_lab.method.config import parse_layer_top_k
     k0 = [0.001, 0.05, -0.002, 0.02, 0.03]
     k2 = [-0.01, -0.03, -0.001, -0.004, 0.0]
     sweep = pd.DataFrame([{"layer_idx": i, "top_k": k, "delta_nll": d}
@@ -374,7 +375,7 @@ def test_committed_results_hold_the_shipped_routers_tables():
     manifest ships, so that `focus-lab-figures` reuses them."""
     import json
     from analyses.length_table import COMMITTED, PATTERNS
-    from focus_lab import shipped
+    from focus_lab.hf import shipped
     sha = shipped.manifest()["smollm2-135m-instruct"]["sha256"]
     cells = pd.read_parquet(COMMITTED)
     mine = cells[cells.table == "shipped"]

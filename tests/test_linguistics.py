@@ -1,4 +1,4 @@
-"""focus_lab.linguistics: alignment of model tokens to spaCy words, POS tables, relations."""
+"""focus_lab.recording.linguistics: alignment of model tokens to spaCy words, POS tables, relations."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from focus_lab.linguistics import (LinguisticsError, align_tokens, load_spacy, pos_table,
+from focus_lab.recording.linguistics import (LinguisticsError, align_tokens, load_spacy, pos_table,
                                    relations_for_pairs, word_relation)
 
 

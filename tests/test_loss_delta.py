@@ -15,9 +15,9 @@ import torch.nn.functional as F
 
 import focus_lab
 from focus_lab import FocusConfig
-from focus_lab.record import RecordOptions, loss_delta_table, next_token_nll, record_run
-from focus_lab.record_tables import costly_drops_table
-from focus_lab.retrofit import focus_config, set_config
+from focus_lab.recording.recorder import RecordOptions, loss_delta_table, next_token_nll, record_run
+from focus_lab.recording.tables import costly_drops_table
+from focus_lab.hf.retrofit import focus_config, set_config
 from focus_lab.runs import SCHEMA, Run, RunError
 from conftest import tiny_llama, tiny_mistral
 
@@ -164,8 +164,8 @@ def test_recorded_run_has_loss_delta_and_costly_drops(tiny_run):
 def test_recorded_loss_delta_matches_a_fresh_forward_of_the_saved_model(tiny_run):
     """record_run's extra forwards: the saved tiny model with the run's router file, dense and
     hard at the run's config, reproduce the recorded NLLs of window 0."""
-    from focus_lab.models import load_model
-    from focus_lab.retrofit import load_routers
+    from focus_lab.hf.models import load_model
+    from focus_lab.hf.retrofit import load_routers
     run = Run.open(tiny_run)
     model, _ = load_model(str(tiny_run.parent / f".{tiny_run.name}-assets" / "model"), verbose=False)
     load_routers(model, run.manifest["routers"]["path"])

@@ -112,7 +112,7 @@ def test_record_keeps_the_shipped_routers_provenance():
     """``routers.shipped`` of a run recorded with the shipped file: its MANIFEST.json entry
     (read here directly) with the model name; nothing for any other file."""
     from focus_lab.io import file_sha256
-    from focus_lab.shipped import MANIFEST, shipped_router_file
+    from focus_lab.hf.shipped import MANIFEST, shipped_router_file
     name, entry = next(iter(json.loads(MANIFEST.read_text()).items()))
     assert file_sha256(shipped_router_file(name)) == entry["sha256"]
     assert cli._shipped_provenance(entry["sha256"]) == {"model": name, **entry}

@@ -1,4 +1,4 @@
-"""focus_lab.metrics against brute-force computations (explicit loops over pairs)."""
+"""focus_lab.method.metrics against brute-force computations (explicit loops over pairs)."""
 
 import math
 
@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from focus_lab import core, metrics as M
-from focus_lab.config import FocusConfig
+from focus_lab.method import core
+from focus_lab.method import metrics as M
+from focus_lab.method.config import FocusConfig
 
 
 # ------------------------------------------------------------------ brute force references

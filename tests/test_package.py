@@ -22,10 +22,10 @@ def test_import_and_run_reader_do_not_load_torch():
 
 def test_public_names_resolve_on_first_use():
     import focus_lab
-    from focus_lab.config import FocusConfig
-    from focus_lab.retrofit import attach
+    from focus_lab.method.config import FocusConfig
+    from focus_lab.hf.retrofit import attach
     assert focus_lab.FocusConfig is FocusConfig and focus_lab.attach is attach
-    assert callable(focus_lab.record)
+    assert callable(focus_lab.recording.recorder)
     assert set(focus_lab.__all__) <= set(dir(focus_lab))
     with pytest.raises(AttributeError, match="no attribute 'not_a_name'"):
         focus_lab.not_a_name
@@ -81,7 +81,7 @@ def test_non_editable_install_has_everything_the_cli_needs(wheel, tmp_path):
                             str(target), str(wheel)], capture_output=True, text=True, cwd=tmp_path,
                            env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"})
     assert build.returncode == 0, build.stderr[-2000:]
-    probe = ("import focus_lab, focus_lab.cli as c, focus_lab.shipped as s, pathlib\n"
+    probe = ("import focus_lab, focus_lab.cli as c, focus_lab.hf.shipped as s, pathlib\n"
              "cmd = c._app_command(pathlib.Path('.'), '127.0.0.1', 1)\n"
              "print(focus_lab.__file__); print(cmd[4]); print(s.shipped_router_file())\n"
              "import analyses.common as ac; print(ac.REPO)")
@@ -139,7 +139,7 @@ def test_cli_defaults_are_the_dataclasses_defaults():
     import dataclasses
     import typer
     from focus_lab.cli import app
-    from focus_lab.config import FocusConfig, TrainConfig
+    from focus_lab.method.config import FocusConfig, TrainConfig
     cmd = typer.main.get_command(app).commands["train"]
     fields = {f.name: f.default for dc in (FocusConfig, TrainConfig) for f in dataclasses.fields(dc)
               if f.default is not dataclasses.MISSING}
@@ -158,7 +158,7 @@ def test_record_cli_defaults_are_the_record_options_defaults():
     import dataclasses
     import typer
     from focus_lab.cli import app
-    from focus_lab.config import ALL_METRICS, RecordOptions
+    from focus_lab.method.config import ALL_METRICS, RecordOptions
     cmd = typer.main.get_command(app).commands["record"]
     fields = {f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()
               for f in dataclasses.fields(RecordOptions)}

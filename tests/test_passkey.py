@@ -1,4 +1,4 @@
-"""Passkey retrieval probe (focus_lab/passkey.py, ``focus-lab probe passkey``) on a tiny random
+"""Passkey retrieval probe (focus_lab/eval/passkey.py, ``focus-lab probe passkey``) on a tiny random
 Llama and a tiny BPE tokenizer: prompt construction, teacher-forced log-probs, the needle audit
 against brute force, bad inputs, the tables and resumability. The real model: tests marked slow."""
 
@@ -10,12 +10,13 @@ import pytest
 import torch
 from conftest import tiny_llama
 
-from focus_lab import passkey as P
-from focus_lab.config import ConfigError, FocusConfig
-from focus_lab.core import hard_assign, hard_mask
+from focus_lab.eval import passkey as P
+from focus_lab.eval import passkey_figure as F
+from focus_lab.method.config import ConfigError, FocusConfig
+from focus_lab.method.core import hard_assign, hard_mask
 from focus_lab.data import CorpusError, Document
-from focus_lab.evaluate import parse_patterns
-from focus_lab.retrofit import attach, attention_modules, detach, routers, set_config
+from focus_lab.eval.evaluate import parse_patterns
+from focus_lab.hf.retrofit import attach, attention_modules, detach, routers, set_config
 
 from run_fixtures import PASSKEY_SENTENCES as SENTENCES  # noqa: E402
 from run_fixtures import PASSKEY_TEXT as TEXT, passkey_tokenizer as make_tokenizer  # noqa: E402
@@ -169,7 +170,7 @@ def test_key_logprob_equals_brute_force(tok, hay, pattern):
 def test_run_case_leaves_the_model_config_alone(tok, hay):
     """Every pattern runs in its own FocusForward: the model's default state is the same object
     after the run (no set_config inside), with the config set before."""
-    from focus_lab.retrofit import focus_config
+    from focus_lab.hf.retrofit import focus_config
     model = focus_model()
     set_config(model, mode="soft", top_k=3)
     default = model._focus_state.default
@@ -462,7 +463,7 @@ def test_heatmap_shows_exact_match_rate_and_logprob():
     cases = pd.DataFrame({"format": "plain", "length": [256, 256, 256, 512], "depth": [0.0, 0.0, 50.0, 0.0],
                           "pattern": "dense", "exact_match": [True, False, True, False],
                           "key_logprob": [-1.0, -3.0, -0.5, -7.0]})
-    fig = P.heatmap_figure(cases)
+    fig = F.heatmap_figure(cases)
     assert len(fig.data) == 1
     z = np.asarray(fig.data[0].z, dtype=float)
     assert z[0].tolist() == [0.5, 1.0] and z[1, 0] == 0.0 and np.isnan(z[1, 1])
@@ -477,9 +478,9 @@ def test_real_model_dense_finds_a_key_at_1k(tmp_path):
     """SmolLM2-135M-Instruct, dense, plain format, 1024 tokens, the needle at depth 0."""
     torch.set_num_threads(1)
     from focus_lab.data import load_corpus
-    from focus_lab.models import load_model
-    from focus_lab.retrofit import load_routers
-    from focus_lab.shipped import shipped_router_file
+    from focus_lab.hf.models import load_model
+    from focus_lab.hf.retrofit import load_routers
+    from focus_lab.hf.shipped import shipped_router_file
     model, tok = load_model(verbose=False)
     load_routers(model, shipped_router_file())
     hay = P.load_haystack(load_corpus("austen").heldout, tok, "persuasion")
@@ -497,8 +498,8 @@ def test_png_failure_is_a_note_not_an_error(tmp_path, monkeypatch):
     def boom(self, *args, **kwargs):
         raise RuntimeError("no browser here\nsecond line")
     monkeypatch.setattr(go.Figure, "write_image", boom)
-    files, note = P.write_figure(P.heatmap_figure(cases), tmp_path / "passkey", png=True)
+    files, note = F.write_figure(F.heatmap_figure(cases), tmp_path / "passkey", png=True)
     assert files == ["passkey.html"] and (tmp_path / "passkey.html").is_file()
     assert "PNG not written (RuntimeError: no browser here;" in note and "second line" not in note
     assert not list(tmp_path.glob("*.png")) and not list(tmp_path.glob(".*tmp"))
-    assert P.write_figure(P.heatmap_figure(cases), tmp_path / "again", png=False) == (["again.html"], None)
+    assert F.write_figure(F.heatmap_figure(cases), tmp_path / "again", png=False) == (["again.html"], None)

@@ -7,9 +7,9 @@ import torch
 
 import focus_lab
 from focus_lab import FocusConfig, TrainConfig
-from focus_lab.core import hard_assign, hard_mask, local_mask
-from focus_lab.recipes import RECIPES, recipe
-from focus_lab.train import schedule_config
+from focus_lab.method.core import hard_assign, hard_mask, local_mask
+from focus_lab.train.recipes import RECIPES, recipe
+from focus_lab.train.loop import schedule_config
 from conftest import tiny_llama
 
 
@@ -74,7 +74,7 @@ def test_unknown_recipe_lists_names():
 
 
 def test_coverage_loss_matches_pair_by_pair_definition():
-    from focus_lab.core import coverage_loss
+    from focus_lab.method.core import coverage_loss
     torch.manual_seed(0)
     B, T, K, w, s = 2, 12, 3, 3, 1
     attn = torch.softmax(torch.randn(B, T, T).masked_fill(torch.ones(T, T).triu(1).bool(), float("-inf")), -1)
@@ -100,7 +100,7 @@ def test_coverage_loss_matches_pair_by_pair_definition():
 def test_coverage_objective_trains_only_routers_and_raises_kept_mass(tmp_path):
     """Coverage training moves only the routers, lowers the coverage loss on its batch, and
     leaves the model's logits in dense mode untouched."""
-    from focus_lab.train import coverage_step, train
+    from focus_lab.train.loop import coverage_step, train
     from types import SimpleNamespace
     model = tiny_llama(layers=2)
     torch.manual_seed(0)
@@ -131,7 +131,7 @@ def test_train_config_rejects_unknown_objective():
 
 
 def test_shuffled_control_keeps_group_sizes_and_moves_members():
-    from focus_lab.core import Router, route
+    from focus_lab.method.core import Router, route
     torch.manual_seed(0)
     cfg = FocusConfig(num_groups=4, top_k=2, mode="hard")
     r = Router(32, cfg, layer_idx=3)
@@ -147,7 +147,7 @@ def test_shuffled_control_keeps_group_sizes_and_moves_members():
 
 def test_random_control_ignores_the_router_bias():
     """Random groups stay the same (balanced) whatever bias a trained router carries."""
-    from focus_lab.core import Router, route
+    from focus_lab.method.core import Router, route
     cfg = FocusConfig(num_groups=4, top_k=1, mode="hard", assignment="random")
     r = Router(16, cfg, layer_idx=0)
     r.eval()
@@ -176,8 +176,8 @@ def test_continued_training_keeps_the_init_files_random_groups(tmp_path):
     (the random groups it was measured with), starts from F's tensors, and still trains; so does
     a resumed run; without init_routers the given seed is saved."""
     from types import SimpleNamespace
-    from focus_lab.retrofit import read_router_file, save_routers
-    from focus_lab.train import train
+    from focus_lab.hf.retrofit import read_router_file, save_routers
+    from focus_lab.train.loop import train
     torch.manual_seed(0)
     ids = torch.randint(3, 97, (2, 48))
     wins = [SimpleNamespace(input_ids=ids[i]) for i in range(2)]
@@ -211,8 +211,8 @@ def test_training_leaves_the_random_layers_routers_untouched(tmp_path, objective
     bias stay the init file's (the distill and coverage objectives raised 'element 0 of tensors
     does not require grad' there, and the LM objective moved its group bias)."""
     from types import SimpleNamespace
-    from focus_lab.retrofit import read_router_file, save_routers
-    from focus_lab.train import train
+    from focus_lab.hf.retrofit import read_router_file, save_routers
+    from focus_lab.train.loop import train
     torch.manual_seed(0)
     ids = torch.randint(3, 97, (2, 48))
     wins = [SimpleNamespace(input_ids=ids[i]) for i in range(2)]
@@ -237,8 +237,8 @@ def test_explicit_random_layers_override_the_init_files(tmp_path):
     has those random layers, their routers keep the init tensors, and the other layers' routers
     end exactly as in a run that trains every layer (the distill objective is per layer)."""
     from types import SimpleNamespace
-    from focus_lab.retrofit import read_router_file, save_routers
-    from focus_lab.train import train
+    from focus_lab.hf.retrofit import read_router_file, save_routers
+    from focus_lab.train.loop import train
     torch.manual_seed(0)
     ids = torch.randint(3, 97, (2, 48))
     wins = [SimpleNamespace(input_ids=ids[i]) for i in range(2)]
@@ -267,8 +267,8 @@ def test_stop_after_then_resume_equals_the_uninterrupted_run(tmp_path):
     """stop_after=3 of a 6-step schedule stops with the 4-step learning rates (not a 3-step
     schedule's), and resuming it to the end gives the tensors of a 6-step run in one go."""
     from types import SimpleNamespace
-    from focus_lab.retrofit import read_router_file
-    from focus_lab.train import _lr_at, train
+    from focus_lab.hf.retrofit import read_router_file
+    from focus_lab.train.loop import _lr_at, train
     import pandas as pd
     torch.manual_seed(0)
     ids = torch.randint(3, 97, (2, 48))
@@ -291,5 +291,5 @@ def test_stop_after_then_resume_equals_the_uninterrupted_run(tmp_path):
     _, _, b, _ = read_router_file(tmp_path / "whole" / "routers.safetensors")
     for k in b:
         assert torch.allclose(a[k], b[k], atol=1e-6), k
-    with pytest.raises(focus_lab.config.ConfigError, match="stop_after"):
+    with pytest.raises(focus_lab.method.config.ConfigError, match="stop_after"):
         TrainConfig(**sched, stop_after=7)

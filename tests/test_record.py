@@ -8,9 +8,11 @@ import pytest
 import torch
 
 import focus_lab
-from focus_lab import FocusConfig, core, metrics as M
-from focus_lab.record import ALL_METRICS, assignments_for_window, record, record_run
-from focus_lab.retrofit import add_observer, attention_modules
+from focus_lab import FocusConfig
+from focus_lab.method import core
+from focus_lab.method import metrics as M
+from focus_lab.recording.recorder import ALL_METRICS, assignments_for_window, record, record_run
+from focus_lab.hf.retrofit import attention_modules
 from focus_lab.runs import SCHEMA, Run, RunError
 from conftest import ALL_FAMILIES, tiny_gemma2, tiny_gpt2, tiny_llama, tiny_mistral
 
@@ -29,7 +31,7 @@ def _ids(seed=0, batch=2, T=T):
 
 
 def _hook_state(model):
-    return [(len(m._forward_pre_hooks), len(m._forward_hooks), len(m.__dict__.get("_focus_observers", [])))
+    return [(len(m._forward_pre_hooks), len(m._forward_hooks), len(m.__dict__.get("_focus_hooks", [])))
             for _, m in attention_modules(model)] + [(len(model._forward_pre_hooks), len(model._forward_hooks), 0)]
 
 
@@ -103,13 +105,13 @@ def test_recorder_matches_brute_force_on_the_model(small_model):
     ids = _ids(batch=1, T=24)
     seen = {}
 
-    def grab(module, q, k, v, routing, bias, out):
-        seen[module.focus_router.layer_idx] = (module, q.clone(), k.clone(), routing)
+    def grab(out, hook):
+        c = hook.call
+        seen[hook.layer_idx] = (c.module, c.query.clone(), c.key.clone(), c.routing)
 
-    remove = add_observer(small_model, grab)
-    with focus_lab.record(small_model, heads=[0, 3], metrics=["coverage", "crossing", "balance"]) as rec:
+    with focus_lab.hooks(small_model, {"attn_out": grab}), \
+            focus_lab.record(small_model, heads=[0, 3], metrics=["coverage", "crossing", "balance"]) as rec:
         small_model(ids, use_cache=False)
-    remove()
     tabs = rec.tables()
     cq = tabs["coverage_query"]
     cr = tabs["crossing_query"]
@@ -287,14 +289,14 @@ def test_dense_reference_follows_the_models_own_mask_and_softcap(family):
     layer = sorted(focus_lab.routers(model))[-1]
     seen = {}
 
-    def grab(module, q, k, v, routing, bias, out):
-        if getattr(module, "focus_router", None) is not None:
-            seen[module.focus_router.layer_idx] = (module, q.clone(), k.clone(), bias.clone())
+    def grab(out, hook):
+        c = hook.call
+        if getattr(c.module, "focus_router", None) is not None:
+            seen[hook.layer_idx] = (c.module, c.query.clone(), c.key.clone(), c.kept.clone())
 
-    remove = add_observer(model, grab)
-    with focus_lab.record(model, metrics=["coverage"], patterns=[(layer, 1)]) as rec:
+    with focus_lab.hooks(model, {"attn_out": grab}), \
+            focus_lab.record(model, metrics=["coverage"], patterns=[(layer, 1)]) as rec:
         model(_ids(batch=1, T=24), use_cache=False)
-    remove()
     module, q, k, keep = seen[layer]
     kk = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
     logits = (q[0, 1] @ kk[0, 1].T) * module.scaling
@@ -337,7 +339,7 @@ def test_cli_record_flags(tiny_run, tmp_path):
 
 # ------------------------------------------------------------------ memory estimate and refusal
 
-from focus_lab.record import (GiB, ModelShape, RecordMemoryError, estimate_memory,  # noqa: E402
+from focus_lab.recording.recorder import (GiB, ModelShape, RecordMemoryError, estimate_memory,  # noqa: E402
                               memory_parts)
 
 TINY_SHAPE = ModelShape(num_heads=4, head_dim=16, hidden_size=64, intermediate_size=128, vocab_size=97,
@@ -424,7 +426,7 @@ def test_cli_refuses_a_recording_that_would_not_fit_before_loading(tiny_run, tmp
     """--memory-limit below the estimate: exit 2, one line with the estimate and the flags, the
     model never loaded, no run directory (not even a temporary one)."""
     from typer.testing import CliRunner
-    from focus_lab import models
+    from focus_lab.hf import models
     from focus_lab.cli import app
     out = tmp_path / "runs" / "big"
     out.parent.mkdir()
@@ -450,7 +452,7 @@ def test_record_run_refuses_after_loading_when_the_cli_cannot_peek(tiny_run, tmp
     """Without a config to read before loading (peek_model: None), record_run's own check
     refuses: a RecordMemoryError (a MemoryError) mapped to exit 2, nothing written."""
     from typer.testing import CliRunner
-    from focus_lab import models
+    from focus_lab.hf import models
     from focus_lab.cli import app
     out = tmp_path / "big"
     _, args = _record_args(tiny_run, tmp_path, out)
@@ -480,7 +482,7 @@ _WORDS = ["Anne", "Elliot", "walked", "to", "the", "house", "letter", "she", "wr
 @pytest.fixture(scope="module")
 def nlp():
     try:
-        from focus_lab.linguistics import load_spacy
+        from focus_lab.recording.linguistics import load_spacy
         return load_spacy()
     except Exception:
         pytest.skip("spaCy pipeline not installed")
@@ -492,7 +494,7 @@ def nlp():
 def test_dropped_edge_relations_read_both_ways(nlp, words, data):
     """The audit's relation of key j to query i mirrors that of i to j: ``head:d`` one way is
     ``child:d`` the other; same_word / same_entity / same_lemma are symmetric."""
-    from focus_lab.linguistics import pos_table, relations_for_pairs
+    from focus_lab.recording.linguistics import pos_table, relations_for_pairs
     text = " ".join(words)
     # model-like tokens: every 1-4 characters, leading spaces attached (byte-level BPE style)
     cuts, i = [0], 0

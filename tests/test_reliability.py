@@ -89,7 +89,7 @@ def test_kill_9_then_resume_equals_uninterrupted_run(tiny_dir, tmp_path):
 def test_same_seed_same_routers_and_assignments(tmp_path):
     import types
     from focus_lab import FocusConfig, TrainConfig
-    from focus_lab.train import train
+    from focus_lab.train.loop import train
     ids = torch.randint(3, 97, (8, 32), generator=torch.Generator().manual_seed(0))
     windows = [types.SimpleNamespace(input_ids=w) for w in ids]
     outs = []
@@ -100,10 +100,8 @@ def test_same_seed_same_routers_and_assignments(tmp_path):
               tmp_path / str(run), progress=False)
         focus_lab.set_config(model, mode="hard")
         groups = []
-        rm = focus_lab.retrofit.add_observer(model, lambda m, q, k, v, r, b, o: groups.append(r.key_group))
-        with torch.no_grad():
+        with torch.no_grad(), focus_lab.hooks(model, {"key_group": lambda kg, hook: groups.append(kg)}):
             model(ids[:2], use_cache=False)
-        rm()
         outs.append((_tensors(tmp_path / str(run) / "routers.safetensors"), groups))
     (ta, ga), (tb, gb) = outs
     assert all(torch.equal(ta[k], tb[k]) for k in ta)
@@ -218,9 +216,9 @@ def test_run_with_other_schema_or_missing_table(tmp_path):
 def test_calibrate_cli_writes_a_new_file_equal_to_the_library_and_refuses_overwriting(tiny_dir, tmp_path):
     """`focus-lab calibrate`: the written routers carry the bias ``calibrate_bias`` computes on
     the same training windows (everything else unchanged); --out equal to --routers is refused."""
-    from focus_lab.calibrate import calibrate_bias
+    from focus_lab.train.calibrate import calibrate_bias
     from focus_lab.data import load_corpus, make_windows
-    from focus_lab.models import load_model
+    from focus_lab.hf.models import load_model
     model_dir, corpus = tiny_dir
     m = tiny_llama()
     focus_lab.attach(m, focus_lab.FocusConfig(window=4, sink_tokens=2))

@@ -5,7 +5,7 @@ import torch
 
 import focus_lab
 from focus_lab import FocusConfig, RouterMismatchError, UnsupportedModelError
-from focus_lab.train import train
+from focus_lab.train.loop import train
 from conftest import tiny_gpt2, tiny_llama
 
 T = 48
@@ -67,7 +67,7 @@ def test_causal_modes_never_see_the_future(tiny_model, mode):
 
 
 def test_attention_function_applies_causality_when_mask_is_none():
-    from focus_lab.retrofit import focus_attention
+    from focus_lab.hf.retrofit import focus_attention
     torch.manual_seed(0)
     q, k, v = torch.randn(1, 2, 6, 4), torch.randn(1, 2, 6, 4), torch.randn(1, 2, 6, 4)
     module = torch.nn.Module()
@@ -145,65 +145,16 @@ def test_unsupported_architecture_lists_families():
         focus_lab.attach(model, FocusConfig())
 
 
-def test_router_inputs_captures_every_routed_layer_and_always_removes_its_hooks():
-    """retrofit.router_inputs: the captured input of each routed layer is what its router sees
-    (the hidden states entering the attention module, compared with output_hidden_states after
-    the layer norm), and no hook survives the block, also when it raises."""
-    from conftest import tiny_llama
-    from focus_lab.config import FocusConfig
-    from focus_lab.retrofit import attach, attention_modules, router_inputs
-    m = tiny_llama(layers=2)
-    attach(m, FocusConfig(window=4, mode="hard"))
-    ids = torch.randint(0, 97, (1, 12), generator=torch.Generator().manual_seed(0))
-    n_hooks = lambda: sum(len(mod._forward_pre_hooks) for _, mod in attention_modules(m))
-    before = n_hooks()
-    with torch.no_grad(), router_inputs(m) as inputs:
-        out = m(input_ids=ids, use_cache=False, output_hidden_states=True)
-        assert n_hooks() == before + 2
-    assert sorted(inputs) == [0, 1] and n_hooks() == before
-    for i, layer in enumerate(m.model.layers):
-        ref = layer.input_layernorm(out.hidden_states[i])  # the attention module's input
-        assert torch.allclose(inputs[i], ref, atol=1e-6)
-    with pytest.raises(ZeroDivisionError):
-        with router_inputs(m, layers=[1]) as inputs:
-            assert n_hooks() == before + 1
-            1 / 0
-    assert n_hooks() == before
-
-
 @torch.no_grad()
-def test_observers_get_the_dense_mask_only_when_they_ask_for_it():
-    """On the decomposition path, an observer registered with mask=False gets bias=None (no
-    O(T^2) mask is built for it), one with the default gets the hard mask itself (brute force
-    here), and phase timings of a FocusForward add up inside the attention function."""
-    from focus_lab.core import hard_mask
-    from focus_lab.retrofit import add_observer, forward_state
+def test_phase_timings_add_up_inside_the_attention_function():
+    """Phase timings of a FocusForward (hard mode, the two-call path) add up inside the
+    attention function."""
+    from focus_lab.hf.retrofit import forward_state
     model = tiny_llama()
     focus_lab.attach(model, FocusConfig(mode="hard", window=4, num_groups=4, top_k=2, sink_tokens=2))
-    ids = _ids()
-    seen = {"plain": [], "mask": []}
-    remove_plain = add_observer(model, lambda m, q, k, v, r, b, o: seen["plain"].append(b), mask=False)
     state = forward_state(model)
     state.timings = {}
-    model(ids, use_cache=False, focus=state)
-    assert seen["plain"] and all(b is None for b in seen["plain"])
-    remove_mask = add_observer(model, lambda m, q, k, v, r, b, o: seen["mask"].append((r, b)))
-    model(ids, use_cache=False)
-    pos = torch.arange(T)
-    assert len(seen["mask"]) == len(focus_lab.routers(model))
-    for routing, bias in seen["mask"]:
-        qg, kg = routing.query_groups, routing.key_group
-        brute = torch.zeros(2, T, T, dtype=torch.bool)
-        for b in range(2):
-            for i in range(T):
-                for j in range(i + 1):
-                    brute[b, i, j] = bool((kg[b, j] == qg[b, i]).any()) or i - j < 4 or j < 2
-        assert torch.equal(bias, brute)
-        assert torch.equal(hard_mask(qg, kg, 4, pos, pos, 2), brute)
-    remove_mask()
-    remove_plain()
-    assert not any(hasattr(m, "_focus_observers") or hasattr(m, "_focus_maskless_observers")
-                   for _, m in focus_lab.retrofit.attention_modules(model))
+    model(_ids(), use_cache=False, focus=state)
     t = state.timings
     inside = sum(v for k, v in t.items() if k != "attention_fn")
     assert {"route", "plan", "attn_A", "attn_B", "merge", "attention_fn"} <= set(t)

@@ -9,11 +9,11 @@ import torch
 from typer.testing import CliRunner
 
 from conftest import tiny_llama
-from focus_lab import shipped
-from focus_lab.config import ConfigError
-from focus_lab.evaluate import parse_patterns, pattern_changes, pattern_names
+from focus_lab.hf import shipped
+from focus_lab.method.config import ConfigError
+from focus_lab.eval.evaluate import parse_patterns, pattern_changes, pattern_names
 from focus_lab.io import ArtifactError
-from focus_lab.retrofit import RouterMismatchError, load_routers, read_router_file
+from focus_lab.hf.retrofit import RouterMismatchError, load_routers, read_router_file
 
 
 def test_manifest_matches_the_shipped_file():
@@ -36,8 +36,8 @@ def test_shipped_file_is_refused_on_another_model():
 
 @pytest.mark.slow
 def test_shipped_file_loads_on_the_embedded_model():
-    from focus_lab.models import load_model
-    from focus_lab.retrofit import routers
+    from focus_lab.hf.models import load_model
+    from focus_lab.hf.retrofit import routers
     model, _ = load_model(verbose=False)
     cfg = load_routers(model, shipped.shipped_router_file())
     assert len(routers(model)) == 30 and cfg.sink_tokens == 64
@@ -97,9 +97,9 @@ def test_eval_cli_bad_random_layers_is_one_line_exit_2():
 
 def test_patterns_of_one_run_do_not_leak_into_each_other():
     from types import SimpleNamespace
-    from focus_lab.config import FocusConfig
-    from focus_lab.evaluate import evaluate
-    from focus_lab.retrofit import attach, focus_config
+    from focus_lab.method.config import FocusConfig
+    from focus_lab.eval.evaluate import evaluate
+    from focus_lab.hf.retrofit import attach, focus_config
     model = tiny_llama()
     attach(model, FocusConfig(window=4, num_groups=4))
     g = torch.Generator().manual_seed(0)
@@ -127,7 +127,7 @@ def test_soup_averages_router_files_tensor_by_tensor_and_refuses_mixed_files(tmp
     from focus_lab import FocusConfig, attach, save_routers
     from focus_lab.cli import app
     from focus_lab.io import file_sha256
-    from focus_lab.retrofit import routers, soup_router_files
+    from focus_lab.hf.retrofit import routers, soup_router_files
 
     def make(seed, model_seed=0, **cfg):
         m = tiny_llama(seed=model_seed)

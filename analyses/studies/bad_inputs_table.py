@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 import focus_lab
 from focus_lab.cli import app
-from focus_lab.tiny import SAMPLE_TEXT as TEXT, bpe_tokenizer, tiny_gpt2, tiny_llama
+from focus_lab.hf.tiny import SAMPLE_TEXT as TEXT, bpe_tokenizer, tiny_gpt2, tiny_llama
 
 
 
@@ -104,7 +104,7 @@ def main() -> None:
             return 0
 
     lib("tokenizer without offsets (slow tokenizer)", lambda: tokenize_document("some text", NoOffsets()))
-    from focus_lab import linguistics
+    from focus_lab.recording import linguistics
     lib("missing spaCy model", lambda: linguistics.load_spacy("en_core_web_nonexistent"))
 
     print("| bad input | answer |\n|---|---|")

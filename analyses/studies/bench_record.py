@@ -23,8 +23,8 @@ import torch
 REPO = Path(__file__).resolve().parents[2]
 
 import focus_lab  # noqa: E402
-from focus_lab.models import load_model  # noqa: E402
-from focus_lab.record import ALL_METRICS  # noqa: E402
+from focus_lab.hf.models import load_model  # noqa: E402
+from focus_lab.recording.recorder import ALL_METRICS  # noqa: E402
 
 
 def main() -> None:

@@ -122,12 +122,12 @@ def main(argv=None) -> None:
 
     import torch
     from focus_lab.data import load_corpus, make_windows
-    from focus_lab.evaluate import evaluate
+    from focus_lab.eval.evaluate import evaluate
     from focus_lab.io import atomic_path, write_parquet
-    from focus_lab.models import load_model
+    from focus_lab.hf.models import load_model
     from focus_lab.io import file_sha256
-    from focus_lab.retrofit import load_routers, routers as routers_of
-    from focus_lab.shipped import resolve_routers
+    from focus_lab.hf.retrofit import load_routers, routers as routers_of
+    from focus_lab.hf.shipped import resolve_routers
 
     torch.set_num_threads(args.threads)
     routers = resolve_routers(args.routers)

@@ -1,6 +1,6 @@
 """Issue 9: train each router recipe on Austen and evaluate soft and hard top-1..K on Persuasion.
 
-Every recipe (focus_lab/recipes.py) trains the same number of steps on the same windows from the
+Every recipe (focus_lab/train/recipes.py) trains the same number of steps on the same windows from the
 same initialization, then is evaluated on the same held-out windows. Results append to
 ``<out>/recipes.parquet`` one recipe at a time (resumable: finished recipes are skipped), with
 the training cost of each. The dense, sliding-window and random-groups controls are evaluated
@@ -21,16 +21,16 @@ import torch
 import focus_lab
 from focus_lab import FocusConfig, TrainConfig
 from focus_lab.data import load_corpus, make_windows
-from focus_lab.evaluate import evaluate, standard_patterns
+from focus_lab.eval.evaluate import evaluate, standard_patterns
 from focus_lab.io import write_parquet
-from focus_lab.models import load_model
-from focus_lab.recipes import recipe
-from focus_lab.train import train
+from focus_lab.hf.models import load_model
+from focus_lab.train.recipes import recipe
+from focus_lab.train.loop import train
 
 ORDER = ["sinks", "paper", "sinks_straight_through", "calibrated", "straight_through",
          "coverage", "sinks64", "coverage64",
          "sinks_hard_phase", "sinks_anneal", "hard_phase", "anneal"]
-recipe_changes = recipe  # one registry: focus_lab.recipes.RECIPES (the sweep adds nothing)
+recipe_changes = recipe  # one registry: focus_lab.train.recipes.RECIPES (the sweep adds nothing)
 
 
 def report(rows: pd.DataFrame, K: int) -> str:

@@ -78,8 +78,9 @@ def main() -> None:
     argv = sys.argv[1:]
     if argv and argv[0] == "--":
         argv = argv[1:]
-    from focus_lab import record as R
-    from focus_lab import linguistics, models
+    from focus_lab.recording import recorder as R
+    from focus_lab.recording import linguistics
+    from focus_lab.hf import models
     from focus_lab.cli import app
     import typer
     s = Sampler()

@@ -22,9 +22,9 @@ import torch
 
 import focus_lab
 from focus_lab.data import load_corpus, make_windows
-from focus_lab.evaluate import evaluate
+from focus_lab.eval.evaluate import evaluate
 from focus_lab.io import write_parquet
-from focus_lab.models import load_model
+from focus_lab.hf.models import load_model
 
 
 def main(argv=None) -> None:

@@ -130,7 +130,7 @@ def run_stage(args: list[str], log: Path) -> tuple[float, float, int]:
 def compare(path: Path, reference: Path) -> dict:
     """Largest absolute difference of ``path``'s router tensors from ``reference``'s on the
     layers that route in both (proj, centroids, group_bias), and whether they are equal."""
-    from focus_lab.retrofit import read_router_file
+    from focus_lab.hf.retrofit import read_router_file
     cfg_a, _, a, _ = read_router_file(path)
     cfg_b, _, b, _ = read_router_file(reference)
     random = set(cfg_a.random_layers or []) | set(cfg_b.random_layers or [])

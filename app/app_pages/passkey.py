@@ -10,7 +10,6 @@ needle audit of one case from ``needle_layers.parquet``.
 
 from __future__ import annotations
 
-import math
 
 import numpy as np
 import pandas as pd
@@ -19,42 +18,7 @@ import streamlit as st
 from plotly.subplots import make_subplots
 
 from focus_lab.app import lib
-
-
-def heatmap_figure(cases: pd.DataFrame) -> go.Figure:
-    """One heatmap per pattern (in the order of the table), rows = prompt length (tokens),
-    columns = needle depth (% of the haystack); colour = exact-match rate over the cell's cases
-    (0..1), text = their mean key log-prob (nats, summed over the key's tokens)."""
-    patterns = list(dict.fromkeys(cases["pattern"]))
-    lengths = sorted(cases["length"].unique())
-    depths = sorted(cases["depth"].unique())
-    cols = min(len(patterns), 3)
-    rows = math.ceil(len(patterns) / cols)
-    fig = make_subplots(rows=rows, cols=cols, subplot_titles=patterns, horizontal_spacing=0.07,
-                        vertical_spacing=0.18 if rows > 1 else 0.1)
-    c = cases.assign(exact_match=cases["exact_match"].astype(float))
-    for n, p in enumerate(patterns):
-        sub = c[c["pattern"] == p]
-        piv = {v: sub.pivot_table(index="length", columns="depth", values=v, aggfunc=f)
-                      .reindex(index=lengths, columns=depths)
-               for v, f in (("exact_match", "mean"), ("key_logprob", "mean"))}
-        count = sub.groupby(["length", "depth"]).size().unstack().reindex(index=lengths, columns=depths)
-        text = [["" if np.isnan(v) else f"{v:.1f}" for v in row] for row in piv["key_logprob"].to_numpy(float)]
-        fig.add_trace(go.Heatmap(
-            z=piv["exact_match"].to_numpy(float), x=[f"{d:g}%" for d in depths], y=[str(x) for x in lengths],
-            zmin=0, zmax=1, colorscale="Viridis", text=text, texttemplate="%{text}", name=p,
-            customdata=count.fillna(0).to_numpy(int), showscale=n == 0,
-            colorbar=dict(title="exact match", len=0.9),
-            hovertemplate=f"{p}<br>length %{{y}} tokens, depth %{{x}}<br>exact match %{{z:.2f}} of "
-                          "%{customdata} cases<br>mean key log-prob %{text} nats<extra></extra>"),
-            row=n // cols + 1, col=n % cols + 1)
-    fig.update_xaxes(title_text="needle depth", type="category")
-    fig.update_yaxes(type="category", autorange="reversed")  # shortest prompt on top
-    for r in range(1, rows + 1):
-        fig.update_yaxes(title_text="prompt tokens", row=r, col=1)
-    fig.update_layout(title="exact-match rate (colour) and mean key log-prob in nats (text), per pattern",
-                      height=280 * rows + 90, margin=dict(l=10, r=10, t=70, b=10))
-    return fig
+from focus_lab.eval.passkey_figure import heatmap_figure
 
 
 def summary_table(cases: pd.DataFrame) -> pd.DataFrame:
@@ -117,7 +81,7 @@ def settings_caption(name: str, info: dict) -> str:
         parts.append(f"haystack {s.get('haystack') or s.get('corpus')}")
     over = s.get("config_overrides") if isinstance(s.get("config_overrides"), dict) else {}
     if over.get("layer_top_k"):
-        from focus_lab.config import format_layer_top_k
+        from focus_lab.method.config import format_layer_top_k
         parts.append(f"per-layer k `{format_layer_top_k(over['layer_top_k'])}`")
     if "random_layers" in over:
         parts.append(f"random groups in layers `{','.join(map(str, over['random_layers'])) or 'none'}`")

@@ -7,7 +7,6 @@ The only page that runs a model: it loads the run's base model and routers once 
 from __future__ import annotations
 
 import html
-import os
 import threading
 from pathlib import Path
 
@@ -36,15 +35,12 @@ def router_file(run: lib.RunView) -> Path | None:
 @st.cache_resource(show_spinner=False, max_entries=2)
 def load_probe_model(model_name: str, routers: str, router_mtime: int, mode: str, top_k: int):
     """(model, tokenizer, lock): the base model with the run's routers, in the run's mode."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     import torch
-    from focus_lab import load_routers, set_config
-    from focus_lab.models import load_model
+    from focus_lab import load_routers
+    from focus_lab.hf.models import load_model
     torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
     model, tok = load_model(model_name or None, verbose=False)
-    load_routers(model, routers)
-    set_config(model, mode=mode, top_k=top_k)
+    load_routers(model, routers, config_overrides={"mode": mode, "top_k": top_k})
     return model, tok, threading.Lock()
 
 
@@ -52,7 +48,7 @@ def probe(model, tok, lock, text: str) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(tokens with POS, assignments) of ``text`` (first MAX_TOKENS tokens)."""
     import numpy as np
     import torch
-    from focus_lab.record import assignments_for_window
+    from focus_lab.recording.recorder import assignments_for_window
     enc = tok(text, return_offsets_mapping=True, add_special_tokens=False)
     ids = np.asarray(enc["input_ids"][:MAX_TOKENS], dtype=np.int64)
     off = np.asarray(enc["offset_mapping"][:MAX_TOKENS], dtype=np.int64).reshape(-1, 2)
@@ -61,7 +57,7 @@ def probe(model, tok, lock, text: str) -> tuple[pd.DataFrame, pd.DataFrame]:
                            "char_start": off[:, 0], "char_end": off[:, 1]})
     tokens["pos"] = "(none)"
     try:
-        from focus_lab.linguistics import pos_table
+        from focus_lab.recording.linguistics import pos_table
         p = pos_table(text, off)
         tokens["pos"] = p["pos"].replace("", "(none)").to_numpy()
     except Exception as e:  # spaCy missing or linguistics unavailable: groups still shown

@@ -51,7 +51,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 import re
 import time
@@ -63,7 +62,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from .config import ConfigError
+from focus_lab.method.config import ConfigError
 
 PASSKEY_SCHEMA = 1
 # 2: the prompt ends with the tokens before the key's first token (``answer_split``); 1 ended at
@@ -135,7 +134,7 @@ def load_haystack(docs: Sequence, tokenizer, name: str = "") -> Haystack:
     """Tokenize documents (objects with ``.text``, e.g. ``load_corpus(name).heldout``) into one
     ``Haystack``: texts joined by a blank line, tokenized without special tokens
     (``data.tokenize_document``). Raises CorpusError when there is no text."""
-    from .data import CorpusError, tokenize_document
+    from focus_lab.data import CorpusError, tokenize_document
     text = "\n\n".join(d.text.strip("\n") for d in docs)
     if not text.strip():
         raise CorpusError(f"the haystack text {name!r} is empty")
@@ -161,7 +160,7 @@ def prompt_parts(tokenizer, fmt: str = DEFAULT_FORMAT) -> tuple[list[int], list[
     and the format has no template. Raises ConfigError for an unknown format or ``chat`` with a
     tokenizer that has no chat template.
     """
-    from .data import bos_token_to_prepend
+    from focus_lab.data import bos_token_to_prepend
     if fmt not in FORMATS:
         raise ConfigError(f"unknown prompt format {fmt!r}; choose from {', '.join(FORMATS)}")
     tail_text = f"\n\n{QUESTION} {ANSWER_PREFIX}"
@@ -271,7 +270,7 @@ def make_case(haystack: Haystack, tokenizer, length: int, depth: float, seed: in
         ConfigError: depth outside 0..100, or a length that leaves no haystack token.
         CorpusError: the haystack text is shorter than ``C`` tokens (the message gives its length).
     """
-    from .data import CorpusError
+    from focus_lab.data import CorpusError
     if not 0 <= depth <= 100:
         raise ConfigError(f"passkey depth {depth} must be a percentage in 0..100")
     head, tail = parts if parts is not None else prompt_parts(tokenizer, fmt)
@@ -327,7 +326,7 @@ def answer_attention(query: torch.Tensor, key: torch.Tensor, scale: float, row: 
     absolute position. Returns (B, H, Tk) float32, ``softmax(q k^T * scale + causal)``, each row
     summing to 1 over keys ``j <= row``.
     """
-    from .metrics import expand_kv
+    from focus_lab.method.metrics import expand_kv
     B, H, Tq, _ = query.shape
     Tk = key.shape[2]
     q = query[:, :, row - (Tk - Tq)].float()  # (B, H, D)
@@ -348,7 +347,7 @@ def needle_edges_kept(query_groups: torch.Tensor, key_group: torch.Tensor, windo
     the heads of a layer (one router per layer, docs/method.md §1.1), so this is also the mean
     over heads. Returns a fraction in [0, 1], averaged over the batch.
     """
-    from .core import hard_mask
+    from focus_lab.method.core import hard_mask
     T = key_group.shape[1]
     dev = key_group.device
     m = hard_mask(query_groups[:, row:row + 1], key_group, window,
@@ -357,9 +356,9 @@ def needle_edges_kept(query_groups: torch.Tensor, key_group: torch.Tensor, windo
 
 
 class _Probe:
-    """Observer of one teacher-forced forward (``retrofit.add_observer``), with the router-input
-    pre-hooks when auditing. A context manager: ``with _Probe(...) as probe:`` attaches both and
-    always removes them on exit (TransformerLens style)."""
+    """The ``attn_out`` hook of one teacher-forced forward (``hooks``): pairs kept, the needle's
+    edges kept at the answer row and, when auditing, the dense attention to the needle. A
+    context manager: ``with _Probe(...) as probe:`` registers the hook and always removes it."""
 
     def __init__(self, model, case: PasskeyCase, audit: bool, config):
         self.model, self.case, self.audit, self.config = model, case, audit, config
@@ -367,33 +366,30 @@ class _Probe:
         self.kept_pairs: list[float] = []
         self.needle_kept: list[float] = []
         self.layers: dict[int, dict] = {}
-        self.h: dict[int, torch.Tensor] = {}
 
     def __enter__(self) -> "_Probe":
-        from contextlib import ExitStack
-        from .retrofit import add_observer, router_inputs
-        with ExitStack() as stack:
-            if self.audit:
-                self.h = stack.enter_context(router_inputs(self.model))
-            stack.callback(add_observer(self.model, self))
-            self._stack = stack.pop_all()
+        from focus_lab.hf.hooks import hooks
+        self._hooks = hooks(self.model, {"attn_out": self})
+        self._hooks.__enter__()
         return self
 
     def __exit__(self, *exc) -> None:
-        self._stack.close()
+        self._hooks.__exit__(*exc)
 
     @torch.no_grad()
-    def __call__(self, module, query, key, value, routing, bias, out) -> None:
-        if key.shape[2] <= self.row:
+    def __call__(self, out: torch.Tensor, hook) -> None:
+        call = hook.call
+        module, query, key, routing = call.module, call.query, call.key, call.routing
+        if key.shape[2] <= self.row or not hasattr(module, "focus_router"):
             return
-        from .core import distant_pairs_kept, route
-        from .metrics import attention_scale
+        from focus_lab.method.core import distant_pairs_kept, route
+        from focus_lab.method.metrics import attention_scale
         router = module.focus_router
         cfg = self.config
         pos = self.case.needle_key_positions
         q_in = self.row - (key.shape[2] - query.shape[2])
-        if 0 <= q_in < bias.shape[1]:  # the mask this pattern's forward used, at the answer row
-            edge = bias[:, q_in, torch.as_tensor(pos)]
+        if 0 <= q_in < query.shape[2]:  # the mask this pattern's forward used, at the answer row
+            edge = call.kept[:, q_in, torch.as_tensor(pos)]
             # soft mode: the gate's factor on the pair's weight, exp(bias) (1 = kept, §2.3)
             kept = edge.float() if edge.dtype == torch.bool else edge.float().exp().clamp(max=1.0)
             self.needle_kept.append(float(kept.mean()))
@@ -406,7 +402,7 @@ class _Probe:
                                    getattr(module, "attn_logit_softcapping", None))  # (B, H, Tk)
             mass = att[..., torch.as_tensor(pos)].sum(-1)  # (B, H)
             # the uniform top-1 / top-2 masks, whatever per-layer k the run sets (layer_top_k cleared)
-            rt = route(router, self.h.pop(layer),
+            rt = route(router, call.router_in,
                        config=cfg.replace(mode="hard", top_k=min(2, cfg.num_groups), layer_top_k={}))
             qg, kg = rt.query_groups, rt.key_group
             self.layers[layer] = {
@@ -432,7 +428,7 @@ def greedy_continuation(model, prefix: torch.Tensor, steps: int, use_cache: bool
     Returns the new token ids.
     """
     if focus is not None:
-        from .retrofit import FocusCache, FocusForward
+        from focus_lab.hf.retrofit import FocusCache, FocusForward
         if use_cache and focus.cache is None:
             focus = FocusForward(focus.config, FocusCache())
     fkw = {} if focus is None else {"focus": focus}
@@ -484,8 +480,8 @@ def run_case(model, tokenizer, case: PasskeyCase, patterns: list[tuple[str, dict
     Returns (case rows, layer rows): dicts with the columns of ``CASES_COLUMNS`` /
     ``LAYER_COLUMNS`` except ``schema_version``; layer rows are empty without ``audit``.
     """
-    from .evaluate import _window_kept
-    from .retrofit import forward_state
+    from focus_lab.eval.evaluate import _window_kept
+    from focus_lab.hf.retrofit import forward_state
     labels = [lab for lab, _ in patterns]
     runs = list(patterns)
     if audit and not any(c.get("mode") == "dense" for _, c in runs):
@@ -595,12 +591,12 @@ def run_passkey(model, tokenizer, haystack: Haystack, out_dir: str | os.PathLike
             (``check_length``), no keys, a depth outside 0..100; CorpusError: a haystack too
             short for a length (before any forward pass).
     """
-    from .evaluate import parse_patterns
-    from .io import write_json, write_parquet
-    from .retrofit import focus_config
+    from focus_lab.eval.evaluate import parse_patterns
+    from focus_lab.io import write_json, write_parquet
+    from focus_lab.hf.retrofit import forward_state
     out_dir = Path(out_dir)
     if patterns is None:
-        patterns = parse_patterns(DEFAULT_PATTERNS, focus_config(model).num_groups)
+        patterns = parse_patterns(DEFAULT_PATTERNS, forward_state(model).config.num_groups)
     if keys < 1:
         raise ConfigError(f"--keys {keys}: at least one key per cell")
     budget = answer_budget(tokenizer, max_new_tokens)
@@ -656,6 +652,7 @@ def run_passkey(model, tokenizer, haystack: Haystack, out_dir: str | os.PathLike
     write_parquet(out_dir / "cases.parquet", cases_df)
     write_parquet(out_dir / "needle_layers.parquet", layers_df)
     files = ["cases.parquet", "needle_layers.parquet"]
+    from focus_lab.eval.passkey_figure import heatmap_figure, write_figure
     written, note = write_figure(heatmap_figure(cases_df), out_dir / "passkey", png=png)
     files += written
     if note:
@@ -676,61 +673,3 @@ def summary(cases: pd.DataFrame) -> pd.DataFrame:
     return g.agg(cases=("exact_match", "size"), exact_match=("exact_match", "mean"),
                  key_logprob=("key_logprob", "mean"), distant_pairs_kept=("distant_pairs_kept", "mean"),
                  needle_edges_kept=("needle_edges_kept", "mean"), seconds=("seconds", "mean")).reset_index()
-
-
-def heatmap_figure(cases: pd.DataFrame):
-    """Plotly figure: one heatmap per (format, pattern), length (rows) x depth (columns), colour =
-    exact-match rate over the cell's keys, text = mean key log-prob (nats)."""
-    import plotly.graph_objects as go
-    from plotly.subplots import make_subplots
-    panels = list(dict.fromkeys(zip(cases["format"], cases["pattern"])))
-    multi_format = cases["format"].nunique() > 1
-    titles = [f"{f}: {p}" if multi_format else p for f, p in panels]
-    cols = min(len(panels), 3)
-    rows = math.ceil(len(panels) / cols)
-    fig = make_subplots(rows=rows, cols=cols, subplot_titles=titles, horizontal_spacing=0.06,
-                        vertical_spacing=0.12)
-    depths = sorted(cases["depth"].unique())
-    lengths = sorted(cases["length"].unique())
-    for n, (f, p) in enumerate(panels):
-        sub = cases[(cases["format"] == f) & (cases["pattern"] == p)]
-        em = sub.pivot_table(index="length", columns="depth", values="exact_match", aggfunc="mean")
-        lp = sub.pivot_table(index="length", columns="depth", values="key_logprob", aggfunc="mean")
-        em, lp = em.reindex(index=lengths, columns=depths), lp.reindex(index=lengths, columns=depths)
-        text = [[("" if np.isnan(v) else f"{v:.1f}") for v in row] for row in lp.to_numpy()]
-        fig.add_trace(go.Heatmap(z=em.to_numpy(dtype=float), x=[f"{d:g}%" for d in depths],
-                                 y=[str(x) for x in lengths], zmin=0, zmax=1, colorscale="Viridis",
-                                 text=text, texttemplate="%{text}", showscale=n == 0,
-                                 colorbar=dict(title="exact match"),
-                                 hovertemplate="length %{y}, depth %{x}<br>exact match %{z:.2f}"
-                                               "<br>key log-prob %{text} nats<extra></extra>"),
-                      row=n // cols + 1, col=n % cols + 1)
-    fig.update_layout(title="Passkey retrieval: exact-match rate (colour), mean key log-prob in nats "
-                            "(text); rows: prompt tokens, columns: needle depth",
-                      template="plotly_white", width=420 * cols + 120, height=300 * rows + 120)
-    return fig
-
-
-def write_figure(fig, stem: Path, png: bool = False) -> tuple[list[str], str | None]:
-    """Write ``stem.html`` (self-contained) and, with ``png``, ``stem.png`` through kaleido
-    (Chromium at ``$BROWSER_PATH``, default /usr/bin/chromium), atomically. A PNG failure is not
-    an error: the PNG is left out. Returns (file names written, a note saying why the PNG is
-    missing, or None)."""
-    from .io import atomic_path
-    html = stem.with_suffix(".html")
-    with atomic_path(html) as tmp:
-        fig.write_html(tmp, include_plotlyjs=True, full_html=True)
-    files, note = [html.name], None
-    if png:
-        if not os.environ.get("BROWSER_PATH") and Path("/usr/bin/chromium").is_file():
-            os.environ["BROWSER_PATH"] = "/usr/bin/chromium"
-        target = stem.with_suffix(".png")
-        try:
-            with atomic_path(target) as tmp:
-                fig.write_image(str(tmp), format="png", scale=1.5)
-            files.append(target.name)
-        except Exception as e:  # noqa: BLE001 - kaleido/Chromium problems must not lose the run
-            first = str(e).splitlines()[0] if str(e) else ""
-            note = (f"PNG not written ({type(e).__name__}: {first}; kaleido needs Chromium at "
-                    f"$BROWSER_PATH or /usr/bin/chromium); the HTML is")
-    return files, note

@@ -18,11 +18,11 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from .core import hard_group_shares
-from .config import FocusConfig, TrainConfig
-from .io import atomic_path, write_json, write_parquet
-from .retrofit import (FocusForward, add_observer, attach, focus_config, is_attached, load_routers,
-                       routers, save_routers)
+from focus_lab.method.core import hard_group_shares
+from focus_lab.method.config import FocusConfig, TrainConfig
+from focus_lab.io import atomic_path, write_json, write_parquet
+from focus_lab.hf.hooks import hooks
+from focus_lab.hf.retrofit import FocusForward, attach, forward_state, is_attached, load_routers, routers, save_routers
 
 TRAIN_LOG_SCHEMA = 1
 
@@ -130,7 +130,7 @@ def train(model, windows: list, focus_cfg: FocusConfig, train_cfg: TrainConfig, 
     if not is_attached(model):
         attach(model, focus_cfg.replace(mode="soft"))
     # the config every training forward uses (passed per forward, the model's default untouched)
-    base_cfg = focus_config(model).replace(mode="soft")
+    base_cfg = forward_state(model, mode="soft").config
     params = [p for r in routers(model).values() for p in (r.proj, r.centroids)]
     opt = torch.optim.AdamW(params, lr=train_cfg.lr, weight_decay=train_cfg.weight_decay)
     start, log_rows = 0, []
@@ -163,10 +163,10 @@ def train(model, windows: list, focus_cfg: FocusConfig, train_cfg: TrainConfig, 
     K = base_cfg.num_groups
     shares: dict[int, torch.Tensor] = {}
 
-    def observe(module, q, k, v, routing, bias, o):
-        if routing is not None:
-            shares[module.focus_router.layer_idx] = hard_group_shares(routing.key_group, K)
-    remove = add_observer(model, observe)
+    def group_shares(key_group, hook):  # (B, T) -> the layer's (K,) hard top-1 shares
+        shares[hook.layer_idx] = hard_group_shares(key_group, K)
+    watch = hooks(model, {"key_group": group_shares})
+    watch.__enter__()
     forward = model
     device = next(model.parameters()).device
     if world > 1:
@@ -192,7 +192,7 @@ def train(model, windows: list, focus_cfg: FocusConfig, train_cfg: TrainConfig, 
                 if train_cfg.objective == "coverage":
                     loss_d = coverage_step(model, ids, step_cfg, shares)
                 else:
-                    from .distill import distill_step
+                    from focus_lab.train.distill import distill_step
                     loss_d = distill_step(model, ids, step_cfg, step, train_cfg.distill_queries,
                                           train_cfg.seed, shares, train_cfg.distill_top_k)
                 if world > 1:  # the model is not run through DDP here: average by hand
@@ -221,7 +221,7 @@ def train(model, windows: list, focus_cfg: FocusConfig, train_cfg: TrainConfig, 
             if rank == 0 and ((step + 1) % train_cfg.checkpoint_every == 0 or step + 1 == stop):
                 _checkpoint(model, opt, step + 1, log_rows, ckpt, base_cfg)
     finally:
-        remove()
+        watch.__exit__(None, None, None)
         for r in rs.values():
             r.eval()
     seconds = time.perf_counter() - t_start
@@ -244,39 +244,34 @@ def train(model, windows: list, focus_cfg: FocusConfig, train_cfg: TrainConfig, 
                        tokens_done / seconds if seconds > 0 else float("nan"), n_params)
 
 
-def coverage_step(model, ids: torch.Tensor, config: FocusConfig, shares: dict | None = None) -> torch.Tensor:
-    """Gradients of the coverage objective (``TrainConfig.objective == "coverage"``, [ours]).
-
-    One dense forward of the frozen model under ``torch.no_grad`` (mode "dense"); at each
-    routed layer the router input ``h: (B, T, d)`` and the layer's head-mean dense attention
-    ``(B, T, T)`` (``metrics.head_mean_attention``) give ``core.coverage_loss``, which is
-    backpropagated into that layer's router alone (routers are independent: no gradient
-    flows through the model). The routers' group bias follows Sinkhorn's column potentials
-    as in LM training. Memory: one layer's ``(B, H, T, T)`` scores at a time.
+def layerwise_step(model, ids: torch.Tensor, config: FocusConfig, layer_loss, shares: dict | None = None
+                   ) -> torch.Tensor:
+    """Gradients of a per-layer objective (coverage, distill): one dense forward of the frozen
+    model under ``torch.no_grad``; at each routed layer whose router routes (``Router.routes``)
+    ``layer_loss(call, config)`` gives ``(loss, col_potential (B, K), scores (B, T, K))`` from
+    the layer's ``hooks.LayerCall`` (router input, q/k/v, dense output); the loss is
+    backpropagated into that layer's router alone (routers are independent: no gradient flows
+    through the model) and the group bias follows Sinkhorn's column potentials as in LM
+    training (docs/method.md §1.3). Memory: one layer's objective graph at a time.
 
     Args:
-        model: Focus-attached causal LM; ids: (B, T) input ids; config: the FocusConfig in
-            force (tau, sinkhorn_iters, window, sink_tokens); shares: optional dict filled with
-            each layer's (K,) hard top-1 group shares.
+        model: Focus-attached causal LM (routers in train mode); ids: (B, T) input ids;
+        config: the FocusConfig in force; shares: optional dict filled with each layer's (K,)
+            hard top-1 group shares.
     Returns:
-        () mean coverage loss over layers (fraction of distant dense mass dropped by the soft gate).
+        () mean loss over the routed layers.
+    Raises:
+        RuntimeError: no routed layer ran (Focus not attached).
     """
-    from .core import coverage_loss, hard_assign, sinkhorn
-    from .metrics import attention_scale, head_mean_attention
-    from .retrofit import router_inputs
-
+    from focus_lab.method.core import hard_assign
     losses: list[torch.Tensor] = []
 
-    def observe(module, q, k, v, routing, bias, out):
-        r = module.focus_router
-        h = inputs.pop(r.layer_idx).detach()
-        if not r.routes(config):  # random groups here: nothing to learn (Router.routes)
+    def at_layer(out: torch.Tensor, hook) -> None:
+        r = getattr(hook.call.module, "focus_router", None)
+        if r is None or not r.routes(config):  # unrouted, or random groups here: nothing to learn
             return
-        attn = head_mean_attention(q, k, attention_scale(module, q.shape[-1]))  # (B, T, T)
         with torch.enable_grad():
-            scores = r(h, config)  # (B, T, K)
-            log_p, col = sinkhorn(scores, config.tau, config.sinkhorn_iters)
-            loss = coverage_loss(attn, log_p, config.window, config.sink_tokens)
+            loss, col, scores = layer_loss(hook.call, config)
             loss.backward()
         r.update_bias(col, config.bias_momentum)
         losses.append(loss.detach())
@@ -284,15 +279,32 @@ def coverage_step(model, ids: torch.Tensor, config: FocusConfig, shares: dict | 
             _, kg = hard_assign(scores.detach(), config.tau, 1, r.group_bias)
             shares[r.layer_idx] = hard_group_shares(kg, config.num_groups)
 
-    remove = add_observer(model, observe)
-    try:
-        with router_inputs(model) as inputs, torch.no_grad():
-            model(input_ids=ids, use_cache=False, focus=FocusForward(config.replace(mode="dense")))
-    finally:
-        remove()
+    with hooks(model, {"attn_out": at_layer}), torch.no_grad():
+        model(input_ids=ids, use_cache=False, focus=FocusForward(config.replace(mode="dense")))
     if not losses:
-        raise RuntimeError("coverage objective: no routed layer ran (is Focus attached?)")
+        name = getattr(layer_loss, "__name__", "per-layer").removesuffix("_layer_loss")
+        raise RuntimeError(f"{name} objective: no routed layer ran (is Focus attached?)")
     return torch.stack(losses).mean()
+
+
+def coverage_layer_loss(call, config: FocusConfig) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One layer's coverage loss (``core.coverage_loss``, [ours]): the fraction of its head-mean
+    dense attention (B, T, T) at distance >= window that the soft gate drops; with the Sinkhorn
+    column potentials (B, K) and the router scores (B, T, K). ``call``: a ``hooks.LayerCall``."""
+    from focus_lab.method.core import coverage_loss, sinkhorn
+    from focus_lab.method.metrics import attention_scale, head_mean_attention
+    q, k = call.query, call.key
+    attn = head_mean_attention(q, k, attention_scale(call.module, q.shape[-1]))  # (B, T, T)
+    scores = call.module.focus_router(call.router_in.detach(), config)  # (B, T, K)
+    log_p, col = sinkhorn(scores, config.tau, config.sinkhorn_iters)
+    return coverage_loss(attn, log_p, config.window, config.sink_tokens), col, scores
+
+
+def coverage_step(model, ids: torch.Tensor, config: FocusConfig, shares: dict | None = None) -> torch.Tensor:
+    """Gradients of the coverage objective (``TrainConfig.objective == "coverage"``, [ours]):
+    ``layerwise_step`` with ``coverage_layer_loss``. ids: (B, T); returns the () mean loss over
+    layers (fraction of distant dense mass dropped by the soft gate)."""
+    return layerwise_step(model, ids, config, coverage_layer_loss, shares)
 
 
 def _checkpoint(model, opt, step: int, log_rows: list, ckpt: Path, config: FocusConfig) -> None:

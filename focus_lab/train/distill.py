@@ -22,9 +22,8 @@ from __future__ import annotations
 
 import torch
 
-from .config import FocusConfig
-from .core import (hard_assign, hard_group_shares, masked_attention, sinkhorn, soft_gate_bias,
-                   soft_top_k_membership)
+from focus_lab.method.config import FocusConfig
+from focus_lab.method.core import masked_attention, sinkhorn, soft_gate_bias, soft_top_k_membership
 
 
 def sample_queries(T: int, window: int, n: int, generator: torch.Generator) -> torch.Tensor:
@@ -121,35 +120,15 @@ def distill_step(model, ids: torch.Tensor, config: FocusConfig, step: int, num_q
     Raises:
         RuntimeError: no routed layer ran (Focus not attached); ValueError: T <= window.
     """
-    from .metrics import attention_scale
-    from .retrofit import FocusForward, add_observer, router_inputs
+    from focus_lab.method.metrics import attention_scale
+    from focus_lab.train.loop import layerwise_step
 
     T = ids.shape[1]
     gen = torch.Generator().manual_seed(seed * 7919 + step)
     q_pos = sample_queries(T, config.window, num_queries, gen).to(ids.device)
-    losses: list[torch.Tensor] = []
 
-    def observe(module, q, k, v, routing, bias, out):
-        r = module.focus_router
-        h = inputs.pop(r.layer_idx).detach()
-        if not r.routes(config):  # random groups here: nothing to learn (Router.routes)
-            return
-        with torch.enable_grad():
-            loss, col, scores = layer_distill_loss(module, r, h, q, k, v, out, q_pos, config,
-                                                   attention_scale(module, q.shape[-1]), top_ks)
-            loss.backward()
-        r.update_bias(col, config.bias_momentum)
-        losses.append(loss.detach())
-        if shares is not None:
-            _, kg = hard_assign(scores, config.tau, 1, r.group_bias)
-            shares[r.layer_idx] = hard_group_shares(kg, config.num_groups)
-
-    remove = add_observer(model, observe)
-    try:
-        with router_inputs(model) as inputs, torch.no_grad():
-            model(input_ids=ids, use_cache=False, focus=FocusForward(config.replace(mode="dense")))
-    finally:
-        remove()
-    if not losses:
-        raise RuntimeError("distill objective: no routed layer ran (is Focus attached?)")
-    return torch.stack(losses).mean()
+    def distill(call, cfg: FocusConfig):
+        return layer_distill_loss(call.module, call.module.focus_router, call.router_in.detach(), call.query,
+                                  call.key, call.value, call.attn_out, q_pos, cfg,
+                                  attention_scale(call.module, call.query.shape[-1]), top_ks)
+    return layerwise_step(model, ids, config, distill, shares)

@@ -11,9 +11,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .io import ArtifactError, file_sha256
+from focus_lab.io import ArtifactError, file_sha256
 
-ROUTER_DIR = Path(__file__).resolve().parent / "routers"
+ROUTER_DIR = Path(__file__).resolve().parent.parent / "routers"
 MANIFEST = ROUTER_DIR / "MANIFEST.json"
 
 
@@ -32,7 +32,7 @@ def shipped_router_file(model_name: str | None = None) -> Path:
         ArtifactError: no router file ships for that model, or the shipped file is missing or
             corrupted (its sha256 differs); the message names the file and ``focus-lab train``.
     """
-    from .models import EMBEDDED
+    from focus_lab.hf.models import EMBEDDED
     name = EMBEDDED if model_name in (None, "", "embedded") else model_name
     entry = manifest().get(name)
     if entry is None:
@@ -72,7 +72,7 @@ def ship(source: str | Path, model_name: str, provenance: dict) -> Path:
     """Copy a trained router file into the package and record it in the manifest (maintainers).
 
     Writes atomically; returns the shipped path."""
-    from .io import atomic_path, write_json
+    from focus_lab.io import atomic_path, write_json
     source = Path(source)
     target = ROUTER_DIR / f"{model_name}.safetensors"
     data = source.read_bytes()

@@ -14,8 +14,9 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from .core import distant_pairs_kept, hard_group_shares
-from .retrofit import add_observer, focus_config, forward_state
+from focus_lab.method.core import distant_pairs_kept, hard_group_shares
+from focus_lab.hf.hooks import hooks
+from focus_lab.hf.retrofit import forward_state
 
 EVAL_SCHEMA = 1
 
@@ -43,7 +44,7 @@ def pattern_changes(name: str, num_groups: int) -> dict:
     equal sparsity), ``shuffled_topK`` (the router's own hard groups moved to random positions:
     identical group sizes, random membership). Raises ConfigError naming the valid names.
     """
-    from .config import ConfigError
+    from focus_lab.method.config import ConfigError
     if name in ("dense", "window", "soft"):
         return {"mode": name, "assignment": "router"}
     kind, _, k = name.partition("_top")
@@ -56,7 +57,7 @@ def pattern_changes(name: str, num_groups: int) -> dict:
 def parse_patterns(spec: str, num_groups: int) -> list[tuple[str, dict]]:
     """[(label, FocusConfig changes)] from a comma list such as ``dense,hard_top2,random_top2``;
     ``all`` is ``standard_patterns``. Raises ConfigError on an unknown or empty name list."""
-    from .config import ConfigError
+    from focus_lab.method.config import ConfigError
     if spec.strip() == "all":
         return standard_patterns(num_groups)
     names = [x.strip() for x in spec.split(",") if x.strip()]
@@ -88,7 +89,7 @@ def evaluate(model, windows: list, patterns: list[tuple[str, dict]] | None = Non
     Each pattern runs with its own ``retrofit.FocusForward`` (the model's default config with the
     pattern's changes); nothing on the model is changed.
     """
-    original = focus_config(model)
+    original = forward_state(model).config
     patterns = patterns or standard_patterns(original.num_groups)
     if per_window:
         frames = []
@@ -101,21 +102,17 @@ def evaluate(model, windows: list, patterns: list[tuple[str, dict]] | None = Non
     kept: list[float] = []
     shares: list[float] = []
 
-    current: dict = {}
+    def groups(key_group, hook):  # pairs kept come from the groups: no (T, T) mask
+        cfg, routing = hook.call.config, hook.call.routing
+        if cfg.mode == "hard":
+            kept.append(distant_pairs_kept(routing.query_groups, key_group, cfg.window, cfg.sink_tokens))
+            if cfg.top_k_at(hook.layer_idx) > 0:  # a window-only layer has no groups
+                shares.append(float(hard_group_shares(key_group, cfg.num_groups).max()))
 
-    def observe(module, q, k, v, routing, bias, out):
-        cfg = current["config"]
-        if cfg.mode == "hard" and routing is not None:
-            kept.append(distant_pairs_kept(routing.query_groups, routing.key_group, cfg.window,
-                                           cfg.sink_tokens))
-            if cfg.top_k_at(module.focus_router.layer_idx) > 0:  # a window-only layer has no groups
-                shares.append(float(hard_group_shares(routing.key_group, cfg.num_groups).max()))
-
-    remove = add_observer(model, observe, mask=False)  # pairs kept come from the groups: no mask
-    try:
+    with hooks(model, {"key_group": groups}):
         for label, changes in patterns:
             state = forward_state(model, **changes)
-            cfg = current["config"] = state.config
+            cfg = state.config
             kept.clear()
             shares.clear()
             nll_sum, n_tok = 0.0, 0
@@ -145,8 +142,6 @@ def evaluate(model, windows: list, patterns: list[tuple[str, dict]] | None = Non
                          "max_group_share": sum(shares) / len(shares) if shares else float("nan"),
                          "seconds": dt,
                          "tokens_per_second": n_tok / dt if dt > 0 else float("nan")})
-    finally:
-        remove()
     df = pd.DataFrame(rows)
     df["schema_version"] = EVAL_SCHEMA
     return df

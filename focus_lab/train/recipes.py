@@ -18,14 +18,14 @@ Each recipe is a named set of FocusConfig and TrainConfig changes, so ``focus-la
 | random_sinks | random groups + sinks, no training (control at equal sparsity) | control |
 | sinks64 | calibrated + the first 64 tokens always visible | the recorder's dropped-dependency audit: 92% of the dropped dense mass lands on secondary sinks (" ", " the") at positions 7-70, just past 4 sinks; the eval-time sweep (figures/recipes/sinks_sweep.md) showed 64 sinks recover most of the gap [ours] |
 | coverage64 | coverage with 64 sinks | both |
-| distill64 | 64 sinks + the distill objective: each router learns, from dense forwards only, to make its layer's soft-gated output (through the output projection) match the dense output on sampled queries; affordable at 4K-8K tokens (``focus_lab.distill``) | SeerAttention's per-layer gate distillation, DuoAttention's output-distortion target [ours] |
+| distill64 | 64 sinks + the distill objective: each router learns, from dense forwards only, to make its layer's soft-gated output (through the output projection) match the dense output on sampled queries; affordable at 4K-8K tokens (``focus_lab.train.distill``) | SeerAttention's per-layer gate distillation, DuoAttention's output-distortion target [ours] |
 | distill64_topk | distill64 against the top-1 and top-2 masks of inference, relaxed (``core.soft_top_k_membership``: a query's k best groups count as kept) instead of the soft gate, which models top-1 only | the hard-aware objective the length table asked for (docs/recipes.md) [ours] |
 | coverage | sinks + the coverage objective: each router learns, from dense forwards only, to put a query and the distant keys its layer attends to in one group (``core.coverage_loss``) | the recorder showed hard top-k PPL tracks the dense attention mass the mask drops (docs/method.md §6); a direct, per-layer target for it needs no backward pass through the model [ours] |
 """
 
 from __future__ import annotations
 
-from .config import ConfigError
+from focus_lab.method.config import ConfigError
 
 DEFAULT_RECIPE = "sinks64"  # best hard-mode recipe measured (README "Router recipes")
 

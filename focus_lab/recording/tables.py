@@ -15,8 +15,9 @@ import numpy as np
 import pandas as pd
 import torch
 
-from . import core, metrics as M
-from .runs import SCHEMA
+from focus_lab.method import core
+from focus_lab.method import metrics as M
+from focus_lab.runs import SCHEMA
 
 
 def schema_frame(name: str, df: pd.DataFrame, optional: Sequence[str] = ()) -> pd.DataFrame:
@@ -246,7 +247,7 @@ def edges_table(rec, tokens, pos) -> pd.DataFrame:
         df["key_token"] = ""
     df["relation"] = ""
     if pos is not None:
-        from .linguistics import relations_for_pairs
+        from focus_lab.recording.linguistics import relations_for_pairs
         rel = np.empty(len(df), dtype=object)
         for w, idx in df.groupby("window").indices.items():
             pw = pos[pos["window"] == w].sort_values("position").reset_index(drop=True)

@@ -17,7 +17,7 @@ import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from contextlib import contextmanager
-from typing import Callable, Iterator
+from typing import Callable
 
 import torch
 import torch.nn as nn
@@ -27,10 +27,11 @@ from safetensors.torch import save_file
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from .config import FocusConfig
-from .core import Router, Routing, focus_bias, masked_attention, route, window_only_groups
-from .decomposition import hard_focus_attention
-from .io import atomic_path, file_sha256
+from focus_lab.method.config import FocusConfig
+from focus_lab.method.core import Router, Routing, focus_bias, masked_attention, route, window_only_groups
+from focus_lab.method.decomposition import hard_focus_attention
+from focus_lab.hf.hooks import LayerCall, fire, has_hooks
+from focus_lab.io import atomic_path, file_sha256
 
 ATTN_NAME = "focus"
 ROUTER_FORMAT = "focus-lab-router"
@@ -149,8 +150,8 @@ class FocusForward:
     transformers hands the ``focus`` keyword to every attention module; the pre-hook that
     ``attach`` installs stores each routed layer's router input in it, and ``focus_attention``
     reads the config and the inputs from it. A forward without ``focus=`` (e.g. inside
-    ``model.generate``) uses the model's default state: ``focus_config(model)`` (changed by
-    ``set_config``) with the model's own FocusCache.
+    ``model.generate``) uses the model's default state, the one ``attach`` / ``load_routers``
+    put on the model (its config is changed by ``set_config``), with the model's own FocusCache.
 
     Attributes:
         config: the FocusConfig in force for this forward (mode, top_k, assignment, window, ...).
@@ -161,7 +162,7 @@ class FocusForward:
             filled by the pre-hook, consumed by the attention function).
         timings: None, or a dict into which every routed layer's attention function adds wall
             seconds per phase (for benchmarks, ``analyses/bench_attention.py``): "route" (router
-            and groups), "mask" (transformers' mask read, path choice), "observers", the
+            and groups), "mask" (transformers' mask read, path choice), "hooks" (the hook points), the
             decomposition's "plan", "gather", "scatter", "attn_A", "attn_B", "merge"
             (``decomposition.hard_focus_attention``), "attn_dense" (dense SDPA) or
             "attn_reference" (the masked reference), and "attention_fn", the whole function.
@@ -296,8 +297,8 @@ def _focus_attention(module, query, key, value, attention_mask, scaling, **kwarg
     router: Router | None = getattr(module, "focus_router", None)
     if router is None:  # an unrouted layer (e.g. a sliding layer of Gemma): the model's own mask
         keep = _keep_from_hf_mask(attention_mask, B, Tq, Tk, query.device)  # (B, Tq, Tk)
-        return _finish(module, query, key, value, None, keep,
-                       masked_attention(query, key, value, keep, scaling, softcap=softcap))
+        out = masked_attention(query, key, value, keep, scaling, softcap=softcap)
+        return _emit(module, None, attention_mask, None, query, key, value, None, keep, lambda: keep, out)
     state = _state_of(kwargs.get("focus"))
     if state is None:
         raise RuntimeError("Focus state missing in a routed layer: call the model itself (its "
@@ -307,7 +308,7 @@ def _focus_attention(module, query, key, value, attention_mask, scaling, **kwarg
         keep = _keep_from_hf_mask(attention_mask, B, Tq, Tk, query.device)  # (B, Tq, Tk)
     # 1. route: the layer's groups (and those of every cached token in a hard decode step)
     with _phase(tm, "route"):
-        routing, offset = _route_layer(router, state, keep, attention_mask, Tq, Tk)
+        routing, offset, h = _route_layer(router, state, keep, attention_mask, Tq, Tk)
     # 2. choose the path, 3. compute
     with _phase(tm, "mask"):
         path = _attention_path(state, query, key, attention_mask, keep, Tq, Tk, offset, softcap)
@@ -321,45 +322,41 @@ def _focus_attention(module, query, key, value, attention_mask, scaling, **kwarg
             qg, kg = routing.query_groups, routing.key_group
         out = hard_focus_attention(query, key, value, qg, kg, cfg.window, scaling, backend=cfg.backend,
                                    sinks=cfg.sink_tokens, timings=tm)
-        # observers that read it get the same dense mask as on the reference path (O(T^2))
-        with _phase(tm, "observers"):
-            bias = (focus_bias(cfg, routing, q_pos, k_pos, B) & keep) if _observers_need_mask(module) else None
-            return _finish(module, query, key, value, routing, bias, out)
+        # a hook on "kept" gets the same dense mask as on the reference path (O(T^2), built on demand)
+        with _phase(tm, "hooks"):
+            return _emit(module, state, attention_mask, h, query, key, value, routing, keep,
+                         lambda: focus_bias(cfg, routing, q_pos, k_pos, B) & keep, out)
     if path == "causal_sdpa":  # dense through the flash kernel, no (B, Tq, Tk) mask: ~2x at 4K
         # Tq == Tk: top-left causal; Tq == 1 (a decode step): the last query sees every key
         with _phase(tm, "attn_dense"):
             out = F.scaled_dot_product_attention(query, key, value, is_causal=Tq > 1, scale=scaling,
                                                  enable_gqa=query.shape[1] != key.shape[1])
-        with _phase(tm, "observers"):
-            return _finish(module, query, key, value, routing, keep, out)
+        with _phase(tm, "hooks"):
+            return _emit(module, state, attention_mask, h, query, key, value, routing, keep, lambda: keep, out)
     with _phase(tm, "attn_reference"):
         fb = focus_bias(cfg, routing, q_pos, k_pos, B)  # (B, Tq, Tk) bool mask or float bias
         bias = fb & keep if fb.dtype == torch.bool else fb.masked_fill(~keep, float("-inf"))
         out = masked_attention(query, key, value, bias, scaling, softcap=softcap)
-    with _phase(tm, "observers"):
-        return _finish(module, query, key, value, routing, bias, out)
+    with _phase(tm, "hooks"):
+        return _emit(module, state, attention_mask, h, query, key, value, routing, keep, lambda: bias, out)
 
 
-def _observers(module: nn.Module) -> tuple:
-    return module.__dict__.get("_focus_observers", ())
-
-
-def _observers_need_mask(module: nn.Module) -> bool:
-    """True when an observer of ``module`` reads the dense mask (``add_observer(mask=True)``)."""
-    maskless = module.__dict__.get("_focus_maskless_observers", ())
-    return any(fn not in maskless for fn in _observers(module))
-
-
-def _finish(module, query, key, value, routing, bias, out: torch.Tensor) -> tuple[torch.Tensor, None]:
-    """Hand ``out`` (B, H, Tq, D) to the layer's observers, return transformers' (B, Tq, H, D)."""
-    for observer in _observers(module):
-        observer(module, query, key, value, routing, bias, out)
+def _emit(module, state: FocusForward | None, attention_mask, h, query, key, value, routing, keep: torch.Tensor,
+          kept: Callable[[], torch.Tensor], out: torch.Tensor) -> tuple[torch.Tensor, None]:
+    """Fire the layer's hook points (``hooks.fire``, when any is registered) with ``out``
+    (B, H, Tq, D); return transformers' (B, Tq, H, D) (a hook at ``attn_out`` may patch it)."""
+    if has_hooks(module):
+        plain = (state.is_plain_causal(attention_mask, keep) if state is not None
+                 else attention_mask is None or is_plain_causal(keep))
+        out = fire(LayerCall(module.__dict__["_focus_layer"], module, state.config if state else None, h,
+                             query, key, value, routing, keep, plain, out, kept))
     return out.transpose(1, 2).contiguous(), None
 
 
-def _route_layer(router: Router, state: FocusForward, keep: torch.Tensor,
-                 attention_mask: torch.Tensor | None, Tq: int, Tk: int) -> tuple[Routing | None, int]:
-    """(routing, offset) of one routed layer's forward; routing is None in dense / window mode.
+def _route_layer(router: Router, state: FocusForward, keep: torch.Tensor, attention_mask: torch.Tensor | None,
+                 Tq: int, Tk: int) -> tuple[Routing | None, int, torch.Tensor | None]:
+    """(routing, offset, h) of one routed layer's forward; routing is None in dense / window
+    mode; h: (B, Tq, d_model) the router input the pre-hook stored.
 
     In hard mode with a KV cache (Tq < Tk) the key groups of the cached tokens come from the
     state's FocusCache (filled by the earlier forwards), since the router needs hidden states.
@@ -370,7 +367,7 @@ def _route_layer(router: Router, state: FocusForward, keep: torch.Tensor,
     cfg = state.config
     h = state.inputs.pop(router.layer_idx, None)
     if cfg.mode not in ("soft", "hard"):
-        return None, 0
+        return None, 0, h
     if Tq != Tk and cfg.mode == "soft":
         raise NotImplementedError(
             "Focus soft attention with a KV cache (decode steps) is not supported; "
@@ -383,18 +380,18 @@ def _route_layer(router: Router, state: FocusForward, keep: torch.Tensor,
     if router.training and routing.col_potential is not None and router.routes(cfg):
         router.update_bias(routing.col_potential, cfg.bias_momentum)
     if cfg.mode != "hard":
-        return routing, 0
+        return routing, 0, h
     if state.cache is None:
         if Tq < Tk:
             raise RuntimeError(
                 f"hard-mode KV-cache step with {Tk - Tq} cached tokens, but this forward's "
                 "FocusForward has no FocusCache: pass FocusForward(config, cache=FocusCache()) "
                 "to the prefill and to every step, or omit focus= to use the model's default")
-        return routing, 0
+        return routing, 0, h
     seen = state.cache.extend(router.layer_idx, routing.key_group, Tq, Tk)  # (B, T_seen)
     offset = seen.shape[1] - Tk  # a sliding-window cache keeps only the latest keys
     return Routing(routing.scores, routing.log_p, routing.col_potential, routing.query_groups,
-                   seen[:, offset:]), offset
+                   seen[:, offset:]), offset, h
 
 
 def _attention_path(state: FocusForward, query, key, attention_mask, keep, Tq: int, Tk: int,
@@ -415,9 +412,9 @@ def _attention_path(state: FocusForward, query, key, attention_mask, keep, Tq: i
     return "reference"
 
 
-def _register() -> None:
-    AttentionInterface.register(ATTN_NAME, focus_attention)
-    AttentionMaskInterface.register(ATTN_NAME, _focus_mask)
+# registered once, when this module is imported: transformers then finds "focus" by name
+AttentionInterface.register(ATTN_NAME, focus_attention)
+AttentionMaskInterface.register(ATTN_NAME, _focus_mask)
 
 
 # --------------------------------------------------------------------------------------------
@@ -482,35 +479,6 @@ def _state_hook(attachment: _Attachment) -> Callable:
     return hook
 
 
-@contextmanager
-def router_inputs(model: nn.Module, layers: list[int] | None = None,
-                  with_mask: bool = False) -> Iterator[dict[int, torch.Tensor]]:
-    """Capture each routed layer's attention input while the block runs (TransformerLens style).
-
-    Yields a dict ``{layer_idx: h}``, h: (B, T, d_model) the hidden states the layer's router
-    sees, overwritten by every forward (read it in an observer, or after each forward); with
-    ``with_mask``, ``{layer_idx: (h, attention_mask)}`` (transformers' 4-D mask or None). The
-    forward pre-hooks (``with_kwargs=True``: decoder layers pass ``hidden_states`` by keyword)
-    are always removed on exit, also when the block raises. ``layers``: only these layer_idx.
-    The one router-input capture of the library (train's objectives, record, passkey, baselines).
-    """
-    captured: dict[int, torch.Tensor] = {}
-    hooks = []
-    try:
-        for i, m in attention_modules(model):
-            if not hasattr(m, "focus_router") or (layers is not None and i not in layers):
-                continue
-
-            def hook(module, args, kwargs, i=i):
-                h = kwargs.get("hidden_states", args[0] if args else None)
-                captured[i] = (h, kwargs.get("attention_mask")) if with_mask else h
-            hooks.append(m.register_forward_pre_hook(hook, with_kwargs=True))
-        yield captured
-    finally:
-        for h in hooks:
-            h.remove()
-
-
 def is_attached(model: nn.Module) -> bool:
     return hasattr(model, "_focus_state")
 
@@ -543,7 +511,6 @@ def attach(model: nn.Module, config: FocusConfig | None = None) -> nn.Module:
         raise ValueError(f"FocusConfig.layers names sliding-window layers {local} of this "
                          f"{model.config.model_type} model: Focus applies to its global layers "
                          f"{default} only (local layers keep their own window)")
-    _register()
     d_model = model.config.hidden_size
     requires_grad = {n: p.requires_grad for n, p in model.named_parameters()}
     for p in model.parameters():
@@ -552,8 +519,9 @@ def attach(model: nn.Module, config: FocusConfig | None = None) -> nn.Module:
     attachment = _Attachment(FocusForward(config, FocusCache()), [], requires_grad,
                              model.config._attn_implementation)
     for idx, module in modules:
+        module.__dict__["_focus_layer"] = idx  # the layer index the hook points name
         if idx in layers:
-            # routers start in eval mode: their group bias only moves inside focus_lab.train
+            # routers start in eval mode: their group bias only moves inside focus_lab.train.loop
             module.focus_router = Router(d_model, config, idx).to(device).eval()
         attachment.hooks.append(module.register_forward_pre_hook(_state_hook(attachment), with_kwargs=True))
     model._focus_state = attachment
@@ -570,6 +538,7 @@ def detach(model: nn.Module) -> nn.Module:
     for h in state.hooks:
         h.remove()
     for _, module in attention_modules(model):
+        module.__dict__.pop("_focus_layer", None)
         if hasattr(module, "focus_router"):
             del module.focus_router
     model.set_attn_implementation(state.attn_implementation)
@@ -584,13 +553,19 @@ def routers(model: nn.Module) -> dict[int, Router]:
     return {i: m.focus_router for i, m in attention_modules(model) if hasattr(m, "focus_router")}
 
 
+def _default(model: nn.Module) -> FocusForward:
+    """The model's default FocusForward (what a forward without ``focus=`` uses); ValueError
+    when Focus is not attached."""
+    if not is_attached(model):
+        raise ValueError("Focus is not attached to this model; call focus_lab.attach(model, config)")
+    return model._focus_state.default
+
+
 def focus_config(model: nn.Module) -> FocusConfig:
     """The model's default FocusConfig: the one a forward without ``focus=`` uses.
 
     Raises ValueError when Focus is not attached."""
-    if not is_attached(model):
-        raise ValueError("Focus is not attached to this model; call focus_lab.attach(model, config)")
-    return model._focus_state.default.config
+    return _default(model).config
 
 
 def _changed(old: FocusConfig, changes: dict) -> FocusConfig:
@@ -609,7 +584,7 @@ def forward_state(model: nn.Module, cache: bool = False, **changes) -> FocusForw
 
     Raises ValueError: Focus not attached, or a shape field (num_groups, router_dim, layers)
     changed (they are fixed at attach)."""
-    return FocusForward(_changed(focus_config(model), changes), FocusCache() if cache else None)
+    return FocusForward(_changed(_default(model).config, changes), FocusCache() if cache else None)
 
 
 def set_config(model: nn.Module, **changes) -> FocusConfig:
@@ -617,7 +592,7 @@ def set_config(model: nn.Module, **changes) -> FocusConfig:
     without ``focus=`` uses from now on (``model.generate`` included). Library code passes a
     ``forward_state`` per forward instead. Shape fields (num_groups, router_dim, layers) cannot
     change after attach (ValueError)."""
-    new = _changed(focus_config(model), changes)
+    new = _changed(_default(model).config, changes)
     model._focus_state.default = FocusForward(new, FocusCache())
     return new
 
@@ -648,7 +623,7 @@ def model_identity(model: nn.Module) -> dict[str, str]:
 def save_routers(model: nn.Module, path: str | Path, extra: dict | None = None,
                  config: FocusConfig | None = None) -> Path:
     """Write the routers as safetensors (atomically), with the FocusConfig (``config``, default
-    the model's default ``focus_config(model)``) and the base model's identity in the metadata.
+    the model's default config) and the base model's identity in the metadata.
     Tensors: ``layers.{i}.proj (d_model, d_g)``, ``layers.{i}.centroids (K, d_g)``,
     ``layers.{i}.group_bias (K,)``."""
     path = Path(path)
@@ -656,7 +631,7 @@ def save_routers(model: nn.Module, path: str | Path, extra: dict | None = None,
     for i, r in routers(model).items():
         for name, t in [("proj", r.proj), ("centroids", r.centroids), ("group_bias", r.group_bias)]:
             tensors[f"layers.{i}.{name}"] = t.detach().to("cpu", torch.float32).contiguous()
-    return write_router_file(path, tensors, config or focus_config(model), model_identity(model), extra)
+    return write_router_file(path, tensors, config or _default(model).config, model_identity(model), extra)
 
 
 def write_router_file(path: str | Path, tensors: dict[str, torch.Tensor], config: FocusConfig,
@@ -716,7 +691,7 @@ def soup_router_files(paths: list[str | Path], out: str | Path, weights: list[fl
         ConfigError: fewer than two files, weights of the wrong count, negative or all zero.
         RouterMismatchError: the files differ in base model, FocusConfig or tensor names/shapes.
     """
-    from .config import ConfigError
+    from focus_lab.method.config import ConfigError
     paths, out = [Path(x) for x in paths], Path(out)
     if len(paths) < 2:
         raise ConfigError("a router soup needs at least two router files")
@@ -762,11 +737,11 @@ def load_routers(model: nn.Module, path: str | Path, config_overrides: dict | No
     if config_overrides:
         config = config.replace(**config_overrides)
     if is_attached(model):
-        cur = focus_config(model)
+        cur = _default(model).config
         if (cur.num_groups, cur.router_dim, cur.layers) != (config.num_groups, config.router_dim, config.layers):
             raise RouterMismatchError("the attached Focus config differs in shape from the file's; detach first")
-        set_config(model, **{k: v for k, v in config.to_dict().items()
-                             if k not in ("num_groups", "router_dim", "layers")})
+        keep = {k: v for k, v in config.to_dict().items() if k not in ("num_groups", "router_dim", "layers")}
+        model._focus_state.default = FocusForward(cur.replace(**keep), FocusCache())
     else:
         attach(model, config)
     for i, r in routers(model).items():
@@ -776,34 +751,4 @@ def load_routers(model: nn.Module, path: str | Path, config_overrides: dict | No
                 if key not in tensors:
                     raise RouterMismatchError(f"router file {path} has no tensor {key}")
                 getattr(r, name).copy_(tensors[key])
-    return focus_config(model)
-
-
-def add_observer(model: nn.Module, fn: Callable, layers: list[int] | None = None,
-                 mask: bool = True) -> Callable[[], None]:
-    """Call ``fn(module, query, key, value, routing, bias, out)`` after each Focus attention
-    call of the selected layers (default: the routed layers, those with a ``focus_router``;
-    a listed layer without one is observed with ``routing=None``, e.g. Gemma's sliding layers).
-
-    ``mask``: the observer reads ``bias``, the (B, Tq, Tk) mask or bias the layer attended with.
-    On the decomposition path (hard and window modes, docs/method.md §4) that dense mask exists
-    only for observers: it is built per layer, O(T^2), when at least one observer of the layer
-    asks for it. An observer registered with ``mask=False`` (e.g. one that counts kept pairs from
-    the groups, ``core.distant_pairs_kept``) gets ``bias=None`` there and costs no mask.
-    Returns a function that removes the observer."""
-    mods = [(i, m) for i, m in attention_modules(model)
-            if (hasattr(m, "focus_router") if layers is None else i in layers)]
-    for _, m in mods:
-        m.__dict__.setdefault("_focus_observers", []).append(fn)
-        if not mask:
-            m.__dict__.setdefault("_focus_maskless_observers", []).append(fn)
-
-    def remove() -> None:
-        for _, m in mods:
-            for attr in ("_focus_observers", "_focus_maskless_observers"):
-                obs = m.__dict__.get(attr, [])
-                if fn in obs:
-                    obs.remove(fn)
-                if not obs:
-                    m.__dict__.pop(attr, None)
-    return remove
+    return _default(model).config

@@ -16,7 +16,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .config import FocusConfig
+from focus_lab.method.config import FocusConfig
 
 
 def layer_seed(seed: int, layer_idx: int) -> int:
@@ -94,7 +94,7 @@ class Router(nn.Module):
                ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor, torch.Tensor]:
         """Soft and hard assignments from the scores; ``route`` calls this after ``forward``.
 
-        The one extension point for baselines (``focus_lab.baselines``): a subclass may
+        The one extension point for baselines (``focus_lab.eval.baselines``): a subclass may
         change how scores become groups (plain softmax, prefix-causal Sinkhorn, MoBA blocks)
         while the mask rule, the gate and the attention path stay those of this module.
         Default: Sinkhorn in soft mode or training (docs/method.md §1), ``hard_assign`` always.

@@ -1,5 +1,5 @@
 """Configuration of a Focus retrofit (``FocusConfig``, saved with every artifact), of router
-training (``TrainConfig``) and of a recording (``RecordOptions``, ``focus_lab.record``).
+training (``TrainConfig``) and of a recording (``RecordOptions``, ``focus_lab.recording.recorder``).
 
 Source: docs/method.md §1 (routing), §2 (attention pattern), §3 (training).
 """
@@ -125,7 +125,7 @@ class FocusConfig:
         gumbel_noise: scale of Gumbel noise added to the router logits during training
             (Gumbel top-k; with straight_through, trains against sampled hard masks).
         backend: how hard mode computes attention (docs/method.md §4): "auto" (the two-call
-            decomposition of focus_lab.decomposition with the best kernel present: flash-attn on
+            decomposition of focus_lab.method.decomposition with the best kernel present: flash-attn on
             a GPU, else torch's CPU flash kernel), "torch" or "flash" (force that kernel), or
             "dense" (the O(T^2) masked reference). All give the same outputs (max abs error
             <= 1e-5 in fp32); other modes always use the dense reference.
@@ -261,7 +261,7 @@ class TrainConfig:
             distant attention mass in shared groups, ``core.coverage_loss``, from dense
             forwards without backpropagating through the model), or "distill" ([ours]: each
             layer's router alone learns to make the layer's soft-gated output match the dense
-            output on ``distill_queries`` sampled queries, ``focus_lab.distill``; affordable at
+            output on ``distill_queries`` sampled queries, ``focus_lab.train.distill``; affordable at
             4K-8K tokens).
         distill_queries: queries sampled per window by the "distill" objective.
         distill_top_k: top-k values whose relaxed masks the "distill" objective matches
@@ -329,7 +329,7 @@ ALL_METRICS = ("assignments", "balance", "coverage", "crossing", "dropped_edges"
 
 @dataclass
 class RecordOptions:
-    """What ``focus_lab.record`` records (every field is written to the run manifest;
+    """What ``focus_lab.recording.recorder`` records (every field is written to the run manifest;
     ``focus-lab record`` takes its defaults from these fields).
 
     Attributes:

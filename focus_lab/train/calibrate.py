@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from .retrofit import add_observer, forward_state, routers
+from focus_lab.hf.hooks import hooks
+from focus_lab.hf.retrofit import forward_state, routers
 
 
 @torch.no_grad()
@@ -34,23 +35,22 @@ def calibrate_bias(model, windows: list, progress: bool = True) -> dict[int, tor
     sums: dict[int, torch.Tensor] = {}
     counts: dict[int, int] = {}
 
-    def observe(module, q, k, v, routing, bias, out):
-        if routing is not None and routing.col_potential is not None:
-            i = module.focus_router.layer_idx
-            col = routing.col_potential.float().sum(0)  # (K,) summed over the batch
-            sums[i] = sums.get(i, 0) + col
-            counts[i] = counts.get(i, 0) + routing.col_potential.shape[0]
+    def potentials(scores, hook):  # the layer's Sinkhorn column potentials, (B, K)
+        col = hook.call.routing.col_potential
+        if col is not None:
+            i = hook.layer_idx
+            sums[i] = sums.get(i, 0) + col.float().sum(0)  # (K,) summed over the batch
+            counts[i] = counts.get(i, 0) + col.shape[0]
 
     modes = {i: r.training for i, r in rs.items()}
-    remove = add_observer(model, observe)
     try:
         for r in rs.values():
             r.train()  # a training router runs Sinkhorn (Router.assign) even in hard mode
         from tqdm.auto import tqdm
-        for w in tqdm(windows, desc="calibrate bias", disable=not progress, dynamic_ncols=True):
-            model(input_ids=w.input_ids[None], use_cache=False, focus=state)
+        with hooks(model, {"scores": potentials}):
+            for w in tqdm(windows, desc="calibrate bias", disable=not progress, dynamic_ncols=True):
+                model(input_ids=w.input_ids[None], use_cache=False, focus=state)
     finally:
-        remove()
         for i, r in rs.items():
             r.train(modes[i])
     new = {}

@@ -23,7 +23,7 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
-from .runs import SCHEMA
+from focus_lab.runs import SCHEMA
 
 __all__ = ["LinguisticsError", "DEFAULT_SPACY_MODEL", "CONTENT_POS", "load_spacy", "align_tokens",
            "pos_table", "word_relation", "relations_for_pairs"]

@@ -27,7 +27,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from . import core
+from focus_lab.method import core
 
 __all__ = [
     "ASSIGNMENT_KINDS", "COVERAGE_PATTERNS", "assignment_distributions", "top1_margin",

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
-import types
 import importlib.metadata as md
 import json
 import platform
@@ -38,13 +37,15 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from . import core, metrics as M, record_tables as T
-from .io import atomic_path
-from .decomposition import torch_threads
-from .retrofit import (_keep_from_hf_mask, add_observer, attention_modules, focus_config, forward_state,
-                       model_identity, PlainCausalCheck, router_inputs)
-from .runs import MANIFEST, SCHEMA, SCHEMA_VERSION
-from .config import ALL_METRICS, RecordOptions  # noqa: F401  (defined with the other option dataclasses)
+from focus_lab.method import core
+from focus_lab.method import metrics as M
+from focus_lab.recording import tables as T
+from focus_lab.io import atomic_path
+from focus_lab.method.decomposition import torch_threads
+from focus_lab.hf.hooks import hooks
+from focus_lab.hf.retrofit import attention_modules, forward_state, model_identity
+from focus_lab.runs import MANIFEST, SCHEMA, SCHEMA_VERSION
+from focus_lab.method.config import ALL_METRICS, RecordOptions  # noqa: F401  (defined with the other option dataclasses)
 
 PACKAGES = ("torch", "transformers", "spacy", "pandas", "pyarrow", "scikit-learn", "streamlit", "focus-lab")
 
@@ -116,13 +117,12 @@ class Recording:
 
     def __init__(self, model, options: RecordOptions):
         self.options = options.validate()
-        self.config = focus_config(model)
+        self.config = forward_state(model).config  # then the config of the recorded forwards
         self.model_config = model.config
         self.layers, self.modules, self.num_heads, self.heads = _recorded_layers_heads(model, self.options)
         self.num_windows = 0
         self.seq_lens: dict[int, int] = {}
         self._seen: dict[int, int] = {}  # layer -> sequences observed so far
-        self._h: dict[int, torch.Tensor] = {}
         self._routes: list[dict] = []
         self._random: dict[tuple, tuple] = {}
         self._layer_cache: dict[int, dict] = {}
@@ -130,20 +130,20 @@ class Recording:
         self._edges: list[dict] = []
         self._patterns: list[dict] = []
         self.matched_windows: dict[tuple[int, int], int] = {}
-        self._plain = PlainCausalCheck()
 
     # ---------------------------------------------------------------- hooks
     @torch.no_grad()
-    def _observe(self, module, query, key, value, routing, bias, out) -> None:
-        router = getattr(module, "focus_router", None)
+    def _observe(self, out: torch.Tensor, hook) -> None:
+        """The ``attn_out`` hook (``hooks``): reduce one recorded layer's call."""
+        call = hook.call
+        router = getattr(call.module, "focus_router", None)
         if router is None or router.layer_idx not in self.modules:
             return
-        layer = router.layer_idx
-        h, hf_mask = self._h.pop(layer, (None, None))
+        layer, module, query, key, routing, h = router.layer_idx, call.module, call.query, call.key, call.routing, call.router_in
         B, H, T, D = query.shape
         if key.shape[2] != T:  # a decode step: nothing to audit
             return
-        cfg = self.config
+        cfg = self.config = call.config
         if routing is None:
             if h is None:
                 raise RuntimeError(f"layer {layer}: the router input was not captured")
@@ -162,7 +162,8 @@ class Recording:
                              "h": h.detach().to(torch.float16).cpu() if "linguistics" in want and h is not None
                              else None, "cfg": cfg})
         if want & _ATTENTION_METRICS:
-            self._attention(module, layer, base, query, key, routing, cfg, qg, kg, hf_mask)
+            self._attention(module, layer, base, query, key, routing, cfg, qg, kg,
+                            None if call.plain_causal else call.model_mask)
 
     def _random_groups(self, B, T, cfg, layer):
         key = (B, T, layer, cfg.seed, cfg.num_groups, cfg.top_k_at(layer), cfg.tau)
@@ -170,7 +171,9 @@ class Recording:
             self._random[key] = M.random_groups(B, T, cfg, layer)
         return self._random[key]
 
-    def _attention(self, module, layer, base, query, key, routing, cfg, qg, kg, hf_mask=None) -> None:
+    def _attention(self, module, layer, base, query, key, routing, cfg, qg, kg, model_mask=None) -> None:
+        """The attention metrics of one layer call; ``model_mask``: (B, T, T) bool, the model's own
+        mask when it hides more than causality (sliding window, padding), else None."""
         opts = self.options
         want = set(opts.metrics)
         B, H, T, D = query.shape
@@ -189,11 +192,6 @@ class Recording:
             log_p = log_p.detach().float()
         edges_on = "dropped_edges" in want
         ph = [heads.index(hh) for (l, hh) in opts.patterns if l == layer]
-        model_mask = None
-        if hf_mask is not None:  # the model's own mask (sliding window, padding), if it hides more
-            keep = _keep_from_hf_mask(hf_mask, B, T, T, query.device)
-            if not self._plain(hf_mask, keep):  # checked once per forward (one mask, every layer)
-                model_mask = keep
         res = M.attention_metrics(
             q, k, M.attention_scale(module, D), routing.query_groups, routing.key_group, cfg.window,
             sinks=cfg.sink_tokens, random_query_groups=rq, random_key_group=rk, log_p=log_p,
@@ -280,16 +278,8 @@ def record(model, metrics: Sequence[str] = ALL_METRICS, layers: Sequence[int] | 
                          heads=list(heads) if heads is not None else None, patterns=list(patterns),
                          **options)
     rec = Recording(model, opts)
-    remove = None
-    try:
-        with router_inputs(model, list(rec.modules), with_mask=True) as captured:
-            rec._h = captured  # {layer: (h, attention_mask)}, popped by the observer
-            remove = add_observer(model, rec._observe, rec.layers)
-            yield rec
-    finally:
-        if remove is not None:
-            remove()
-        rec._h = {}
+    with hooks(model, {f"layers.{i}.attn_out": rec._observe for i in rec.layers}):
+        yield rec
 
 
 # --------------------------------------------------------------------------------------------
@@ -650,8 +640,8 @@ def memory_inputs(model, windows: Sequence, metrics: Sequence[str] = ALL_METRICS
                   patterns: Sequence = (), with_pos: bool = True, **options) -> dict:
     """The arguments of ``estimate_memory`` for ``record_run(model, ..., windows, ...)``:
     T = the longest window, the recorded layers (the routed ones, or ``layers``) and heads."""
-    from .retrofit import routers as _routers
-    cfg = focus_config(model)
+    from focus_lab.hf.retrofit import routers as _routers
+    cfg = forward_state(model).config
     routed = sorted(_routers(model))
     n_layers = len(routed) if layers is None else len(set(layers))
     n_heads = int(model.config.num_attention_heads) if heads is None else len(set(heads))
@@ -696,7 +686,7 @@ def record_run(model, tokenizer, windows: list, texts: dict[str, str], out_dir: 
         ValueError: as ``record`` (metrics, layers, heads, patterns).
     """
     out_dir = Path(out_dir)
-    cfg = focus_config(model)
+    cfg = forward_state(model).config
     if windows:
         inputs = memory_inputs(model, windows, metrics, layers, heads, patterns, with_pos, **options)
         check_memory(estimate_memory(**inputs), memory_limit,
@@ -705,7 +695,7 @@ def record_run(model, tokenizer, windows: list, texts: dict[str, str], out_dir: 
     tok_frames, pos_frames = [], []
     pos_table = None
     if with_pos:
-        from .linguistics import load_spacy, pos_table
+        from focus_lab.recording.linguistics import load_spacy, pos_table
         load_spacy()  # fail early with a clear message
     with record(model, metrics=metrics, layers=layers, heads=heads, patterns=patterns, **options) as rec:
         # loss_delta: the recorded forward's own logits give the NLL of its mode (dense or hard);
@@ -776,14 +766,3 @@ def record_run(model, tokenizer, windows: list, texts: dict[str, str], out_dir: 
             df.to_parquet(tmp / f"{name}.parquet", index=False)
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True, default=str))
     return out_dir
-
-
-class _CallableModule(types.ModuleType):
-    """``focus_lab.record(model, ...)`` calls ``record``, while ``focus_lab.record.record_run``
-    and ``import focus_lab.record`` keep working (no function shadows the module)."""
-
-    def __call__(self, *args, **kwargs):
-        return record(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule

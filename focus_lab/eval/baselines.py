@@ -5,7 +5,7 @@ subclass that changes *how scores become groups* through the one extension point
 ``Router.assign`` (or how scores are made, ``Router.forward``). The hard mask
 (``core.hard_mask``: window + sinks + same group), the soft gate (``core.soft_gate_bias``),
 the attention path (``retrofit.focus_attention``, the decomposition in hard mode), the
-evaluation (``evaluate.evaluate``) and the recorder (``focus_lab.record``) are those of Focus,
+evaluation (``evaluate.evaluate``) and the recorder (``focus_lab.recording.recorder``) are those of Focus,
 so the numbers are comparable at matched sparsity (the fraction of distant causal pairs a
 mask keeps, ``core.distant_pairs_kept``, is reported for every hard pattern).
 
@@ -36,12 +36,12 @@ import pandas as pd
 import torch
 import torch.nn as nn
 
-from .config import FocusConfig, TrainConfig
-from . import core
-from .core import Router, distant_pairs_kept, sinkhorn
-from .evaluate import add_speedup, evaluate, standard_patterns
-from .retrofit import (attach, attention_modules, detach, focus_config, forward_state, is_attached, load_routers,
-                       router_inputs)
+from focus_lab.method.config import FocusConfig, TrainConfig
+from focus_lab.method import core
+from focus_lab.method.core import Router, distant_pairs_kept, sinkhorn
+from focus_lab.eval.evaluate import add_speedup, evaluate, standard_patterns
+from focus_lab.hf.hooks import hooks
+from focus_lab.hf.retrofit import attach, attention_modules, detach, forward_state, is_attached, load_routers
 
 __all__ = [
     "SoftmaxRouter", "PrefixCausalRouter", "KMeansRouter", "OnlineKMeansRouter", "MoBARouter",
@@ -275,17 +275,18 @@ def _same_weights(cls, **kw):
 def capture_router_inputs(model, windows: Sequence, max_tokens: int | None = None) -> dict[int, np.ndarray]:
     """Router inputs of every routed layer under the dense model, RMS-normalized as the router
     normalizes them: {layer: (N, d_model) float32}. A forward pre-hook on each attention module
-    captures its input (``retrofit.router_inputs``); the forwards run with ``mode="dense"``
+    captures its input (the ``router_in`` hook point); the forwards run with ``mode="dense"``
     (exactly the pretrained model) in their own FocusForward, the model's config unchanged."""
-    cfg = focus_config(model)
     state = forward_state(model, mode="dense")
+    cfg = state.config
     got: dict[int, list] = {}
     seen = 0
-    with router_inputs(model) as inputs:
+
+    def keep(h, hook):  # (1, T, d_model)
+        got.setdefault(hook.layer_idx, []).append(_normalized(h, cfg).reshape(-1, h.shape[-1]).cpu())
+    with hooks(model, {"router_in": keep}):
         for w in windows:
             model(input_ids=w.input_ids[None], use_cache=False, focus=state)
-            for i, h in inputs.items():
-                got.setdefault(i, []).append(_normalized(h, cfg).reshape(-1, h.shape[-1]).cpu())
             seen += int(w.input_ids.numel())
             if max_tokens is not None and seen >= max_tokens:
                 break
@@ -297,7 +298,7 @@ def fit_kmeans_routers(model, windows: Sequence, max_tokens: int | None = 4096, 
     """Fit scikit-learn ``KMeans(K, n_init, random_state=seed)`` per layer on the captured router
     inputs (``capture_router_inputs``) and swap in ``KMeansRouter``s. Returns the old routers."""
     from sklearn.cluster import KMeans
-    cfg = focus_config(model)
+    cfg = forward_state(model).config
     x = capture_router_inputs(model, windows, max_tokens)
     means = {}
     for i, xi in x.items():
@@ -317,7 +318,7 @@ def fit_online_kmeans_routers(model, windows: Sequence, decay: float = 0.9, pass
     learning on (each layer's centroids follow the inputs routed by the layers below, as in the
     Routing Transformer); then learning off. Returns the old routers."""
     old = swap_routers(model, lambda r, m: OnlineKMeansRouter(r.proj.shape[0], r.config, r.layer_idx, decay))
-    from .retrofit import routers
+    from focus_lab.hf.retrofit import routers
     rs = [r for r in routers(model).values() if isinstance(r, OnlineKMeansRouter)]
     state = forward_state(model, mode="hard")
     try:
@@ -374,7 +375,7 @@ def use_moba(model, config: FocusConfig, seq_len: int, block_size: int | None = 
         detach(model)
     attach(model, cfg)
     swap_routers(model, lambda r, m: MoBARouter(r.proj.shape[0], r.config, r.layer_idx, bs, attention=m))
-    return focus_config(model)
+    return forward_state(model).config
 
 
 # --------------------------------------------------------------------------------------------
@@ -385,7 +386,7 @@ def window_distant_kept(seq_len: int, window: int, wider: int, sinks: int = 0) -
     ``wider >= window`` tokens (plus ``sinks`` sink tokens) keeps: ``(window_pairs(T, wider, s) -
     window_pairs(T, window, 0)) / #distant`` (``metrics.window_pairs``). For ``wider == window``
     only the sink pairs count, as in ``evaluate``."""
-    from .metrics import window_pairs
+    from focus_lab.method.metrics import window_pairs
     distant = sum(max(0, i - window + 1) for i in range(seq_len))
     if distant == 0:
         return float("nan")
@@ -396,7 +397,7 @@ def matched_window_size(kept_fraction: float, seq_len: int, window: int, sinks: 
     """The sliding window ``w'`` whose kept causal pairs (with the same sink rule) equal those of
     a mask keeping ``kept_fraction`` of the distant pairs ``i - j >= window`` plus all local
     pairs (``metrics.matched_window``)."""
-    from .metrics import matched_window, window_pairs
+    from focus_lab.method.metrics import matched_window, window_pairs
     distant = sum(max(0, i - window + 1) for i in range(seq_len))
     pairs = window_pairs(seq_len, window, 0) + kept_fraction * distant
     return int(matched_window(int(round(pairs)), seq_len, sinks))
@@ -443,7 +444,7 @@ def train_lora(model, windows: list, train_cfg: TrainConfig, rank: int,
     Returns (the model with the adapters merged into its weights, a log DataFrame: step, loss,
     lr, seconds, lora_parameters). ``alpha`` defaults to ``2 * rank``."""
     from peft import LoraConfig, get_peft_model
-    from .train import _lr_at, batch_for_step
+    from focus_lab.train.loop import _lr_at, batch_for_step
     torch.manual_seed(train_cfg.seed)
     pcfg = LoraConfig(r=rank, lora_alpha=alpha or 2 * rank, target_modules=list(targets), lora_dropout=0.0,
                       bias="none", task_type="CAUSAL_LM")
@@ -513,8 +514,8 @@ def evaluate_baselines(model, router_file: str | Path | None, fit_windows: Seque
     if router_file is not None:
         cfg = load_routers(model, router_file)
     else:
-        cfg = attach(model, config or FocusConfig())
-        cfg = focus_config(model)
+        attach(model, config or FocusConfig())
+        cfg = forward_state(model).config
     K = cfg.num_groups
     T = int(eval_windows[0].input_ids.shape[0])
     ks = list(top_ks) if top_ks is not None else list(range(1, K + 1))
@@ -566,7 +567,7 @@ def evaluate_baselines(model, router_file: str | Path | None, fit_windows: Seque
         restore_routers(model, old)
     if "moba" in methods:
         mcfg = use_moba(model, cfg, T)
-        from .retrofit import routers
+        from focus_lab.hf.retrofit import routers
         nb = mcfg.num_groups
         if top_ks is None and nb <= K:
             mks = list(range(1, nb + 1))

@@ -669,7 +669,7 @@ def _few_queries(query, key, value, query_groups, key_group, window, sinks, scal
     query: (B, H, Tq, D); key, value: (B, Hkv, Tk, D); query_groups: (B, Tq, k); key_group:
     (B, Tk). Returns out (B, H, Tq, D) in query.dtype (a view of (B, Tq, H, D) memory) and lse
     (B, H, Tq) fp32."""
-    from .core import hard_mask
+    from focus_lab.method.core import hard_mask
 
     B, H, Tq, D = query.shape
     Tk = key.shape[2]
@@ -825,7 +825,7 @@ def reference_hard_attention(query, key, value, query_groups, key_group, window,
                              sinks: int = 0):
     """The dense O(T^2) reference: ``core.masked_attention(q, k, v, core.hard_mask(...))``,
     same arguments as hard_focus_attention. Returns (B, H, Tq, D)."""
-    from .core import hard_mask, masked_attention
+    from focus_lab.method.core import hard_mask, masked_attention
 
     Tq, Tk = query.shape[2], key.shape[2]
     q_pos = torch.arange(Tk - Tq, Tk, device=query.device)

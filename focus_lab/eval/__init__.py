@@ -1,0 +1,1 @@
+"""Evaluation: perplexity per pattern, the passkey probe, baseline routers. Imports method/, hf/ and train/."""

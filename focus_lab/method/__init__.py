@@ -1,0 +1,1 @@
+"""The method itself, model-free: configuration (FocusConfig), the router, Sinkhorn, the gate and the mask rule (core), the two-call hard attention (decomposition), attention metrics. Imports only the base modules (io, data)."""
