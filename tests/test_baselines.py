@@ -141,7 +141,9 @@ def test_moba_blocks_are_causal_and_exact():
     assert cfg.num_groups == 4 and routers(model)[0].block_size == 8
     ids = _windows(1)[0].input_ids[None]
     seen = {}
-    with focus_lab.hooks(model, {"key_group": lambda kg, hook: seen.setdefault(hook.layer_idx, hook.call.routing)}):
+    def grab(kg, hook):
+        seen.setdefault(hook.layer_idx, hook.call.routing)
+    with focus_lab.hooks(model, {"key_group": grab}):
         out = model(ids, use_cache=False).logits
     rt = seen[0]
     pos = torch.arange(T)

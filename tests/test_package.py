@@ -25,7 +25,7 @@ def test_public_names_resolve_on_first_use():
     from focus_lab.method.config import FocusConfig
     from focus_lab.hf.retrofit import attach
     assert focus_lab.FocusConfig is FocusConfig and focus_lab.attach is attach
-    assert callable(focus_lab.recording.recorder)
+    assert callable(focus_lab.record) and callable(focus_lab.hooks) and callable(focus_lab.cache)
     assert set(focus_lab.__all__) <= set(dir(focus_lab))
     with pytest.raises(AttributeError, match="no attribute 'not_a_name'"):
         focus_lab.not_a_name
@@ -158,7 +158,7 @@ def test_record_cli_defaults_are_the_record_options_defaults():
     import dataclasses
     import typer
     from focus_lab.cli import app
-    from focus_lab.method.config import ALL_METRICS, RecordOptions
+    from focus_lab.recording.options import ALL_METRICS, RecordOptions
     cmd = typer.main.get_command(app).commands["record"]
     fields = {f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()
               for f in dataclasses.fields(RecordOptions)}

@@ -491,13 +491,14 @@ def test_real_model_dense_finds_a_key_at_1k(tmp_path):
 
 
 def test_png_failure_is_a_note_not_an_error(tmp_path, monkeypatch):
-    import plotly.graph_objects as go
     cases = pd.DataFrame({"format": "chat", "length": [256], "depth": [50.0], "pattern": "hard_top2",
                           "exact_match": [True], "key_logprob": [-0.5]})
 
-    def boom(self, *args, **kwargs):
+    import kaleido
+
+    def boom(*args, **kwargs):
         raise RuntimeError("no browser here\nsecond line")
-    monkeypatch.setattr(go.Figure, "write_image", boom)
+    monkeypatch.setattr(kaleido, "write_fig_sync", boom)
     files, note = F.write_figure(F.heatmap_figure(cases), tmp_path / "passkey", png=True)
     assert files == ["passkey.html"] and (tmp_path / "passkey.html").is_file()
     assert "PNG not written (RuntimeError: no browser here;" in note and "second line" not in note

@@ -268,7 +268,7 @@ def test_stop_after_then_resume_equals_the_uninterrupted_run(tmp_path):
     schedule's), and resuming it to the end gives the tensors of a 6-step run in one go."""
     from types import SimpleNamespace
     from focus_lab.hf.retrofit import read_router_file
-    from focus_lab.train.loop import _lr_at, train
+    from focus_lab.train.loop import lr_at, train
     import pandas as pd
     torch.manual_seed(0)
     ids = torch.randint(3, 97, (2, 48))
@@ -281,8 +281,8 @@ def test_stop_after_then_resume_equals_the_uninterrupted_run(tmp_path):
     log = pd.read_parquet(tmp_path / "cut" / "train_log.parquet")
     assert sorted(log["step"].unique()) == [0, 1, 2]
     assert log.groupby("step")["lr"].first().tolist() == pytest.approx(
-        [_lr_at(s, TrainConfig(**sched)) for s in range(3)])
-    assert _lr_at(2, TrainConfig(**sched)) != pytest.approx(_lr_at(2, TrainConfig(**{**sched, "steps": 3})))
+        [lr_at(s, TrainConfig(**sched)) for s in range(3)])
+    assert lr_at(2, TrainConfig(**sched)) != pytest.approx(lr_at(2, TrainConfig(**{**sched, "steps": 3})))
     torch.manual_seed(1)
     train(tiny_llama(layers=2), wins, fcfg, TrainConfig(**sched), tmp_path / "cut", resume=True, progress=False)
     torch.manual_seed(1)

@@ -439,12 +439,12 @@ def train_lora(model, windows: list, train_cfg: TrainConfig, rank: int,
                progress: bool = False) -> tuple[nn.Module, pd.DataFrame]:
     """Train LoRA adapters (peft) on a plain (non-Focus) model with the router's schedule:
     the same windows in the same order (``train.batch_for_step``), AdamW, the same warm-up +
-    cosine learning rate (``train._lr_at``), ``train_cfg.steps`` steps.
+    cosine learning rate (``train.lr_at``), ``train_cfg.steps`` steps.
 
     Returns (the model with the adapters merged into its weights, a log DataFrame: step, loss,
     lr, seconds, lora_parameters). ``alpha`` defaults to ``2 * rank``."""
     from peft import LoraConfig, get_peft_model
-    from focus_lab.train.loop import _lr_at, batch_for_step
+    from focus_lab.train.loop import lr_at, batch_for_step
     torch.manual_seed(train_cfg.seed)
     pcfg = LoraConfig(r=rank, lora_alpha=alpha or 2 * rank, target_modules=list(targets), lora_dropout=0.0,
                       bias="none", task_type="CAUSAL_LM")
@@ -457,7 +457,7 @@ def train_lora(model, windows: list, train_cfg: TrainConfig, rank: int,
     for step in range(train_cfg.steps):
         t0 = time.perf_counter()
         for g in opt.param_groups:
-            g["lr"] = _lr_at(step, train_cfg)
+            g["lr"] = lr_at(step, train_cfg)
         ids = batch_for_step(windows, step, train_cfg)
         loss = pm(input_ids=ids, labels=ids, use_cache=False).loss
         opt.zero_grad(set_to_none=True)

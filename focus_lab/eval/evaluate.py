@@ -66,7 +66,7 @@ def parse_patterns(spec: str, num_groups: int) -> list[tuple[str, dict]]:
     return [(n, pattern_changes(n, num_groups)) for n in names]
 
 
-def _window_kept(T: int, window: int, sinks: int) -> float:
+def window_pairs_kept(T: int, window: int, sinks: int) -> float:
     """Fraction of distant causal pairs a sliding window (plus sinks) keeps: only sink pairs."""
     one = torch.zeros(1, T, dtype=torch.long)
     return distant_pairs_kept(one[..., None] + 1, one, window, sinks) if sinks else 0.0
@@ -132,7 +132,7 @@ def evaluate(model, windows: list, patterns: list[tuple[str, dict]] | None = Non
                            f"{n_tok / dt:.0f} tokens/s")
             frac = {"dense": 1.0, "soft": 1.0}.get(cfg.mode)
             if cfg.mode == "window":
-                frac = _window_kept(windows[0].input_ids.shape[0], cfg.window, cfg.sink_tokens)
+                frac = window_pairs_kept(windows[0].input_ids.shape[0], cfg.window, cfg.sink_tokens)
             if cfg.mode == "hard":
                 frac = sum(kept) / len(kept) if kept else float("nan")
             rows.append({"label": label, "mode": cfg.mode,

@@ -480,7 +480,7 @@ def run_case(model, tokenizer, case: PasskeyCase, patterns: list[tuple[str, dict
     Returns (case rows, layer rows): dicts with the columns of ``CASES_COLUMNS`` /
     ``LAYER_COLUMNS`` except ``schema_version``; layer rows are empty without ``audit``.
     """
-    from focus_lab.eval.evaluate import _window_kept
+    from focus_lab.eval.evaluate import window_pairs_kept
     from focus_lab.hf.retrofit import forward_state
     labels = [lab for lab, _ in patterns]
     runs = list(patterns)
@@ -524,7 +524,7 @@ def run_case(model, tokenizer, case: PasskeyCase, patterns: list[tuple[str, dict
         dt = time.perf_counter() - t0
         frac = {"dense": 1.0, "soft": 1.0}.get(cfg.mode)
         if cfg.mode == "window":
-            frac = _window_kept(L + n, cfg.window, cfg.sink_tokens)
+            frac = window_pairs_kept(L + n, cfg.window, cfg.sink_tokens)
         if cfg.mode == "hard":
             frac = float(np.mean(probe.kept_pairs)) if probe.kept_pairs else float("nan")
         rows.append({"format": case.format, "length": L, "depth": case.depth, "pattern": label,

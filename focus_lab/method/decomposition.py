@@ -75,6 +75,8 @@ from dataclasses import dataclass
 
 import torch
 
+from focus_lab.method.threads import torch_threads
+
 BACKENDS = ("auto", "torch", "flash")
 _NEG_INF = float("-inf")
 
@@ -106,24 +108,6 @@ class DecompositionOptions:
 DEFAULT_OPTIONS = DecompositionOptions()
 STAIR_CHUNK = 512  # default query rows per stair piece: about 256 extra keys computed per query
 
-
-
-@contextmanager
-def torch_threads(n: int):
-    """Run the enclosed work on ``n`` torch threads, then restore the previous count.
-
-    On a shared machine a parallel op over small tensors can wait tens of milliseconds for a
-    descheduled worker thread; one thread never waits. Process-global: not thread-safe.
-    """
-    old = torch.get_num_threads()
-    if n == old:
-        yield
-        return
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(old)
 
 
 # The scratch buffers themselves (a cache, not a knob): ``clear_workspace()`` frees them.

@@ -41,11 +41,11 @@ from focus_lab.method import core
 from focus_lab.method import metrics as M
 from focus_lab.recording import tables as T
 from focus_lab.io import atomic_path
-from focus_lab.method.decomposition import torch_threads
+from focus_lab.method.threads import torch_threads
 from focus_lab.hf.hooks import hooks
 from focus_lab.hf.retrofit import attention_modules, forward_state, model_identity
 from focus_lab.runs import MANIFEST, SCHEMA, SCHEMA_VERSION
-from focus_lab.method.config import ALL_METRICS, RecordOptions  # noqa: F401  (defined with the other option dataclasses)
+from focus_lab.recording.options import ALL_METRICS, RecordOptions  # noqa: F401  (re-exported)
 
 PACKAGES = ("torch", "transformers", "spacy", "pandas", "pyarrow", "scikit-learn", "streamlit", "focus-lab")
 

@@ -40,7 +40,9 @@ class TrainResult:
     router_parameters: int
 
 
-def _lr_at(step: int, cfg: TrainConfig) -> float:
+def lr_at(step: int, cfg: TrainConfig) -> float:
+    """The learning rate of ``step``: linear warmup over ``cfg.warmup`` steps, then cosine decay from
+    ``cfg.lr`` to 0.1 ``cfg.lr`` over the remaining ``cfg.steps`` (docs/method.md §3)."""
     if step < cfg.warmup:
         return cfg.lr * (step + 1) / cfg.warmup
     frac = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
@@ -184,7 +186,7 @@ def train(model, windows: list, focus_cfg: FocusConfig, train_cfg: TrainConfig, 
         for step in bar:
             t0 = time.perf_counter()
             for g in opt.param_groups:
-                g["lr"] = _lr_at(step, train_cfg)
+                g["lr"] = lr_at(step, train_cfg)
             step_cfg = schedule_config(base_cfg, train_cfg, step)
             ids = batch_for_step(windows, step, train_cfg)[rank::world].to(device)  # this rank's share
             opt.zero_grad(set_to_none=True)
