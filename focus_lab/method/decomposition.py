@@ -419,8 +419,6 @@ def _stairs(qrows, krows, vrows, segs: list[Segment], Tq: int, Tk: int, scale: f
     """
     if not segs:
         return
-    H, D = qrows.shape[1], qrows.shape[2]
-    Hkv = krows.shape[1]
     dev = qrows.device
     ck = chunk or call.options.stair_chunk or STAIR_CHUNK
     with call("plan"):
@@ -456,24 +454,40 @@ def _stairs(qrows, krows, vrows, segs: list[Segment], Tq: int, Tk: int, scale: f
                 dst[i, :e - a] = sg.q_idx[a:e] + sg.b * Tq + sg.slot * nrows
                 cnt[i, :e - a] = sg.counts[a:e]
             allowed = (torch.arange(S, device=dev) < cnt[..., None])[:, None]  # (N, 1, L, S)
-            qb = torch.index_select(qrows, 0, src_q.view(-1), out=_scratch(
-                "qS", (N * L, H, D), qrows.dtype, dev, call)).view(N, L, H, D).transpose(1, 2)
-            kb = torch.index_select(krows, 0, src_k.view(-1), out=_scratch(
-                "kS", (N * S, Hkv, D), krows.dtype, dev, call)).view(N, S, Hkv, D).transpose(1, 2)
-            vb = torch.index_select(vrows, 0, src_k.view(-1), out=_scratch(
-                "vS", (N * S, Hkv, D), vrows.dtype, dev, call)).view(N, S, Hkv, D).transpose(1, 2)
+            qb, kb, vb = _gather_qkv(qrows, krows, vrows, src_q, src_k, "S", call)
         with call("attn_A"):
             o, lse = _attn_lse(qb, kb, vb, scale, allowed=allowed, call=call)  # (N, H, L, D), (N, H, L)
         with call("scatter"):
-            outA_flat.index_copy_(0, dst.view(-1), o.transpose(1, 2).reshape(N * L, H, D).float())
-            lseA_flat.index_copy_(0, dst.view(-1), lse.transpose(1, 2).reshape(N * L, H))
+            _scatter_rows(o, lse, dst, outA_flat, lseA_flat)
+
+
+def _gather_qkv(qrows, krows, vrows, src_q: torch.Tensor, src_k: torch.Tensor, tag: str, call
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Rows of q (B*Tq, H, D) and k, v (B*Tk, Hkv, D) picked by ``src_q: (N, L)`` and
+    ``src_k: (N, S)`` into scratch buffers named by ``tag``: (N, H, L, D), (N, Hkv, S, D) twice."""
+    (N, L), S = src_q.shape, src_k.shape[1]
+    H, D, Hkv, dev = qrows.shape[1], qrows.shape[2], krows.shape[1], qrows.device
+    qb = torch.index_select(qrows, 0, src_q.view(-1), out=_scratch(
+        "q" + tag, (N * L, H, D), qrows.dtype, dev, call)).view(N, L, H, D).transpose(1, 2)
+    kb = torch.index_select(krows, 0, src_k.view(-1), out=_scratch(
+        "k" + tag, (N * S, Hkv, D), krows.dtype, dev, call)).view(N, S, Hkv, D).transpose(1, 2)
+    vb = torch.index_select(vrows, 0, src_k.view(-1), out=_scratch(
+        "v" + tag, (N * S, Hkv, D), vrows.dtype, dev, call)).view(N, S, Hkv, D).transpose(1, 2)
+    return qb, kb, vb
+
+
+def _scatter_rows(o: torch.Tensor, lse: torch.Tensor, dst: torch.Tensor, out_flat: torch.Tensor,
+                  lse_flat: torch.Tensor) -> None:
+    """Write ``o: (N, H, L, D)`` and ``lse: (N, H, L)`` into the flat rows ``dst: (N, L)`` of
+    ``out_flat`` (rows, H, D) and ``lse_flat`` (rows, H)."""
+    N, H, L, D = o.shape
+    out_flat.index_copy_(0, dst.view(-1), o.transpose(1, 2).reshape(N * L, H, D).float())
+    lse_flat.index_copy_(0, dst.view(-1), lse.transpose(1, 2).reshape(N * L, H))
 
 
 def _part_a_torch(qrows, krows, vrows, segs, B, Tq, Tk, scale, call, outA_flat, lseA_flat):
     """Part A with the CPU flash kernel (math elsewhere): causal segments padded into buckets,
     one kernel call per bucket; staircase segments batched per query chunk (``_stairs``)."""
-    H, D = qrows.shape[1], qrows.shape[2]
-    Hkv = krows.shape[1]
     nrows = B * Tq + 1  # + a dummy row that receives the padding
     dev = qrows.device
     for bucket in _buckets([s for s in segs if s.kind == "causal"]):
@@ -487,17 +501,11 @@ def _part_a_torch(qrows, krows, vrows, segs, B, Tq, Tk, scale, call, outA_flat, 
                 src_q[i, :n] = sg.q_idx + sg.b * Tq
                 src_k[i, :n] = sg.k_idx + sg.b * Tk
                 dst[i, :n] = sg.q_idx + sg.b * Tq + sg.slot * nrows
-            qb = torch.index_select(qrows, 0, src_q.view(-1), out=_scratch(
-                "qA", (N * L, H, D), qrows.dtype, dev, call)).view(N, L, H, D).transpose(1, 2)
-            kb = torch.index_select(krows, 0, src_k.view(-1), out=_scratch(
-                "kA", (N * L, Hkv, D), krows.dtype, dev, call)).view(N, L, Hkv, D).transpose(1, 2)
-            vb = torch.index_select(vrows, 0, src_k.view(-1), out=_scratch(
-                "vA", (N * L, Hkv, D), vrows.dtype, dev, call)).view(N, L, Hkv, D).transpose(1, 2)
+            qb, kb, vb = _gather_qkv(qrows, krows, vrows, src_q, src_k, "A", call)
         with call("attn_A"):
             o, lse = _attn_lse(qb, kb, vb, scale, causal=True, call=call)  # (N, H, L, D), (N, H, L)
         with call("scatter"):
-            outA_flat.index_copy_(0, dst.view(-1), o.transpose(1, 2).reshape(N * L, H, D).float())
-            lseA_flat.index_copy_(0, dst.view(-1), lse.transpose(1, 2).reshape(N * L, H))
+            _scatter_rows(o, lse, dst, outA_flat, lseA_flat)
     _stairs(qrows, krows, vrows, [s for s in segs if s.kind != "causal"], Tq, Tk, scale,
             outA_flat, lseA_flat, nrows, call)
 
