@@ -13,7 +13,7 @@ window of *Persuasion* per length (4096 and 8192 tokens, ``--e2e-sizes``):
     window pattern's ratio is the bound of what attention sparsity can buy (every distant pair
     skipped). The bare forwards also record where the time goes (``FocusForward.timings``):
     routing, group planning (sort + segments), gather/scatter, the attention calls, the LSE
-    merge, mask/observer bookkeeping, and everything outside the attention functions.
+    merge, mask and hook-point bookkeeping, and everything outside the attention functions.
   * decode: ``model.generate`` (greedy, KV cache) after a prefix of ``L - 16`` tokens for
     contexts L = 2K, 4K, 8K (``--decode-contexts``): the median time per generated token
     (gaps between tokens, prefill excluded) for dense, hard top-1 and hard top-2.

@@ -15,7 +15,7 @@ from focus_lab.method.config import TrainConfig
 from analyses.common import Context, cached_part, convert_router
 
 
-def _train_log_observer(rows: list, gate: str, K: int, n_layers: int):
+def _train_log_hook(rows: list, gate: str, K: int, n_layers: int):
     calls = {"n": 0}
 
     def observe(key_group, hook):  # the key_group hook point (focus_lab.hf.hooks)
@@ -57,7 +57,7 @@ def make_data(ctx: Context) -> pd.DataFrame:
                 swap_routers(model, lambda r, m: convert_router(SoftmaxRouter, r))
             rows: list = []
             n_layers = len([1 for _, m in attention_modules(model) if hasattr(m, "focus_router")])
-            with hooks(model, {"key_group": _train_log_observer(rows, gate, K, n_layers)}):
+            with hooks(model, {"key_group": _train_log_hook(rows, gate, K, n_layers)}):
                 res = train(model, win, cfg, TrainConfig(steps=s.collapse_steps, seq_len=s.collapse_seq_len,
                                                          batch_size=1, warmup=1),
                             ctx.data / "collapse" / gate, progress=False)
