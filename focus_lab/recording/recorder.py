@@ -1,12 +1,12 @@
 """The recorder: ``focus_lab.record(model, ...)`` and run directories (schema v1, docs/run_schema.md).
 
 ``record`` is a context manager in the style of TransformerLens hooks. Inside it every forward
-of the model is observed layer by layer (``retrofit.add_observer`` plus a forward pre-hook on
-each recorded attention module that captures the router input); the metrics of ``metrics.py``
-are reduced per layer as the forward runs, so memory stays O(layers x heads x tokens); a full
+of the model is observed layer by layer through the ``attn_out`` hook point of each recorded
+layer (``focus_lab.hooks``: the router input, q, k, the routing and the model's mask of the
+call); the metrics of ``method/metrics.py`` are reduced per layer as the forward runs, so memory stays O(layers x heads x tokens); a full
 T x T map is kept only for the (layer, head) pairs named in ``patterns``. Every hook is removed
 on exit, also on an exception: outside the block the model is exactly the unrecorded one. The
-observers never change a tensor, so outputs inside the block are identical too.
+hook never changes a tensor, so outputs inside the block are identical too.
 
     with focus_lab.record(model, metrics=["coverage", "dropped_edges"], layers=[0, 5]) as rec:
         model(input_ids=ids, use_cache=False)
