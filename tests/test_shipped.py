@@ -195,6 +195,8 @@ def test_train_shipped_chain_builds_the_mix_folder_and_chains_each_stage_to_the_
     assert sorted(p.name for p in broad.iterdir()) == [
         "austen_emma.txt", "bible_kjv_01_genesis.txt", "kernel_docs_admin__init.txt", "python_source_stdlib__os.txt",
         "shakespeare_lear.txt", "shakespeare_macbeth.txt", "zz_persuasion.txt"]
+    shipped = stages(tmp_path / "out", data)  # the default: stages 1-4 make the shipped file
+    assert [n for n, _, _ in shipped][-1] == "s4_soup" and shipped[-1][2] == tmp_path / "out" / "routers.safetensors"
     todo = stages(tmp_path / "out", data, "broad", runs=2)
     assert [n for n, _, _ in todo] == ["s1_sinks64_512", "s2_distill64_4096", "s3_mix_seed0", "s3_mix_seed1",
                                        "s3_mix_seed2", "s4_soup", "s5_broad_seed0", "s5_broad_seed1", "s6_soup"]

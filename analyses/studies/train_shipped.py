@@ -10,10 +10,10 @@ commands (docs/recipes.md, "The shipped file from scratch"):
 3. ``distill64`` at 4096 tokens on Austen + Shakespeare (Persuasion and Hamlet held out):
    3 runs of 30 steps from (2), seeds 0, 1, 2, each from the last.
 4. ``focus-lab soup`` of (2) and (3) with equal weights: the two-domain file.
-5. ``distill64`` at 4096 tokens on a mix of domains, each without its held-out documents
-   (``--mix``; default ``broad``: Austen, Shakespeare, kernel docs, Python source, the King
+5. (with ``--mix broad``) ``distill64`` at 4096 tokens on a mix of domains, each without its
+   held-out documents (``broad``: Austen, Shakespeare, kernel docs, Python source, the King
    James Bible): ``--runs`` runs of 30 steps from (4), seeds 0, 1, ..., each from the last.
-6. ``focus-lab soup`` of (4) and (5) with equal weights.
+6. ``focus-lab soup`` of (4) and (5) with equal weights (not shipped: docs/recipes.md).
 
 ``--base FILE`` stands a finished two-domain file in for stages 1-4.
 
@@ -22,7 +22,9 @@ after every stage, so a stopped chain resumes where it was (a stage whose file e
 re-run). With ``--reference`` (default: the shipped file) it says how far the result's tensors
 are from the reference's on the layers that route (random layers' routers are not used).
 
-    python analyses/studies/train_shipped.py --out checkpoints/shipped_chain
+    python -m analyses.studies.train_shipped --out checkpoints/shipped_chain        # the shipped file
+    python -m analyses.studies.train_shipped --out checkpoints/broad_chain --mix broad \
+        --base focus_lab/routers/smollm2-135m-instruct.safetensors --runs 1             # stages 5-6
 """
 
 from __future__ import annotations
@@ -40,10 +42,11 @@ from focus_lab.io import file_sha256, write_json
 ROOT = Path(__file__).resolve().parents[2]
 
 # the training mixes: corpus names, each without its held-out documents (data/README.md);
-# "broad" is the shipped file's mix, five domains of different kinds (docs/recipes.md)
+# stage 3 trains on "austen-shakespeare"; "broad" (five domains of different kinds) is the mix of
+# stages 5-6 (docs/recipes.md, "A broader training mix")
 MIXES = {"austen-shakespeare": ("austen", "shakespeare"),
          "broad": ("austen", "shakespeare", "kernel-docs", "python-source", "bible-kjv")}
-MIX = "broad"
+MIX = "austen-shakespeare"  # stage 3's mix; another mix adds stages 5-6
 
 
 def _held_out(corpus: str, stem: str) -> bool:
@@ -83,10 +86,11 @@ def stages(out: Path, data: Path, mix: str = MIX, base: Path | None = None,
            runs: int = 2) -> list[tuple[str, list[str], Path]]:
     """(name, focus-lab arguments, routers file) of every stage, in order.
 
-    Stages 1-4 make the two-domain file (Austen, then Austen + Shakespeare; the shipped file
-    before the broad mix); stages 5-6 continue it on ``mix`` (``runs`` distill runs of 30 steps,
-    seeds 0, 1, ..., each from the last) and average the result with it. ``base``: an existing
-    file standing for stage 4 (e.g. the earlier shipped file): stages 1-4 are not run."""
+    Stages 1-4 make the two-domain file (Austen, then Austen + Shakespeare): the shipped file,
+    ``<out>/routers.safetensors`` when ``mix`` is ``austen-shakespeare``. With another ``mix``,
+    stages 5-6 continue it on that mix (``runs`` distill runs of 30 steps, seeds 0, 1, ..., each
+    from the last) and average the result with it. ``base``: an existing file standing for
+    stage 4 (e.g. the shipped file): stages 1-4 are not run."""
     s1, s2 = out / "s1_sinks64_512", out / "s2_distill64_4096"
     todo = [("s1_sinks64_512", ["train", "--out", str(s1), "--steps", "60"], s1 / "routers.safetensors"),
             ("s2_distill64_4096", ["train", "--recipe", "distill64", "--seq-len", "4096", "--batch-size", "1",
@@ -105,13 +109,15 @@ def stages(out: Path, data: Path, mix: str = MIX, base: Path | None = None,
             prev = folder / "routers.safetensors"
         return prev
 
-    two = out / "s4_two_domains.safetensors"
+    final = out / "routers.safetensors"
+    two = final if mix == "austen-shakespeare" else out / "s4_two_domains.safetensors"
     last = distill_runs("s3_mix", "austen-shakespeare", 3, s2 / "routers.safetensors")
     todo.append(("s4_soup", ["soup", str(s2 / "routers.safetensors"), str(last), "--out", str(two)], two))
+    if mix == "austen-shakespeare":
+        return todo
     if base is not None:
         todo, two = [], base
-    last = distill_runs("s5_broad", mix, runs, two)
-    final = out / "routers.safetensors"
+    last = distill_runs(f"s5_{mix.replace('-', '_')}", mix, runs, two)
     todo.append(("s6_soup", ["soup", str(two), str(last), "--out", str(final)], final))
     return todo
 
