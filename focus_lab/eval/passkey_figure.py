@@ -49,7 +49,7 @@ def heatmap_figure(cases: pd.DataFrame):
     fig.update_yaxes(type="category", autorange="reversed")  # shortest prompt on top
     for r in range(1, rows + 1):
         fig.update_yaxes(title_text="prompt tokens", row=r, col=1)
-    fig.update_layout(title="Passkey retrieval: exact-match rate (colour), mean key log-prob in nats (text)",
+    fig.update_layout(title="exact-match rate (colour) and mean key log-prob in nats (text), per pattern",
                       template="plotly_white", width=420 * cols + 120, height=300 * rows + 120,
                       margin=dict(l=10, r=10, t=70, b=10))
     return fig
