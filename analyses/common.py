@@ -1,4 +1,4 @@
-"""What the experiments and the figure modules of ``analyses/`` share (issue 17 item 1).
+"""What the experiments and the figure modules of ``analyses/`` share.
 
 * ``Settings`` (``FULL``, ``QUICK``): the sizes of every experiment.
 * ``Context``: settings, the output folders (``<out>/data``), a model factory, corpora and
@@ -9,7 +9,7 @@
 * for the figure and table modules: ``read`` (an experiment's cached result), ``placeholder``,
   ``bench_dir``, ``RECORD_METHODS``, ``METHOD_NAMES``, ``METHOD_COLORS``, ``pareto_front``.
 
-Sources: docs/method.md §1-§6; the issue 8 figure list.
+Sources: docs/method.md §1-§6.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from analyses.common import Context, bench_dir
 
 
 def make_data(ctx: Context) -> pd.DataFrame:
-    """The kernel benchmark's table (analyses/bench_attention.py, owned by issue 4): read from
+    """The kernel benchmark's table (analyses/bench_attention.py): read from
     ``figures/bench_attention/kernel.csv`` when that exists, else run the script with
     ``settings.bench_args`` into ``data/bench_attention/``."""
     src = bench_dir(ctx.out)

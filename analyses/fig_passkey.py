@@ -1,6 +1,6 @@
 """Figure 12: passkey retrieval by prompt length and needle depth, per attention pattern
 (``passkey.heatmap_figure`` over ``data/passkey.parquet``; experiment ``analyses/exp_passkey.py``).
-Sources: docs/passkey.md (the probe), issue 15.
+Sources: docs/passkey.md (the probe).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Figure 2: speedup of hard Focus (two attention calls + LSE merge) over dense causal SDPA vs
-sequence length, from the benchmark's own table (``analyses/bench_attention.py``, issue 4):
+sequence length, from the benchmark's own table (``analyses/bench_attention.py``):
 ``bench_attention/kernel.csv`` next to ``data/`` when present, else ``data/bench_attention/``.
 Dashed: the ideal ``1 / (k/K + 2w/n)``. Right: the benchmark's end-to-end table (``e2e.csv``) when
 it exists: the embedded model with the shipped routers, tokens/s over dense's, for the prefill

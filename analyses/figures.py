@@ -1,5 +1,5 @@
 """``focus-lab-figures`` (or ``python -m analyses.figures``): every paper figure and the
-reproduction table from recorded data (issue 8). ``main`` is the command; ``run_figures`` the
+reproduction table from recorded data. ``main`` is the command; ``run_figures`` the
 same from Python.
 
 Two layers, both in this package:
@@ -27,7 +27,7 @@ file) at long context (``analyses.common.FULL``: baselines, domains and recorded
 tokens; the length table's cells from 512 to 8192 tokens): 38 min on a quiet 2-core CPU with
 ``--threads 2`` when the committed length-table cells are reused, hours without.
 PNGs are committed (palette-optimized); the HTML files are generated.
-Sources: docs/method.md §1-§6; the issue 8 figure list.
+Sources: docs/method.md §1-§6.
 """
 
 from __future__ import annotations
@@ -382,7 +382,7 @@ def write_readme(ctx: Context, records: list[dict], status: dict, wall: float, c
               "they were made with the same router file (sha256), or with one its MANIFEST lists as holding "
               "the same tensors under the same random layers (dense and random rows: any file, same seed, "
               "no per-layer k); what they lack is computed",
-              "- speed benchmark: `python analyses/bench_attention.py` (issue 4; its own outputs in "
+              "- speed benchmark: `python analyses/bench_attention.py` (its own outputs in "
               "`bench_attention/` are read when present, else experiment `bench` runs it with "
               "`" + " ".join(s.bench_args) + "`)",
               "- recorded runs: `data/runs/<method>/` (schema v1, open with `focus_lab.runs.Run.open`)", ""]

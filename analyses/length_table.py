@@ -1,4 +1,4 @@
-"""Issue 14: perplexity by context length, Focus against dense, window and controls.
+"""Perplexity by context length, Focus against dense, window and controls.
 
 For each corpus (held-out text: Persuasion for ``austen``, Hamlet for ``shakespeare``) and each
 length, the same windows are evaluated under every pattern (``focus_lab.eval.evaluate``: dense,

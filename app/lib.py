@@ -1,6 +1,6 @@
 """Dashboard helpers: the runs root, safe run selection, cached tables, HTML snippets.
 
-Rules (issue 5): the dashboard opens only run directories below its runs root (paths are
+Rules: the dashboard opens only run directories below its runs root (paths are
 resolved and checked, so ``..`` or symlinks out of the root are refused), reads parquet and
 JSON only (never unpickles), and turns every ``RunError`` into a message on the page.
 It never recomputes what the recorder wrote, except on the live-probe page.
@@ -28,7 +28,7 @@ from focus_lab.runs import MANIFEST, Run, RunError, list_runs
 REPO = Path(focus_lab.__file__).resolve().parent.parent
 
 ENV_RUNS = "FOCUS_LAB_RUNS"
-RECORD_HINT = "record it with `focus-lab record` (the recorder's metrics of issue 3)"
+RECORD_HINT = "record it with `focus-lab record`"
 POS_ORDER = ["NOUN", "PROPN", "VERB", "AUX", "ADJ", "ADV", "PRON", "DET", "ADP", "CCONJ", "SCONJ", "PART",
              "NUM", "INTJ", "PUNCT", "SYM", "X", "SPACE", "(none)"]
 GROUP_COLORS = ["#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7",

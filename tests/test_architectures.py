@@ -1,4 +1,4 @@
-"""Focus on every supported architecture family (issue 6), on tiny random configs.
+"""Focus on every supported architecture family, on tiny random configs.
 
 GPT-2 (MHA, learned positions), Llama (GQA, RoPE), Mistral (GQA, RoPE, its own sliding window),
 Qwen2 (GQA, q/k/v bias), OLMo-2 (QK-norm, post-norm), Gemma-2 (interleaved sliding/global

@@ -1,4 +1,4 @@
-"""Baselines (issue 8) on tiny random models: the Router.assign extension point, softmax and
+"""Baselines on tiny random models: the Router.assign extension point, softmax and
 prefix-causal Sinkhorn, k-means / online k-means / MoBA routers, matched windows, LoRA budget,
 and the one harness that evaluates them all."""
 

@@ -1,10 +1,10 @@
-"""The documentation is self-contained (issue 16 items 1 and 3): no file cites the method notes
+"""The documentation is self-contained: no file cites the method notes
 that used to live outside the repository, and every relative link of README.md, docs/ and
 figures/README.md points to a file of the repository, i.e. one a fresh clone has.
 
 "Of the repository" means tracked by git, or new and not git-ignored (so a page written but not
 yet committed counts, a generated, git-ignored file does not). The figures' PNGs are committed
-(issue 16 item 1), so a link to a figure that is not is a failure like any other; the generated
+so a link to a figure that is not is a failure like any other; the generated
 HTML files are named, not linked."""
 
 from __future__ import annotations

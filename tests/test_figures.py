@@ -88,7 +88,7 @@ def test_pareto_front():
 
 
 def test_experiments_are_modules_of_the_analyses_package():
-    """Issue 17 item 1: one module per experiment in ``analyses/``, imported as a package module
+    """One module per experiment in ``analyses/``, imported as a package module
     (no loading by file path, no ``sys.path`` edits, nothing from tests/)."""
     import importlib
     root = Path(F.__file__).parent

@@ -1,4 +1,4 @@
-"""The package boundary (issue 17 item 1): ``import focus_lab`` is light and resolves its public
+"""The package boundary: ``import focus_lab`` is light and resolves its public
 names lazily; the run reader (what the dashboard needs) does not import torch."""
 
 import os
@@ -135,7 +135,7 @@ def test_figures_are_the_analyses_command_not_the_library_cli():
 
 def test_cli_defaults_are_the_dataclasses_defaults():
     """Every `focus-lab train` option named like a FocusConfig / TrainConfig field defaults to
-    that field's default (one place for each default, issue 17 item 3)."""
+    that field's default (one place for each default)."""
     import dataclasses
     import typer
     from focus_lab.cli import app

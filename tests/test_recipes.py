@@ -1,4 +1,4 @@
-"""Recipes of issue 9: sink tokens in the one mask rule, straight-through, schedules."""
+"""Router recipes: sink tokens in the one mask rule, straight-through, schedules."""
 
 import itertools
 

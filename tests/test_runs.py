@@ -1,4 +1,4 @@
-"""``focus_lab.runs.Run``, the one reader of run directories (issue 17 item 3): column subsets,
+"""``focus_lab.runs.Run``, the one reader of run directories: column subsets,
 K, the token frame, its errors, and the dashboard's ``RunView`` reading through it. The runs here
 are written by hand (a manifest and two parquet tables): no torch, no recorder."""
 

@@ -1,4 +1,4 @@
-"""Try every bad input of issue 7 through the real CLI / library and print the answer each gets,
+"""Try every bad input through the real CLI / library and print the answer each gets,
 as the markdown table in the README. Offline: a tiny random Llama + tokenizer saved locally.
 
     .venv/bin/python analyses/studies/bad_inputs_table.py > figures/bad_inputs.md

@@ -4,7 +4,7 @@ The embedded SmolLM2-135M with Focus attached (trained routers when present, els
 hard mode, one window of held-out Austen at each length. Plain and recorded forwards alternate
 (side by side in one process, so machine load hits both alike); the median of each is
 reported. ``tables()`` (turning the reductions into DataFrames, done once per run, not per
-forward) is timed separately. Goal (issue 3): ratio <= 2.
+forward) is timed separately. Goal: ratio <= 2.
 
     .venv/bin/python analyses/studies/bench_record.py [--lengths 512 1024] [--reps 5] [--out logs/bench_record.json]
 """

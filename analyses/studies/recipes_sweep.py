@@ -1,4 +1,4 @@
-"""Issue 9: train each router recipe on Austen and evaluate soft and hard top-1..K on Persuasion.
+"""Train each router recipe on Austen and evaluate soft and hard top-1..K on Persuasion.
 
 Every recipe (focus_lab/train/recipes.py) trains the same number of steps on the same windows from the
 same initialization, then is evaluated on the same held-out windows. Results append to

@@ -1,4 +1,4 @@
-"""Issue 9: how many always-visible initial tokens (attention sinks) does hard Focus need?
+"""How many always-visible initial tokens (attention sinks) does hard Focus need?
 
 The recorder found that most of the dense attention mass the hard mask drops lands on a few
 " " / " the" tokens just past the 4 kept sinks (positions 7-70 of each window: secondary

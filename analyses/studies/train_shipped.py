@@ -1,4 +1,4 @@
-"""Train the shipped router file from scratch, end to end, and time every stage (issue 14).
+"""Train the shipped router file from scratch, end to end, and time every stage.
 
 The recipe of ``focus_lab/routers/MANIFEST.json`` as one resumable chain of ``focus-lab``
 commands (docs/recipes.md, "The shipped file from scratch"):

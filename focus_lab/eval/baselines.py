@@ -1,4 +1,4 @@
-"""Baselines in the Focus harness (issue 8): one mask rule, one gate, one attention path.
+"""Baselines in the Focus harness: one mask rule, one gate, one attention path.
 
 Every baseline is either a FocusConfig (sliding window only, random groups) or a ``core.Router``
 subclass that changes *how scores become groups* through the one extension point
@@ -14,7 +14,7 @@ mask keeps, ``core.distant_pairs_kept``, is reported for every hard pattern).
 | ``window`` | local pairs only (+ sink tokens): ``mode="window"`` | Longformer's local attention (Beltagy et al. 2020) |
 | ``window_matched`` | a wider window with as many kept pairs as Focus top-k | equal-sparsity control [ours] |
 | ``random`` | fixed random groups, ``assignment="random"`` | control at equal sparsity |
-| ``kmeans`` | ``KMeansRouter``: scikit-learn k-means on the router inputs, score ``-||x - mu_c||^2`` | issue 8; the recorder's k-means baseline |
+| ``kmeans`` | ``KMeansRouter``: scikit-learn k-means on the router inputs, score ``-||x - mu_c||^2`` | the recorder's k-means baseline |
 | ``online_kmeans`` | ``OnlineKMeansRouter``: centroids = EMA of assigned router inputs over a pass of training text, no gradient | Routing Transformer (Roy et al. 2021) |
 | ``moba`` | ``MoBARouter``: key group = its block of positions; a query picks its top-k past blocks by ``q . mean(k)`` | MoBA (Lu et al. 2025), training-free |
 | ``lora`` | peft LoRA on q/v at the router's parameter budget, trained like the router | Hu et al. 2021; docs/method.md §5 |

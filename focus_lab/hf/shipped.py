@@ -1,4 +1,4 @@
-"""Router files shipped inside the package, used when ``--routers`` is not given (issue 14).
+"""Router files shipped inside the package, used when ``--routers`` is not given.
 
 ``focus_lab/routers/MANIFEST.json`` lists, per base model name (``models.load_model``'s
 name), the file, its sha256 and its provenance (command, data, steps, seconds); the file's

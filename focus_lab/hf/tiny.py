@@ -1,6 +1,6 @@
 """Tiny random models and tokenizers: offline stand-ins for quick runs, examples and tests.
 
-One place for them (issue 17): the figures' ``--quick`` mode, ``analyses/studies/bad_inputs_table.py``
+One place for them: the figures' ``--quick`` mode, ``analyses/studies/bad_inputs_table.py``
 and the test suite (``tests/conftest.py``, ``tests/run_fixtures.py``) all build them here.
 Nothing is downloaded; weights are random (``torch.manual_seed(seed)``), so the numbers they
 produce mean nothing beyond exercising the code.

@@ -120,7 +120,7 @@ class FocusConfig:
         sink_tokens: the first ``sink_tokens`` positions stay visible to every query in every
             pattern, like the local window (attention sinks, StreamingLLM; docs/method.md §6 [ours]).
         straight_through: in soft mode, the forward pass uses the hard top-k mask while the
-            gradient is the soft gate's (a straight-through estimator; recipe (c) of issue 9).
+            gradient is the soft gate's (a straight-through estimator).
         gumbel_noise: scale of Gumbel noise added to the router logits during training
             (Gumbel top-k; with straight_through, trains against sampled hard masks).
         backend: how hard mode computes attention (docs/method.md §4): "auto" (the two-call

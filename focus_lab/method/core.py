@@ -292,7 +292,7 @@ def soft_gate_bias(log_p_q: torch.Tensor, log_p_k: torch.Tensor, window: int,
 
 
 def soft_top_k_membership(log_p: torch.Tensor, top_k: int, temperature: float = 1.0) -> torch.Tensor:
-    """Log of a soft "group g is among token i's top-k groups" indicator ([ours], issue 14).
+    """Log of a soft "group g is among token i's top-k groups" indicator ([ours]).
 
     The hard rule lets a query use its ``top_k`` best groups (``hard_assign``); the soft gate of
     ``soft_gate_bias`` with Sinkhorn probabilities on both sides models ``top_k = 1`` only. This

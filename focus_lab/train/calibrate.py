@@ -1,4 +1,4 @@
-"""Re-calibrate the routers' per-group bias at a target length, forward passes only (issue 14).
+"""Re-calibrate the routers' per-group bias at a target length, forward passes only.
 
 The group bias (docs/method.md §1 [ours]) is the EMA of Sinkhorn's column potentials seen in
 training: the per-group offset that balances the causal hard top-k. Routers trained on

@@ -1,6 +1,6 @@
 """Layer-local distillation of the routers at long context (``TrainConfig.objective == "distill"``).
 
-Why (issue 14, [ours]): the LM objective backpropagates the soft gate through the whole model,
+Why ([ours]): the LM objective backpropagates the soft gate through the whole model,
 an O(T^2) float bias in every layer: affordable at 512 tokens, not at 4K-8K on a CPU. Here each
 router learns alone, from one dense forward of the frozen model, to make its layer's *output*
 under the soft gate (docs/method.md §2) match the dense output, for a random subset of queries:
@@ -56,7 +56,7 @@ def layer_distill_loss(module: torch.nn.Module, router, h: torch.Tensor, query: 
     With ``top_ks`` empty the query side of the gate is the query's Sinkhorn probabilities
     (``soft_gate_bias`` as in LM training: a top-1 model); with ``top_ks = (1, 2)`` the loss is
     the mean of the losses under a top-1 and a top-2 aware gate, the query side being
-    ``core.soft_top_k_membership`` (recipe ``distill64_topk``, issue 14 [ours]).
+    ``core.soft_top_k_membership`` (recipe ``distill64_topk`` [ours]).
 
     Args:
         module: the attention module (its output projection weights the error).

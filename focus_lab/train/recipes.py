@@ -1,4 +1,4 @@
-"""Router training recipes that try to close the soft-to-hard gap (issue 9).
+"""Router training recipes that try to close the soft-to-hard gap.
 
 Training sees the soft Sinkhorn gate; inference uses a hard, causal top-k mask (docs/method.md §2).
 Each recipe is a named set of FocusConfig and TrainConfig changes, so ``focus-lab train
