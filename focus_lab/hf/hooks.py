@@ -71,7 +71,8 @@ class LayerCall:
             None (dense and window modes, unrouted layers).
         model_mask: (B, Tq, Tk) bool, the model's own mask (causality, padding, a model's
             sliding window), True = visible.
-        plain_causal: True when ``model_mask`` is plain causality (nothing hidden beyond it).
+        plain_causal: True when ``model_mask`` is plain causality (nothing hidden beyond it);
+            a property, computed on first access.
         attn_out: (B, H, Tq, D).
         kept: (B, Tq, Tk), the mask or bias the layer attended with (a property: built on
             first access, O(Tq Tk)).
@@ -86,13 +87,17 @@ class LayerCall:
     value: torch.Tensor
     routing: object | None
     model_mask: torch.Tensor
-    plain_causal: bool
     attn_out: torch.Tensor
     _kept: Callable[[], torch.Tensor] = field(repr=False, default=None)
+    _plain: Callable[[], bool] = field(repr=False, default=None)
 
     @functools.cached_property
     def kept(self) -> torch.Tensor:
         return self._kept()
+
+    @functools.cached_property
+    def plain_causal(self) -> bool:
+        return self._plain()
 
     def tensor(self, point: str) -> torch.Tensor | None:
         """The tensor of ``point`` in this call (None where the point does not fire)."""

@@ -346,10 +346,11 @@ def _emit(module, state: FocusForward | None, attention_mask, h, query, key, val
     """Fire the layer's hook points (``hooks.fire``, when any is registered) with ``out``
     (B, H, Tq, D); return transformers' (B, Tq, H, D) (a hook at ``attn_out`` may patch it)."""
     if has_hooks(module):
-        plain = (state.is_plain_causal(attention_mask, keep) if state is not None
-                 else attention_mask is None or is_plain_causal(keep))
+        def plain() -> bool:  # on demand: O(Tq Tk) on an unrouted layer (once per forward on a routed one)
+            return (state.is_plain_causal(attention_mask, keep) if state is not None
+                    else attention_mask is None or is_plain_causal(keep))
         out = fire(LayerCall(module.__dict__["_focus_layer"], module, state.config if state else None, h,
-                             query, key, value, routing, keep, plain, out, kept))
+                             query, key, value, routing, keep, out, kept, plain))
     return out.transpose(1, 2).contiguous(), None
 
 

@@ -8,6 +8,7 @@ order (window order is a function of (seed, step) only).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import time
@@ -167,8 +168,8 @@ def train(model, windows: list, focus_cfg: FocusConfig, train_cfg: TrainConfig, 
 
     def group_shares(key_group, hook):  # (B, T) -> the layer's (K,) hard top-1 shares
         shares[hook.layer_idx] = hard_group_shares(key_group, K)
-    watch = hooks(model, {"key_group": group_shares})
-    watch.__enter__()
+    watch = contextlib.ExitStack()  # the hook lives until the finally below
+    watch.enter_context(hooks(model, {"key_group": group_shares}))
     forward = model
     device = next(model.parameters()).device
     if world > 1:
@@ -223,7 +224,7 @@ def train(model, windows: list, focus_cfg: FocusConfig, train_cfg: TrainConfig, 
             if rank == 0 and ((step + 1) % train_cfg.checkpoint_every == 0 or step + 1 == stop):
                 _checkpoint(model, opt, step + 1, log_rows, ckpt, base_cfg)
     finally:
-        watch.__exit__(None, None, None)
+        watch.close()
         for r in rs.values():
             r.eval()
     seconds = time.perf_counter() - t_start
