@@ -16,8 +16,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from focus_lab.method.core import hard_mask
-from focus_lab.method.decomposition import (available_backends, hard_focus_attention, plan_segments,
-                                     reference_hard_attention)
+from focus_lab.method.decomposition import (GroupedKV, available_backends, hard_focus_attention,
+                                            plan_segments, reference_hard_attention)
 
 BACKENDS = available_backends("cpu")
 TOL = 1e-5
@@ -149,6 +149,39 @@ def test_kv_cache_step_equals_reference_and_ignores_dropped_keys(Tq):
     key2.masked_fill_(dropped[:, None, :, None], 1e3)
     v2.masked_fill_(dropped[:, None, :, None], float("nan"))
     assert torch.equal(hard_focus_attention(q, key2, v2, qg01, kg, w, sinks=sinks), out01)
+
+
+@pytest.mark.parametrize("B,k,w,sinks", [(1, 1, 8, 0), (1, 2, 8, 4), (2, 2, 5, 3), (1, 3, 6, 40), (2, 1, 1, 0)])
+def test_grouped_decode_steps_equal_reference(B, k, w, sinks):
+    """Token-by-token decode through a GroupedKV store (slices of group-ordered keys, merged by
+    LSE) equals the dense masked reference at every step: from the first step (built from the
+    cache) through appends, groups seen for the first time mid-decode, repeated query groups,
+    sinks that overlap the window (sinks=40 > early positions), and a KV cache replaced
+    mid-decode (the store notices the changed keys and rebuilds)."""
+    gen = torch.Generator().manual_seed(100 * B + 10 * k + w)
+    H, Hkv, T, D, K, t0 = 6, 3, 90, 16, 5, 12
+    q, key, v = rand_qkv(gen, B, H, Hkv, T, T, D)
+    kg = torch.randint(0, K, (B, T), generator=gen)
+    kg[:, :t0 + 20] = kg[:, :t0 + 20].clamp(max=K - 2)  # group K - 1 first appears mid-decode
+    qg = torch.randint(0, K, (B, T, k), generator=gen)
+    qg[:, 50, -1] = qg[:, 50, 0]  # a repeated group counts once
+    ref, ref_lse = reference_hard_attention(q, key, v, qg, kg, w, sinks=sinks), None
+    store, worst = GroupedKV(), 0.0
+    for t in range(t0, T):
+        if t == 60:  # another sequence's cache from here on: the store must rebuild, not append
+            key = key.clone()
+            key[:, :, :t] += 0.5
+            ref = reference_hard_attention(q, key, v, qg, kg, w, sinks=sinks)
+        out, lse = hard_focus_attention(q[:, :, t:t + 1], key[:, :, :t + 1], v[:, :, :t + 1], qg[:, t:t + 1],
+                                        kg[:, :t + 1], w, sinks=sinks, return_lse=True, grouped=store)
+        worst = max(worst, (out - ref[:, :, t:t + 1]).abs().max().item())
+        mask = hard_mask(qg[:, t:t + 1], kg[:, :t + 1], w, torch.tensor([t]), torch.arange(t + 1), sinks)
+        s = q[:, :, t:t + 1] @ key[:, :, :t + 1].repeat_interleave(H // Hkv, 1).transpose(-1, -2) / math.sqrt(D)
+        assert (lse - s.masked_fill(~mask[:, None], float("-inf")).logsumexp(-1)).abs().max() <= 1e-4
+        assert store.seen == t + 1
+    assert worst <= TOL, f"max abs error {worst:.2e}"
+    held = sum(len(e[2]) for row in store.rows for e in row.values())
+    assert held == B * T  # every token in exactly one group's buffer
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -29,7 +29,7 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from focus_lab.method.config import FocusConfig
 from focus_lab.method.core import Router, Routing, focus_bias, masked_attention, route, window_only_groups
-from focus_lab.method.decomposition import hard_focus_attention
+from focus_lab.method.decomposition import GroupedKV, hard_focus_attention
 from focus_lab.hf.hooks import LayerCall, fire, has_hooks
 from focus_lab.io import atomic_path, file_sha256
 
@@ -113,10 +113,14 @@ class FocusCache:
 
     ``key_groups``: {layer_idx: (B, T_seen) int64}. A forward from position 0 (Tq == Tk) starts a
     layer's entry over; a decode step (Tq < Tk) appends its tokens' groups, since the router needs
-    hidden states that the KV cache does not keep. Source: docs/method.md §4 (KV cache).
+    hidden states that the KV cache does not keep. ``grouped``: {layer_idx: GroupedKV}, the
+    layer's keys and values ordered by group, which one-token steps attend through
+    (``decomposition.GroupedKV``, built at the first step after a prefill).
+    Source: docs/method.md §4 (KV cache).
     """
 
     key_groups: dict[int, torch.Tensor] = field(default_factory=dict)
+    grouped: dict[int, GroupedKV] = field(default_factory=dict, repr=False)
 
     def seen(self, layer_idx: int) -> int:
         """Number of tokens whose key groups layer ``layer_idx`` holds (0 before a prefill)."""
@@ -138,6 +142,8 @@ class FocusCache:
                 f"{None if past is None else tuple(past.shape)} key groups: start generation "
                 "with a forward from position 0 through the same FocusCache (the model's default "
                 "one, or the FocusForward's cache)")
+        if past is None:
+            self.grouped.pop(layer_idx, None)  # a forward from position 0: the old store is stale
         seen = key_group if past is None else torch.cat([past, key_group], 1)  # (B, T_seen)
         self.key_groups[layer_idx] = seen
         return seen
@@ -320,8 +326,11 @@ def _focus_attention(module, query, key, value, attention_mask, scaling, **kwarg
             qg = qg[:, Tk - Tq:]  # (B, Tq, 1)
         else:
             qg, kg = routing.query_groups, routing.key_group
+        grouped = None
+        if Tq == 1 < Tk and routing is not None and state.cache is not None:  # a decode step
+            grouped = state.cache.grouped.setdefault(router.layer_idx, GroupedKV())
         out = hard_focus_attention(query, key, value, qg, kg, cfg.window, scaling, backend=cfg.backend,
-                                   sinks=cfg.sink_tokens, timings=tm)
+                                   sinks=cfg.sink_tokens, timings=tm, grouped=grouped)
         # a hook on "kept" gets the same dense mask as on the reference path (O(T^2), built on demand)
         with _phase(tm, "hooks"):
             return _emit(module, state, attention_mask, h, query, key, value, routing, keep,

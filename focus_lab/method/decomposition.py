@@ -69,6 +69,7 @@ from __future__ import annotations
 
 import math
 import time
+from bisect import bisect_left
 from contextlib import contextmanager
 from contextlib import nullcontext as _nullcontext
 from dataclasses import dataclass
@@ -684,6 +685,140 @@ def _few_queries(query, key, value, query_groups, key_group, window, sinks, scal
     return out.transpose(1, 2), lse
 
 
+class GroupedKV:
+    """One routed layer's KV cache ordered by key group, for one-token decode steps (Tq == 1).
+
+    Per batch row and group: the cached keys and values of that group's tokens in position
+    order, in buffers grown by doubling, with their positions. A decode step's query at
+    position t then attends to contiguous slices only, one attention call each, merged by
+    logsumexp like the parts of the prefill (``merge_lse``):
+
+    * the sinks, keys ``0 .. min(sinks, t - w + 1) - 1`` of the position-ordered cache;
+    * its window, keys ``t - w + 1 .. t`` of the same cache;
+    * per group it joins, the group's keys between the sinks and the window (a slice of the
+      group's buffer, its ends found by bisection on the positions).
+
+    These sets are disjoint and their union is the step's row of ``core.hard_mask``, so the
+    result equals the masked reference. No per-step mask over the cache and no gather: work
+    O(kept keys) plus O(k log n) bookkeeping, against ``_few_queries``' O(Tk) mask and copy
+    of the kept keys. Costs a second copy of the layer's keys and values.
+
+    The store is a cache of (keys, values, key groups): ``step`` checks that it holds the
+    tokens before the step (their count and the newest key, compared with the KV cache's)
+    and rebuilds it from the KV cache otherwise (the first step after a prefill, a reordered
+    or replaced cache). Source: docs/method.md §4 (KV cache).
+    """
+
+    GROW = 16  # spare slots a group's buffer gets beyond its tokens when it is built or grown
+
+    def __init__(self) -> None:
+        self.rows: list[dict[int, list]] = []  # per batch row: {group: [keys, values, positions]}
+        self.seen = 0  # tokens held (positions 0 .. seen - 1)
+        self.newest: torch.Tensor | None = None  # (B, Hkv, D) the key of token seen - 1
+
+    def _build(self, key: torch.Tensor, value: torch.Tensor, key_group: torch.Tensor) -> None:
+        """Hold the T tokens of key, value (B, Hkv, T, D) with their key_group (B, T)."""
+        B, Hkv, T, D = key.shape
+        self.rows = []
+        for b in range(B):
+            order = torch.argsort(key_group[b, :T], stable=True)  # (T,) by group, then position
+            groups, counts = torch.unique_consecutive(key_group[b, order], return_counts=True)
+            kb = key[b].transpose(0, 1).index_select(0, order)  # (T, Hkv, D) group-ordered
+            vb = value[b].transpose(0, 1).index_select(0, order)
+            pos = order.tolist()
+            row, a = {}, 0
+            for g, c in zip(groups.tolist(), counts.tolist()):
+                kbuf = kb.new_empty(c + max(self.GROW, c // 4), Hkv, D)
+                vbuf = torch.empty_like(kbuf)
+                kbuf[:c] = kb[a:a + c]
+                vbuf[:c] = vb[a:a + c]
+                row[g] = [kbuf, vbuf, pos[a:a + c]]
+                a += c
+            self.rows.append(row)
+        self.seen = T
+        self.newest = key[:, :, T - 1].clone() if T else None
+
+    def _append(self, key: torch.Tensor, value: torch.Tensor, groups: list[int]) -> None:
+        """Add one token: key, value (B, Hkv, D) at position ``seen``, of groups[b] in row b."""
+        for b, g in enumerate(groups):
+            entry = self.rows[b].get(g)
+            if entry is None:
+                entry = self.rows[b][g] = [key.new_empty(self.GROW, *key.shape[1:]),
+                                           value.new_empty(self.GROW, *value.shape[1:]), []]
+            kbuf, vbuf, pos = entry
+            n = len(pos)
+            if n == kbuf.shape[0]:  # full: double
+                entry[0] = kbuf = torch.cat([kbuf, torch.empty_like(kbuf)])
+                entry[1] = vbuf = torch.cat([vbuf, torch.empty_like(vbuf)])
+            kbuf[n] = key[b]
+            vbuf[n] = value[b]
+            pos.append(self.seen)
+        self.seen += 1
+        self.newest = key.clone()
+
+    def step(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+             query_groups: torch.Tensor, key_group: torch.Tensor, window: int, sinks: int,
+             scale: float, call: "_Call") -> tuple[torch.Tensor, torch.Tensor]:
+        """Attention of one decode step, exactly ``masked_attention(q, k, v, hard_mask(...))``.
+
+        query: (B, H, 1, D) at position Tk - 1; key, value: (B, Hkv, Tk, D) the whole KV cache,
+        this step's token last; query_groups: (B, 1, k) long; key_group: (B, Tk) long, every
+        cached token's group. Returns out (B, H, 1, D) in query.dtype and lse (B, H, 1) fp32.
+        """
+        B, H, _, D = query.shape
+        Tk = key.shape[2]
+        t = Tk - 1  # the query's position
+        with call("plan"):
+            held = self.seen == t and len(self.rows) == B and t > 0 and \
+                torch.equal(self.newest, key[:, :, t - 1])
+            if held:
+                self._append(key[:, :, t], value[:, :, t], key_group[:, t].tolist())
+            else:  # the first step after a prefill, or a cache this store does not mirror
+                self._build(key, value, key_group)
+            lo_w = max(0, t - window + 1)  # the window: keys lo_w .. t
+            s_end = min(sinks, lo_w)  # the sinks outside the window: keys 0 .. s_end - 1
+            qgs = query_groups[:, 0].tolist()  # (B, k)
+        outs, lses = [], []
+        for b in range(B):
+            with call("gather"):
+                parts = [(key[b:b + 1, :, lo_w:], value[b:b + 1, :, lo_w:])]
+                if s_end > 0:
+                    parts.append((key[b:b + 1, :, :s_end], value[b:b + 1, :, :s_end]))
+                for g in dict.fromkeys(qgs[b]):  # a repeated group counts once
+                    entry = self.rows[b].get(g)
+                    if entry is None:
+                        continue
+                    kbuf, vbuf, pos = entry
+                    lo, hi = bisect_left(pos, sinks), bisect_left(pos, lo_w)
+                    if hi > lo:  # (n, Hkv, D) -> (1, Hkv, n, D) views, no copy
+                        parts.append((kbuf[lo:hi].transpose(0, 1)[None], vbuf[lo:hi].transpose(0, 1)[None]))
+            with call("attn_A"):
+                res = [_attn_lse(query[b:b + 1], k, v, scale, call=call) for k, v in parts]
+            with call("merge"):
+                o, l = merge_lse([r[0] for r in res], [r[1] for r in res])
+            outs.append(o)
+            lses.append(l)
+        return torch.cat(outs).to(query.dtype), torch.cat(lses)
+
+
+def merge_lse(outs: list[torch.Tensor], lses: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Merge attention results over disjoint key sets: ``o = sum_p e^{lse_p} o_p / sum_p e^{lse_p}``.
+
+    outs: P tensors (N, H, L, D); lses: P tensors (N, H, L), -inf for an empty part (weight 0;
+    at least one part finite per row). Returns (out (N, H, L, D) fp32, lse (N, H, L) fp32), the
+    attention over the union and its logsumexp. The prefill's merge (``_hard_focus_attention``)
+    is the same formula written in place over its scratch buffers.
+    """
+    if len(outs) == 1:
+        return outs[0].float(), lses[0].float()
+    lse = torch.stack(lses).float()  # (P, N, H, L)
+    m = lse.amax(0)  # (N, H, L)
+    w = torch.exp(lse - m)  # (P, N, H, L)
+    den = w.sum(0)
+    out = sum(o.float() * w[p, ..., None] for p, o in enumerate(outs)) / den[..., None]
+    return out, m + torch.log(den)
+
+
 # --------------------------------------------------------------------------------------------
 # the public function
 
@@ -691,7 +826,7 @@ def hard_focus_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Te
                          query_groups: torch.Tensor, key_group: torch.Tensor, window: int,
                          scaling: float | None = None, backend: str = "auto",
                          return_lse: bool = False, timings: dict | None = None, sinks: int = 0,
-                         options: DecompositionOptions | None = None):
+                         options: DecompositionOptions | None = None, grouped: "GroupedKV | None" = None):
     """Hard Focus attention, exactly ``masked_attention(q, k, v, hard_mask(...))`` (docs/method.md §4).
 
     Args:
@@ -711,6 +846,9 @@ def hard_focus_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Te
             ``sinks`` argument of core.hard_mask, FocusConfig.sink_tokens); their pairs outside
             A and B form a third small part merged like the others.
         options: CPU performance knobs (``DecompositionOptions``; default ``DEFAULT_OPTIONS``).
+        grouped: a one-token decode step (Tq == 1 < Tk) attends through this layer's
+            ``GroupedKV`` (kept between steps by the caller, ``retrofit.FocusCache``): slices
+            of group-ordered keys instead of a mask over the whole cache. Ignored otherwise.
     Returns:
         out (B, H, Tq, D) in query.dtype, a view of (B, Tq, H, D) memory; with ``return_lse``
         also lse (B, H, Tq) fp32.
@@ -742,11 +880,11 @@ def hard_focus_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Te
     call = _Call(timings, query.device, options, kernel_threads=torch.get_num_threads())
     with torch_threads(1) if serial else _nullcontext():
         return _hard_focus_attention(query, key, value, query_groups, key_group, window, scaling,
-                                     backend, return_lse, sinks, call)
+                                     backend, return_lse, sinks, call, grouped)
 
 
 def _hard_focus_attention(query, key, value, query_groups, key_group, window, scaling, backend,
-                          return_lse, sinks, call: _Call):
+                          return_lse, sinks, call: _Call, grouped: GroupedKV | None = None):
     B, H, Tq, D = query.shape
     Hkv, Tk = key.shape[1], key.shape[2]
     be = resolve_backend(backend, query.device, query.dtype)
@@ -759,6 +897,9 @@ def _hard_focus_attention(query, key, value, query_groups, key_group, window, sc
     k = query_groups.shape[-1]
     query_groups = query_groups.to(query.device)
     key_group = key_group.to(query.device)
+    if Tq == 1 < Tk and grouped is not None and query.device.type == "cpu":  # slices, no gather
+        out, lse = grouped.step(query, key, value, query_groups, key_group, window, sinks, scale, call)
+        return (out, lse) if return_lse else out
     if Tq < Tk and Tq <= FEW_QUERIES:  # a KV-cache step: gather the kept keys, one call per row
         out, lse = _few_queries(query, key, value, query_groups, key_group, window, sinks, scale, call)
         return (out, lse) if return_lse else out
