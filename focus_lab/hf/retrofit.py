@@ -688,7 +688,7 @@ def soup_router_files(paths: list[str | Path], out: str | Path, weights: list[fl
     """Average router files tensor by tensor (a "model soup", Wortsman et al. 2022): ``proj``,
     ``centroids`` and ``group_bias`` of every layer become ``sum_i w_i * t_i``. Meant for files
     trained from a common start (e.g. a file and the same file trained further on other text,
-    docs/recipes.md "Stop 28"), whose groups still correspond; for independently trained files
+    docs/recipes.md "A broader training mix"), whose groups still correspond; for independently trained files
     the groups are unrelated and the average means nothing.
 
     Args:

@@ -269,8 +269,8 @@ class TrainConfig:
         init_routers: optional router file to start from (a length curriculum: train at 512
             tokens, continue at 4K); its config must match the FocusConfig's shapes.
         stop_after: end the run after this many steps (None: after ``steps``); the learning-rate
-            schedule still spans ``steps``. Reproduces a run stopped at a checkpoint (the file
-            shipped at stops 20-22: ``steps=40, stop_after=30``, docs/recipes.md).
+            schedule still spans ``steps``. Reproduces a run stopped at a checkpoint (stage 2 of the
+            shipped file's recipe: ``steps=40, stop_after=30``, docs/recipes.md).
         random_layers: layers given balanced random groups instead of their routers
             (``FocusConfig.random_layers``, docs/method.md §2.6); their routers are not trained.
             None: the init file's random layers with ``init_routers``, else the FocusConfig's.
