@@ -169,6 +169,9 @@ def train(
     random_layers: Optional[str] = typer.Option(None, "--random-layers", help="layers given balanced random "
                                                 "groups instead of a router (not trained), e.g. 1-9, or 'none'; "
                                                 "default: the --init-routers file's, else none"),
+    key_router: bool = typer.Option(False, "--key-router", help="give the key role its own projection "
+                                    "(FocusConfig.key_router, docs/method.md §1.4); from a shared "
+                                    "--init-routers file it starts as that file's projection"),
 ):
     """Train only the routers (frozen base model) on the corpus's training documents."""
     from focus_lab.method.config import TrainConfig, parse_random_layers
@@ -185,7 +188,7 @@ def train(
         if sink_tokens is not None:
             fchanges["sink_tokens"] = sink_tokens
         fcfg = _focus_cfg(num_groups, window, top_k, tau, sinkhorn_iters, router_dim, seed)
-        fcfg = fcfg.replace(**fchanges)
+        fcfg = fcfg.replace(**fchanges, key_router=key_router)
         tcfg = TrainConfig(steps=steps, seq_len=seq_len, batch_size=batch_size, lr=lr,
                            checkpoint_every=checkpoint_every, seed=seed,
                            init_routers=str(init_routers) if init_routers else None,

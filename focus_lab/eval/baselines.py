@@ -68,6 +68,8 @@ class SoftmaxRouter(Router):
     group absorbs almost every token"). No column potential, so the group bias stays 0.
     Hard assignment: ``core.hard_groups`` as for Focus."""
 
+    key_router_allowed = False  # one projection for both roles
+
     def assign(self, scores, config, token_mask=None):
         log_p = None
         if config.mode == "soft" or self.training:
@@ -107,6 +109,8 @@ class PrefixCausalRouter(Router):
     """Focus router whose soft assignment is ``prefix_sinkhorn`` (no look-ahead); the hard
     assignment is Focus's causal ``core.hard_groups``. Same parameters as ``Router``."""
 
+    key_router_allowed = False  # one projection for both roles
+
     def assign(self, scores, config, token_mask=None):
         log_p = None
         if config.mode == "soft" or self.training:
@@ -120,6 +124,8 @@ class KMeansRouter(Router):
     router's RMS normalization and ``mu`` the (K, d_model) buffer ``means`` (fitted by
     scikit-learn ``KMeans`` in ``fit_kmeans_routers``). Top-1 = nearest centroid, top-k = the k
     nearest; no training, hard mode (soft mode would apply Sinkhorn to ``-dist / tau``)."""
+
+    key_router_allowed = False  # one projection for both roles
 
     def __init__(self, d_model: int, config: FocusConfig, layer_idx: int, means: torch.Tensor | None = None):
         super().__init__(d_model, config, layer_idx)
@@ -179,6 +185,8 @@ class MoBARouter(Router):
     kept through the local window (``block_size <= window`` is required). Blocks at or after
     the query's own only fill the top-k slots of early queries; the causal mask removes them.
     """
+
+    key_router_allowed = False  # one projection for both roles
 
     def __init__(self, d_model: int, config: FocusConfig, layer_idx: int, block_size: int,
                  attention: nn.Module | None = None):

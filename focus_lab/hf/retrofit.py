@@ -9,6 +9,8 @@ Source: docs/method.md §1-§3.
 
 from __future__ import annotations
 
+import dataclasses
+
 import hashlib
 import json
 import re
@@ -27,7 +29,7 @@ from safetensors.torch import save_file
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from focus_lab.method.config import FocusConfig
+from focus_lab.method.config import SHAPE_FIELDS, FocusConfig
 from focus_lab.method.core import Router, Routing, focus_bias, masked_attention, route, window_only_groups
 from focus_lab.method.decomposition import GroupedKV, hard_focus_attention
 from focus_lab.hf.hooks import LayerCall, fire, has_hooks
@@ -161,7 +163,7 @@ class FocusForward:
 
     Attributes:
         config: the FocusConfig in force for this forward (mode, top_k, assignment, window, ...).
-            Shape fields (num_groups, router_dim, layers) must be the attached ones.
+            Shape fields (``config.SHAPE_FIELDS``) must be the attached ones.
         cache: a FocusCache for hard-mode decoding through a KV cache; None: no decode step
             possible with this state (full forwards only).
         inputs: {layer_idx: (B, T, d_model)} router inputs of the forward in flight (internal:
@@ -400,8 +402,7 @@ def _route_layer(router: Router, state: FocusForward, keep: torch.Tensor, attent
         return routing, 0, h
     seen = state.cache.extend(router.layer_idx, routing.key_group, Tq, Tk)  # (B, T_seen)
     offset = seen.shape[1] - Tk  # a sliding-window cache keeps only the latest keys
-    return Routing(routing.scores, routing.log_p, routing.col_potential, routing.query_groups,
-                   seen[:, offset:]), offset, h
+    return dataclasses.replace(routing, key_group=seen[:, offset:]), offset, h
 
 
 def _attention_path(state: FocusForward, query, key, attention_mask, keep, Tq: int, Tk: int,
@@ -579,8 +580,7 @@ def focus_config(model: nn.Module) -> FocusConfig:
 
 
 def _changed(old: FocusConfig, changes: dict) -> FocusConfig:
-    fixed = {"num_groups", "router_dim", "layers"}
-    bad = sorted(k for k in changes if k in fixed and changes[k] != getattr(old, k))
+    bad = sorted(k for k in changes if k in SHAPE_FIELDS and changes[k] != getattr(old, k))
     if bad:
         raise ValueError(f"cannot change {bad} after attach: detach and attach a new config")
     return old.replace(**changes)
@@ -592,15 +592,15 @@ def forward_state(model: nn.Module, cache: bool = False, **changes) -> FocusForw
     ``model(input_ids, focus=forward_state(model, mode="dense"))``; ``cache=True`` gives it a
     FocusCache for hard-mode decoding through a KV cache.
 
-    Raises ValueError: Focus not attached, or a shape field (num_groups, router_dim, layers)
-    changed (they are fixed at attach)."""
+    Raises ValueError: Focus not attached, or a shape field (``config.SHAPE_FIELDS``: num_groups,
+    router_dim, layers, key_router) changed (they are fixed at attach)."""
     return FocusForward(_changed(_default(model).config, changes), FocusCache() if cache else None)
 
 
 def set_config(model: nn.Module, **changes) -> FocusConfig:
     """Change the model's default config (e.g. ``mode="hard", top_k=1``): what every forward
     without ``focus=`` uses from now on (``model.generate`` included). Library code passes a
-    ``forward_state`` per forward instead. Shape fields (num_groups, router_dim, layers) cannot
+    ``forward_state`` per forward instead. Shape fields (``config.SHAPE_FIELDS``) cannot
     change after attach (ValueError)."""
     new = _changed(_default(model).config, changes)
     model._focus_state.default = FocusForward(new, FocusCache())
@@ -635,13 +635,22 @@ def save_routers(model: nn.Module, path: str | Path, extra: dict | None = None,
     """Write the routers as safetensors (atomically), with the FocusConfig (``config``, default
     the model's default config) and the base model's identity in the metadata.
     Tensors: ``layers.{i}.proj (d_model, d_g)``, ``layers.{i}.centroids (K, d_g)``,
-    ``layers.{i}.group_bias (K,)``."""
+    ``layers.{i}.group_bias (K,)``, and ``layers.{i}.key_proj (d_model, d_g)`` with
+    ``config.key_router``."""
     path = Path(path)
     tensors = {}
     for i, r in routers(model).items():
-        for name, t in [("proj", r.proj), ("centroids", r.centroids), ("group_bias", r.group_bias)]:
+        for name, t in router_tensors(r).items():
             tensors[f"layers.{i}.{name}"] = t.detach().to("cpu", torch.float32).contiguous()
     return write_router_file(path, tensors, config or _default(model).config, model_identity(model), extra)
+
+
+def router_tensors(router: Router) -> dict[str, torch.Tensor]:
+    """A router's saved tensors by name: proj, centroids, group_bias, and key_proj when it has one."""
+    out = {"proj": router.proj, "centroids": router.centroids, "group_bias": router.group_bias}
+    if router.key_proj is not None:
+        out["key_proj"] = router.key_proj
+    return out
 
 
 def write_router_file(path: str | Path, tensors: dict[str, torch.Tensor], config: FocusConfig,
@@ -732,6 +741,10 @@ def soup_router_files(paths: list[str | Path], out: str | Path, weights: list[fl
 def load_routers(model: nn.Module, path: str | Path, config_overrides: dict | None = None) -> FocusConfig:
     """Load a router file onto ``model`` (attaching Focus with the file's config if needed).
 
+    Onto a model attached with ``key_router=True`` a file without key projections loads as the
+    start of a key router: ``key_proj`` takes the file's ``proj`` (training then separates them,
+    docs/method.md §1.4).
+
     Raises:
         RouterMismatchError: the file was trained on another base model (config or embedding
             checksum differ), or its routers do not fit this model.
@@ -748,17 +761,21 @@ def load_routers(model: nn.Module, path: str | Path, config_overrides: dict | No
         config = config.replace(**config_overrides)
     if is_attached(model):
         cur = _default(model).config
-        if (cur.num_groups, cur.router_dim, cur.layers) != (config.num_groups, config.router_dim, config.layers):
-            raise RouterMismatchError("the attached Focus config differs in shape from the file's; detach first")
-        keep = {k: v for k, v in config.to_dict().items() if k not in ("num_groups", "router_dim", "layers")}
+        grown = cur.key_router and not config.key_router  # a key router started from a shared one
+        if any(getattr(cur, k) != getattr(config, k) for k in SHAPE_FIELDS if k != "key_router") or \
+                (config.key_router and not cur.key_router):
+            raise RouterMismatchError("the attached Focus config differs in shape from the file's "
+                                      f"({', '.join(SHAPE_FIELDS)}); detach first")
+        keep = {k: v for k, v in config.to_dict().items() if k not in SHAPE_FIELDS}
         model._focus_state.default = FocusForward(cur.replace(**keep), FocusCache())
     else:
+        grown = False
         attach(model, config)
     for i, r in routers(model).items():
         with torch.no_grad():
-            for name in ("proj", "centroids", "group_bias"):
-                key = f"layers.{i}.{name}"
+            for name, t in router_tensors(r).items():
+                key = f"layers.{i}.{'proj' if grown and name == 'key_proj' else name}"
                 if key not in tensors:
                     raise RouterMismatchError(f"router file {path} has no tensor {key}")
-                getattr(r, name).copy_(tensors[key])
+                t.copy_(tensors[key])
     return _default(model).config

@@ -14,6 +14,8 @@ from typing import Any
 MODES = ("soft", "hard", "window", "dense")
 ASSIGNMENTS = ("router", "random", "shuffled")
 OBJECTIVES = ("lm", "coverage", "distill")
+# FocusConfig fields that fix the routers' tensors: set at attach, never changed by a forward
+SHAPE_FIELDS = ("num_groups", "router_dim", "layers", "key_router")
 
 
 class ConfigError(ValueError):
@@ -123,6 +125,12 @@ class FocusConfig:
             gradient is the soft gate's (a straight-through estimator).
         gumbel_noise: scale of Gumbel noise added to the router logits during training
             (Gumbel top-k; with straight_through, trains against sampled hard masks).
+        key_router: [ours] give the key role its own projection ``W_k: (d_model, d_g)`` (the
+            centroids stay shared): a query's groups come from ``norm(h_i) @ W_g``, a key's group
+            from ``norm(h_j) @ W_k``, so a query can meet keys that do not look like itself,
+            e.g. the token after an earlier occurrence of the query's own token (a copy).
+            False (the paper's router, docs/method.md §1): one projection for both roles.
+            A shape field: fixed at attach (docs/method.md §1.4).
         backend: how hard mode computes attention (docs/method.md §4): "auto" (the two-call
             decomposition of focus_lab.method.decomposition with the best kernel present: flash-attn on
             a GPU, else torch's CPU flash kernel), "torch" or "flash" (force that kernel), or
@@ -148,6 +156,7 @@ class FocusConfig:
     sink_tokens: int = 0
     straight_through: bool = False
     gumbel_noise: float = 0.0
+    key_router: bool = False
     backend: str = "auto"
 
     def __post_init__(self) -> None:
@@ -182,6 +191,8 @@ class FocusConfig:
             bad("sink_tokens", "need an integer >= 0 (0 keeps no sink tokens)")
         if not self.gumbel_noise >= 0:
             bad("gumbel_noise", "need a noise scale >= 0")
+        if not isinstance(self.key_router, bool):
+            bad("key_router", "need True (a separate key projection) or False (one router for both roles)")
         if self.backend not in ("auto", "dense", "torch", "flash"):
             bad("backend", "choose one of auto, dense, torch, flash")
         if self.layers is not None:

@@ -45,7 +45,9 @@ class Router(nn.Module):
 
     ``S = (norm(h) @ W_g) @ C.T`` (docs/method.md §1), ``W_g = proj: (d_model, router_dim)``,
     ``C = centroids: (num_groups, router_dim)``. ``norm`` divides by the RMS over d_model when
-    ``config.normalize_input`` (an [ours] decision, see FocusConfig).
+    ``config.normalize_input`` (an [ours] decision, see FocusConfig). With
+    ``config.key_router`` the key role scores with its own ``key_proj: (d_model, router_dim)``
+    against the same centroids (docs/method.md §1.4 [ours]); ``key_proj`` is None otherwise.
 
     Init: ``proj ~ N(0, 1/d_model)``, ``centroids ~ N(0, tau^2/d_g)``, so that with a
     unit-RMS input the logits ``S / tau`` start near N(0, 1) (soft, balanced Sinkhorn).
@@ -56,6 +58,8 @@ class Router(nn.Module):
         random_table: (max_positions, num_groups) fixed scores used when
             ``config.assignment == "random"`` (a control at equal sparsity).
     """
+
+    key_router_allowed = True  # False in baselines (focus_lab.eval.baselines): one role only
 
     def __init__(self, d_model: int, config: FocusConfig, layer_idx: int):
         super().__init__()
@@ -69,6 +73,9 @@ class Router(nn.Module):
         # init so that S / tau ~ N(0, 1): Sinkhorn starts soft and balanced, then sharpens
         self.centroids = nn.Parameter(torch.randn(K, dg, generator=g) * (config.tau / math.sqrt(dg)))
         self.register_buffer("group_bias", torch.zeros(K))
+        # the key role's own projection, started equal to proj: the shared router is its start
+        self.key_proj = (nn.Parameter(self.proj.detach().clone())
+                         if config.key_router and self.key_router_allowed else None)
 
     def routes(self, config: FocusConfig | None = None) -> bool:
         """Whether this layer's groups come from this router under ``config`` (default the
@@ -78,7 +85,8 @@ class Router(nn.Module):
         return (config or self.config).assignment_at(self.layer_idx) != "random"
 
     def forward(self, h: torch.Tensor, config: FocusConfig | None = None, start: int = 0) -> torch.Tensor:
-        """Router scores. h: (B, T, d) attention input -> S: (B, T, K), fp32.
+        """Router scores. h: (B, T, d) attention input -> S: (B, T, K), fp32 (the query role;
+        the key role too unless the router has a ``key_proj``, see ``key_scores``).
 
         ``config``: the forward's config (``assignment``, ``normalize_input``); default the
         router's own. ``start``: absolute position of the first token (random groups only: a
@@ -90,6 +98,15 @@ class Router(nn.Module):
         h = rms_normalize(h) if cfg.normalize_input else h.float()  # (B, T, d)
         return (h @ self.proj) @ self.centroids.T  # (B, T, K)
 
+    def key_scores(self, h: torch.Tensor, config: FocusConfig | None = None) -> torch.Tensor | None:
+        """The key role's scores ``(norm(h) @ W_k) @ C.T``: h (B, T, d) -> (B, T, K) fp32; None
+        when the key role shares ``forward``'s scores (no ``key_proj``, or random groups here)."""
+        cfg = config or self.config
+        if self.key_proj is None or not self.routes(cfg):
+            return None
+        h = rms_normalize(h) if cfg.normalize_input else h.float()  # (B, T, d)
+        return (h @ self.key_proj) @ self.centroids.T  # (B, T, K)
+
     def assign(self, scores: torch.Tensor, config: FocusConfig, token_mask: torch.Tensor | None = None
                ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor, torch.Tensor]:
         """Soft and hard assignments from the scores; ``route`` calls this after ``forward``.
@@ -98,6 +115,7 @@ class Router(nn.Module):
         change how scores become groups (plain softmax, prefix-causal Sinkhorn, MoBA blocks)
         while the mask rule, the gate and the attention path stay those of this module.
         Default: Sinkhorn in soft mode or training (docs/method.md §1), ``hard_assign`` always.
+        A router with a ``key_proj`` assigns its keys in ``assign_keys`` afterwards.
 
         Returns: (log_p (B, T, K) or None, col_potential (B, K) or None,
         query_groups (B, T, k), key_group (B, T)).
@@ -105,15 +123,41 @@ class Router(nn.Module):
         log_p = col = None
         if config.mode == "soft" or self.training:
             log_p, col = sinkhorn(scores, config.tau, config.sinkhorn_iters, token_mask)
-        assignment = config.assignment_at(self.layer_idx)
-        # random groups are a fixed, balanced control: the router's calibrated bias does not apply
-        bias = None if assignment == "random" else self.group_bias
-        qg, kg = hard_groups(scores, config, self.layer_idx, bias)
-        if assignment == "shuffled":  # control: same group sizes, random membership
-            g = torch.Generator().manual_seed(layer_seed(config.seed, self.layer_idx))
-            perm = torch.randperm(scores.shape[1], generator=g).to(scores.device)  # (T,)
-            qg, kg = qg[:, perm], kg[:, perm]
+        qg, kg = hard_groups(scores, config, self.layer_idx, self._bias(config))
+        if config.assignment_at(self.layer_idx) == "shuffled":  # control: same group sizes, random membership
+            qg, kg = self._shuffle(qg, config), self._shuffle(kg, config)
         return log_p, col, qg, kg
+
+    def _shuffle(self, groups: torch.Tensor, config: FocusConfig) -> torch.Tensor:
+        """groups (B, T, ...) moved to other positions by the layer's fixed permutation."""
+        g = torch.Generator().manual_seed(layer_seed(config.seed, self.layer_idx))
+        return groups[:, torch.randperm(groups.shape[1], generator=g).to(groups.device)]
+
+    def _bias(self, config: FocusConfig) -> torch.Tensor | None:
+        # random groups are a fixed, balanced control: the router's calibrated bias does not apply
+        return None if config.assignment_at(self.layer_idx) == "random" else self.group_bias
+
+    def assign_keys(self, key_scores: torch.Tensor, config: FocusConfig, key_group: torch.Tensor,
+                    token_mask: torch.Tensor | None = None
+                    ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor]:
+        """The key role of a router with a ``key_proj`` (docs/method.md §1.4 [ours]).
+
+        Each key lives in the top-1 group of ``key_scores / tau + group_bias``; the group bias
+        follows the keys' Sinkhorn column potentials, since the keys' group sizes set the
+        cost. A layer at k = 0 (``hard_groups``) keeps ``key_group``; the shuffled control
+        moves the keys' groups by the same permutation as ``assign``.
+
+        Args: key_scores (B, T, K); key_group (B, T) long, what ``assign`` gave.
+        Returns: (key_log_p (B, T, K) or None, key col_potential (B, K) or None, key_group (B, T)).
+        """
+        log_p = col = None
+        if config.mode == "soft" or self.training:
+            log_p, col = sinkhorn(key_scores, config.tau, config.sinkhorn_iters, token_mask)
+        if config.top_k_at(self.layer_idx) > 0:
+            key_group = hard_assign(key_scores, config.tau, 1, self._bias(config))[1]  # (B, T)
+            if config.assignment_at(self.layer_idx) == "shuffled":
+                key_group = self._shuffle(key_group, config)
+        return log_p, col, key_group
 
     @torch.no_grad()
     def update_bias(self, col_potential: torch.Tensor, momentum: float | None = None) -> None:
@@ -322,7 +366,8 @@ def soft_top_k_membership(log_p: torch.Tensor, top_k: int, temperature: float = 
     return F.logsigmoid((log_p.float() - mid[..., None]) / temperature)  # (B, T, K)
 
 
-def coverage_loss(attn: torch.Tensor, log_p: torch.Tensor, window: int, sinks: int = 0) -> torch.Tensor:
+def coverage_loss(attn: torch.Tensor, log_p: torch.Tensor, window: int, sinks: int = 0,
+                  log_p_k: torch.Tensor | None = None) -> torch.Tensor:
     """Coverage objective of router training (``TrainConfig.objective == "coverage"``, [ours]).
 
     ``1 - sum_{i,j far} A_ij P_i.P_j / sum_{i,j far} A_ij``: the share of the dense model's
@@ -337,6 +382,7 @@ def coverage_loss(attn: torch.Tensor, log_p: torch.Tensor, window: int, sinks: i
             averaged over the layer's heads; treated as a constant.
         log_p: (B, T, K) log Sinkhorn assignment probabilities (``sinkhorn``).
         window: w in tokens; sinks: keys at positions < sinks are always kept (excluded).
+        log_p_k: (B, T, K) the key role's, when the router has a ``key_proj``; default ``log_p``.
     Returns:
         () float32 loss in [0, 1] (a fraction of attention mass, not nats); 0 when no distant
         pair carries mass.
@@ -346,11 +392,30 @@ def coverage_loss(attn: torch.Tensor, log_p: torch.Tensor, window: int, sinks: i
     far = causal_mask(pos, pos) & ~local_mask(pos, pos, window, sinks)  # (T, T)
     target = attn.float() * far  # (B, T, T) dense mass on distant pairs
     p = log_p.exp()  # (B, T, K)
-    kept = ((p @ p.transpose(1, 2)) * target).sum()  # P_i . P_j weighted by the dense mass
+    p_k = p if log_p_k is None else log_p_k.exp()  # (B, T, K)
+    kept = ((p @ p_k.transpose(1, 2)) * target).sum()  # P_i . P_j weighted by the dense mass
     total = target.sum()
     if float(total) <= 0:
         return kept * 0.0
     return 1.0 - kept / total
+
+
+def soft_roles(router: Router, h: torch.Tensor, config: FocusConfig
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Sinkhorn probabilities of both roles, for the layer-local objectives (distill, coverage).
+
+    Args: router: the layer's Router; h: (B, T, d) its input; config: tau, Sinkhorn iterations.
+    Returns: (log_p of the queries (B, T, K), log_p of the keys (B, T, K), the keys' column
+        potentials (B, K) (they drive the group bias), the keys' scores (B, T, K)); the key
+        role is the query role's tensors unless the router has a ``key_proj`` (docs/method.md §1.4).
+    """
+    scores = router(h, config)  # (B, T, K)
+    log_p, col = sinkhorn(scores, config.tau, config.sinkhorn_iters)  # (B, T, K), (B, K)
+    key_scores = router.key_scores(h, config)
+    if key_scores is None:
+        return log_p, log_p, col, scores
+    log_p_k, col_k = sinkhorn(key_scores, config.tau, config.sinkhorn_iters)
+    return log_p, log_p_k, col_k, key_scores
 
 
 @dataclass
@@ -363,6 +428,10 @@ class Routing:
         col_potential: (B, K) Sinkhorn column potentials in logit units, or None.
         query_groups: (B, T, k) long, causal hard top-k groups.
         key_group: (B, T) long, causal hard top-1 group.
+        key_scores: (B, T, K) the key role's scores when the router has a ``key_proj``
+            (docs/method.md §1.4), else None: the keys share ``scores``.
+        key_log_p: (B, T, K) the key role's log Sinkhorn probabilities (when Sinkhorn ran) with
+            a ``key_proj``, else None. ``col_potential`` is then the keys' (it drives the group bias).
     """
 
     scores: torch.Tensor
@@ -370,6 +439,13 @@ class Routing:
     col_potential: torch.Tensor | None
     query_groups: torch.Tensor
     key_group: torch.Tensor
+    key_scores: torch.Tensor | None = None
+    key_log_p: torch.Tensor | None = None
+
+    @property
+    def log_p_keys(self) -> torch.Tensor | None:
+        """(B, T, K) log probabilities of the key role: ``key_log_p``, or ``log_p`` when shared."""
+        return self.key_log_p if self.key_log_p is not None else self.log_p
 
 
 def route(router: Router, h: torch.Tensor, token_mask: torch.Tensor | None = None,
@@ -396,11 +472,20 @@ def route(router: Router, h: torch.Tensor, token_mask: torch.Tensor | None = Non
             f"router scores of layer {router.layer_idx} contain NaN or inf: the layer's attention input "
             "is not finite (a half-precision overflow? load the model with dtype=torch.float32) or the "
             "router weights are corrupted (retrain or reload them)")
+    key_scores = router.key_scores(h, cfg)  # (B, T, K), or None: the keys share ``scores``
     if router.training and cfg.gumbel_noise > 0:  # Gumbel top-k: sample hard assignments
-        u = torch.rand_like(scores).clamp(1e-9, 1 - 1e-9)
-        scores = scores + cfg.tau * cfg.gumbel_noise * -torch.log(-torch.log(u))
+        scores = _gumbel(scores, cfg)
+        key_scores = None if key_scores is None else _gumbel(key_scores, cfg)
     log_p, col, qg, kg = router.assign(scores, cfg, token_mask)
-    return Routing(scores, log_p, col, qg, kg)
+    if key_scores is None:
+        return Routing(scores, log_p, col, qg, kg)
+    key_log_p, key_col, kg = router.assign_keys(key_scores, cfg, kg, token_mask)
+    return Routing(scores, log_p, key_col, qg, kg, key_scores=key_scores, key_log_p=key_log_p)
+
+
+def _gumbel(scores: torch.Tensor, cfg: FocusConfig) -> torch.Tensor:
+    u = torch.rand_like(scores).clamp(1e-9, 1 - 1e-9)
+    return scores + cfg.tau * cfg.gumbel_noise * -torch.log(-torch.log(u))
 
 
 def focus_bias(config: FocusConfig, routing: Routing | None, q_pos: torch.Tensor,
@@ -421,7 +506,7 @@ def focus_bias(config: FocusConfig, routing: Routing | None, q_pos: torch.Tensor
     tq = q_pos.numel()
     if mode == "hard":
         return hard_mask(routing.query_groups[:, -tq:], routing.key_group, w, q_pos, k_pos, sinks)
-    gate = soft_gate_bias(routing.log_p[:, -tq:], routing.log_p, w, q_pos, k_pos, config.eps, sinks)
+    gate = soft_gate_bias(routing.log_p[:, -tq:], routing.log_p_keys, w, q_pos, k_pos, config.eps, sinks)
     if config.straight_through:
         # forward: the hard mask (dropped pairs at log(eps)); backward: the soft gate's gradient
         keep = hard_mask(routing.query_groups[:, -tq:], routing.key_group, w, q_pos, k_pos, sinks)

@@ -347,7 +347,8 @@ def attention_metrics(query: torch.Tensor, key: torch.Tensor, scale: float,
                       query_groups: torch.Tensor, key_group: torch.Tensor, window: int, *,
                       sinks: int = 0, random_query_groups: torch.Tensor | None = None,
                       random_key_group: torch.Tensor | None = None,
-                      log_p: torch.Tensor | None = None, eps: float = 1e-6,
+                      log_p: torch.Tensor | None = None, log_p_k: torch.Tensor | None = None,
+                      eps: float = 1e-6,
                       sink_positions: int = 4, edge_threshold: float | None = None,
                       edge_top_n: int = 0, edge_min_weight: float = 0.0,
                       pattern_heads: Sequence[int] = (), chunk_elements: int = 1 << 23,
@@ -363,6 +364,7 @@ def attention_metrics(query: torch.Tensor, key: torch.Tensor, scale: float,
         random_query_groups, random_key_group: the random baseline (``random_groups``); when
             None, ``coverage_random`` is not computed.
         log_p: (B, T, K) Sinkhorn log probabilities; when None the soft metrics are skipped.
+        log_p_k: (B, T, K) the key role's (a router with a ``key_proj``); default ``log_p``.
         sink_positions: n_sink, the first key positions reported as attention sinks (docs/method.md §6).
         edge_threshold / edge_top_n / edge_min_weight: the dropped-edge audit (off when
             edge_threshold is None and edge_top_n == 0).
@@ -451,7 +453,8 @@ def attention_metrics(query: torch.Tensor, key: torch.Tensor, scale: float,
             # S = softmax(logits + bias) = P G / Z with G = exp(bias) (core's gate: 1 local,
             # max(p_i . p_j, eps) gated, 0 non-causal) and Z_i = sum_j P_ij G_ij: every soft
             # reduction is a weighted row sum of P, one matmul for all of them.
-            G = core.soft_gate_bias(log_p[:, a:b], log_p[:, :b], window, q_pos, k_pos, eps, sinks).exp_()
+            G = core.soft_gate_bias(log_p[:, a:b], (log_p if log_p_k is None else log_p_k)[:, :b],
+                                    window, q_pos, k_pos, eps, sinks).exp_()
             gated = st["gated"].float()
             Gg = G * gated
             W = torch.stack([G, Gg, G * ~keep, Gg * (1 - G)], 2)  # (B, c, 4, b)

@@ -65,6 +65,11 @@ def package_versions() -> dict[str, str]:
 # --------------------------------------------------------------------------------------------
 # options and the recording
 
+def _log_p(log_p: torch.Tensor | None, scores: torch.Tensor, cfg) -> torch.Tensor:
+    """(B, T, K) float log Sinkhorn probabilities of one role: the forward's, else from its scores."""
+    return (log_p if log_p is not None else core.sinkhorn(scores, cfg.tau, cfg.sinkhorn_iters)[0]).detach().float()
+
+
 def _recorded_layers_heads(model, options: "RecordOptions"):
     """(layers, {layer_idx: attention module}, num_heads, heads) the options select.
     Raises ValueError: no router attached, a layer without router, a head out of range, or a
@@ -182,19 +187,17 @@ class Recording:
         k = M.expand_kv(key.detach(), H, None if len(heads) == H else heads)
         with torch_threads(1):
             rq, rk = self._random_groups(B, T, cfg, layer) if "coverage" in want else (None, None)
-        log_p = None
+        log_p = log_p_k = None
         if "crossing" in want:
-            if routing.log_p is not None:
-                log_p = routing.log_p
-            else:
-                with torch_threads(1):
-                    log_p = core.sinkhorn(routing.scores, cfg.tau, cfg.sinkhorn_iters)[0]
-            log_p = log_p.detach().float()
+            with torch_threads(1):
+                log_p = _log_p(routing.log_p, routing.scores, cfg)
+                if routing.key_scores is not None:  # a key router (docs/method.md §1.4)
+                    log_p_k = _log_p(routing.key_log_p, routing.key_scores, cfg)
         edges_on = "dropped_edges" in want
         ph = [heads.index(hh) for (l, hh) in opts.patterns if l == layer]
         res = M.attention_metrics(
             q, k, M.attention_scale(module, D), routing.query_groups, routing.key_group, cfg.window,
-            sinks=cfg.sink_tokens, random_query_groups=rq, random_key_group=rk, log_p=log_p,
+            sinks=cfg.sink_tokens, random_query_groups=rq, random_key_group=rk, log_p=log_p, log_p_k=log_p_k,
             eps=cfg.eps, sink_positions=opts.sink_positions,
             edge_threshold=opts.edge_threshold if edges_on else None,
             edge_top_n=opts.edge_top_n if edges_on else 0, edge_min_weight=opts.edge_min_weight,

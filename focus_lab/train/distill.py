@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 
 from focus_lab.method.config import FocusConfig
-from focus_lab.method.core import masked_attention, sinkhorn, soft_gate_bias, soft_top_k_membership
+from focus_lab.method.core import masked_attention, soft_gate_bias, soft_roles, soft_top_k_membership
 
 
 def sample_queries(T: int, window: int, n: int, generator: torch.Generator) -> torch.Tensor:
@@ -66,11 +66,11 @@ def layer_distill_loss(module: torch.nn.Module, router, h: torch.Tensor, query: 
         config: window, sinks, tau, Sinkhorn iterations, eps; scaling: logit scale;
         top_ks: the top-k values whose relaxed masks are distilled (empty: the soft gate).
     Returns:
-        (loss () float32, relative squared error; col_potential (B, K); scores (B, T, K) detached).
+        (loss () float32, relative squared error; col_potential (B, K); scores (B, T, K) detached),
+        the last two of the key role (``core.soft_roles``).
     """
     T = key.shape[2]
-    scores = router(h, config)  # (B, T, K)
-    log_p, col = sinkhorn(scores, config.tau, config.sinkhorn_iters)  # (B, T, K), (B, K)
+    log_p, log_p_k, col, scores = soft_roles(router, h, config)  # (B, T, K) x2, (B, K), (B, T, K)
     k_pos = torch.arange(T, device=key.device)
     q = query[:, :, q_pos].float()  # (B, H, n, D)
     o_dense = dense_out[:, :, q_pos].float()  # (B, H, n, D)
@@ -91,7 +91,7 @@ def layer_distill_loss(module: torch.nn.Module, router, h: torch.Tensor, query: 
         [soft_top_k_membership(log_p[:, q_pos], k) for k in top_ks]  # each (B, n, K)
     losses = []
     for log_q in query_sides:
-        gate = soft_gate_bias(log_q, log_p, config.window, q_pos, k_pos, config.eps,
+        gate = soft_gate_bias(log_q, log_p_k, config.window, q_pos, k_pos, config.eps,
                               config.sink_tokens)  # (B, n, T)
         o_soft = masked_attention(q, key.float(), value.float(), gate, scaling)  # (B, H, n, D)
         losses.append(residual(o_soft - o_dense).pow(2).sum() / ref_sq)

@@ -23,7 +23,8 @@ from focus_lab.method.core import hard_group_shares
 from focus_lab.method.config import FocusConfig, TrainConfig
 from focus_lab.io import atomic_path, write_json, write_parquet
 from focus_lab.hf.hooks import hooks
-from focus_lab.hf.retrofit import FocusForward, attach, forward_state, is_attached, load_routers, routers, save_routers
+from focus_lab.hf.retrofit import (FocusForward, attach, forward_state, is_attached, load_routers, router_tensors,
+                                  routers, save_routers)
 
 TRAIN_LOG_SCHEMA = 1
 
@@ -95,7 +96,7 @@ def router_checksum(model) -> str:
     import hashlib
     h = hashlib.sha256()
     for i, r in sorted(routers(model).items()):
-        for t in (r.proj, r.centroids, r.group_bias):
+        for t in router_tensors(r).values():
             h.update(t.detach().to("cpu", torch.float32).contiguous().numpy().tobytes())
     return h.hexdigest()
 
@@ -130,16 +131,21 @@ def train(model, windows: list, focus_cfg: FocusConfig, train_cfg: TrainConfig, 
     if train_cfg.batch_size % world:
         raise ValueError(f"batch_size={train_cfg.batch_size} is not a multiple of the {world} "
                          "processes; choose a batch size divisible by --nproc_per_node")
+    source = ckpt / "routers.safetensors" if resume else train_cfg.init_routers
+    if source and Path(source).is_file() and not is_attached(model):
+        # a key-router file continues as one (a shared file may also start a key router)
+        from focus_lab.hf.retrofit import read_router_file
+        if read_router_file(source)[0].key_router:
+            focus_cfg = focus_cfg.replace(key_router=True)
     if not is_attached(model):
         attach(model, focus_cfg.replace(mode="soft"))
     # the config every training forward uses (passed per forward, the model's default untouched)
     base_cfg = forward_state(model, mode="soft").config
-    params = [p for r in routers(model).values() for p in (r.proj, r.centroids)]
+    params = [p for r in routers(model).values() for p in r.parameters()]  # proj, centroids (, key_proj)
     opt = torch.optim.AdamW(params, lr=train_cfg.lr, weight_decay=train_cfg.weight_decay)
     start, log_rows = 0, []
     if resume and not (ckpt / "routers.safetensors").is_file():
         raise FileNotFoundError(f"--resume: no checkpoint in {ckpt}; start without --resume")
-    source = ckpt / "routers.safetensors" if resume else train_cfg.init_routers
     if source:  # the checkpoint, or a length curriculum starting from trained routers
         loaded = load_routers(model, source)
         # a continued file keeps its identity: the seed of its random groups (random layers,
@@ -251,7 +257,8 @@ def layerwise_step(model, ids: torch.Tensor, config: FocusConfig, layer_loss, sh
                    ) -> torch.Tensor:
     """Gradients of a per-layer objective (coverage, distill): one dense forward of the frozen
     model under ``torch.no_grad``; at each routed layer whose router routes (``Router.routes``)
-    ``layer_loss(call, config)`` gives ``(loss, col_potential (B, K), scores (B, T, K))`` from
+    ``layer_loss(call, config)`` gives ``(loss, col_potential (B, K), scores (B, T, K))``, those
+    of the key role (``core.soft_roles``), from
     the layer's ``hooks.LayerCall`` (router input, q/k/v, dense output); the loss is
     backpropagated into that layer's router alone (routers are independent: no gradient flows
     through the model) and the group bias follows Sinkhorn's column potentials as in LM
@@ -294,13 +301,12 @@ def coverage_layer_loss(call, config: FocusConfig) -> tuple[torch.Tensor, torch.
     """One layer's coverage loss (``core.coverage_loss``, [ours]): the fraction of its head-mean
     dense attention (B, T, T) at distance >= window that the soft gate drops; with the Sinkhorn
     column potentials (B, K) and the router scores (B, T, K). ``call``: a ``hooks.LayerCall``."""
-    from focus_lab.method.core import coverage_loss, sinkhorn
+    from focus_lab.method.core import coverage_loss, soft_roles
     from focus_lab.method.metrics import attention_scale, head_mean_attention
     q, k = call.query, call.key
     attn = head_mean_attention(q, k, attention_scale(call.module, q.shape[-1]))  # (B, T, T)
-    scores = call.module.focus_router(call.router_in.detach(), config)  # (B, T, K)
-    log_p, col = sinkhorn(scores, config.tau, config.sinkhorn_iters)
-    return coverage_loss(attn, log_p, config.window, config.sink_tokens), col, scores
+    log_p, log_p_k, col, scores = soft_roles(call.module.focus_router, call.router_in.detach(), config)
+    return coverage_loss(attn, log_p, config.window, config.sink_tokens, log_p_k), col, scores
 
 
 def coverage_step(model, ids: torch.Tensor, config: FocusConfig, shares: dict | None = None) -> torch.Tensor:
