@@ -170,7 +170,7 @@ def train(
                                                 "groups instead of a router (not trained), e.g. 1-9, or 'none'; "
                                                 "default: the --init-routers file's, else none"),
     key_router: bool = typer.Option(False, "--key-router", help="give the key role its own projection "
-                                    "(FocusConfig.key_router, docs/method.md §1.4); from a shared "
+                                    "(FocusConfig.key_router, docs/method.md §1.6); from a shared "
                                     "--init-routers file it starts as that file's projection"),
 ):
     """Train only the routers (frozen base model) on the corpus's training documents."""

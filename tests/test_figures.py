@@ -469,3 +469,15 @@ def test_update_readme_section_replaces_the_block_whatever_command_its_marker_na
                       f"{F.README_END}\n\noutro\n")
     F.update_readme_section(readme, "| new | table |")
     assert readme.read_text() == f"intro\n\n{F.README_BEGIN}\n| new | table |\n{F.README_END}\n\noutro\n"
+
+
+def test_copy_classes_by_hand():
+    """analyses/studies/copy_loss: bigram repeat distances and classes, counted by hand."""
+    from analyses.studies.copy_loss import copy_class, repeat_distance
+    #      t: 0  1  2  3  4  5  6  7  8
+    ids = [5, 6, 7, 5, 6, 9, 5, 6, 7, 5]
+    # bigrams (5,6) at t = 0, 3, 6; (6,7) at 1, 7; (7,5) at 2, 8; (6,9) at 4; (5,6) again; (9,5) at 5
+    want = [-1, -1, -1, 3, -1, -1, 3, 6, 6]
+    assert repeat_distance(ids).tolist() == want
+    assert copy_class(repeat_distance(ids), window=4).tolist() == [0, 0, 0, 1, 0, 0, 1, 2, 2]
+    assert repeat_distance([1]).tolist() == []

@@ -743,7 +743,7 @@ def load_routers(model: nn.Module, path: str | Path, config_overrides: dict | No
 
     Onto a model attached with ``key_router=True`` a file without key projections loads as the
     start of a key router: ``key_proj`` takes the file's ``proj`` (training then separates them,
-    docs/method.md §1.4).
+    docs/method.md §1.6).
 
     Raises:
         RouterMismatchError: the file was trained on another base model (config or embedding

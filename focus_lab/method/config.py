@@ -130,7 +130,7 @@ class FocusConfig:
             from ``norm(h_j) @ W_k``, so a query can meet keys that do not look like itself,
             e.g. the token after an earlier occurrence of the query's own token (a copy).
             False (the paper's router, docs/method.md §1): one projection for both roles.
-            A shape field: fixed at attach (docs/method.md §1.4).
+            A shape field: fixed at attach (docs/method.md §1.6).
         backend: how hard mode computes attention (docs/method.md §4): "auto" (the two-call
             decomposition of focus_lab.method.decomposition with the best kernel present: flash-attn on
             a GPU, else torch's CPU flash kernel), "torch" or "flash" (force that kernel), or

@@ -47,7 +47,7 @@ class Router(nn.Module):
     ``C = centroids: (num_groups, router_dim)``. ``norm`` divides by the RMS over d_model when
     ``config.normalize_input`` (an [ours] decision, see FocusConfig). With
     ``config.key_router`` the key role scores with its own ``key_proj: (d_model, router_dim)``
-    against the same centroids (docs/method.md §1.4 [ours]); ``key_proj`` is None otherwise.
+    against the same centroids (docs/method.md §1.6 [ours]); ``key_proj`` is None otherwise.
 
     Init: ``proj ~ N(0, 1/d_model)``, ``centroids ~ N(0, tau^2/d_g)``, so that with a
     unit-RMS input the logits ``S / tau`` start near N(0, 1) (soft, balanced Sinkhorn).
@@ -140,7 +140,7 @@ class Router(nn.Module):
     def assign_keys(self, key_scores: torch.Tensor, config: FocusConfig, key_group: torch.Tensor,
                     token_mask: torch.Tensor | None = None
                     ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor]:
-        """The key role of a router with a ``key_proj`` (docs/method.md §1.4 [ours]).
+        """The key role of a router with a ``key_proj`` (docs/method.md §1.6 [ours]).
 
         Each key lives in the top-1 group of ``key_scores / tau + group_bias``; the group bias
         follows the keys' Sinkhorn column potentials, since the keys' group sizes set the
@@ -407,7 +407,7 @@ def soft_roles(router: Router, h: torch.Tensor, config: FocusConfig
     Args: router: the layer's Router; h: (B, T, d) its input; config: tau, Sinkhorn iterations.
     Returns: (log_p of the queries (B, T, K), log_p of the keys (B, T, K), the keys' column
         potentials (B, K) (they drive the group bias), the keys' scores (B, T, K)); the key
-        role is the query role's tensors unless the router has a ``key_proj`` (docs/method.md §1.4).
+        role is the query role's tensors unless the router has a ``key_proj`` (docs/method.md §1.6).
     """
     scores = router(h, config)  # (B, T, K)
     log_p, col = sinkhorn(scores, config.tau, config.sinkhorn_iters)  # (B, T, K), (B, K)
@@ -429,7 +429,7 @@ class Routing:
         query_groups: (B, T, k) long, causal hard top-k groups.
         key_group: (B, T) long, causal hard top-1 group.
         key_scores: (B, T, K) the key role's scores when the router has a ``key_proj``
-            (docs/method.md §1.4), else None: the keys share ``scores``.
+            (docs/method.md §1.6), else None: the keys share ``scores``.
         key_log_p: (B, T, K) the key role's log Sinkhorn probabilities (when Sinkhorn ran) with
             a ``key_proj``, else None. ``col_potential`` is then the keys' (it drives the group bias).
     """

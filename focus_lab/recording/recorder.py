@@ -191,7 +191,7 @@ class Recording:
         if "crossing" in want:
             with torch_threads(1):
                 log_p = _log_p(routing.log_p, routing.scores, cfg)
-                if routing.key_scores is not None:  # a key router (docs/method.md §1.4)
+                if routing.key_scores is not None:  # a key router (docs/method.md §1.6)
                     log_p_k = _log_p(routing.key_log_p, routing.key_scores, cfg)
         edges_on = "dropped_edges" in want
         ph = [heads.index(hh) for (l, hh) in opts.patterns if l == layer]
