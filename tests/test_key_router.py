@@ -151,3 +151,35 @@ def test_key_router_is_a_shape_field():
         focus_lab.forward_state(model, key_router=False)
     with pytest.raises(focus_lab.ConfigError, match="key_router"):
         FocusConfig(key_router="yes")
+
+
+@torch.no_grad()
+def test_key_fit_solves_the_weighted_ridge_regression():
+    """analyses/studies/key_fit: the fitted W_k satisfies the normal equations of the weighted
+    regression, rebuilt here from the cached router inputs and a brute-force attention."""
+    from analyses.studies.key_fit import fit_key_projection
+    model = tiny_llama(layers=2)
+    focus_lab.attach(model, FocusConfig(mode="hard", window=W, num_groups=3, top_k=1, key_router=True, sink_tokens=2))
+    ids = _ids(6, batch=1)
+    fit_key_projection(model, [types.SimpleNamespace(input_ids=ids[0])], lam=0.5)
+    with focus_lab.cache(model, ["router_in", "query", "key"]) as c:
+        model(input_ids=ids, use_cache=False, focus=focus_lab.forward_state(model, mode="dense"))
+    for i, r in focus_lab.routers(model).items():
+        x = rms_normalize(c[f"layers.{i}.router_in"][0]).double()  # (T, d)
+        q, k = c[f"layers.{i}.query"][0].double(), c[f"layers.{i}.key"][0].double()
+        k = k.repeat_interleave(q.shape[0] // k.shape[0], 0)
+        logits = q @ k.transpose(-1, -2) * model.model.layers[i].self_attn.scaling
+        A = torch.zeros(T, T, dtype=torch.double)
+        for h in range(q.shape[0]):
+            for a in range(T):
+                A[a, :a + 1] += torch.softmax(logits[h, a, :a + 1], -1) / q.shape[0]
+        for a in range(T):
+            for j in range(T):
+                if a - j < W or j < 2:
+                    A[a, j] = 0
+        wk, wg = r.key_proj.double(), r.proj.double()
+        G = x.T @ (A.sum(0)[:, None] * x) / A.sum()
+        m = G.diagonal().mean()
+        residual = G @ wk + 0.5 * m * (wk - wg) - x.T @ (A.T @ (x @ wg)) / A.sum()
+        assert residual.abs().max() < 1e-4 * (x.T @ (A.T @ (x @ wg)) / A.sum()).abs().max()
+        assert not torch.allclose(wk, wg)
