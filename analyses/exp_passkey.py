@@ -1,11 +1,15 @@
 """Experiment ``passkey``: ``make_data(ctx)`` makes ``<out>/data/passkey.parquet`` (run and cached by
 ``analyses/figures.py``, ``focus-lab-figures``). Read by ``analyses/fig_passkey.py``,
 ``analyses/table_reproduction.py``.
+
+``python -m analyses.exp_passkey --run runs/passkey --commit NAME`` adds a ``focus-lab probe
+passkey`` run to the committed probe tables (``figures/results/passkey_*``) as table NAME.
 """
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pandas as pd
 
@@ -13,6 +17,7 @@ from analyses.common import PASSKEY_TABLES, Context
 
 
 CASE = ["format", "length", "depth", "seed", "key"]
+REPO = PASSKEY_TABLES.parent.parent
 SAME_PROMPT = ("prompt_version", "haystack", "max_new_tokens", "needle", "question", "answer_prefix")
 
 
@@ -84,3 +89,58 @@ def make_data(ctx: Context) -> pd.DataFrame:
                       settings={"routers": {"path": str(ctx.routers()), "sha256": ctx.router_id()}},
                       log=ctx.log)
     return res["cases"].assign(source="passkey_run")
+
+
+def commit_run(run: Path, name: str, results: Path = PASSKEY_TABLES) -> int:
+    """Add a ``focus-lab probe passkey`` run to the committed probe tables as table ``name``:
+    its ``cases.parquet`` and ``needle_layers.parquet`` rows (with a ``table`` column) to
+    ``passkey_cases.parquet`` / ``passkey_needle_layers.parquet`` and its ``passkey.json``
+    (less the file list; a router path inside the repository made relative) to
+    ``passkey_tables.json``. Rows of an earlier table of that name are replaced; each file is
+    written atomically.
+
+    Args: run: the probe's ``--out`` folder; name: the table's name; results: the folder of the
+        committed files. Returns: the number of case rows written.
+    Raises: SystemExit naming a missing file of the run, or an empty name.
+    """
+    from focus_lab.io import write_json, write_parquet
+    run, results = Path(run), Path(results)
+    if not name.strip():
+        raise SystemExit("--commit needs a table name, e.g. shipped_4k")
+    need = [run / f for f in ("passkey.json", "cases.parquet", "needle_layers.parquet")]
+    missing = [str(p) for p in need if not p.is_file()]
+    if missing:
+        raise SystemExit(f"{run} is not a finished 'focus-lab probe passkey' run: missing {', '.join(missing)}")
+    meta = json.loads(need[0].read_text())
+    meta.pop("files", None)
+    routers = meta.get("settings", {}).get("routers", {})
+    path = Path(routers.get("path", ""))
+    if path.is_absolute() and path.is_relative_to(REPO):
+        routers["path"] = str(path.relative_to(REPO))
+    n = 0
+    for src, dst in ((need[1], "passkey_cases.parquet"), (need[2], "passkey_needle_layers.parquet")):
+        new = pd.read_parquet(src)
+        new.insert(0, "table", name)
+        old = pd.read_parquet(results / dst) if (results / dst).is_file() else new.iloc[:0]
+        write_parquet(results / dst, pd.concat([old[old["table"] != name], new], ignore_index=True))
+        n = n or len(new)
+    tables_path = results / "passkey_tables.json"
+    tables = json.loads(tables_path.read_text()) if tables_path.is_file() else {}
+    tables[name] = meta
+    write_json(tables_path, dict(sorted(tables.items())))
+    return n
+
+
+def main(argv=None) -> None:
+    import argparse
+    ap = argparse.ArgumentParser(description="Add a 'focus-lab probe passkey' run to the committed probe "
+                                 "tables (figures/results/passkey_*).")
+    ap.add_argument("--run", type=Path, required=True, help="the probe's --out folder")
+    ap.add_argument("--commit", required=True, metavar="NAME", help="the table's name")
+    args = ap.parse_args(argv)
+    n = commit_run(args.run, args.commit)
+    print(f"committed {n} cases as table {args.commit!r} in {PASSKEY_TABLES}")
+
+
+if __name__ == "__main__":
+    main()

@@ -457,6 +457,23 @@ def test_tables_have_the_documented_columns_and_resume(tok, hay, tmp_path):
     # other settings do not reuse the cells
     other = P.run_passkey(model, tok, hay, tmp_path, **{**kw, "keys": 1})
     assert other["computed_cells"] == 4
+    # the run becomes a committed probe table (analyses/exp_passkey.py --commit); again: replaced
+    import json
+    from analyses.exp_passkey import commit_run
+    results = tmp_path / "results"
+    results.mkdir()
+    assert commit_run(tmp_path, "a", results) == len(other["cases"]) == 8
+    assert commit_run(tmp_path, "b", results) == 8
+    assert commit_run(tmp_path, "a", results) == 8
+    committed = pd.read_parquet(results / "passkey_cases.parquet")
+    assert sorted(committed.table.value_counts().items()) == [("a", 8), ("b", 8)]
+    pd.testing.assert_frame_equal(committed[committed.table == "a"].drop(columns="table").reset_index(drop=True),
+                                  pd.read_parquet(tmp_path / "cases.parquet"))
+    assert len(pd.read_parquet(results / "passkey_needle_layers.parquet")) == 2 * len(other["needle_layers"])
+    meta = json.loads((results / "passkey_tables.json").read_text())
+    assert sorted(meta) == ["a", "b"] and meta["a"]["settings"]["keys"] == 1 and "files" not in meta["a"]
+    with pytest.raises(SystemExit, match="missing .*passkey.json"):
+        commit_run(tmp_path / "cells", "c", results)
 
 
 def test_heatmap_shows_exact_match_rate_and_logprob():
