@@ -17,8 +17,9 @@ Output: ``<out>/copy_loss.parquet`` (tidy, one row per corpus, window, pattern a
 tokens, summed dense NLL and summed NLL change, nats) and ``copy_loss.md``. Resumable per
 (corpus, window). Usage (about 25 s per window and pattern on 2 CPU cores at 4096 tokens)::
 
-    python -m analyses.studies.copy_loss --corpora austen,man-pages --windows 2 \\
-        --out figures/results/copy_loss
+    python -m analyses.studies.copy_loss --corpora austen,shakespeare,python-docs,man-pages,debian-reference,python-source \\
+        --windows 2 --out checkpoints/copy_loss     # the committed figures/results/copy_loss.parquet
+    python -m analyses.studies.copy_loss --report figures/results/copy_loss.parquet
 """
 
 from __future__ import annotations
@@ -96,7 +97,12 @@ def main(argv=None) -> None:
     ap.add_argument("--patterns", default="hard_top1,hard_top2,random_top2")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", type=Path, default=Path("checkpoints/copy_loss"))
+    ap.add_argument("--report", type=Path, default=None, metavar="PARQUET",
+                    help="only print the table of an earlier run's copy_loss.parquet")
     args = ap.parse_args(argv)
+    if args.report is not None:
+        print(report(pd.read_parquet(args.report)))
+        return
 
     import torch
     import focus_lab
@@ -105,12 +111,15 @@ def main(argv=None) -> None:
     from focus_lab.hf.models import load_model
     from focus_lab.hf.retrofit import load_routers
     from focus_lab.hf.shipped import resolve_routers
-    from focus_lab.io import atomic_path, write_parquet
+    from focus_lab.io import atomic_path, file_sha256, write_parquet
     from focus_lab.recording.recorder import next_token_nll
 
     torch.set_num_threads(args.threads)
     model, tok = load_model(verbose=False)
     routers = resolve_routers(args.routers)
+    sha = file_sha256(routers)
+    repo = Path(__file__).resolve().parents[2]
+    name = str(routers.resolve().relative_to(repo)) if routers.resolve().is_relative_to(repo) else str(routers)
     cfg = load_routers(model, routers)
     patterns = parse_patterns(args.patterns, cfg.num_groups)
     cells = args.out / "cells"
@@ -131,7 +140,7 @@ def main(argv=None) -> None:
                     m = cls == c
                     rows.append({"corpus": corpus, "seq_len": args.seq_len, "window": w.index, "pattern": label,
                                  "copy_class": name, "tokens": int(m.sum()), "nll_dense": float(dense[m].sum()),
-                                 "delta_nll": float((nll[m] - dense[m]).sum()), "routers": str(routers),
+                                 "delta_nll": float((nll[m] - dense[m]).sum()), "routers": name, "routers_sha256": sha,
                                  "focus_window": cfg.window, "schema_version": SCHEMA_VERSION})
             write_parquet(path, pd.DataFrame(rows))
             print(f"{corpus} window {w.index}: done", flush=True)
