@@ -11,7 +11,7 @@ router_in      the router's input: the layer's hidden states after its input nor
 query          queries                                                              (B, H, Tq, D)
 key            keys (a decode step: the cached ones too)                            (B, Hkv, Tk, D)
 value          values                                                               (B, Hkv, Tk, D)
-scores         router logits (soft and hard modes)                                  (B, Tq, G)
+scores         router logits, query role (soft and hard modes)                      (B, Tq, G)
 query_groups   each query's groups, best first (soft and hard modes)                (B, Tq, k) long
 key_group      each key's group; a decode step: the cached keys' too                (B, Tk) long
 kept           the mask the layer attended with: bool (dense, window, hard; True =  (B, Tq, Tk)
@@ -67,7 +67,7 @@ class LayerCall:
         config: the FocusConfig of this forward (None on an unrouted layer).
         router_in: (B, Tq, d_model) or None (unrouted layer).
         query: (B, H, Tq, D); key, value: (B, Hkv, Tk, D).
-        routing: ``core.Routing`` (scores, log_p, col_potential, query_groups, key_group) or
+        routing: ``core.Routing`` (scores, log_p, col_potential, query_groups, key_group; key_scores and key_log_p with a key router) or
             None (dense and window modes, unrouted layers).
         model_mask: (B, Tq, Tk) bool, the model's own mask (causality, padding, a model's
             sliding window), True = visible.
