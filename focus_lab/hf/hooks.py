@@ -67,8 +67,8 @@ class LayerCall:
         config: the FocusConfig of this forward (None on an unrouted layer).
         router_in: (B, Tq, d_model) or None (unrouted layer).
         query: (B, H, Tq, D); key, value: (B, Hkv, Tk, D).
-        routing: ``core.Routing`` (scores, log_p, col_potential, query_groups, key_group; key_scores and key_log_p with a key router) or
-            None (dense and window modes, unrouted layers).
+        routing: ``core.Routing`` (scores, log_p, col_potential, query_groups, key_group; with
+            a key router also key_scores, key_log_p) or None (dense and window modes, unrouted layers).
         model_mask: (B, Tq, Tk) bool, the model's own mask (causality, padding, a model's
             sliding window), True = visible.
         plain_causal: True when ``model_mask`` is plain causality (nothing hidden beyond it);
