@@ -183,3 +183,11 @@ def test_key_fit_solves_the_weighted_ridge_regression():
         residual = G @ wk + 0.5 * m * (wk - wg) - x.T @ (A.T @ (x @ wg)) / A.sum()
         assert residual.abs().max() < 1e-4 * (x.T @ (A.T @ (x @ wg)) / A.sum()).abs().max()
         assert not torch.allclose(wk, wg)
+
+
+@torch.no_grad()
+def test_non_finite_key_projection_names_the_layer():
+    model = _key_router_model()
+    focus_lab.routers(model)[1].key_proj.fill_(float("nan"))
+    with pytest.raises(FloatingPointError, match="layer 1"):
+        model(input_ids=_ids(), use_cache=False)

@@ -39,7 +39,7 @@ def fit_key_projection(model, windows: list, lam: float = 0.1) -> dict[int, floa
     """
     import focus_lab
     from focus_lab.hf.hooks import hooks
-    from focus_lab.method.core import causal_mask, local_mask, rms_normalize
+    from focus_lab.method.core import distant_mask, rms_normalize
     from focus_lab.method.metrics import attention_scale, head_mean_attention
 
     rs = focus_lab.routers(model)
@@ -59,7 +59,7 @@ def fit_key_projection(model, windows: list, lam: float = 0.1) -> dict[int, floa
         x = rms_normalize(c.router_in[0]).double()  # (T, d)
         A = head_mean_attention(c.query, c.key, attention_scale(c.module, c.query.shape[-1]))[0]  # (T, T)
         pos = torch.arange(A.shape[0])
-        far = causal_mask(pos, pos) & ~local_mask(pos, pos, cfg.window, cfg.sink_tokens)
+        far = distant_mask(pos, pos, cfg.window, cfg.sink_tokens)
         A = (A * far).double()  # (T, T) distant attention the groups decide
         a = A.sum(0)  # (T,) weight of each key
         gram[i] = gram.get(i, 0) + x.T @ (a[:, None] * x)  # (d, d)

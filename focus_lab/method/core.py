@@ -95,8 +95,12 @@ class Router(nn.Module):
         if not self.routes(cfg):
             return random_scores(h.shape[0], h.shape[1], cfg.num_groups,
                                  seed=layer_seed(cfg.seed, self.layer_idx), device=h.device, start=start)
+        return self._project(h, cfg, self.proj)
+
+    def _project(self, h: torch.Tensor, cfg: FocusConfig, weight: torch.Tensor) -> torch.Tensor:
+        """``(norm(h) @ weight) @ C.T``: h (B, T, d), weight (d, d_g) -> (B, T, K) fp32."""
         h = rms_normalize(h) if cfg.normalize_input else h.float()  # (B, T, d)
-        return (h @ self.proj) @ self.centroids.T  # (B, T, K)
+        return (h @ weight) @ self.centroids.T  # (B, T, K)
 
     def key_scores(self, h: torch.Tensor, config: FocusConfig | None = None) -> torch.Tensor | None:
         """The key role's scores ``(norm(h) @ W_k) @ C.T``: h (B, T, d) -> (B, T, K) fp32; None
@@ -104,8 +108,7 @@ class Router(nn.Module):
         cfg = config or self.config
         if self.key_proj is None or not self.routes(cfg):
             return None
-        h = rms_normalize(h) if cfg.normalize_input else h.float()  # (B, T, d)
-        return (h @ self.key_proj) @ self.centroids.T  # (B, T, K)
+        return self._project(h, cfg, self.key_proj)
 
     def assign(self, scores: torch.Tensor, config: FocusConfig, token_mask: torch.Tensor | None = None
                ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor, torch.Tensor]:
@@ -301,6 +304,11 @@ def causal_mask(q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
     return k_pos[None, :] <= q_pos[:, None]
 
 
+def distant_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int, sinks: int = 0) -> torch.Tensor:
+    """(Tq, Tk) bool, the pairs the groups decide: causal and not in ``local_mask`` (docs/method.md §2.5)."""
+    return causal_mask(q_pos, k_pos) & ~local_mask(q_pos, k_pos, window, sinks)
+
+
 def hard_mask(query_groups: torch.Tensor, key_group: torch.Tensor, window: int,
               q_pos: torch.Tensor, k_pos: torch.Tensor, sinks: int = 0) -> torch.Tensor:
     """The hard Focus mask (docs/method.md §2): ``M(i,j) = [j<=i] and (g(j) in G_k(i) or i-j < w)``,
@@ -389,7 +397,7 @@ def coverage_loss(attn: torch.Tensor, log_p: torch.Tensor, window: int, sinks: i
     """
     T = attn.shape[-1]
     pos = torch.arange(T, device=attn.device)
-    far = causal_mask(pos, pos) & ~local_mask(pos, pos, window, sinks)  # (T, T)
+    far = distant_mask(pos, pos, window, sinks)  # (T, T)
     target = attn.float() * far  # (B, T, T) dense mass on distant pairs
     p = log_p.exp()  # (B, T, K)
     p_k = p if log_p_k is None else log_p_k.exp()  # (B, T, K)
@@ -467,12 +475,12 @@ def route(router: Router, h: torch.Tensor, token_mask: torch.Tensor | None = Non
     """
     cfg = config or router.config
     scores = router(h, cfg, start)  # (B, T, K)
-    if not torch.isfinite(scores).all():
+    key_scores = router.key_scores(h, cfg)  # (B, T, K), or None: the keys share ``scores``
+    if not all(torch.isfinite(s).all() for s in (scores, key_scores) if s is not None):
         raise FloatingPointError(
             f"router scores of layer {router.layer_idx} contain NaN or inf: the layer's attention input "
             "is not finite (a half-precision overflow? load the model with dtype=torch.float32) or the "
             "router weights are corrupted (retrain or reload them)")
-    key_scores = router.key_scores(h, cfg)  # (B, T, K), or None: the keys share ``scores``
     if router.training and cfg.gumbel_noise > 0:  # Gumbel top-k: sample hard assignments
         scores = _gumbel(scores, cfg)
         key_scores = None if key_scores is None else _gumbel(key_scores, cfg)
