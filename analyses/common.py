@@ -315,20 +315,22 @@ def committed_rows(name: str, cell: str, labels: list[str], windows: list[int], 
     file, a ``table`` column; made by ``analyses/length_table.py``) that this run may take instead
     of evaluating, for ``cell`` (``"<corpus>_<tokens>"``): router-free rows
     (``length_table.reusable_rows``) and rows made with this router (``length_table.same_router_rows``:
-    the same file, or one holding the same tensors under the same random layers,
-    ``shipped.same_tensor_shas``). A pattern is taken only when one table holds it on every window;
+    the same file, one differing only in its per-layer budget, ``shipped.same_router_shas``, or
+    one holding the same tensors under the same random layers, ``shipped.same_tensor_shas``;
+    router patterns only under the per-layer k they run with now). A pattern is taken only when one table holds it on every window;
     tables are tried in name order. Columns: evaluate's + window."""
     from analyses.length_table import (committed_cells, complete_labels, reusable_rows, same_router_rows,
                                        split_cell, window_columns)
-    from focus_lab.hf.shipped import same_tensor_shas
-    shas, taken, have = same_tensor_shas(sha), [], set()
+    from focus_lab.hf.shipped import same_router_shas, same_tensor_shas
+    shas, budget_only, taken, have = same_tensor_shas(sha), same_router_shas(sha), [], set()
     corpus, tokens = split_cell(cell)
     cells = committed_cells(LENGTH_CELLS)
     cells = cells[(cells["corpus"] == corpus) & (cells["seq_len"] == tokens)]
     for table in sorted(cells["table"].unique()):
         old = cells[cells["table"] == table].drop(columns="table").reset_index(drop=True)
         rows = pd.concat([reusable_rows(old, labels, windows, cfg),
-                          same_router_rows(old, labels, windows, cfg, shas, sha)]).drop_duplicates(["label", "window"])
+                          same_router_rows(old, labels, windows, cfg, shas, sha, budget_only)]
+                         ).drop_duplicates(["label", "window"])
         full = complete_labels(rows, windows) - have
         if full:
             taken.append(rows[rows["label"].isin(full)][window_columns(rows)])

@@ -33,29 +33,57 @@ def _tables() -> list[tuple[str, dict, pd.DataFrame]]:
              cases[cases["table"] == name].drop(columns="table").reset_index(drop=True)) for name in sorted(meta)]
 
 
+def _run_spec(settings: dict, pattern: str, cfg, own_sha: str) -> str | None:
+    """The per-layer k a committed probe run gave ``pattern`` (``length_table.spec_in_force``):
+    the run's ``--layer-top-k`` if it set one, else its router file's budget, which is ``cfg``'s
+    for the file ``own_sha`` and none for any other (``shipped.same_router_shas``: the file before
+    its budget was saved). None for a run with ``--random-layers``: another pattern
+    under the same label."""
+    from analyses.length_table import spec_in_force
+    over = settings.get("config_overrides") or {}
+    if "random_layers" in over:
+        return None
+    own = settings.get("routers", {}).get("sha256") == own_sha
+    base = cfg if own else cfg.replace(top_k_budgets=None)
+    if "layer_top_k" in over:
+        base = base.replace(layer_top_k=over["layer_top_k"])
+    return spec_in_force(base, pattern)
+
+
 def _committed(ctx: Context) -> list[pd.DataFrame]:
     """The committed probe tables (``figures/results/passkey_cases.parquet``, one ``table`` per run
-    of ``focus-lab probe passkey``) made with the routers in use (sha256 in their settings) and
-    their own configuration: a run with ``--layer-top-k`` / ``--random-layers`` (``config_overrides``
-    in its settings) measures another pattern under the same label, so it is left out.
+    of ``focus-lab probe passkey``) that measured the routers in use as they run now: made with
+    this router file, or with one differing only in its budget (``shipped.same_router_shas``), and
+    only the patterns that ran with the per-layer k they have now (``_run_spec`` against
+    ``length_table.spec_in_force``; a run with ``--random-layers`` is left out).
 
-    Rows that do not depend on the router file (``length_table.router_free``: dense, and random
-    groups unless a per-layer k changed them) are added from the other committed tables for the
-    cases those tables share (same prompt settings, format, length, depth, case seed and key) when
-    the router's own tables lack that pattern there, so the figure compares patterns on the same
-    cases; ``source`` names the table each row comes from."""
-    from analyses.length_table import router_free
+    Rows that do not depend on the router file (dense and window, and random groups under the same
+    per-layer k) are added from the other committed tables for the cases those tables share (same
+    prompt settings, format, length, depth, case seed and key) when the router's own tables lack
+    that pattern there, so the figure compares patterns on the same cases; ``source`` names the
+    table each row comes from."""
+    from analyses.length_table import GROUP_FREE, spec_in_force
+    from focus_lab.hf.retrofit import read_router_file
+    from focus_lab.hf.shipped import same_router_shas
     tables = _tables()
-    own = [name for name, s, _ in tables
-           if s.get("routers", {}).get("sha256") == ctx.router_id() and not s.get("config_overrides")]
-    if not own:
+    sha = ctx.router_id()
+    cfg = read_router_file(ctx.routers())[0]
+    shas = {sha} | same_router_shas(sha)
+
+    def same(df: pd.DataFrame, settings: dict) -> pd.Series:
+        return df["pattern"].map(lambda p: _run_spec(settings, p, cfg, sha) == spec_in_force(cfg, p))
+
+    mine = [df[same(df, s)].assign(source=name) for name, s, df in tables
+            if s.get("routers", {}).get("sha256") in shas]
+    mine = [df for df in mine if len(df)]
+    if not mine:
         return []
-    first = next(s for name, s, _ in tables if name == own[0])
+    first = next(s for name, s, _ in tables if name == mine[0]["source"].iloc[0])
     prompt = {k: first.get(k) for k in SAME_PROMPT}
-    mine = [df.assign(source=name) for name, _, df in tables if name in own]
     cases = pd.concat(mine)[CASE].drop_duplicates()
-    extra = [df[df["pattern"].map(lambda p, s=s: router_free(p, (s.get("config_overrides") or {}).get("layer_top_k")))]
-             .merge(cases, on=CASE).assign(source=name)
+    own = {df["source"].iloc[0] for df in mine}
+    free = lambda p: p in GROUP_FREE or p.startswith("random_top")  # noqa: E731
+    extra = [df[df["pattern"].map(free) & same(df, s)].merge(cases, on=CASE).assign(source=name)
              for name, s, df in tables if name not in own and {k: s.get(k) for k in SAME_PROMPT} == prompt]
     # the router's own rows first: a pattern of a case is taken once, from the first table that has it
     rows = pd.concat(mine + extra, ignore_index=True).drop_duplicates(CASE + ["pattern"], keep="first")

@@ -48,6 +48,28 @@ def router_free(label: str, layer_top_k: dict | None = None) -> bool:
     return label in GROUP_FREE or (label.startswith("random_top") and not layer_top_k)
 
 
+def spec_in_force(cfg, label: str) -> str:
+    """The per-layer k a pattern runs with under ``cfg`` (``FocusConfig.layer_top_k_in_force``
+    with the pattern's top_k: an explicit ``--layer-top-k`` or the router file's
+    ``top_k_budgets``), as a ``--layer-top-k`` spec; '' when uniform or for a pattern without
+    groups. Recorded per row in the ``layer_top_k`` column."""
+    if label in GROUP_FREE or "_top" not in label:
+        return ""
+    from focus_lab.method.config import format_layer_top_k
+    k = int(label.rsplit("_top", 1)[1])
+    in_force = cfg.replace(top_k=k).layer_top_k_in_force() if k <= cfg.num_groups else {}
+    return format_layer_top_k(in_force) if in_force else ""
+
+
+def _same_spec(old: pd.DataFrame, cfg) -> pd.Series:
+    """Rows of ``old`` made with the per-layer k this run gives their pattern (``spec_in_force``),
+    specs compared as mappings (an older cell holds the ``--layer-top-k`` text as typed)."""
+    from focus_lab.method.config import parse_layer_top_k
+    read = lambda spec: parse_layer_top_k(spec) if spec else {}  # noqa: E731
+    return pd.Series([read(spec) == read(spec_in_force(cfg, lab))
+                      for spec, lab in zip(_column(old, "layer_top_k", ""), old.label)], index=old.index, dtype=bool)
+
+
 def _column(old: pd.DataFrame, column: str, default) -> pd.Series:
     """A cell's column, ``default`` for a cell made before it existed (seed: 0; the spec columns
     ``random_layers`` and ``layer_top_k``: '', as text)."""
@@ -62,33 +84,35 @@ def complete_labels(rows: pd.DataFrame, windows: list[int]) -> set[str]:
 
 def reusable_rows(old: pd.DataFrame, labels: list[str], windows: list[int], cfg) -> pd.DataFrame:
     """The rows of another table's cell that this run may take: router-free patterns it asks for
-    (``router_free`` under ``cfg.layer_top_k``), on its windows; random rows only when drawn with
-    the same seed (``cfg.seed`` fixes the random control's groups; a cell without a seed column
-    was made with seed 0) and without a per-layer k (a cell made with ``--layer-top-k`` keeps
-    other pairs under random groups)."""
+    (dense, window, random_topK), on its windows; random rows only when drawn with the same seed
+    (``cfg.seed`` fixes the random control's groups; a cell without a seed column was made with
+    seed 0) and under the same per-layer k (``spec_in_force``: a per-layer k changes which pairs
+    random groups keep)."""
     plain = old.label.isin(GROUP_FREE)
-    return old[old.label.map(lambda lab: router_free(lab, cfg.layer_top_k)) & old.label.isin(labels)
-               & old.window.isin(windows)
-               & (plain | ((_column(old, "seed", 0) == cfg.seed) & (_column(old, "layer_top_k", "") == "")))]
+    return old[old.label.map(router_free) & old.label.isin(labels) & old.window.isin(windows)
+               & (plain | ((_column(old, "seed", 0) == cfg.seed) & _same_spec(old, cfg)))]
 
 
 def same_router_rows(old: pd.DataFrame, labels: list[str], windows: list[int], cfg, shas: set[str],
-                     own_sha: str) -> pd.DataFrame:
+                     own_sha: str, budget_only: set[str] = frozenset()) -> pd.DataFrame:
     """The rows of another table's cell made with this run's router, so that they may be taken
     for the router patterns (hard, shuffled, soft) too: the cell's router file is this one
-    (``own_sha``, its random layers as the file says or as given) or holds the same tensors
-    (``shas``, e.g. ``shipped.same_tensor_shas``) under the same ``--random-layers``; same seed,
-    no per-layer k on either side, on this run's windows. ``cfg``: this run's FocusConfig."""
+    (``own_sha``) or differs from it only in ``top_k_budgets`` (``budget_only``,
+    ``shipped.same_router_shas``), its random layers as the file says or as given, or it holds the
+    same tensors (``shas``, e.g. ``shipped.same_tensor_shas``) under the same ``--random-layers``; same seed,
+    the same per-layer k for the row's pattern (``spec_in_force``), on this run's windows.
+    ``cfg``: this run's FocusConfig."""
     from focus_lab.method.config import parse_random_layers
-    if cfg.layer_top_k or "routers_sha256" not in old:
+    if "routers_sha256" not in old:
         return old.iloc[:0]
     spec = _column(old, "random_layers", "")
     want = sorted(cfg.random_layers or [])
     same_layers = spec.map(lambda x: x != "" and sorted(parse_random_layers(x)) == want)
     sha = old["routers_sha256"]
     return old[old.label.isin(labels) & old.window.isin(windows) & (_column(old, "seed", 0) == cfg.seed)
-               & (_column(old, "layer_top_k", "") == "")
-               & (((sha == own_sha) & ((spec == "") | same_layers)) | (sha.isin(shas) & same_layers))]
+               & _same_spec(old, cfg)
+               & (((sha.isin({own_sha} | set(budget_only))) & ((spec == "") | same_layers))
+                  | (sha.isin(shas) & same_layers))]
 
 
 # the columns of a cell that describe the run that made it; a reused row keeps the others
@@ -158,7 +182,7 @@ def reused_rows(folders: list[Path], cell: str, labels: list[str], windows: list
     each (pattern, window), the first folder that has it. The run evaluates only the pairs
     missing, so a table with more windows than an earlier one computes only the new windows.
     Columns: the cell's per-window columns and ``reused_from`` (the folder)."""
-    from focus_lab.hf.shipped import same_tensor_shas
+    from focus_lab.hf.shipped import same_router_shas, same_tensor_shas
     taken, committed = [], None
     for folder in folders or []:
         if not (Path(folder) / "cells" / cell).is_file() and committed is None:
@@ -167,7 +191,8 @@ def reused_rows(folders: list[Path], cell: str, labels: list[str], windows: list
         if old is None:
             continue
         rows = pd.concat([reusable_rows(old, labels, windows, cfg),
-                          same_router_rows(old, labels, windows, cfg, same_tensor_shas(sha), sha)])
+                          same_router_rows(old, labels, windows, cfg, same_tensor_shas(sha), sha,
+                                           same_router_shas(sha))])
         taken.append(rows[window_columns(rows)].assign(reused_from=str(folder)))
     if not taken:
         return pd.DataFrame()
@@ -227,7 +252,7 @@ def run_cells(args) -> None:
             out["routers"] = str(routers)
             out["routers_sha256"] = file_sha256(routers)
             out["random_layers"] = args.random_layers or ""
-            out["layer_top_k"] = args.layer_top_k or ""
+            out["layer_top_k"] = out.label.map(lambda lab: spec_in_force(cfg, lab))
             out["seed"] = cfg.seed
             out["table_schema_version"] = SCHEMA_VERSION
             write_parquet(cell, out)
@@ -312,12 +337,14 @@ def report(out: Path, against: Path | str | None = None, table: str | None = Non
               for r in df[df.reused_from != ""].drop_duplicates(["corpus", "seq_len", "label"]).itertuples()}
     lines = []
     if table is not None:
-        made = df.drop_duplicates(["routers_sha256", "random_layers", "layer_top_k"])
+        made = df.drop_duplicates(["routers_sha256", "random_layers"])
+        specs = df[df.layer_top_k != ""].groupby("layer_top_k").label.unique()
         lines.append(f"# Length table `{table}`\n\nCommitted cells: `figures/results/{COMMITTED.name}`, "
                      f"rows with table == '{table}'. Router file sha256 "
                      + "; ".join(f"`{r.routers_sha256[:12]}...`" + (f", random groups in layers {r.random_layers}"
-                                 if r.random_layers else "") + (f", per-layer k `{r.layer_top_k}`" if r.layer_top_k else "")
-                                 for r in made.itertuples()) + ".")
+                                 if r.random_layers else "") for r in made.itertuples())
+                     + "".join(f"; per-layer k `{spec}` ({', '.join(sorted(labels))})" for spec, labels in specs.items())
+                     + ".")
     s = summarize(df)
     if table is None:
         from focus_lab.io import write_parquet

@@ -45,8 +45,10 @@ RANDOM_LAYERS_OPTION = typer.Option(None, "--random-layers", help="layers routed
                                     "instead of the router, e.g. 1-9, or 'none'; default: the router file's "
                                     "(FocusConfig.random_layers, docs/method.md §2.6)")
 LAYER_TOP_K_OPTION = typer.Option(None, "--layer-top-k", help="hard patterns: per-layer k overriding the "
-                                  "pattern's top_k, e.g. '1-9:0;10-14:2' (0: window and sinks only), or 'none'; "
-                                  "default: the router file's (FocusConfig.layer_top_k, docs/method.md §2.7)")
+                                  "pattern's top_k, e.g. '1-9:0;10-14:2' (0: window and sinks only), or 'none' "
+                                  "(top_k in every layer, no per-layer budget); default: the router file's "
+                                  "(FocusConfig.layer_top_k, else its top_k_budgets for the asked top_k: the "
+                                  "shipped file has one for top-2, docs/method.md §2.7)")
 
 
 def _config_overrides(random_layers: Optional[str], layer_top_k: Optional[str]) -> dict:

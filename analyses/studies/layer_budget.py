@@ -20,6 +20,11 @@ variant, so the choice moves no budget: it only asks where the router's groups b
 
 Each (layer, k) result is written when done (``sweep.parquet``), so a rerun resumes.
 
+``--save-budget OUT`` writes the routers again (same tensors) with a chosen spec as their file's
+budget for top-``base_k`` (``FocusConfig.top_k_budgets``: the file's default per-layer k when
+top-``base_k`` is asked, docs/method.md §2.7); the spec is ``--spec`` or this study's committed
+choice (``figures/results/layer_budget.json``, key ``top<base_k>``). No evaluation runs.
+
 Usage (background; about 25 s per 4096-token window and variant on 2 cores)::
 
     python -m analyses.studies.layer_budget --out checkpoints/layer_budget
@@ -36,6 +41,8 @@ from pathlib import Path
 import pandas as pd
 
 SCHEMA_VERSION = 1
+# the committed choices of this study: {"top1" | "top2" | "random_layers": {"spec": ..., ...}}
+BUDGET_JSON = Path(__file__).resolve().parents[2] / "figures" / "results" / "layer_budget.json"
 
 
 def allocate(sweep: pd.DataFrame, max_pairs: int | None = None, base_k: int = 1) -> tuple[dict[int, int], pd.DataFrame]:
@@ -103,6 +110,26 @@ def spec_string(spec: dict[int, int]) -> str:
     return ";".join(parts) or "none"
 
 
+def save_budget(routers: Path | None, out: Path, base_k: int, spec: str | None = None) -> Path:
+    """Write ``routers`` (default: the shipped file) again to ``out`` (atomically), tensors and
+    extra unchanged, with ``spec`` as ``FocusConfig.top_k_budgets[base_k]`` (default: the committed
+    choice ``layer_budget.json['top<base_k>']['spec']``). Returns ``out``.
+    Raises SystemExit when no spec is given and none is committed for ``base_k``."""
+    import json
+
+    from focus_lab.hf.retrofit import read_router_file, write_router_file
+    from focus_lab.hf.shipped import resolve_routers
+    from focus_lab.method.config import parse_layer_top_k
+    if spec is None:
+        chosen = json.loads(BUDGET_JSON.read_text()) if BUDGET_JSON.is_file() else {}
+        spec = chosen.get(f"top{base_k}", {}).get("spec")
+        if not spec:
+            raise SystemExit(f"no committed spec for top-{base_k} in {BUDGET_JSON}: give --spec")
+    cfg, base, tensors, extra = read_router_file(resolve_routers(routers))
+    budgets = {**(cfg.top_k_budgets or {}), base_k: parse_layer_top_k(spec)}
+    return write_router_file(out, tensors, cfg.replace(top_k_budgets=budgets), base, extra or None)
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--routers", type=Path, default=None, help="default: the shipped routers")
@@ -118,7 +145,14 @@ def main(argv=None) -> None:
                     "the NLL falls by more than this on every corpus (nats/token)")
     ap.add_argument("--out", type=Path, default=Path("checkpoints/layer_budget"))
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--save-budget", type=Path, default=None, metavar="OUT",
+                    help="write the routers with the spec as their top-<base-k> budget to OUT, then exit")
+    ap.add_argument("--spec", default=None, help="with --save-budget: the spec (default: the committed "
+                    "choice for top-<base-k> in figures/results/layer_budget.json)")
     args = ap.parse_args(argv)
+    if args.save_budget is not None:
+        print(save_budget(args.routers, args.save_budget, args.base_k, args.spec))
+        return
 
     import torch
     from focus_lab.data import load_corpus, make_windows

@@ -63,6 +63,19 @@ def same_tensor_shas(sha256: str) -> set[str]:
     return set()
 
 
+def same_router_shas(sha256: str) -> set[str]:
+    """sha256 of the router files whose results under the same per-layer k are the file
+    ``sha256``'s: they hold the same tensors under the same config but for
+    ``FocusConfig.top_k_budgets`` (the manifest's ``budget_only_sha256`` for a shipped file:
+    the file before its top-2 budget was saved into it, docs/method.md §2.7). A result made with
+    such a file counts only where the pattern ran with the per-layer k this file gives it
+    (``analyses.length_table.same_router_rows``). Empty for any other file."""
+    for entry in manifest().values():
+        if entry.get("sha256") == sha256:
+            return set(entry.get("budget_only_sha256", []))
+    return set()
+
+
 def resolve_routers(routers: str | Path | None, model_name: str | None = None) -> Path:
     """``routers`` if given, else the shipped file for the model (see ``shipped_router_file``)."""
     return Path(routers) if routers is not None else shipped_router_file(model_name)

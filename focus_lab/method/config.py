@@ -112,7 +112,12 @@ class FocusConfig:
         layer_top_k: hard mode only, {layer_idx: k} overriding ``top_k`` in those layers; k = 0
             keeps only the window and sinks there (no distant group attention), k <= K. None or
             empty: ``top_k`` everywhere. [ours] A per-layer budget at the same mean sparsity
-            (docs/method.md §2.7). ``top_k_at`` gives a layer's k.
+            (docs/method.md §2.7). ``top_k_at`` gives a layer's k. ``{}`` (not None) also sets
+            ``top_k`` everywhere, overriding ``top_k_budgets``.
+        top_k_budgets: hard mode only, {top_k: {layer_idx: k}}: the per-layer k in force when
+            ``top_k`` is a key and ``layer_top_k`` is None ([ours] the shipped router file sets
+            one for top-2, docs/method.md §2.7): a budget relative to the asked top-k, so asking
+            for top-1 or top-3 stays uniform. None or empty: no budget.
         random_layers: routed layers whose groups are balanced random groups (as
             ``assignment="random"``) instead of the router's, whatever ``assignment`` says; None or
             empty: none. [ours] At 8192 tokens the shipped routers keep more dense mass than random
@@ -152,6 +157,7 @@ class FocusConfig:
     layers: list[int] | None = None
     random_layers: list[int] | None = None
     layer_top_k: dict[int, int] | None = None
+    top_k_budgets: dict[int, dict[int, int]] | None = None
     seed: int = 0
     sink_tokens: int = 0
     straight_through: bool = False
@@ -210,12 +216,29 @@ class FocusConfig:
                        for i, k in self.layer_top_k.items()):
                 bad("layer_top_k", f"need layer indices >= 0 and k in 0..num_groups={self.num_groups} "
                     "(0: window and sinks only)")
+        if self.top_k_budgets is not None:
+            try:  # JSON turns both levels of keys into strings
+                self.top_k_budgets = {int(t): {int(i): k for i, k in m.items()}
+                                      for t, m in self.top_k_budgets.items()}
+            except (AttributeError, TypeError, ValueError):
+                bad("top_k_budgets", "need a dict {top_k: {layer_idx: k}}, e.g. {2: {0: 1, 1: 3}}, or None")
+            if not all(1 <= t <= self.num_groups and i >= 0 and isinstance(k, int) and 0 <= k <= self.num_groups
+                       for t, m in self.top_k_budgets.items() for i, k in m.items()):
+                bad("top_k_budgets", f"need top_k keys in 1..num_groups={self.num_groups}, layer indices "
+                    f">= 0 and k in 0..{self.num_groups}")
         return self
 
+    def layer_top_k_in_force(self) -> dict[int, int]:
+        """The per-layer k overriding ``top_k`` in hard mode, {layer_idx: k}: ``layer_top_k`` when
+        set (``{}``: none), else ``top_k_budgets[top_k]`` when present, else {} (docs/method.md §2.7)."""
+        if self.layer_top_k is not None:
+            return self.layer_top_k
+        return (self.top_k_budgets or {}).get(self.top_k, {})
+
     def top_k_at(self, layer_idx: int) -> int:
-        """Groups a query joins at layer ``layer_idx`` in hard mode: ``layer_top_k``'s entry, else
-        ``top_k`` (0: window and sinks only; docs/method.md §2.7)."""
-        return self.layer_top_k.get(layer_idx, self.top_k) if self.layer_top_k else self.top_k
+        """Groups a query joins at layer ``layer_idx`` in hard mode: the entry of
+        ``layer_top_k_in_force()``, else ``top_k`` (0: window and sinks only; docs/method.md §2.7)."""
+        return self.layer_top_k_in_force().get(layer_idx, self.top_k)
 
     def assignment_at(self, layer_idx: int) -> str:
         """The assignment in force at layer ``layer_idx``: "random" in ``random_layers``, else
