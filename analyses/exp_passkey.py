@@ -50,7 +50,7 @@ def _run_spec(settings: dict, pattern: str, cfg, own_sha: str) -> str | None:
     return spec_in_force(base, pattern)
 
 
-def _committed(ctx: Context) -> list[pd.DataFrame]:
+def _committed(ctx: Context, cfg=None) -> list[pd.DataFrame]:
     """The committed probe tables (``figures/results/passkey_cases.parquet``, one ``table`` per run
     of ``focus-lab probe passkey``) that measured the routers in use as they run now: made with
     this router file, or with one differing only in its budget (``shipped.same_router_shas``), and
@@ -61,13 +61,13 @@ def _committed(ctx: Context) -> list[pd.DataFrame]:
     per-layer k) are added from the other committed tables for the cases those tables share (same
     prompt settings, format, length, depth, case seed and key) when the router's own tables lack
     that pattern there, so the figure compares patterns on the same cases; ``source`` names the
-    table each row comes from."""
+    table each row comes from. ``cfg``: the router file's FocusConfig (default: read from it)."""
     from analyses.length_table import GROUP_FREE, spec_in_force
     from focus_lab.hf.retrofit import read_router_file
     from focus_lab.hf.shipped import same_router_shas
     tables = _tables()
     sha = ctx.router_id()
-    cfg = read_router_file(ctx.routers())[0]
+    cfg = read_router_file(ctx.routers())[0] if cfg is None else cfg
     shas = {sha} | same_router_shas(sha)
 
     def same(df: pd.DataFrame, settings: dict) -> pd.Series:

@@ -641,6 +641,33 @@ def test_hard_kv_cache_decode_equals_full_forward(assignment):
     torch.testing.assert_close(torch.stack(steps, 1), full[:, 21:37], atol=1e-4, rtol=1e-4)
 
 
+def test_top_k_budgets_apply_to_their_top_k_only():
+    """FocusConfig.top_k_budgets {top_k: {layer_idx: k}}: asking for that top_k gives the same
+    logits as the explicit layer_top_k of that map; another top_k, or layer_top_k = {} ('none'),
+    gives uniform top-k's logits; the budget survives a JSON round trip (keys as strings)."""
+    from focus_lab import FocusConfig
+    from focus_lab.hf.retrofit import forward_state
+    m = _attached("llama", mode="soft", sink_tokens=1)
+    ids = torch.randint(3, 97, (1, 40))
+    budget = {2: {0: 1, 1: 3}}
+
+    def logits(**changes):
+        with torch.no_grad():
+            return m(ids, use_cache=False, focus=forward_state(m, mode="hard", window=4, **changes)).logits
+
+    assert not torch.allclose(logits(top_k=2, layer_top_k={0: 1, 1: 3}), logits(top_k=2))  # the map matters
+    torch.testing.assert_close(logits(top_k=2, top_k_budgets=budget), logits(top_k=2, layer_top_k={0: 1, 1: 3}))
+    torch.testing.assert_close(logits(top_k=1, top_k_budgets=budget), logits(top_k=1))
+    torch.testing.assert_close(logits(top_k=2, top_k_budgets=budget, layer_top_k={}), logits(top_k=2))
+    cfg = FocusConfig.from_json(FocusConfig(top_k_budgets=budget).to_json())
+    assert cfg.top_k_budgets == budget and [cfg.top_k_at(i) for i in range(3)] == [1, 3, 2]
+    assert [cfg.replace(top_k=1).top_k_at(i) for i in range(3)] == [1, 1, 1]
+    with pytest.raises(ValueError, match="top_k_budgets"):
+        FocusConfig(top_k_budgets={2: {0: 9}})
+    with pytest.raises(ValueError, match="top_k_budgets"):
+        FocusConfig(top_k_budgets={2: [1, 3]})
+
+
 def test_focus_keyword_takes_a_forward_state_only():
     """A bare FocusConfig as focus= is refused with the fix named (one state serves all layers)."""
     from focus_lab.hf.retrofit import focus_config

@@ -214,6 +214,31 @@ def test_same_router_rows_take_the_same_tensors_under_the_same_random_layers_onl
                             layer_top_k={4: 0}), {"twin"}, "own").empty
 
 
+def test_length_table_follows_the_per_layer_k_in_force_per_pattern():
+    """Under a router file's top-2 budget (FocusConfig.top_k_budgets) the length table records
+    the spec per pattern (``spec_in_force``: hard/random top-2 get it, top-1 and dense do not) and
+    reuses a row only when it ran under that spec: the file before its budget was saved
+    ('before', ``budget_only``) gives its top-1 rows and its top-2 rows made with the same
+    --layer-top-k, not its uniform top-2 rows; random top-2 rows likewise."""
+    from analyses.length_table import reusable_rows, same_router_rows, spec_in_force
+    from focus_lab import FocusConfig
+    cfg = FocusConfig(top_k_budgets={2: {3: 1, 5: 3}})
+    assert [spec_in_force(cfg, lab) for lab in ("hard_top2", "random_top2", "hard_top1", "dense", "window")] == \
+        ["3:1;5:3", "3:1;5:3", "", "", ""]
+    assert spec_in_force(cfg.replace(layer_top_k={}), "hard_top2") == ""
+    old = pd.DataFrame({"label": ["hard_top1", "hard_top2", "hard_top2", "random_top2", "random_top2", "hard_top1"],
+                        "window": [0, 1, 2, 3, 4, 5],
+                        "routers_sha256": ["before", "before", "before", "x", "x", "other"],
+                        "random_layers": [""] * 6,
+                        "layer_top_k": ["", "", "5:3;3:1", "", "3:1;5:3", ""]})
+    labels = ["hard_top1", "hard_top2", "random_top2"]
+    got = same_router_rows(old, labels, list(range(6)), cfg, set(), "own", {"before"})
+    assert sorted(got.window) == [0, 2]
+    assert same_router_rows(old, labels, list(range(6)), cfg, set(), "own").empty
+    assert sorted(reusable_rows(old, labels, list(range(6)), cfg).window) == [4]
+    assert sorted(reusable_rows(old, labels, list(range(6)), FocusConfig()).window) == [3]
+
+
 def test_length_table_report_marks_reused_rows(tmp_path):
     """analyses/length_table.py --report: changes vs dense and the controls come from the
     per-window rows; rows taken with --reuse get their tokens/s starred and a footnote."""
@@ -305,7 +330,7 @@ def test_passkey_reuses_committed_tables_of_the_shipped_configuration_only(tmp_p
     table("budget", "abc", [("hard_top2", 0), ("dense", 1), ("random_top2", 1)],
           config_overrides={"layer_top_k": {"3": 1}})
     table("older", "def", [(p, s) for p in ("dense", "random_top2", "hard_top2") for s in (0, 1, 2)])
-    table("other_prompt", "def", [("window", 0)], prompt_version=1)
+    table("other_prompt", "ghi", [("window", 0)], prompt_version=1)
     (tmp_path / "passkey_tables.json").write_text(json.dumps(meta))
     pd.concat(cases, ignore_index=True).to_parquet(tmp_path / "passkey_cases.parquet")
     monkeypatch.setattr(exp_passkey, "PASSKEY_TABLES", tmp_path)
@@ -314,11 +339,29 @@ def test_passkey_reuses_committed_tables_of_the_shipped_configuration_only(tmp_p
         log = staticmethod(lambda s: None)
         router_id = staticmethod(lambda: "abc")
 
-    df = pd.concat(exp_passkey._committed(Ctx()), ignore_index=True)
-    got = sorted(zip(df.pattern, df.seed, df.source))
-    assert got == [("dense", 0, "older"), ("dense", 1, "budget"), ("hard_top2", 0, "plain"),
-                   ("hard_top2", 1, "plain"), ("random_top2", 0, "older"), ("random_top2", 1, "older")]
-    assert exp_passkey._committed(type("C", (Ctx,), {"router_id": staticmethod(lambda: "zzz")})()) == []
+    from focus_lab import FocusConfig
+    from focus_lab.hf import shipped
+
+    def got(ctx, cfg):
+        df = pd.concat(exp_passkey._committed(ctx, cfg), ignore_index=True)
+        return sorted(zip(df.pattern, df.seed, df.source))
+
+    assert got(Ctx(), FocusConfig()) == [
+        ("dense", 0, "older"), ("dense", 1, "budget"), ("hard_top2", 0, "plain"),
+        ("hard_top2", 1, "plain"), ("random_top2", 0, "older"), ("random_top2", 1, "older")]
+    assert exp_passkey._committed(type("C", (Ctx,), {"router_id": staticmethod(lambda: "zzz")})(), FocusConfig()) == []
+    # a file whose top-2 budget is the run's --layer-top-k: that run's top-2 rows are its own,
+    # random top-2 rows made without the budget are not
+    budget = FocusConfig(top_k_budgets={2: {3: 1}})
+    assert got(Ctx(), budget) == [
+        ("dense", 0, "older"), ("dense", 1, "budget"), ("hard_top2", 0, "budget"),
+        ("hard_top2", 1, "plain"), ("random_top2", 1, "budget")]
+    # the file "new" differs from "def" only in that budget: def's rows count where the per-layer
+    # k is the same (dense here), not its uniform top-2 rows
+    monkeypatch.setattr(shipped, "same_router_shas", lambda sha: {"def"} if sha == "new" else set())
+    new = type("C", (Ctx,), {"router_id": staticmethod(lambda: "new")})()
+    assert got(new, budget) == [("dense", 0, "older"), ("dense", 1, "older"), ("dense", 2, "older"),
+                                ("random_top2", 1, "budget")]
 
 
 def test_figures_only_takes_comma_lists_and_refuses_unknown_names():

@@ -27,6 +27,13 @@ def test_manifest_matches_the_shipped_file():
     assert len([k for k in tensors if k.endswith(".proj")]) == 30  # one router per layer
     for key in ("command", "data", "seconds", "recipe"):
         assert key in entry  # provenance
+    # the top-2 budget: the committed layer_budget choice, as the manifest records it, top-1 uniform
+    from analyses.studies.layer_budget import BUDGET_JSON
+    from focus_lab.method.config import parse_layer_top_k
+    spec = json.loads(BUDGET_JSON.read_text())["top2"]["spec"]
+    assert cfg.top_k_budgets == {2: parse_layer_top_k(spec)} == {2: parse_layer_top_k(entry["top_k_budgets"]["spec"]["2"])}
+    assert sum(cfg.top_k_at(i) for i in range(30)) == 60  # the same mean k as uniform top-2
+    assert {cfg.replace(top_k=1).top_k_at(i) for i in range(30)} == {1}
 
 
 def test_shipped_file_is_refused_on_another_model():
