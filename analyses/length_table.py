@@ -53,11 +53,13 @@ def spec_in_force(cfg, label: str) -> str:
     with the pattern's top_k: an explicit ``--layer-top-k`` or the router file's
     ``top_k_budgets``), as a ``--layer-top-k`` spec; '' when uniform or for a pattern without
     groups. Recorded per row in the ``layer_top_k`` column."""
-    if label in GROUP_FREE or "_top" not in label:
-        return ""
+    from focus_lab.eval.evaluate import pattern_changes, pattern_layer_top_k
     from focus_lab.method.config import format_layer_top_k
-    k = int(label.rsplit("_top", 1)[1])
-    in_force = cfg.replace(top_k=k).layer_top_k_in_force() if k <= cfg.num_groups else {}
+    try:
+        changes = pattern_changes(label, cfg.num_groups)
+    except ValueError:  # a pattern this file cannot run (e.g. top-k above its groups): no spec
+        return ""
+    in_force = pattern_layer_top_k(cfg, changes)
     return format_layer_top_k(in_force) if in_force else ""
 
 

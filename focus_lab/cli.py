@@ -51,6 +51,20 @@ LAYER_TOP_K_OPTION = typer.Option(None, "--layer-top-k", help="hard patterns: pe
                                   "shipped file has one for top-2, docs/method.md §2.7)")
 
 
+def _budget_note(cfg, pats: list) -> str:
+    """One line naming the hard patterns that run with a per-layer k (the router file's budget for
+    their top_k or --layer-top-k; docs/method.md §2.7), '' when every pattern is uniform."""
+    from focus_lab.eval.evaluate import pattern_layer_top_k
+    from focus_lab.method.config import format_layer_top_k
+    by_spec: dict[str, list[str]] = {}
+    for label, changes in pats:
+        in_force = pattern_layer_top_k(cfg, changes)
+        if in_force:
+            by_spec.setdefault(format_layer_top_k(in_force), []).append(label)
+    return "".join(f"per-layer k for {', '.join(labels)}: {spec} ('--layer-top-k none' for uniform)\n"
+                   for spec, labels in by_spec.items()).rstrip("\n")
+
+
 def _config_overrides(random_layers: Optional[str], layer_top_k: Optional[str]) -> dict:
     """FocusConfig changes from ``--random-layers`` / ``--layer-top-k`` (None: keep the router
     file's), for ``load_routers(..., config_overrides=...)``; a bad spec exits 2 (``_spec``)."""
@@ -317,13 +331,15 @@ def eval_cmd(
         overrides = {"assignment": "random"} if random_groups else {}
         overrides.update(_config_overrides(random_layers, layer_top_k))
         m, tok, corp, seq_len = _load(model, corpus, seq_len)
-        load_routers(m, routers, config_overrides=overrides or None)
+        cfg = load_routers(m, routers, config_overrides=overrides or None)
         if random_groups:
             pats = [(lab, {**c, "assignment": "random"} if c.get("assignment") == "router" else c)
                     for lab, c in pats]
         windows = _windows(corp.heldout, tok, seq_len, max_windows, "held-out")
         typer.echo(f"evaluating {len(pats)} patterns on {len(windows)} held-out windows of {seq_len} tokens "
                    f"({', '.join(d.name for d in corp.heldout)})")
+        if note := _budget_note(cfg, pats):
+            typer.echo(note)
         df = evaluate(m, windows, pats)
         target = out or (routers.parent / "eval.parquet" if routers_opt is not None
                          else Path("eval") / f"{corp.name}_{seq_len}.parquet")
@@ -762,7 +778,9 @@ def probe_passkey(
         torch.set_num_threads(max(1, threads))
         overrides = _config_overrides(random_layers, layer_top_k)
         m, tok, corp, _ = _load(model, corpus, 0)  # 0: no cap note; run_passkey checks the lengths
-        load_routers(m, routers, config_overrides=overrides or None)
+        cfg = load_routers(m, routers, config_overrides=overrides or None)
+        if note := _budget_note(cfg, pats):
+            typer.echo(note)
         hay = load_haystack(corp.heldout, tok, name=f"{corp.name} held-out ({', '.join(d.name for d in corp.heldout)})")
         settings = {"model": model_identity(m), "routers": {"path": str(routers), "sha256": file_sha256(routers)},
                     "corpus": corp.name, "heldout": [d.name for d in corp.heldout]}

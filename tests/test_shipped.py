@@ -231,3 +231,15 @@ def test_train_cli_bad_stop_after_or_random_layers_is_one_line_exit_2(args, need
     assert res.exit_code == 2
     lines = res.output.strip().splitlines()
     assert len(lines) == 1 and needle in lines[0], res.output
+
+
+def test_eval_names_the_patterns_that_run_under_the_files_budget():
+    """focus-lab eval / probe passkey say which hard patterns take a per-layer k (the shipped
+    file's top-2 budget), with the spec and how to turn it off; nothing for uniform patterns."""
+    from focus_lab.cli import _budget_note
+    cfg = read_router_file(shipped.shipped_router_file())[0]
+    pats = parse_patterns("dense,hard_top1,hard_top2,random_top2,shuffled_top2", cfg.num_groups)
+    note = _budget_note(cfg, pats)
+    assert note.startswith("per-layer k for hard_top2, random_top2, shuffled_top2: 0,5-6,9,12-16,25,27-28:1;")
+    assert "--layer-top-k none" in note and "hard_top1" not in note and note.count("\n") == 0
+    assert _budget_note(cfg.replace(layer_top_k={}), pats) == ""

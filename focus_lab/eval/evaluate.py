@@ -66,6 +66,15 @@ def parse_patterns(spec: str, num_groups: int) -> list[tuple[str, dict]]:
     return [(n, pattern_changes(n, num_groups)) for n in names]
 
 
+def pattern_layer_top_k(config, changes: dict) -> dict[int, int]:
+    """The per-layer k a pattern runs with, {layer_idx: k} ({} when uniform or not a hard pattern):
+    ``FocusConfig.layer_top_k_in_force`` of ``config`` with the pattern's ``changes``
+    (``pattern_changes``), e.g. the router file's top-2 budget for ``hard_top2`` (docs/method.md §2.7)."""
+    if changes.get("mode") != "hard":
+        return {}
+    return config.replace(**{k: v for k, v in changes.items() if k == "top_k"}).layer_top_k_in_force()
+
+
 def window_pairs_kept(T: int, window: int, sinks: int) -> float:
     """Fraction of distant causal pairs a sliding window (plus sinks) keeps: only sink pairs."""
     one = torch.zeros(1, T, dtype=torch.long)
