@@ -81,9 +81,36 @@ def test_pattern_names_and_changes():
     assert pattern_changes("hard_top4", 4)["assignment"] == "router"
     assert [n for n, _ in parse_patterns("dense, window,hard_top1", 4)] == ["dense", "window", "hard_top1"]
     assert len(pattern_names(4)) == 3 + 3 * 4
-    for bad in ("hard_top5", "hard_top0", "magic", "random_topx"):
+    for bad in ("hard_top5", "hard_top0", "magic", "random_topx", "dense_uniform", "hard_top5_uniform"):
         with pytest.raises(ConfigError, match="choose from dense, window, soft, hard_top1"):
             pattern_changes(bad, 4)
+    assert pattern_changes("random_top2_uniform", 4) == {"mode": "hard", "top_k": 2, "assignment": "random",
+                                                         "layer_top_k": {}}
+
+
+def test_uniform_pattern_ignores_the_files_budget():
+    """hard_top2_uniform under a top-2 budget gives the perplexity of the file without the budget,
+    hard_top2 that of the explicit per-layer k; distant pairs follow (evaluate on a tiny model)."""
+    from types import SimpleNamespace
+    from focus_lab.method.config import FocusConfig
+    from focus_lab.eval.evaluate import evaluate
+    from focus_lab.hf.retrofit import attach
+    g = torch.Generator().manual_seed(1)
+    windows = [SimpleNamespace(input_ids=torch.randint(0, 97, (48,), generator=g))]
+    budget = {0: 1, 1: 4}
+
+    def ppl(patterns, **cfg):
+        model = tiny_llama()
+        attach(model, FocusConfig(window=4, num_groups=4, seed=3, **cfg))
+        return evaluate(model, windows, parse_patterns(patterns, 4), progress=False).set_index("label")
+
+    with_budget = ppl("hard_top2,hard_top2_uniform,random_top2_uniform", top_k_budgets={2: budget})
+    plain = ppl("hard_top2,random_top2")
+    explicit = ppl("hard_top2", layer_top_k=budget)
+    assert with_budget.perplexity["hard_top2_uniform"] == pytest.approx(plain.perplexity["hard_top2"], rel=1e-6)
+    assert with_budget.perplexity["random_top2_uniform"] == pytest.approx(plain.perplexity["random_top2"], rel=1e-6)
+    assert with_budget.perplexity["hard_top2"] == pytest.approx(explicit.perplexity["hard_top2"], rel=1e-6)
+    assert with_budget.distant_pairs_kept["hard_top2"] > with_budget.distant_pairs_kept["hard_top2_uniform"]
 
 
 def test_eval_cli_unknown_pattern_is_one_line_exit_2():

@@ -19,6 +19,7 @@ from focus_lab.hf.hooks import hooks
 from focus_lab.hf.retrofit import forward_state
 
 EVAL_SCHEMA = 1
+UNIFORM = "_uniform"  # pattern-name suffix: top-k in every layer (no per-layer budget)
 
 
 def standard_patterns(num_groups: int) -> list[tuple[str, dict]]:
@@ -42,16 +43,22 @@ def pattern_changes(name: str, num_groups: int) -> dict:
     ``dense``, ``window`` (local window + sinks), ``soft`` (Sinkhorn gate), ``hard_topK``
     (the router's causal top-k groups), ``random_topK`` (balanced random groups, a control at
     equal sparsity), ``shuffled_topK`` (the router's own hard groups moved to random positions:
-    identical group sizes, random membership). Raises ConfigError naming the valid names.
+    identical group sizes, random membership). A top-k name ending in ``_uniform`` (e.g.
+    ``hard_top2_uniform``) keeps k in every layer, whatever per-layer k the router file's budget
+    or ``--layer-top-k`` sets (``layer_top_k = {}``, docs/method.md §2.7). Raises ConfigError
+    naming the valid names.
     """
     from focus_lab.method.config import ConfigError
     if name in ("dense", "window", "soft"):
         return {"mode": name, "assignment": "router"}
-    kind, _, k = name.partition("_top")
+    base = name.removesuffix(UNIFORM)
+    kind, _, k = base.partition("_top")
     assignment = {"hard": "router", "random": "random", "shuffled": "shuffled"}.get(kind)
     if assignment is None or not k.isdigit() or not 1 <= int(k) <= num_groups:
-        raise ConfigError(f"unknown pattern {name!r}; choose from {', '.join(pattern_names(num_groups))}")
-    return {"mode": "hard", "top_k": int(k), "assignment": assignment}
+        raise ConfigError(f"unknown pattern {name!r}; choose from {', '.join(pattern_names(num_groups))} "
+                          f"(a top-k name + '{UNIFORM}': k in every layer, no per-layer budget)")
+    changes = {"mode": "hard", "top_k": int(k), "assignment": assignment}
+    return {**changes, "layer_top_k": {}} if base != name else changes
 
 
 def parse_patterns(spec: str, num_groups: int) -> list[tuple[str, dict]]:
@@ -72,7 +79,7 @@ def pattern_layer_top_k(config, changes: dict) -> dict[int, int]:
     (``pattern_changes``), e.g. the router file's top-2 budget for ``hard_top2`` (docs/method.md §2.7)."""
     if changes.get("mode") != "hard":
         return {}
-    return config.replace(**{k: v for k, v in changes.items() if k == "top_k"}).layer_top_k_in_force()
+    return config.replace(**{k: v for k, v in changes.items() if k in ("top_k", "layer_top_k")}).layer_top_k_in_force()
 
 
 def window_pairs_kept(T: int, window: int, sinks: int) -> float:
