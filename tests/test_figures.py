@@ -430,7 +430,10 @@ def test_committed_results_hold_the_shipped_routers_tables():
     meta = json.loads((COMMITTED.parent / "passkey_tables.json").read_text())
     cases = pd.read_parquet(COMMITTED.parent / "passkey_cases.parquet")
     assert set(cases.table) == set(meta)
-    assert {n for n, m in meta.items() if m["settings"]["routers"]["sha256"] == sha} >= {"shipped_4k", "shipped_8k"}
+    # the probe tables of its top-2 budget, made with the same tensors before the budget was saved
+    shas = {sha} | shipped.same_router_shas(sha)
+    budget = {n for n, m in meta.items() if m["settings"]["routers"]["sha256"] in shas}
+    assert budget >= {"shipped_4k_budget_top2", "shipped_4k_budget_top2_seeds6-11", "shipped_8k_budget_top2"}
 
 
 def test_length_table_reuses_rows_window_by_window_from_several_tables(tmp_path):
