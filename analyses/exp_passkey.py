@@ -62,7 +62,7 @@ def _committed(ctx: Context, cfg=None) -> list[pd.DataFrame]:
     prompt settings, format, length, depth, case seed and key) when the router's own tables lack
     that pattern there, so the figure compares patterns on the same cases; ``source`` names the
     table each row comes from. ``cfg``: the router file's FocusConfig (default: read from it)."""
-    from analyses.length_table import GROUP_FREE, spec_in_force
+    from analyses.length_table import router_free, spec_in_force
     from focus_lab.hf.retrofit import read_router_file
     from focus_lab.hf.shipped import same_router_shas
     tables = _tables()
@@ -82,8 +82,7 @@ def _committed(ctx: Context, cfg=None) -> list[pd.DataFrame]:
     prompt = {k: first.get(k) for k in SAME_PROMPT}
     cases = pd.concat(mine)[CASE].drop_duplicates()
     own = {df["source"].iloc[0] for df in mine}
-    free = lambda p: p in GROUP_FREE or p.startswith("random_top")  # noqa: E731
-    extra = [df[df["pattern"].map(free) & same(df, s)].merge(cases, on=CASE).assign(source=name)
+    extra = [df[df["pattern"].map(router_free) & same(df, s)].merge(cases, on=CASE).assign(source=name)
              for name, s, df in tables if name not in own and {k: s.get(k) for k in SAME_PROMPT} == prompt]
     # the router's own rows first: a pattern of a case is taken once, from the first table that has it
     rows = pd.concat(mine + extra, ignore_index=True).drop_duplicates(CASE + ["pattern"], keep="first")

@@ -39,13 +39,11 @@ COMMITTED = Path(__file__).resolve().parent.parent / "figures" / "results" / "le
 GROUP_FREE = ("dense", "window")
 
 
-# patterns whose result does not depend on the router (random groups ignore its bias): --reuse
-# takes them from another table's cells on the same windows instead of recomputing them
-def router_free(label: str, layer_top_k: dict | None = None) -> bool:
-    """Patterns whose rows do not depend on the router file, so ``--reuse`` may take them from
-    another table: dense, window, and random_topK unless a per-layer k (``--layer-top-k``)
-    changes which pairs random groups keep."""
-    return label in GROUP_FREE or (label.startswith("random_top") and not layer_top_k)
+def router_free(label: str) -> bool:
+    """Patterns whose rows do not depend on the router file (random groups ignore its bias), so
+    ``--reuse`` may take them from another table's cells on the same windows: dense, window and
+    random_topK, the latter only under the same per-layer k (``_same_spec``)."""
+    return label in GROUP_FREE or label.startswith("random_top")
 
 
 def spec_in_force(cfg, label: str) -> str:
