@@ -110,10 +110,10 @@ class FocusConfig:
             random membership; a control for evaluation only, not causal across tokens).
         layers: attention layers (``layer_idx``) that get a router; None means every layer.
         layer_top_k: hard mode only, {layer_idx: k} overriding ``top_k`` in those layers; k = 0
-            keeps only the window and sinks there (no distant group attention), k <= K. None or
-            empty: ``top_k`` everywhere. [ours] A per-layer budget at the same mean sparsity
-            (docs/method.md §2.7). ``top_k_at`` gives a layer's k. ``{}`` (not None) also sets
-            ``top_k`` everywhere, overriding ``top_k_budgets``.
+            keeps only the window and sinks there (no distant group attention), k <= K. ``{}``:
+            ``top_k`` everywhere; None: ``top_k_budgets``'s entry for ``top_k`` if any, else
+            ``top_k`` everywhere. [ours] A per-layer budget at the same mean sparsity
+            (docs/method.md §2.7). ``top_k_at`` gives a layer's k.
         top_k_budgets: hard mode only, {top_k: {layer_idx: k}}: the per-layer k in force when
             ``top_k`` is a key and ``layer_top_k`` is None ([ours] the shipped router file sets
             one for top-2, docs/method.md §2.7): a budget relative to the asked top-k, so asking
