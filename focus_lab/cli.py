@@ -406,13 +406,15 @@ def _eval_run(run_dir: Path, patterns: str, max_windows: int | None) -> "pd.Data
         if recorded.get(key) and recorded[key] != here[key]:
             raise RunError(f"the model {recorded.get('name')!r} loaded here is not the one run {run.path} was "
                            f"recorded with ({key} {here[key][:12]}, recorded {recorded[key][:12]}); record it again")
-    load_routers(m, routers)
+    cfg = load_routers(m, routers)
     docs = run.columns("tokens", ["window", "doc"]).drop_duplicates("window").set_index("window")["doc"]
     windows = [_RecordedWindow(str(docs[w]), w, torch.tensor(ids[w])) for w in chosen]
     T = len(ids[chosen[0]])
     typer.echo(f"evaluating {len(pats)} patterns on {len(windows)} recorded window{'s' * (len(windows) != 1)} "
                f"of {T} tokens of run "
                f"{run.path} ({', '.join(sorted(set(docs[chosen])))})")
+    if note := _budget_note(cfg, pats):
+        typer.echo(note)
     t0 = time.perf_counter()
     df = evaluate(m, windows, pats)
     seconds = time.perf_counter() - t0
