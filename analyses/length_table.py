@@ -10,7 +10,8 @@ verdict). Resumable: one parquet per (corpus, length) cell under ``<out>/cells/`
 Every table measured for the docs is committed as one tidy file,
 ``figures/results/length_cells.parquet`` (``COMMITTED``: one row per table, corpus, length,
 window and pattern; ``table`` names the table, ``routers_sha256`` / ``random_layers`` /
-``layer_top_k`` / ``seed`` say what made it). ``--reuse`` and ``--against`` take a folder of
+``layer_top_k`` (the per-layer k the row's pattern ran with, ``spec_in_force``; older tables: the
+``--layer-top-k`` given) / ``seed`` say what made it). ``--reuse`` and ``--against`` take a folder of
 this script's output or the name of a committed table; ``--commit NAME`` adds a run's cells to
 the committed file; ``--table NAME --report`` writes a committed table's markdown.
 
@@ -423,7 +424,8 @@ def main(argv=None) -> None:
                     "window, the router-free patterns (dense, window, random_topK) and the rows made "
                     "with this router file (the first folder that has a pattern on a window wins)")
     ap.add_argument("--layer-top-k", default=None, help="hard patterns: per-layer k overriding the pattern's "
-                    "top_k, e.g. '1-9:0;10-14:2', or 'none'; default: the router file's (FocusConfig.layer_top_k)")
+                    "top_k, e.g. '1-9:0;10-14:2', or 'none' (uniform); default: the router file's (FocusConfig.layer_top_k, "
+                    "else its top_k_budgets for the pattern's top_k)")
     ap.add_argument("--random-layers", default=None, help="layers routed by balanced random groups "
                     "instead of the router, e.g. 1-9, or 'none'; default: the router file's (FocusConfig.random_layers)")
     ap.add_argument("--against", type=Path, default=None, help="another table (a folder or a committed "
