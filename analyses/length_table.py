@@ -52,14 +52,12 @@ def spec_in_force(cfg, label: str) -> str:
     with the pattern's top_k: an explicit ``--layer-top-k`` or the router file's
     ``top_k_budgets``), as a ``--layer-top-k`` spec; '' when uniform or for a pattern without
     groups. Recorded per row in the ``layer_top_k`` column."""
-    from focus_lab.eval.evaluate import pattern_changes, pattern_layer_top_k
-    from focus_lab.method.config import format_layer_top_k
+    from focus_lab.eval.evaluate import pattern_changes, pattern_layer_spec
     try:
         changes = pattern_changes(label, cfg.num_groups)
     except ValueError:  # a pattern this file cannot run (e.g. top-k above its groups): no spec
         return ""
-    in_force = pattern_layer_top_k(cfg, changes)
-    return format_layer_top_k(in_force) if in_force else ""
+    return pattern_layer_spec(cfg, changes)
 
 
 def _same_spec(old: pd.DataFrame, cfg) -> pd.Series:

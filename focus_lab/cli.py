@@ -54,13 +54,11 @@ LAYER_TOP_K_OPTION = typer.Option(None, "--layer-top-k", help="hard patterns: pe
 def _budget_note(cfg, pats: list) -> str:
     """One line naming the hard patterns that run with a per-layer k (the router file's budget for
     their top_k or --layer-top-k; docs/method.md §2.7), '' when every pattern is uniform."""
-    from focus_lab.eval.evaluate import pattern_layer_top_k
-    from focus_lab.method.config import format_layer_top_k
+    from focus_lab.eval.evaluate import pattern_layer_spec
     by_spec: dict[str, list[str]] = {}
     for label, changes in pats:
-        in_force = pattern_layer_top_k(cfg, changes)
-        if in_force:
-            by_spec.setdefault(format_layer_top_k(in_force), []).append(label)
+        if spec := pattern_layer_spec(cfg, changes):
+            by_spec.setdefault(spec, []).append(label)
     return "".join(f"per-layer k for {', '.join(labels)}: {spec} ('--layer-top-k none' for uniform)\n"
                    for spec, labels in by_spec.items()).rstrip("\n")
 

@@ -115,8 +115,6 @@ def save_budget(routers: Path | None, out: Path, base_k: int, spec: str | None =
     extra unchanged, with ``spec`` as ``FocusConfig.top_k_budgets[base_k]`` (default: the committed
     choice ``layer_budget.json['top<base_k>']['spec']``). Returns ``out``.
     Raises SystemExit when no spec is given and none is committed for ``base_k``."""
-    import json
-
     from focus_lab.hf.retrofit import read_router_file, write_router_file
     from focus_lab.hf.shipped import resolve_routers
     from focus_lab.method.config import parse_layer_top_k

@@ -82,6 +82,14 @@ def pattern_layer_top_k(config, changes: dict) -> dict[int, int]:
     return config.replace(**{k: v for k, v in changes.items() if k in ("top_k", "layer_top_k")}).layer_top_k_in_force()
 
 
+def pattern_layer_spec(config, changes: dict) -> str:
+    """``pattern_layer_top_k`` written as a ``--layer-top-k`` spec (``config.format_layer_top_k``),
+    '' when the pattern is uniform: what the CLI names and the length table records per row."""
+    from focus_lab.method.config import format_layer_top_k
+    in_force = pattern_layer_top_k(config, changes)
+    return format_layer_top_k(in_force) if in_force else ""
+
+
 def window_pairs_kept(T: int, window: int, sinks: int) -> float:
     """Fraction of distant causal pairs a sliding window (plus sinks) keeps: only sink pairs."""
     one = torch.zeros(1, T, dtype=torch.long)
