@@ -60,13 +60,23 @@ def spec_in_force(cfg, label: str) -> str:
     return pattern_layer_spec(cfg, changes)
 
 
+def match_in_force(cfg, label: str) -> str:
+    """The token-match shifts a pattern runs with under ``cfg`` (``FocusConfig.match_shifts``,
+    docs/method.md §2.8) as text, e.g. '0-1'; '' when off or for a pattern without groups
+    (dense, window). Recorded per row in the ``match_shifts`` column."""
+    from focus_lab.method.config import format_int_list
+    return format_int_list(cfg.match_shifts or []) if label not in GROUP_FREE else ""
+
+
 def _same_spec(old: pd.DataFrame, cfg) -> pd.Series:
-    """Rows of ``old`` made with the per-layer k this run gives their pattern (``spec_in_force``),
-    specs compared as mappings (an older cell holds the ``--layer-top-k`` text as typed)."""
+    """Rows of ``old`` made with the per-layer k this run gives their pattern (``spec_in_force``,
+    specs compared as mappings: an older cell holds the ``--layer-top-k`` text as typed) and
+    with the same token-match shifts (``match_in_force``; a cell made before that column: none)."""
     from focus_lab.method.config import parse_layer_top_k
     read = lambda spec: parse_layer_top_k(spec) if spec else {}  # noqa: E731
-    return pd.Series([read(spec) == read(spec_in_force(cfg, lab))
-                      for spec, lab in zip(_column(old, "layer_top_k", ""), old.label)], index=old.index, dtype=bool)
+    return pd.Series([read(spec) == read(spec_in_force(cfg, lab)) and match == match_in_force(cfg, lab)
+                      for spec, match, lab in zip(_column(old, "layer_top_k", ""), _column(old, "match_shifts", ""),
+                                                  old.label)], index=old.index, dtype=bool)
 
 
 def _column(old: pd.DataFrame, column: str, default) -> pd.Series:
@@ -116,7 +126,7 @@ def same_router_rows(old: pd.DataFrame, labels: list[str], windows: list[int], c
 
 # the columns of a cell that describe the run that made it; a reused row keeps the others
 _RUN_COLUMNS = ("corpus", "seq_len", "heldout", "routers", "routers_sha256", "table_schema_version",
-                "reused_from", "random_layers", "layer_top_k", "seed")
+                "reused_from", "random_layers", "layer_top_k", "match_shifts", "seed")
 
 
 def window_columns(rows: pd.DataFrame) -> list[str]:
@@ -163,7 +173,7 @@ def commit_table(out: Path, name: str, path: Path | None = None) -> int:
     new.insert(0, "table", name)
     old = committed_cells(path)
     both = pd.concat([old[old["table"] != name], new], ignore_index=True)
-    for col in ("routers_sha256", "random_layers", "layer_top_k", "reused_from"):
+    for col in ("routers_sha256", "random_layers", "layer_top_k", "match_shifts", "reused_from"):
         if col in both:
             both[col] = both[col].fillna("").astype(str)
     if "seed" in both:
@@ -210,12 +220,14 @@ def run_cells(args) -> None:
     torch.set_num_threads(args.threads)
     routers = resolve_routers(args.routers)
     model, tok = load_model()
-    from focus_lab.method.config import parse_layer_top_k, parse_random_layers
+    from focus_lab.method.config import parse_layer_top_k, parse_match_shifts, parse_random_layers
     overrides = {}
     if args.random_layers is not None:
         overrides["random_layers"] = parse_random_layers(args.random_layers)
     if args.layer_top_k is not None:
         overrides["layer_top_k"] = parse_layer_top_k(args.layer_top_k)
+    if args.match_shifts is not None:
+        overrides["match_shifts"] = parse_match_shifts(args.match_shifts)
     cfg = load_routers(model, routers, config_overrides=overrides or None)
     pats = parse_patterns(args.patterns, cfg.num_groups)
     windows_at = dict((int(a), int(b)) for a, b in (x.split(":") for x in args.windows.split(",")))
@@ -252,6 +264,7 @@ def run_cells(args) -> None:
             out["routers_sha256"] = file_sha256(routers)
             out["random_layers"] = args.random_layers or ""
             out["layer_top_k"] = out.label.map(lambda lab: spec_in_force(cfg, lab))
+            out["match_shifts"] = out.label.map(lambda lab: match_in_force(cfg, lab))
             out["seed"] = cfg.seed
             out["table_schema_version"] = SCHEMA_VERSION
             write_parquet(cell, out)
@@ -424,6 +437,9 @@ def main(argv=None) -> None:
     ap.add_argument("--layer-top-k", default=None, help="hard patterns: per-layer k overriding the pattern's "
                     "top_k, e.g. '1-9:0;10-14:2', or 'none' (uniform); default: the router file's (FocusConfig.layer_top_k, "
                     "else its top_k_budgets for the pattern's top_k)")
+    ap.add_argument("--match-shifts", default=None, help="hard patterns: token-match pairs, e.g. '0,1' (keys "
+                    "j with ids[j-s] == ids[i], docs/method.md §2.8), or 'none'; default: the router file's "
+                    "(FocusConfig.match_shifts)")
     ap.add_argument("--random-layers", default=None, help="layers routed by balanced random groups "
                     "instead of the router, e.g. 1-9, or 'none'; default: the router file's (FocusConfig.random_layers)")
     ap.add_argument("--against", type=Path, default=None, help="another table (a folder or a committed "

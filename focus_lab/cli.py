@@ -50,6 +50,11 @@ LAYER_TOP_K_OPTION = typer.Option(None, "--layer-top-k", help="hard patterns: pe
                                   "(FocusConfig.layer_top_k, else its top_k_budgets for the asked top_k: the "
                                   "shipped file has one for top-2, docs/method.md §2.7)")
 
+MATCH_SHIFTS_OPTION = typer.Option(None, "--match-shifts", help="hard patterns: also keep the distant pairs "
+                                   "(i, j) with ids[j-s] == ids[i] for these shifts, e.g. '0,1' (1: the induction "
+                                   "pair), or 'none'; runs the dense masked path (slower); default: the router "
+                                   "file's (FocusConfig.match_shifts, docs/method.md §2.8)")
+
 
 def _budget_note(cfg, pats: list) -> str:
     """One line naming the hard patterns that run with a per-layer k (the router file's budget for
@@ -63,11 +68,15 @@ def _budget_note(cfg, pats: list) -> str:
                    for spec, labels in by_spec.items()).rstrip("\n")
 
 
-def _config_overrides(random_layers: Optional[str], layer_top_k: Optional[str]) -> dict:
-    """FocusConfig changes from ``--random-layers`` / ``--layer-top-k`` (None: keep the router
-    file's), for ``load_routers(..., config_overrides=...)``; a bad spec exits 2 (``_spec``)."""
-    from focus_lab.method.config import parse_layer_top_k, parse_random_layers
+def _config_overrides(random_layers: Optional[str], layer_top_k: Optional[str],
+                      match_shifts: Optional[str] = None) -> dict:
+    """FocusConfig changes from ``--random-layers`` / ``--layer-top-k`` / ``--match-shifts`` (None:
+    keep the router file's), for ``load_routers(..., config_overrides=...)``; a bad spec exits 2
+    (``_spec``)."""
+    from focus_lab.method.config import parse_layer_top_k, parse_match_shifts, parse_random_layers
     out = {}
+    if match_shifts is not None:
+        out["match_shifts"] = _spec(match_shifts, "--match-shifts", parse_match_shifts)
     if random_layers is not None:
         out["random_layers"] = _spec(random_layers, "--random-layers", parse_random_layers)
     if layer_top_k is not None:
@@ -302,6 +311,7 @@ def eval_cmd(
     random_groups: bool = typer.Option(False, help="control: random groups instead of the router"),
     random_layers: Optional[str] = RANDOM_LAYERS_OPTION,
     layer_top_k: Optional[str] = LAYER_TOP_K_OPTION,
+    match_shifts: Optional[str] = MATCH_SHIFTS_OPTION,
     patterns: str = typer.Option("all", help="comma list of dense, window, soft, hard_topK, random_topK, "
                                  "shuffled_topK (controls at equal sparsity), or 'all' (dense, window, "
                                  "soft, hard_top1..K); e.g. dense,window,hard_top1,hard_top2,random_top2,shuffled_top2"),
@@ -310,7 +320,8 @@ def eval_cmd(
     recorded run's windows, written into the run."""
     if run_dir is not None:
         given = [f"--{n.replace('_opt', '').replace('_', '-')}" for n in
-                 ("routers_opt", "model", "corpus", "seq_len", "out", "random_groups", "random_layers", "layer_top_k")
+                 ("routers_opt", "model", "corpus", "seq_len", "out", "random_groups", "random_layers", "layer_top_k",
+                  "match_shifts")
                  if _given(ctx, n)]
         if given:
             _fail(f"--run takes the model, router file and windows from the run: drop {', '.join(given)}")
@@ -327,7 +338,7 @@ def eval_cmd(
         routers = _routers(routers_opt, model)
         pats = parse_patterns(patterns, read_router_file(routers)[0].num_groups)  # fail before loading
         overrides = {"assignment": "random"} if random_groups else {}
-        overrides.update(_config_overrides(random_layers, layer_top_k))
+        overrides.update(_config_overrides(random_layers, layer_top_k, match_shifts))
         m, tok, corp, seq_len = _load(model, corpus, seq_len)
         cfg = load_routers(m, routers, config_overrides=overrides or None)
         if random_groups:
@@ -338,6 +349,9 @@ def eval_cmd(
                    f"({', '.join(d.name for d in corp.heldout)})")
         if note := _budget_note(cfg, pats):
             typer.echo(note)
+        if cfg.match_shifts:
+            typer.echo(f"token-match pairs for the hard patterns, shifts {cfg.match_shifts} (docs/method.md §2.8): "
+                       "they run the dense masked path ('--match-shifts none' to drop them)")
         df = evaluate(m, windows, pats)
         target = out or (routers.parent / "eval.parquet" if routers_opt is not None
                          else Path("eval") / f"{corp.name}_{seq_len}.parquet")

@@ -30,7 +30,8 @@ from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from focus_lab.method.config import SHAPE_FIELDS, FocusConfig
-from focus_lab.method.core import Router, Routing, focus_bias, masked_attention, route, window_only_groups
+from focus_lab.method.core import (Router, Routing, focus_bias, masked_attention, match_mask, route,
+                                   window_only_groups)
 from focus_lab.method.decomposition import GroupedKV, hard_focus_attention
 from focus_lab.hf.hooks import LayerCall, fire, has_hooks
 from focus_lab.io import atomic_path, file_sha256
@@ -123,6 +124,7 @@ class FocusCache:
 
     key_groups: dict[int, torch.Tensor] = field(default_factory=dict)
     grouped: dict[int, GroupedKV] = field(default_factory=dict, repr=False)
+    token_ids: torch.Tensor | None = field(default=None, repr=False)  # (B, T_seen), with match_shifts
 
     def seen(self, layer_idx: int) -> int:
         """Number of tokens whose key groups layer ``layer_idx`` holds (0 before a prefill)."""
@@ -181,7 +183,46 @@ class FocusForward:
     cache: FocusCache | None = None
     inputs: dict[int, torch.Tensor] = field(default_factory=dict, repr=False)
     timings: dict[str, float] | None = field(default=None, repr=False, compare=False)
+    token_ids: torch.Tensor | None = field(default=None, repr=False, compare=False)
     _plain: "PlainCausalCheck" = field(default_factory=lambda: PlainCausalCheck(), repr=False, compare=False)
+    _match: tuple | None = field(default=None, repr=False, compare=False)
+
+    def match_pairs(self, Tq: int, Tk: int) -> torch.Tensor | None:
+        """The token-match pairs of this forward, (B, Tq, Tk) bool (``core.match_mask`` with
+        ``config.match_shifts``), built once per forward and shared by its layers; None when
+        ``match_shifts`` is off or the mode is not hard. The keys' ids are this forward's
+        ``token_ids`` (B, Tq), after those of the cached tokens in a decode step.
+
+        Raises RuntimeError: no ``input_ids`` reached the forward (called with ``inputs_embeds``,
+        or through a submodule of the model that ``attach`` was given), or a decode step whose
+        earlier tokens' ids are unknown."""
+        cfg = self.config
+        if not cfg.match_shifts or cfg.mode != "hard":
+            return None
+        if self._match is not None and self._match[0] == (Tq, Tk):
+            return self._match[1]
+        ids = self.token_ids
+        if ids is None or ids.shape[-1] != Tq:
+            raise RuntimeError(
+                "FocusConfig.match_shifts needs the token ids of each forward: call the model that "
+                "attach() was given with input_ids= (not inputs_embeds), or set match_shifts=None")
+        seen = ids
+        if Tq < Tk:
+            past = self.cache.token_ids if self.cache is not None else None
+            if past is None or past.shape[0] != ids.shape[0] or past.shape[1] < Tk - Tq:
+                raise RuntimeError(
+                    f"match_shifts in a KV-cache step with {Tk - Tq} cached tokens, but the FocusCache "
+                    f"holds {None if past is None else tuple(past.shape)} token ids: start generation "
+                    "with a forward from position 0 through the same FocusCache")
+            seen = torch.cat([past, ids], 1)  # (B, T_seen), T_seen >= Tk under a sliding-window cache
+        if self.cache is not None:
+            self.cache.token_ids = seen
+        T = seen.shape[1]
+        pos = torch.arange(T, device=ids.device)  # absolute positions of every token seen
+        m = match_mask(ids, seen, cfg.match_shifts, pos[T - Tq:], pos, cfg.window,
+                       cfg.sink_tokens)[:, :, T - Tk:]  # (B, Tq, Tk): the keys the layer holds
+        self._match = ((Tq, Tk), m)
+        return m
 
     def is_plain_causal(self, attention_mask: torch.Tensor | None, keep: torch.Tensor) -> bool:
         """``is_plain_causal(keep)`` for transformers' mask (None: plain causality), computed
@@ -322,6 +363,10 @@ def _focus_attention(module, query, key, value, attention_mask, scaling, **kwarg
         path = _attention_path(state, query, key, attention_mask, keep, Tq, Tk, offset, softcap)
     q_pos = torch.arange(offset + Tk - Tq, offset + Tk, device=query.device)  # absolute positions
     k_pos = torch.arange(offset, offset + Tk, device=query.device)
+    with _phase(tm, "mask"):
+        match = state.match_pairs(Tq, Tk) if routing is not None else None  # (B, Tq, Tk) or None
+    if match is not None and path == "decomposition":
+        path = "reference"  # the decomposition has no token-match part yet (docs/method.md §2.8)
     if path == "decomposition":
         if routing is None:  # window mode: the hard mask with no group shared (window + sinks only)
             qg, kg = window_only_groups(B, Tk, query.device)  # (B, Tk, 1), (B, Tk)
@@ -345,7 +390,7 @@ def _focus_attention(module, query, key, value, attention_mask, scaling, **kwarg
         with _phase(tm, "hooks"):
             return _emit(module, state, attention_mask, h, query, key, value, routing, keep, lambda: keep, out)
     with _phase(tm, "attn_reference"):
-        fb = focus_bias(cfg, routing, q_pos, k_pos, B)  # (B, Tq, Tk) bool mask or float bias
+        fb = focus_bias(cfg, routing, q_pos, k_pos, B, match)  # (B, Tq, Tk) bool mask or float bias
         bias = fb & keep if fb.dtype == torch.bool else fb.masked_fill(~keep, float("-inf"))
         out = masked_attention(query, key, value, bias, scaling, softcap=softcap)
     with _phase(tm, "hooks"):
@@ -490,6 +535,27 @@ def _state_hook(attachment: _Attachment) -> Callable:
     return hook
 
 
+def _ids_hooks(attachment: _Attachment) -> tuple[Callable, Callable]:
+    """The forward pre-hook and hook ``attach`` puts on the model itself: the pre-hook hands
+    the forward's ``input_ids`` (B, Tq) to its FocusForward (token-match pairs,
+    ``FocusConfig.match_shifts``, docs/method.md §2.8), the hook drops them when it returns."""
+    def state(kwargs: dict) -> FocusForward:
+        return _state_of(kwargs.get("focus")) or attachment.default
+
+    def pre(module: nn.Module, args: tuple, kwargs: dict):
+        st = state(kwargs)
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        st.token_ids = ids if isinstance(ids, torch.Tensor) and not ids.is_floating_point() else None
+        st._match = None
+        return None
+
+    def post(module: nn.Module, args: tuple, kwargs: dict, output):
+        st = state(kwargs)
+        st.token_ids, st._match = None, None
+        return None
+    return pre, post
+
+
 def is_attached(model: nn.Module) -> bool:
     return hasattr(model, "_focus_state")
 
@@ -535,6 +601,9 @@ def attach(model: nn.Module, config: FocusConfig | None = None) -> nn.Module:
             # routers start in eval mode: their group bias only moves inside focus_lab.train.loop
             module.focus_router = Router(d_model, config, idx).to(device).eval()
         attachment.hooks.append(module.register_forward_pre_hook(_state_hook(attachment), with_kwargs=True))
+    pre, post = _ids_hooks(attachment)
+    attachment.hooks.append(model.register_forward_pre_hook(pre, with_kwargs=True))
+    attachment.hooks.append(model.register_forward_hook(post, with_kwargs=True))
     model._focus_state = attachment
     model.set_attn_implementation(ATTN_NAME)
     return model

@@ -29,6 +29,12 @@ def parse_random_layers(spec: str) -> list[int]:
     return [] if spec.strip().lower() == "none" else parse_int_list(spec)
 
 
+def parse_match_shifts(spec: str) -> list[int] | None:
+    """The ``--match-shifts`` spec (``FocusConfig.match_shifts``, docs/method.md §2.8): '0,1' ->
+    [0, 1]; 'none' or '' -> None (no token-match pairs). Raises ValueError on a bad spec."""
+    return None if spec.strip().lower() in ("none", "") else parse_int_list(spec)
+
+
 def parse_layer_top_k(spec: str) -> dict[int, int]:
     """The ``--layer-top-k`` spec (``FocusConfig.layer_top_k``): 'LAYERS:K' parts joined by ';',
     e.g. '1-9:0;10,14-16:2' -> {1: 0, ..., 9: 0, 10: 2, 14: 2, 15: 2, 16: 2}; 'none' -> {} (every
@@ -136,6 +142,12 @@ class FocusConfig:
             e.g. the token after an earlier occurrence of the query's own token (a copy).
             False (the paper's router, docs/method.md §1): one projection for both roles.
             A shape field: fixed at attach (docs/method.md §1.6).
+        match_shifts: [ours] token-match pairs, hard mode only (docs/method.md §2.8): a distant
+            pair (i, j) is also kept when ``ids[j - s] == ids[i]`` for a shift s in the list;
+            shift 1 is the induction pair (the key right after an earlier occurrence of the
+            query's token), shift 0 the earlier occurrence itself. Needs the forward's
+            ``input_ids``. Hard mode then runs through the dense masked reference (slower).
+            None or empty: none (the paper's mask).
         backend: how hard mode computes attention (docs/method.md §4): "auto" (the two-call
             decomposition of focus_lab.method.decomposition with the best kernel present: flash-attn on
             a GPU, else torch's CPU flash kernel), "torch" or "flash" (force that kernel), or
@@ -163,6 +175,7 @@ class FocusConfig:
     straight_through: bool = False
     gumbel_noise: float = 0.0
     key_router: bool = False
+    match_shifts: list[int] | None = None
     backend: str = "auto"
 
     def __post_init__(self) -> None:
@@ -199,6 +212,13 @@ class FocusConfig:
             bad("gumbel_noise", "need a noise scale >= 0")
         if not isinstance(self.key_router, bool):
             bad("key_router", "need True (a separate key projection) or False (one router for both roles)")
+        if self.match_shifts is not None:
+            if not (isinstance(self.match_shifts, (list, tuple))
+                    and all(isinstance(x, int) and not isinstance(x, bool) for x in self.match_shifts)):
+                bad("match_shifts", "need a list of token shifts, e.g. [0, 1], or None")
+            self.match_shifts = sorted(set(self.match_shifts))
+            if not all(0 <= x < self.window for x in self.match_shifts):
+                bad("match_shifts", f"need shifts in 0..window-1={self.window - 1} (1: the induction pair)")
         if self.backend not in ("auto", "dense", "torch", "flash"):
             bad("backend", "choose one of auto, dense, torch, flash")
         if self.layers is not None:

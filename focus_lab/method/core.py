@@ -310,18 +310,46 @@ def distant_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int, sinks: i
 
 
 def hard_mask(query_groups: torch.Tensor, key_group: torch.Tensor, window: int,
-              q_pos: torch.Tensor, k_pos: torch.Tensor, sinks: int = 0) -> torch.Tensor:
+              q_pos: torch.Tensor, k_pos: torch.Tensor, sinks: int = 0,
+              match: torch.Tensor | None = None) -> torch.Tensor:
     """The hard Focus mask (docs/method.md §2): ``M(i,j) = [j<=i] and (g(j) in G_k(i) or i-j < w)``,
-    plus ``j < sinks`` when sink tokens are kept (see ``local_mask``).
+    plus ``j < sinks`` when sink tokens are kept (see ``local_mask``), plus the token-match
+    pairs ``match`` when given (``match_mask``, docs/method.md §2.8 [ours]).
 
     Args:
         query_groups: (B, Tq, k) long; key_group: (B, Tk) long; window: w in tokens;
-        q_pos: (Tq,), k_pos: (Tk,) token positions.
+        q_pos: (Tq,), k_pos: (Tk,) token positions; match: (B, Tq, Tk) bool or None.
     Returns:
         (B, Tq, Tk) bool, True where query i may attend to key j.
     """
     same = (query_groups[:, :, :, None] == key_group[:, None, None, :]).any(2)  # (B, Tq, Tk)
+    if match is not None:
+        same = same | match
     return causal_mask(q_pos, k_pos) & (same | local_mask(q_pos, k_pos, window, sinks))
+
+
+def match_mask(query_ids: torch.Tensor, key_ids: torch.Tensor, shifts, q_pos: torch.Tensor,
+               k_pos: torch.Tensor, window: int, sinks: int = 0) -> torch.Tensor:
+    """Token-match pairs (docs/method.md §2.8 [ours]): the distant pairs (i, j) with
+    ``ids[j - s] == ids[i]`` for some s in ``shifts`` (``FocusConfig.match_shifts``). Shift 1
+    keeps the key right after an earlier occurrence of the query's token (the pair an induction
+    head reads to copy), shift 0 the earlier occurrence itself.
+
+    Args:
+        query_ids: (B, Tq) long, the queries' token ids; key_ids: (B, Tk) long, the keys';
+        shifts: token shifts >= 0; q_pos: (Tq,), k_pos: (Tk,) absolute positions, k_pos
+            consecutive (a key's predecessor s tokens back is ``key_ids[:, j - s]``; none before
+            the first key); window, sinks: in tokens (``distant_mask``).
+    Returns:
+        (B, Tq, Tk) bool, True on a distant token-match pair.
+    """
+    B, Tk = key_ids.shape
+    m = torch.zeros(B, q_pos.numel(), Tk, dtype=torch.bool, device=key_ids.device)  # (B, Tq, Tk)
+    for s in shifts:
+        before = key_ids.new_full((B, Tk), -1)  # (B, Tk): before[j] = ids[j - s], -1 when unknown
+        before[:, s:] = key_ids[:, :Tk - s]
+        m |= query_ids[:, :, None] == before[:, None, :]
+    return m & distant_mask(q_pos, k_pos, window, sinks)
 
 
 def soft_gate_bias(log_p_q: torch.Tensor, log_p_k: torch.Tensor, window: int,
@@ -497,9 +525,10 @@ def _gumbel(scores: torch.Tensor, cfg: FocusConfig) -> torch.Tensor:
 
 
 def focus_bias(config: FocusConfig, routing: Routing | None, q_pos: torch.Tensor,
-               k_pos: torch.Tensor, batch: int) -> torch.Tensor:
+               k_pos: torch.Tensor, batch: int, match: torch.Tensor | None = None) -> torch.Tensor:
     """Mask or bias of one layer under ``config.mode`` (docs/method.md §2).
 
+    ``match``: (B, Tq, Tk) bool token-match pairs (``match_mask``), added to the hard mask only.
     Returns a (B, Tq, Tk) tensor: bool for "hard" / "window" / "dense" (True = keep), float32
     (0 / log-agreement / -inf) for "soft". Raises ValueError when the mode needs a routing
     and none is given.
@@ -513,7 +542,7 @@ def focus_bias(config: FocusConfig, routing: Routing | None, q_pos: torch.Tensor
         raise ValueError(f"mode {mode!r} needs the layer's routing; got None")
     tq = q_pos.numel()
     if mode == "hard":
-        return hard_mask(routing.query_groups[:, -tq:], routing.key_group, w, q_pos, k_pos, sinks)
+        return hard_mask(routing.query_groups[:, -tq:], routing.key_group, w, q_pos, k_pos, sinks, match)
     gate = soft_gate_bias(routing.log_p[:, -tq:], routing.log_p_keys, w, q_pos, k_pos, config.eps, sinks)
     if config.straight_through:
         # forward: the hard mask (dropped pairs at log(eps)); backward: the soft gate's gradient
@@ -611,6 +640,20 @@ def distant_kept_counts(query_groups: torch.Tensor, key_group: torch.Tensor, win
     same_sink = before.gather(1, idx(m)).gather(2, query_groups).sum(-1)  # (B, T)
     kept = same + (m - same_sink)  # (B, T)
     return kept.sum(1), int(reach.sum())
+
+
+def mask_pairs_kept(keep: torch.Tensor, window: int) -> float:
+    """Fraction of distant causal pairs (``i - j >= window``) that a mask keeps, counted on the
+    mask itself (O(B Tq Tk)): what ``distant_pairs_kept`` gives from the groups, for a mask with
+    more than groups in it (token-match pairs, docs/method.md §2.8).
+
+    keep: (B, Tq, Tk) bool, the queries being the last Tq positions. Returns nan when there is
+    no distant pair."""
+    Tq, Tk = keep.shape[-2:]
+    pos = torch.arange(Tk, device=keep.device)
+    far = (pos[Tk - Tq:, None] - pos[None, :]) >= window  # (Tq, Tk) causal and beyond the window
+    total = int(far.sum()) * keep.shape[0]
+    return float((keep & far).sum() / total) if total > 0 else float("nan")
 
 
 def distant_pairs_kept(query_groups: torch.Tensor, key_group: torch.Tensor, window: int,

@@ -1,0 +1,222 @@
+"""What the mask drops on technical text: keep the induction pairs on top of the groups, and see.
+
+docs/results.md "Where the loss goes" finds that on technical text and code most of hard
+top-k's loss sits on *distant copies*: the model retrieves the token after an earlier
+occurrence of the current token (induction), and that earlier occurrence lies beyond the
+window in a group the query does not share. This study measures that diagnosis directly. In
+every routed layer it adds to the pattern's mask the **induction pairs**
+
+    C(i, j) = [ids[j - 1] == ids[i]]  and  (i, j) distant (causal, i - j >= window, j >= sinks)
+
+(the key right after an earlier occurrence of query i's token), optionally only the ``cap``
+latest such keys per query, and recomputes the layer's attention under ``kept | C`` (the dense
+masked reference, ``core.masked_attention``, through the ``attn_out`` hook point). As the
+control at equal sparsity, ``random`` adds to each query row as many distant pairs, drawn
+uniformly from those the mask dropped, as ``copy`` added to that row.
+
+It is an oracle, not a method: C needs the token ids, which a router does not see. It tells
+how much of the gap to dense the copies explain, and how many pairs they cost.
+
+Output: ``<out>/copy_pairs.parquet`` (tidy: one row per corpus, window, pattern and extra:
+summed NLL in nats, tokens, distant pairs kept averaged over routed layers, the share of them
+that the extra pairs make) and ``copy_pairs.md``. Resumable per (corpus, window). Usage::
+
+    python -m analyses.studies.copy_pairs --corpora austen,python-docs,man-pages,debian-reference \\
+        --windows 4 --patterns hard_top1,hard_top2 --extras none,copy,random --out checkpoints/copy_pairs
+    python -m analyses.studies.copy_pairs --report checkpoints/copy_pairs/copy_pairs.parquet
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+SCHEMA_VERSION = 1
+
+
+def match_pairs(ids: torch.Tensor, window: int, sinks: int, shifts: tuple[int, ...] = (1,),
+                cap: int = 0) -> torch.Tensor:
+    """The distant token-match pairs of one window: ``C[i, j]`` is True when ``ids[j - s] ==
+    ids[i]`` for some s in ``shifts`` and (i, j) is distant (``core.distant_mask``); shift 1 is
+    the induction pair of the module docstring, shift 0 the earlier occurrence itself.
+
+    Args: ids: (T,) token ids; window, sinks: in tokens; cap: keep only the ``cap`` latest
+        such keys per query (0: all). Returns: (T, T) bool."""
+    from focus_lab.method.core import distant_mask
+    T = ids.shape[0]
+    pos = torch.arange(T)
+    c = torch.zeros(T, T, dtype=torch.bool)
+    for s in shifts:
+        prev = ids.new_full((T,), -1)  # (T,) prev[j] = ids[j - s], -1 outside the window
+        if s >= 0:
+            prev[s:] = ids[:T - s]
+        else:
+            prev[:T + s] = ids[-s:]
+        c |= ids[:, None] == prev[None, :]  # (T, T)
+    c &= distant_mask(pos, pos, window, sinks)
+    if cap > 0:
+        later = c.flip(-1).cumsum(-1).flip(-1)  # (T, T) matches at j or later
+        c &= later <= cap
+    return c
+
+
+def random_like(extra: torch.Tensor, candidates: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """Per query row, about as many pairs as ``extra`` has in that row, drawn uniformly from
+    ``candidates`` (Bernoulli at rate count / candidates). extra, candidates: (T, T) bool."""
+    n = extra.sum(-1, keepdim=True).float()  # (T, 1)
+    m = candidates.sum(-1, keepdim=True).clamp(min=1).float()  # (T, 1)
+    u = torch.rand(candidates.shape, generator=generator)  # (T, T)
+    return candidates & (u < n / m)
+
+
+def parse_extra(name: str) -> tuple[int, ...] | None:
+    """``none`` -> (), ``random`` -> None, ``s1`` / ``s0+1`` -> the shifts (module docstring).
+    Raises SystemExit naming the valid forms."""
+    if name == "none":
+        return ()
+    if name == "random":
+        return None
+    try:
+        if name.startswith("s"):
+            return tuple(sorted({int(x) for x in name[1:].split("+")}))
+    except ValueError:
+        pass
+    raise SystemExit(f"--extras: unknown {name!r}; use none, random, or shifts such as s1 or s0+1+2")
+
+
+def _hook(extra: torch.Tensor | None, matched: torch.Tensor, distant: torch.Tensor, stats: list, seed: int):
+    """attn_out hook of one forward: attention under ``kept | extra`` (extra None: random pairs,
+    per row as many as ``matched`` adds). Appends (pairs kept, extra pairs) per routed layer."""
+    from focus_lab.method.core import masked_attention
+    from focus_lab.method.metrics import attention_scale
+    gen = torch.Generator().manual_seed(seed)
+    n_distant = distant.sum().item()
+
+    def fn(out: torch.Tensor, hook) -> torch.Tensor | None:
+        call = hook.call
+        if call.routing is None:  # dense / window pattern or an unrouted layer
+            return None
+        kept = call.kept[0]  # (T, T) bool
+        add = extra & ~kept if extra is not None else random_like(matched & ~kept, distant & ~kept, gen)
+        stats.append((((kept | add) & distant).sum().item() / n_distant, add.sum().item() / n_distant))
+        if not add.any():
+            return None
+        scale = attention_scale(call.module, call.query.shape[-1])
+        return masked_attention(call.query, call.key, call.value, (kept | add)[None], scale)
+
+    return fn
+
+
+def summarize(df: pd.DataFrame) -> pd.DataFrame:
+    """Per corpus, pattern and extra: windows, perplexity change over dense pooled over tokens
+    (%), its min/max over windows, distant pairs kept and the extra pairs' share of them."""
+    d = df.merge(df[df.pattern == "dense"][["corpus", "window", "nll"]].rename(columns={"nll": "nll_dense"}),
+                 on=["corpus", "window"])
+    d["change"] = np.expm1((d.nll - d.nll_dense) / d.tokens) * 100
+    g = d[d.pattern != "dense"].groupby(["corpus", "pattern", "extra"], sort=False)
+    out = g.agg(windows=("window", "nunique"), nll=("nll", "sum"), nll_dense=("nll_dense", "sum"),
+                tokens=("tokens", "sum"), lo=("change", "min"), hi=("change", "max"),
+                pairs_kept=("pairs_kept", "mean"), extra_pairs=("extra_pairs", "mean")).reset_index()
+    out["change"] = np.expm1((out.nll - out.nll_dense) / out.tokens) * 100
+    return out
+
+
+def report(df: pd.DataFrame) -> str:
+    """Markdown table of ``summarize``."""
+    s = summarize(df)
+    lines = ["| corpus | windows | pattern | extra pairs | change over dense [min, max over windows] | "
+             "distant pairs kept | of them extra |", "|---|---:|---|---|---|---:|---:|"]
+    for r in s.itertuples():
+        lines.append(f"| {r.corpus} | {r.windows} | {r.pattern} | {r.extra} | {r.change:+.2f}% "
+                     f"[{r.lo:+.1f}, {r.hi:+.1f}] | {r.pairs_kept:.3f} | {r.extra_pairs:.3f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--routers", type=Path, default=None, help="default: the shipped routers")
+    ap.add_argument("--corpora", default="austen,man-pages")
+    ap.add_argument("--seq-len", type=int, default=4096)
+    ap.add_argument("--windows", type=int, default=2, help="held-out windows per corpus")
+    ap.add_argument("--patterns", default="hard_top1,hard_top2")
+    ap.add_argument("--extras", default="none,s1,random",
+                    help="comma list: none, sK+K.. (keys j with ids[j-K] == ids[i], K in the shifts), random "
+                         "(as many pairs per query as the last shift extra listed adds, at random)")
+    ap.add_argument("--cap", type=int, default=0, help="keep only the cap latest induction keys per query (0: all)")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--out", type=Path, default=Path("checkpoints/copy_pairs"))
+    ap.add_argument("--report", type=Path, default=None, metavar="PARQUET",
+                    help="only print the table of an earlier run's copy_pairs.parquet")
+    args = ap.parse_args(argv)
+    if args.report is not None:
+        print(report(pd.read_parquet(args.report)))
+        return
+    extras = {x.strip(): parse_extra(x.strip()) for x in args.extras.split(",") if x.strip()}
+    shifted = [v for v in extras.values() if v]
+    if None in extras.values() and not shifted:
+        raise SystemExit("--extras: random needs a shift extra to match (e.g. --extras none,s1,random)")
+
+    import focus_lab
+    from focus_lab.data import load_corpus, make_windows
+    from focus_lab.eval.evaluate import parse_patterns
+    from focus_lab.hf.models import load_model
+    from focus_lab.hf.retrofit import load_routers
+    from focus_lab.hf.shipped import resolve_routers
+    from focus_lab.io import atomic_path, file_sha256, write_parquet
+    from focus_lab.method.core import distant_mask
+    from focus_lab.recording.recorder import next_token_nll
+
+    torch.set_num_threads(args.threads)
+    model, tok = load_model(verbose=False)
+    routers = resolve_routers(args.routers)
+    sha = file_sha256(routers)
+    cfg = load_routers(model, routers)
+    patterns = parse_patterns(args.patterns, cfg.num_groups)
+    cells = args.out / "cells"
+    cells.mkdir(parents=True, exist_ok=True)
+    for corpus in args.corpora.split(","):
+        windows = make_windows(load_corpus(corpus).heldout, tok, args.seq_len, max_windows=args.windows)
+        for w in windows:
+            path = cells / f"{corpus}_{args.seq_len}_{w.index}_cap{args.cap}.parquet"
+            if path.is_file():
+                continue
+            ids = w.input_ids.long()
+            T = ids.shape[0]
+            pos = torch.arange(T)
+            distant = distant_mask(pos, pos, cfg.window, cfg.sink_tokens)  # (T, T)
+            masks = {k: match_pairs(ids, cfg.window, cfg.sink_tokens, v, args.cap) for k, v in extras.items() if v}
+            matched = match_pairs(ids, cfg.window, cfg.sink_tokens, shifted[-1], args.cap) if shifted else None
+            base = {"corpus": corpus, "seq_len": T, "window": w.index, "cap": args.cap, "tokens": T - 1,
+                    "routers_sha256": sha, "focus_window": cfg.window, "sinks": cfg.sink_tokens,
+                    "schema_version": SCHEMA_VERSION}
+            dense = next_token_nll(model, ids, focus=focus_lab.forward_state(model, mode="dense"))
+            rows = [{**base, "pattern": "dense", "extra": "none", "nll": float(dense.sum()),
+                     "pairs_kept": 1.0, "extra_pairs": 0.0}]
+            for label, changes in patterns:
+                for extra, shifts in extras.items():
+                    stats: list = []
+                    fn = _hook(masks.get(extra, torch.zeros_like(distant)) if shifts is not None else None,
+                               matched, distant, stats, seed=w.index)
+                    with focus_lab.hooks(model, {"attn_out": fn}):
+                        nll = next_token_nll(model, ids, focus=focus_lab.forward_state(model, **changes))
+                    rows.append({**base, "pattern": label, "extra": extra, "nll": float(nll.sum()),
+                                 "pairs_kept": float(np.mean([a for a, _ in stats])),
+                                 "extra_pairs": float(np.mean([b for _, b in stats]))})
+                    print(f"{corpus} window {w.index} {label}+{extra}: "
+                          f"{np.expm1((nll.sum() - dense.sum()).item() / (T - 1)) * 100:+.2f}% "
+                          f"at {np.mean([a for a, _ in stats]):.3f}", flush=True)
+            write_parquet(path, pd.DataFrame(rows))
+    df = pd.concat([pd.read_parquet(p) for p in sorted(cells.glob(f"*_cap{args.cap}.parquet"))], ignore_index=True)
+    write_parquet(args.out / f"copy_pairs_cap{args.cap}.parquet", df)
+    md = report(df)
+    with atomic_path(args.out / f"copy_pairs_cap{args.cap}.md") as tmp:
+        Path(tmp).write_text(md)
+    print(md)
+
+
+if __name__ == "__main__":
+    main()

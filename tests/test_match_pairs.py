@@ -1,0 +1,166 @@
+"""Token-match pairs (FocusConfig.match_shifts, docs/method.md §2.8), against brute force."""
+
+import pytest
+import torch
+
+import focus_lab
+from focus_lab.hf.tiny import tiny_gpt2, tiny_llama
+from focus_lab.method.config import ConfigError, FocusConfig, parse_match_shifts
+from focus_lab.method.core import masked_attention, match_mask
+
+W, SINKS = 8, 2
+
+
+def brute_match(ids: list[int], shifts, window: int, sinks: int, q_offset: int = 0) -> torch.Tensor:
+    """(Tq, T) by loops: query at absolute position q_offset + a, key j."""
+    T = len(ids)
+    out = torch.zeros(T - q_offset, T, dtype=torch.bool)
+    for a in range(T - q_offset):
+        i = q_offset + a
+        for j in range(T):
+            distant = j <= i and i - j >= window and j >= sinks
+            hit = any(j - s >= 0 and ids[j - s] == ids[i] for s in shifts)
+            out[a, j] = distant and hit
+    return out
+
+
+def _ids(T: int, seed: int = 0, lo: int = 3, hi: int = 12) -> torch.Tensor:
+    return torch.randint(lo, hi, (1, T), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("shifts", [[1], [0, 1], [0, 2, 3]])
+def test_match_mask_equals_loops(shifts):
+    ids = _ids(40, seed=len(shifts))
+    pos = torch.arange(40)
+    got = match_mask(ids, ids, shifts, pos, pos, W, SINKS)[0]
+    assert torch.equal(got, brute_match(ids[0].tolist(), shifts, W, SINKS))
+    assert got.any()  # the small vocabulary repeats tokens: the test sees pairs
+    # the last 5 queries against every key (a chunk after a prefill)
+    part = match_mask(ids[:, 35:], ids, shifts, pos[35:], pos, W, SINKS)[0]
+    assert torch.equal(part, brute_match(ids[0].tolist(), shifts, W, SINKS, q_offset=35))
+
+
+def _model(family: str = "llama", **cfg):
+    m = tiny_llama(layers=2) if family == "llama" else tiny_gpt2(layers=2)
+    focus_lab.attach(m, FocusConfig(num_groups=4, window=W, top_k=1, mode="hard", sink_tokens=SINKS,
+                                    match_shifts=[0, 1], **cfg))
+    return m
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_forward_equals_group_mask_plus_brute_force_pairs(family):
+    """The model with match_shifts equals the model without, each layer's attention recomputed
+    under its group mask OR the loop-built token-match pairs."""
+    m = _model(family)
+    ids = _ids(64)
+    brute = brute_match(ids[0].tolist(), [0, 1], W, SINKS)  # (T, T)
+    from focus_lab.method.metrics import attention_scale
+
+    def patch(out, hook):
+        c = hook.call
+        return masked_attention(c.query, c.key, c.value, c.kept | brute[None],
+                                attention_scale(c.module, c.query.shape[-1]))
+
+    with torch.no_grad():
+        got = m(input_ids=ids).logits
+        plain = focus_lab.forward_state(m, match_shifts=None)
+        with focus_lab.hooks(m, {"attn_out": patch}):
+            want = m(input_ids=ids, focus=plain).logits
+        without = m(input_ids=ids, focus=plain).logits
+    assert (got - want).abs().max().item() <= 1e-5
+    assert (got - without).abs().max().item() > 1e-3  # the pairs change the output
+
+
+def test_no_repeated_token_no_change():
+    m = _model()
+    ids = torch.arange(3, 67)[None]  # 64 distinct tokens: no pair matches
+    with torch.no_grad():
+        a = m(input_ids=ids).logits
+        b = m(input_ids=ids, focus=focus_lab.forward_state(m, match_shifts=None)).logits
+    assert (a - b).abs().max().item() <= 1e-5
+
+
+def test_kv_cache_steps_equal_full_forward():
+    from transformers import DynamicCache
+    m = _model()
+    ids = _ids(48, seed=3)
+    with torch.no_grad():
+        full = m(input_ids=ids).logits
+        cache = DynamicCache(config=m.config)
+        parts = [m(input_ids=ids[:, :30], past_key_values=cache, use_cache=True).logits,
+                 m(input_ids=ids[:, 30:45], past_key_values=cache, use_cache=True).logits]
+        for t in range(45, 48):
+            parts.append(m(input_ids=ids[:, t:t + 1], past_key_values=cache, use_cache=True).logits)
+    assert (torch.cat(parts, 1) - full).abs().max().item() <= 1e-5
+
+
+def test_pairs_kept_counts_the_pairs():
+    """evaluate's distant_pairs_kept with match_shifts equals a loop count over the layer masks."""
+    from focus_lab.eval.evaluate import evaluate
+    m = _model()
+    ids = _ids(64, seed=4)
+    masks = []
+    with torch.no_grad(), focus_lab.hooks(m, {"kept": lambda t, h: masks.append(t[0].clone())}):
+        m(input_ids=ids)
+
+    class Window:
+        input_ids, index = ids[0], 0
+    df = evaluate(m, [Window()], [("hard_top1", {"mode": "hard", "top_k": 1})], progress=False)
+    T = 64
+    far = [(i, j) for i in range(T) for j in range(T) if i - j >= W]
+    want = sum(sum(bool(k[i, j]) for i, j in far) for k in masks) / (len(masks) * len(far))
+    assert df.distant_pairs_kept.iloc[0] == pytest.approx(want, abs=1e-9)
+    brute = brute_match(ids[0].tolist(), [0, 1], W, SINKS)
+    assert all(bool((k | ~brute).all()) for k in masks)  # every mask holds every pair
+
+
+def test_inputs_embeds_is_refused_with_the_fix():
+    m = _model()
+    emb = m.get_input_embeddings()(_ids(20))
+    with pytest.raises(RuntimeError, match="input_ids"):
+        with torch.no_grad():
+            m(inputs_embeds=emb)
+
+
+def test_config_validates_and_round_trips():
+    c = FocusConfig(window=8, match_shifts=[1, 0, 1])
+    assert c.match_shifts == [0, 1]
+    assert FocusConfig.from_json(c.to_json()) == c
+    for bad in ([-1], [8], ["1"], 1):
+        with pytest.raises(ConfigError, match="match_shifts"):
+            FocusConfig(window=8, match_shifts=bad)
+    assert parse_match_shifts("none") is None and parse_match_shifts("0,1") == [0, 1]
+    with pytest.raises(ValueError, match="integers"):
+        parse_match_shifts("a")
+
+
+def test_length_table_reuses_rows_only_under_the_same_match_shifts():
+    """analyses/length_table: rows record the shifts per pattern (dense and window none); a run
+    with match_shifts takes no hard or random row made without them (a cell from before the
+    column counts as none), and a plain run takes none made with them; dense rows always."""
+    import pandas as pd
+
+    from analyses.length_table import match_in_force, reusable_rows, same_router_rows
+    cfg = FocusConfig(match_shifts=[0, 1])
+    assert [match_in_force(cfg, lab) for lab in ("hard_top2", "random_top2", "dense", "window")] == \
+        ["0-1", "0-1", "", ""]
+    old = pd.DataFrame({"label": ["dense", "hard_top2", "random_top2", "hard_top2", "random_top2"],
+                        "window": [0, 0, 0, 1, 1], "routers_sha256": ["own"] * 5, "random_layers": [""] * 5,
+                        "match_shifts": ["", "", "", "0-1", "0-1"]})
+    labels = ["dense", "hard_top2", "random_top2"]
+    assert sorted(zip(reusable_rows(old, labels, [0, 1], cfg).label, reusable_rows(old, labels, [0, 1], cfg).window)) \
+        == [("dense", 0), ("random_top2", 1)]
+    assert sorted(same_router_rows(old, labels, [0, 1], cfg, set(), "own").window) == [0, 1, 1]  # dense, 2 x 0-1
+    plain = FocusConfig()
+    assert sorted(same_router_rows(old, labels, [0, 1], plain, set(), "own").window) == [0, 0, 0]
+    assert sorted(same_router_rows(old.drop(columns="match_shifts"), labels, [0, 1], plain, set(), "own").window) \
+        == [0, 0, 0, 1, 1]
+
+
+def test_cli_bad_match_shifts_exits_2_with_one_line():
+    from typer.testing import CliRunner
+
+    from focus_lab.cli import app
+    res = CliRunner().invoke(app, ["eval", "--match-shifts", "0,x", "--max-windows", "1"])
+    assert res.exit_code == 2, res.output
+    assert "--match-shifts: cannot read '0,x'" in res.output
