@@ -164,3 +164,26 @@ def test_cli_bad_match_shifts_exits_2_with_one_line():
     res = CliRunner().invoke(app, ["eval", "--match-shifts", "0,x", "--max-windows", "1"])
     assert res.exit_code == 2, res.output
     assert "--match-shifts: cannot read '0,x'" in res.output
+
+
+@pytest.mark.parametrize("Tq,k", [(70, 1), (70, 2), (12, 2), (1, 2)])
+def test_decomposition_with_extra_pairs_equals_the_masked_reference(Tq, k):
+    """hard_focus_attention(extra_pairs=...) (part D) equals dense attention under the group
+    mask OR the loop-built pairs, for a prefill, a chunk after a cache and a one-token step."""
+    from focus_lab.method.core import hard_mask
+    from focus_lab.method.decomposition import hard_focus_attention
+    g = torch.Generator().manual_seed(Tq + k)
+    B, H, Hkv, Tk, D = 2, 4, 2, 70, 16
+    q = torch.randn(B, H, Tq, D, generator=g)
+    key, value = torch.randn(B, Hkv, Tk, D, generator=g), torch.randn(B, Hkv, Tk, D, generator=g)
+    qg = torch.stack([torch.randperm(4, generator=g)[:k] for _ in range(B * Tq)]).view(B, Tq, k)
+    kg = torch.randint(0, 4, (B, Tk), generator=g)
+    ids = torch.randint(3, 9, (B, Tk), generator=g)
+    brute = torch.stack([brute_match(ids[b].tolist(), [0, 1], W, SINKS, q_offset=Tk - Tq) for b in range(B)])
+    pos = torch.arange(Tk)
+    want = masked_attention(q, key, value, hard_mask(qg, kg, W, pos[Tk - Tq:], pos, SINKS) | brute)
+    got = hard_focus_attention(q, key, value, qg, kg, W, sinks=SINKS, extra_pairs=brute.nonzero())
+    assert brute.sum() > 0
+    assert (got - want).abs().max().item() <= 1e-5
+    none = hard_focus_attention(q, key, value, qg, kg, W, sinks=SINKS)
+    assert (none - want).abs().max().item() > 1e-4  # the pairs matter here

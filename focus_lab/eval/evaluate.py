@@ -14,7 +14,7 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from focus_lab.method.core import distant_pairs_kept, hard_group_shares, mask_pairs_kept
+from focus_lab.method.core import distant_pairs_kept, hard_group_shares
 from focus_lab.hf.hooks import hooks
 from focus_lab.hf.retrofit import forward_state
 
@@ -128,10 +128,9 @@ def evaluate(model, windows: list, patterns: list[tuple[str, dict]] | None = Non
 
     def groups(key_group, hook):  # pairs kept come from the groups: no (T, T) mask
         cfg, routing = hook.call.config, hook.call.routing
-        if cfg.mode == "hard" and cfg.match_shifts:  # token-match pairs: count the layer's own mask
-            kept.append(mask_pairs_kept(hook.call.kept, cfg.window))
-        elif cfg.mode == "hard":
-            kept.append(distant_pairs_kept(routing.query_groups, key_group, cfg.window, cfg.sink_tokens))
+        if cfg.mode == "hard":
+            kept.append(distant_pairs_kept(routing.query_groups, key_group, cfg.window, cfg.sink_tokens,
+                                           hook.call.match_pairs))
             if cfg.top_k_at(hook.layer_idx) > 0:  # a window-only layer has no groups
                 shares.append(float(hard_group_shares(key_group, cfg.num_groups).max()))
 

@@ -76,6 +76,9 @@ class LayerCall:
         attn_out: (B, H, Tq, D).
         kept: (B, Tq, Tk), the mask or bias the layer attended with (a property: built on
             first access, O(Tq Tk)).
+        match_pairs: (P, 3) long (b, i, j), the forward's token-match pairs
+            (``FocusConfig.match_shifts``, docs/method.md §2.8; those the groups, window or
+            sinks also keep included), or None.
     """
 
     layer_idx: int
@@ -90,6 +93,7 @@ class LayerCall:
     attn_out: torch.Tensor
     _kept: Callable[[], torch.Tensor] = field(repr=False, default=None)
     _plain: Callable[[], bool] = field(repr=False, default=None)
+    match_pairs: torch.Tensor | None = field(repr=False, default=None)
 
     @functools.cached_property
     def kept(self) -> torch.Tensor:

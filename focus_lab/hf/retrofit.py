@@ -187,11 +187,12 @@ class FocusForward:
     _plain: "PlainCausalCheck" = field(default_factory=lambda: PlainCausalCheck(), repr=False, compare=False)
     _match: tuple | None = field(default=None, repr=False, compare=False)
 
-    def match_pairs(self, Tq: int, Tk: int) -> torch.Tensor | None:
-        """The token-match pairs of this forward, (B, Tq, Tk) bool (``core.match_mask`` with
-        ``config.match_shifts``), built once per forward and shared by its layers; None when
-        ``match_shifts`` is off or the mode is not hard. The keys' ids are this forward's
-        ``token_ids`` (B, Tq), after those of the cached tokens in a decode step.
+    def match_pairs(self, Tq: int, Tk: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The token-match pairs of this forward (``core.match_mask`` with ``config.match_shifts``)
+        as a mask (B, Tq, Tk) bool and as a list (P, 3) long of (b, i, j), built once per forward
+        and shared by its layers; None when ``match_shifts`` is off or the mode is not hard. The
+        keys' ids are this forward's ``token_ids`` (B, Tq), after those of the cached tokens in
+        a decode step.
 
         Raises RuntimeError: no ``input_ids`` reached the forward (called with ``inputs_embeds``,
         or through a submodule of the model that ``attach`` was given), or a decode step whose
@@ -200,7 +201,7 @@ class FocusForward:
         if not cfg.match_shifts or cfg.mode != "hard":
             return None
         if self._match is not None and self._match[0] == (Tq, Tk):
-            return self._match[1]
+            return self._match[1:]
         ids = self.token_ids
         if ids is None or ids.shape[-1] != Tq:
             raise RuntimeError(
@@ -221,8 +222,8 @@ class FocusForward:
         pos = torch.arange(T, device=ids.device)  # absolute positions of every token seen
         m = match_mask(ids, seen, cfg.match_shifts, pos[T - Tq:], pos, cfg.window,
                        cfg.sink_tokens)[:, :, T - Tk:]  # (B, Tq, Tk): the keys the layer holds
-        self._match = ((Tq, Tk), m)
-        return m
+        self._match = ((Tq, Tk), m, m.nonzero())
+        return self._match[1:]
 
     def is_plain_causal(self, attention_mask: torch.Tensor | None, keep: torch.Tensor) -> bool:
         """``is_plain_causal(keep)`` for transformers' mask (None: plain causality), computed
@@ -364,9 +365,8 @@ def _focus_attention(module, query, key, value, attention_mask, scaling, **kwarg
     q_pos = torch.arange(offset + Tk - Tq, offset + Tk, device=query.device)  # absolute positions
     k_pos = torch.arange(offset, offset + Tk, device=query.device)
     with _phase(tm, "mask"):
-        match = state.match_pairs(Tq, Tk) if routing is not None else None  # (B, Tq, Tk) or None
-    if match is not None and path == "decomposition":
-        path = "reference"  # the decomposition has no token-match part yet (docs/method.md §2.8)
+        found = state.match_pairs(Tq, Tk) if routing is not None else None
+        match, pairs = found if found is not None else (None, None)  # (B, Tq, Tk) bool, (P, 3) long
     if path == "decomposition":
         if routing is None:  # window mode: the hard mask with no group shared (window + sinks only)
             qg, kg = window_only_groups(B, Tk, query.device)  # (B, Tk, 1), (B, Tk)
@@ -377,11 +377,11 @@ def _focus_attention(module, query, key, value, attention_mask, scaling, **kwarg
         if Tq == 1 < Tk and routing is not None and state.cache is not None:  # a decode step
             grouped = state.cache.grouped.setdefault(router.layer_idx, GroupedKV())
         out = hard_focus_attention(query, key, value, qg, kg, cfg.window, scaling, backend=cfg.backend,
-                                   sinks=cfg.sink_tokens, timings=tm, grouped=grouped)
+                                   sinks=cfg.sink_tokens, timings=tm, grouped=grouped, extra_pairs=pairs)
         # a hook on "kept" gets the same dense mask as on the reference path (O(T^2), built on demand)
         with _phase(tm, "hooks"):
             return _emit(module, state, attention_mask, h, query, key, value, routing, keep,
-                         lambda: focus_bias(cfg, routing, q_pos, k_pos, B) & keep, out)
+                         lambda: focus_bias(cfg, routing, q_pos, k_pos, B, match) & keep, out, pairs)
     if path == "causal_sdpa":  # dense through the flash kernel, no (B, Tq, Tk) mask: ~2x at 4K
         # Tq == Tk: top-left causal; Tq == 1 (a decode step): the last query sees every key
         with _phase(tm, "attn_dense"):
@@ -394,19 +394,21 @@ def _focus_attention(module, query, key, value, attention_mask, scaling, **kwarg
         bias = fb & keep if fb.dtype == torch.bool else fb.masked_fill(~keep, float("-inf"))
         out = masked_attention(query, key, value, bias, scaling, softcap=softcap)
     with _phase(tm, "hooks"):
-        return _emit(module, state, attention_mask, h, query, key, value, routing, keep, lambda: bias, out)
+        return _emit(module, state, attention_mask, h, query, key, value, routing, keep, lambda: bias, out, pairs)
 
 
 def _emit(module, state: FocusForward | None, attention_mask, h, query, key, value, routing, keep: torch.Tensor,
-          kept: Callable[[], torch.Tensor], out: torch.Tensor) -> tuple[torch.Tensor, None]:
+          kept: Callable[[], torch.Tensor], out: torch.Tensor,
+          match_pairs: torch.Tensor | None = None) -> tuple[torch.Tensor, None]:
     """Fire the layer's hook points (``hooks.fire``, when any is registered) with ``out``
-    (B, H, Tq, D); return transformers' (B, Tq, H, D) (a hook at ``attn_out`` may patch it)."""
+    (B, H, Tq, D); return transformers' (B, Tq, H, D) (a hook at ``attn_out`` may patch it).
+    ``match_pairs``: the forward's token-match pairs (P, 3), or None."""
     if has_hooks(module):
         def plain() -> bool:  # on demand: O(Tq Tk) on an unrouted layer (once per forward on a routed one)
             return (state.is_plain_causal(attention_mask, keep) if state is not None
                     else attention_mask is None or is_plain_causal(keep))
         out = fire(LayerCall(module.__dict__["_focus_layer"], module, state.config if state else None, h,
-                             query, key, value, routing, keep, out, kept, plain))
+                             query, key, value, routing, keep, out, kept, plain, match_pairs=match_pairs))
     return out.transpose(1, 2).contiguous(), None
 
 

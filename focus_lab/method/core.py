@@ -642,27 +642,20 @@ def distant_kept_counts(query_groups: torch.Tensor, key_group: torch.Tensor, win
     return kept.sum(1), int(reach.sum())
 
 
-def mask_pairs_kept(keep: torch.Tensor, window: int) -> float:
-    """Fraction of distant causal pairs (``i - j >= window``) that a mask keeps, counted on the
-    mask itself (O(B Tq Tk)): what ``distant_pairs_kept`` gives from the groups, for a mask with
-    more than groups in it (token-match pairs, docs/method.md §2.8).
-
-    keep: (B, Tq, Tk) bool, the queries being the last Tq positions. Returns nan when there is
-    no distant pair."""
-    Tq, Tk = keep.shape[-2:]
-    pos = torch.arange(Tk, device=keep.device)
-    far = (pos[Tk - Tq:, None] - pos[None, :]) >= window  # (Tq, Tk) causal and beyond the window
-    total = int(far.sum()) * keep.shape[0]
-    return float((keep & far).sum() / total) if total > 0 else float("nan")
-
-
 def distant_pairs_kept(query_groups: torch.Tensor, key_group: torch.Tensor, window: int,
-                       sinks: int = 0) -> float:
+                       sinks: int = 0, match_pairs: torch.Tensor | None = None) -> float:
     """Fraction of distant causal pairs (``i - j >= window``) the hard mask keeps, in [0, 1]
-    (sink pairs count as kept: they are computed), from ``distant_kept_counts``.
+    (sink pairs count as kept: they are computed), from ``distant_kept_counts``, plus the
+    token-match pairs ``match_pairs`` (P, 3) (b, i, j) the groups do not keep (docs/method.md
+    §2.8; ``decomposition.other_group_pairs``).
 
     query_groups: (B, T, k), key_group: (B, T). Returns nan when there is no distant pair.
     """
     kept, distant = distant_kept_counts(query_groups, key_group, window, sinks)
     total = distant * key_group.shape[0]
-    return float(kept.sum() / total) if total > 0 else float("nan")
+    extra = 0
+    if match_pairs is not None and match_pairs.numel():
+        from focus_lab.method.decomposition import other_group_pairs
+        T = key_group.shape[1]
+        extra = other_group_pairs(match_pairs, query_groups, key_group, T, T, window, sinks).shape[0]
+    return float((kept.sum() + extra) / total) if total > 0 else float("nan")

@@ -22,6 +22,9 @@ B. local pairs in other groups: ``0 <= i - j < w`` and ``g(j) not in G_k(i)``: q
    windows of K/V (no copy), with the band and group condition as the mask. Cost O(n (c + w)).
 C. (only with ``sinks > 0``) sink pairs ``j < sinks`` outside the window and in other groups:
    one call against the first ``sinks`` keys.
+D. (only with ``extra_pairs``, the token-match pairs of docs/method.md §2.8) listed distant pairs
+   in other groups: their logits one by one, a per-row logsumexp by scatter (``_pairs_part``).
+   Cost O(P H D) for P pairs.
 
 KV-cache steps with at most FEW_QUERIES queries skip the parts: per batch row the keys the step
 keeps (window, sinks, its groups' cached keys) are gathered and attended in ONE call
@@ -826,7 +829,8 @@ def hard_focus_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Te
                          query_groups: torch.Tensor, key_group: torch.Tensor, window: int,
                          scaling: float | None = None, backend: str = "auto",
                          return_lse: bool = False, timings: dict | None = None, sinks: int = 0,
-                         options: DecompositionOptions | None = None, grouped: "GroupedKV | None" = None):
+                         options: DecompositionOptions | None = None, grouped: "GroupedKV | None" = None,
+                         extra_pairs: torch.Tensor | None = None):
     """Hard Focus attention, exactly ``masked_attention(q, k, v, hard_mask(...))`` (docs/method.md §4).
 
     Args:
@@ -849,6 +853,10 @@ def hard_focus_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Te
         grouped: a one-token decode step (Tq == 1 < Tk) attends through this layer's
             ``GroupedKV`` (kept between steps by the caller, ``retrofit.FocusCache``): slices
             of group-ordered keys instead of a mask over the whole cache. Ignored otherwise.
+        extra_pairs: (P, 3) long rows (b, i, j) of more pairs to keep (token-match pairs,
+            docs/method.md §2.8): the mask becomes ``hard_mask(..., match=M)`` with M True on
+            them. Pairs the mask already keeps (or non-causal ones) are dropped
+            (``other_group_pairs``); the rest form part D.
     Returns:
         out (B, H, Tq, D) in query.dtype, a view of (B, Tq, H, D) memory; with ``return_lse``
         also lse (B, H, Tq) fp32.
@@ -878,9 +886,23 @@ def hard_focus_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Te
     serial = query.device.type == "cpu" and options.serial_bookkeeping and \
         (options.serial_max_elements is None or query.numel() <= options.serial_max_elements)
     call = _Call(timings, query.device, options, kernel_threads=torch.get_num_threads())
+    if extra_pairs is not None:
+        with call("plan"):
+            extra_pairs = other_group_pairs(extra_pairs.to(query.device), query_groups.to(query.device),
+                                            key_group.to(query.device), Tq, Tk, window, sinks)
+    if extra_pairs is None or extra_pairs.shape[0] == 0:
+        with torch_threads(1) if serial else _nullcontext():
+            return _hard_focus_attention(query, key, value, query_groups, key_group, window, scaling,
+                                         backend, return_lse, sinks, call, grouped)
     with torch_threads(1) if serial else _nullcontext():
-        return _hard_focus_attention(query, key, value, query_groups, key_group, window, scaling,
-                                     backend, return_lse, sinks, call, grouped)
+        out, lse = _hard_focus_attention(query, key, value, query_groups, key_group, window, scaling,
+                                         backend, True, sinks, call, grouped)
+    scale = 1.0 / math.sqrt(D) if scaling is None else float(scaling)
+    out_d, lse_d = _pairs_part(query, key, value, extra_pairs, scale, call)
+    with call("merge"):
+        out, lse = merge_lse([out, out_d], [lse, lse_d])  # (B, H, Tq, D), (B, H, Tq) fp32
+    out = out.to(query.dtype)
+    return (out, lse) if return_lse else out
 
 
 def _hard_focus_attention(query, key, value, query_groups, key_group, window, scaling, backend,
@@ -954,10 +976,63 @@ def _hard_focus_attention(query, key, value, query_groups, key_group, window, sc
     return out
 
 
+#: pairs per chunk of ``_pairs_part`` (bounds its (P, H, D) temporaries)
+PAIRS_CHUNK = 1 << 15
+
+
+def other_group_pairs(pairs: torch.Tensor, query_groups: torch.Tensor, key_group: torch.Tensor,
+                      Tq: int, Tk: int, window: int, sinks: int) -> torch.Tensor:
+    """The listed pairs that parts A-C do not already hold: causal, ``i - j >= window``,
+    ``j >= sinks`` and ``g(j)`` not in ``G_k(i)``.
+
+    pairs: (P, 3) long rows (b, i, j), i a query index (position ``Tk - Tq + i``), j a key
+    index; query_groups: (B, Tq, k); key_group: (B, Tk). Returns (P', 3) long, P' <= P."""
+    b, i, j = pairs.unbind(1)
+    far = (Tk - Tq + i - j >= window) & (j >= sinks)  # (P,) implies causal
+    other = (query_groups[b, i] != key_group[b, j][:, None]).all(-1)  # (P,)
+    return pairs[far & other]
+
+
+def _pairs_part(query, key, value, pairs, scale, call):
+    """Part D: attention over a list of disjoint extra pairs (``other_group_pairs``).
+
+    query: (B, H, Tq, D); key, value: (B, Hkv, Tk, D); pairs: (P, 3) long (b, i, j).
+    Returns out (B, H, Tq, D) fp32 and lse (B, H, Tq) fp32, -inf (and out 0) on a query row
+    without a pair."""
+    B, H, Tq, D = query.shape
+    Hkv = key.shape[1]
+    g = H // Hkv
+    n = B * Tq
+    with call("attn_D"):
+        m = torch.full((n, H), _NEG_INF, dtype=torch.float32, device=query.device)  # (n, H) row max
+        den = torch.zeros(n, H, dtype=torch.float32, device=query.device)  # (n, H)
+        out = torch.zeros(n, H, D, dtype=torch.float32, device=query.device)  # (n, H, D)
+        chunks = [pairs[a:a + PAIRS_CHUNK] for a in range(0, pairs.shape[0], PAIRS_CHUNK)]
+        logits = []
+        for c in chunks:
+            b, i, j = c.unbind(1)
+            q = query[b, :, i].float().view(-1, Hkv, g, D)  # (p, Hkv, g, D)
+            k = key[b, :, j].float()  # (p, Hkv, D)
+            lg = torch.einsum("pkgd,pkd->pkg", q, k).reshape(-1, H) * scale  # (p, H)
+            row = b * Tq + i  # (p,)
+            m.scatter_reduce_(0, row[:, None].expand(-1, H), lg, "amax")
+            logits.append((lg, row, b, j))
+        for lg, row, b, j in logits:
+            w = torch.exp(lg - m[row])  # (p, H)
+            den.index_add_(0, row, w)
+            v = value[b, :, j].float()  # (p, Hkv, D)
+            out.index_add_(0, row, (w.view(-1, Hkv, g, 1) * v[:, :, None]).view(-1, H, D))
+        has = den > 0
+        out = torch.where(has[..., None], out / den.clamp_min(1e-30)[..., None], out)
+        lse = torch.where(has, m + torch.log(den.clamp_min(1e-30)), m)
+    return out.view(B, Tq, H, D).transpose(1, 2), lse.view(B, Tq, H).transpose(1, 2)
+
+
 def reference_hard_attention(query, key, value, query_groups, key_group, window, scaling=None,
-                             sinks: int = 0):
+                             sinks: int = 0, match: torch.Tensor | None = None):
     """The dense O(T^2) reference: ``core.masked_attention(q, k, v, core.hard_mask(...))``,
-    same arguments as hard_focus_attention. Returns (B, H, Tq, D)."""
+    same arguments as hard_focus_attention (``match``: (B, Tq, Tk) bool extra pairs, the mask
+    form of ``extra_pairs``). Returns (B, H, Tq, D)."""
     from focus_lab.method.core import hard_mask, masked_attention
 
     Tq, Tk = query.shape[2], key.shape[2]
@@ -965,5 +1040,5 @@ def reference_hard_attention(query, key, value, query_groups, key_group, window,
     k_pos = torch.arange(Tk, device=query.device)
     if query_groups.dim() == 2:
         query_groups = query_groups[..., None]
-    mask = hard_mask(query_groups, key_group, window, q_pos, k_pos, sinks)
+    mask = hard_mask(query_groups, key_group, window, q_pos, k_pos, sinks, match)
     return masked_attention(query, key, value, mask, scaling)
