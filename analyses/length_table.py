@@ -62,10 +62,18 @@ def spec_in_force(cfg, label: str) -> str:
 
 def match_in_force(cfg, label: str) -> str:
     """The token-match shifts a pattern runs with under ``cfg`` (``FocusConfig.match_shifts``,
-    docs/method.md §2.8) as text, e.g. '0-1'; '' when off or for a pattern without groups
-    (dense, window). Recorded per row in the ``match_shifts`` column."""
+    or the pattern's ``_match`` / ``_nomatch`` suffix; docs/method.md §2.8) as text, e.g. '0-1';
+    '' when off or for a pattern that is not hard (dense, window, soft). Recorded per row in
+    the ``match_shifts`` column."""
+    from focus_lab.eval.evaluate import pattern_changes
     from focus_lab.method.config import format_int_list
-    return format_int_list(cfg.match_shifts or []) if label not in GROUP_FREE else ""
+    try:
+        changes = pattern_changes(label, cfg.num_groups)
+    except ValueError:  # a pattern this file cannot run: no shifts
+        return ""
+    if changes.get("mode") != "hard":
+        return ""
+    return format_int_list(changes.get("match_shifts", cfg.match_shifts) or [])
 
 
 def _same_spec(old: pd.DataFrame, cfg) -> pd.Series:

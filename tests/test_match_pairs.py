@@ -187,3 +187,20 @@ def test_decomposition_with_extra_pairs_equals_the_masked_reference(Tq, k):
     assert (got - want).abs().max().item() <= 1e-5
     none = hard_focus_attention(q, key, value, qg, kg, W, sinks=SINKS)
     assert (none - want).abs().max().item() > 1e-4  # the pairs matter here
+
+
+def test_pattern_suffixes_set_the_shifts():
+    from analyses.length_table import match_in_force
+    from focus_lab.eval.evaluate import MATCH_SHIFTS, pattern_changes
+    assert pattern_changes("hard_top2_match", 4)["match_shifts"] == MATCH_SHIFTS == [0, 1]
+    assert pattern_changes("random_top1_uniform_match", 4) == {
+        "mode": "hard", "top_k": 1, "assignment": "random", "layer_top_k": {}, "match_shifts": [0, 1]}
+    assert pattern_changes("hard_top2_nomatch", 4)["match_shifts"] is None
+    assert "match_shifts" not in pattern_changes("hard_top2", 4)
+    for bad in ("hard_top2_match_uniform", "dense_match", "hard_top2_match_match"):
+        with pytest.raises(ConfigError, match="_match"):
+            pattern_changes(bad, 4)
+    on = FocusConfig(match_shifts=[0, 1])
+    assert [match_in_force(on, lab) for lab in ("hard_top2", "hard_top2_nomatch", "soft", "window")] == \
+        ["0-1", "", "", ""]
+    assert match_in_force(FocusConfig(), "random_top2_match") == "0-1"

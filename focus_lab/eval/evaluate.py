@@ -20,6 +20,9 @@ from focus_lab.hf.retrofit import forward_state
 
 EVAL_SCHEMA = 1
 UNIFORM = "_uniform"  # pattern-name suffix: top-k in every layer (no per-layer budget)
+MATCH = "_match"  # pattern-name suffix: token-match pairs with MATCH_SHIFTS (docs/method.md §2.8)
+NO_MATCH = "_nomatch"  # pattern-name suffix: no token-match pairs, whatever the router file says
+MATCH_SHIFTS = [0, 1]  # the shifts of the _match suffix: the earlier occurrence and the key after it
 
 
 def standard_patterns(num_groups: int) -> list[tuple[str, dict]]:
@@ -45,20 +48,28 @@ def pattern_changes(name: str, num_groups: int) -> dict:
     equal sparsity), ``shuffled_topK`` (the router's own hard groups moved to random positions:
     identical group sizes, random membership). A top-k name ending in ``_uniform`` (e.g.
     ``hard_top2_uniform``) keeps k in every layer, whatever per-layer k the router file's budget
-    or ``--layer-top-k`` sets (``layer_top_k = {}``, docs/method.md §2.7). Raises ConfigError
-    naming the valid names.
+    or ``--layer-top-k`` sets (``layer_top_k = {}``, docs/method.md §2.7). A top-k name ending
+    in ``_match`` adds the token-match pairs of ``MATCH_SHIFTS`` (``match_shifts``, docs/method.md
+    §2.8), one ending in ``_nomatch`` drops any; the suffixes combine (``hard_top2_uniform_match``).
+    Raises ConfigError naming the valid names.
     """
     from focus_lab.method.config import ConfigError
     if name in ("dense", "window", "soft"):
         return {"mode": name, "assignment": "router"}
-    base = name.removesuffix(UNIFORM)
+    base, extra = name, {}
+    for suffix, change in ((NO_MATCH, {"match_shifts": None}), (MATCH, {"match_shifts": list(MATCH_SHIFTS)})):
+        if base.endswith(suffix):
+            base, extra = base.removesuffix(suffix), change
+            break
+    if base.endswith(UNIFORM):
+        base, extra = base.removesuffix(UNIFORM), {"layer_top_k": {}, **extra}
     kind, _, k = base.partition("_top")
     assignment = {"hard": "router", "random": "random", "shuffled": "shuffled"}.get(kind)
     if assignment is None or not k.isdigit() or not 1 <= int(k) <= num_groups:
         raise ConfigError(f"unknown pattern {name!r}; choose from {', '.join(pattern_names(num_groups))} "
-                          f"(a top-k name + '{UNIFORM}': k in every layer, no per-layer budget)")
-    changes = {"mode": "hard", "top_k": int(k), "assignment": assignment}
-    return {**changes, "layer_top_k": {}} if base != name else changes
+                          f"(a top-k name + '{UNIFORM}': k in every layer, no per-layer budget; + '{MATCH}' / "
+                          f"'{NO_MATCH}': with / without token-match pairs)")
+    return {"mode": "hard", "top_k": int(k), "assignment": assignment, **extra}
 
 
 def parse_patterns(spec: str, num_groups: int) -> list[tuple[str, dict]]:
