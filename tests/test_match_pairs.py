@@ -6,21 +6,22 @@ import torch
 import focus_lab
 from focus_lab.hf.tiny import tiny_gpt2, tiny_llama
 from focus_lab.method.config import ConfigError, FocusConfig, parse_match_shifts
-from focus_lab.method.core import masked_attention, match_mask
+from focus_lab.method.core import masked_attention, match_mask, match_pairs
 
 W, SINKS = 8, 2
 
 
-def brute_match(ids: list[int], shifts, window: int, sinks: int, q_offset: int = 0) -> torch.Tensor:
-    """(Tq, T) by loops: query at absolute position q_offset + a, key j."""
+def brute_match(ids: list[int], shifts, window: int, sinks: int, q_offset: int = 0, latest: int = 0) -> torch.Tensor:
+    """(Tq, T) by loops: query at absolute position q_offset + a, key j; with ``latest``, only
+    the ``latest`` matching keys nearest each query."""
     T = len(ids)
     out = torch.zeros(T - q_offset, T, dtype=torch.bool)
     for a in range(T - q_offset):
         i = q_offset + a
-        for j in range(T):
-            distant = j <= i and i - j >= window and j >= sinks
-            hit = any(j - s >= 0 and ids[j - s] == ids[i] for s in shifts)
-            out[a, j] = distant and hit
+        hits = [j for j in range(T) if j <= i and i - j >= window and j >= sinks
+                and any(j - s >= 0 and ids[j - s] == ids[i] for s in shifts)]
+        for j in (hits[-latest:] if latest else hits):
+            out[a, j] = True
     return out
 
 
@@ -38,6 +39,13 @@ def test_match_mask_equals_loops(shifts):
     # the last 5 queries against every key (a chunk after a prefill)
     part = match_mask(ids[:, 35:], ids, shifts, pos[35:], pos, W, SINKS)[0]
     assert torch.equal(part, brute_match(ids[0].tolist(), shifts, W, SINKS, q_offset=35))
+    for latest in (1, 3):
+        capped = match_mask(ids, ids, shifts, pos, pos, W, SINKS, latest)[0]
+        assert torch.equal(capped, brute_match(ids[0].tolist(), shifts, W, SINKS, latest=latest))
+        assert capped.sum() < got.sum()
+    pairs = match_pairs(ids, ids, shifts, pos, pos, W, SINKS)
+    assert torch.equal(pairs, got.nonzero().new_zeros(0, 1).new_tensor(
+        [[0, i, j] for i, j in got.nonzero().tolist()]))  # the list, sorted by (b, i, j)
 
 
 def _model(family: str = "llama", **cfg):
@@ -47,13 +55,13 @@ def _model(family: str = "llama", **cfg):
     return m
 
 
-@pytest.mark.parametrize("family", ["llama", "gpt2"])
-def test_forward_equals_group_mask_plus_brute_force_pairs(family):
-    """The model with match_shifts equals the model without, each layer's attention recomputed
-    under its group mask OR the loop-built token-match pairs."""
-    m = _model(family)
+@pytest.mark.parametrize("family,latest", [("llama", 0), ("gpt2", 0), ("llama", 2)])
+def test_forward_equals_group_mask_plus_brute_force_pairs(family, latest):
+    """The model with match_shifts (and match_latest) equals the model without, each layer's
+    attention recomputed under its group mask OR the loop-built token-match pairs."""
+    m = _model(family, match_latest=latest)
     ids = _ids(64)
-    brute = brute_match(ids[0].tolist(), [0, 1], W, SINKS)  # (T, T)
+    brute = brute_match(ids[0].tolist(), [0, 1], W, SINKS, latest=latest)  # (T, T)
     from focus_lab.method.metrics import attention_scale
 
     def patch(out, hook):
@@ -204,3 +212,14 @@ def test_pattern_suffixes_set_the_shifts():
     assert [match_in_force(on, lab) for lab in ("hard_top2", "hard_top2_nomatch", "soft", "window")] == \
         ["0-1", "", "", ""]
     assert match_in_force(FocusConfig(), "random_top2_match") == "0-1"
+
+
+def test_base_model_alone_gets_the_ids():
+    """Calling the decoder without its head (model.base_model) passes the ids too: its hidden
+    states equal those of the whole model's forward."""
+    m = _model()
+    ids = _ids(64, seed=5)
+    with torch.no_grad():
+        whole = m(input_ids=ids, output_hidden_states=True).hidden_states[-1]
+        alone = m.base_model(input_ids=ids).last_hidden_state
+    assert (whole - alone).abs().max().item() <= 1e-6

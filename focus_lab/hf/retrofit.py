@@ -30,8 +30,8 @@ from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from focus_lab.method.config import SHAPE_FIELDS, FocusConfig
-from focus_lab.method.core import (Router, Routing, focus_bias, masked_attention, match_mask, route,
-                                   window_only_groups)
+from focus_lab.method.core import (Router, Routing, focus_bias, masked_attention, match_pairs, pairs_mask,
+                                   route, window_only_groups)
 from focus_lab.method.decomposition import GroupedKV, hard_focus_attention
 from focus_lab.hf.hooks import LayerCall, fire, has_hooks
 from focus_lab.io import atomic_path, file_sha256
@@ -187,12 +187,12 @@ class FocusForward:
     _plain: "PlainCausalCheck" = field(default_factory=lambda: PlainCausalCheck(), repr=False, compare=False)
     _match: tuple | None = field(default=None, repr=False, compare=False)
 
-    def match_pairs(self, Tq: int, Tk: int) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """The token-match pairs of this forward (``core.match_mask`` with ``config.match_shifts``)
-        as a mask (B, Tq, Tk) bool and as a list (P, 3) long of (b, i, j), built once per forward
-        and shared by its layers; None when ``match_shifts`` is off or the mode is not hard. The
-        keys' ids are this forward's ``token_ids`` (B, Tq), after those of the cached tokens in
-        a decode step.
+    def match_pairs(self, Tq: int, Tk: int) -> torch.Tensor | None:
+        """The token-match pairs of this forward (``core.match_pairs`` with ``config.match_shifts``
+        and ``config.match_latest``) as a list (P, 3) long of (b, i, j), j indexing the layer's
+        Tk keys, built once per forward and shared by its layers; None when ``match_shifts`` is
+        off or the mode is not hard. The keys' ids are this forward's ``token_ids`` (B, Tq),
+        after those of the cached tokens in a decode step.
 
         Raises RuntimeError: no ``input_ids`` reached the forward (called with ``inputs_embeds``,
         or through a submodule of the model that ``attach`` was given), or a decode step whose
@@ -201,12 +201,13 @@ class FocusForward:
         if not cfg.match_shifts or cfg.mode != "hard":
             return None
         if self._match is not None and self._match[0] == (Tq, Tk):
-            return self._match[1:]
+            return self._match[1]
         ids = self.token_ids
         if ids is None or ids.shape[-1] != Tq:
             raise RuntimeError(
                 "FocusConfig.match_shifts needs the token ids of each forward: call the model that "
-                "attach() was given with input_ids= (not inputs_embeds), or set match_shifts=None")
+                "attach() was given (or its base_model) with input_ids= (not inputs_embeds), or set "
+                "match_shifts=None")
         seen = ids
         if Tq < Tk:
             past = self.cache.token_ids if self.cache is not None else None
@@ -220,10 +221,13 @@ class FocusForward:
             self.cache.token_ids = seen
         T = seen.shape[1]
         pos = torch.arange(T, device=ids.device)  # absolute positions of every token seen
-        m = match_mask(ids, seen, cfg.match_shifts, pos[T - Tq:], pos, cfg.window,
-                       cfg.sink_tokens)[:, :, T - Tk:]  # (B, Tq, Tk): the keys the layer holds
-        self._match = ((Tq, Tk), m, m.nonzero())
-        return self._match[1:]
+        pairs = match_pairs(ids, seen, cfg.match_shifts, pos[T - Tq:], pos, cfg.window, cfg.sink_tokens,
+                            cfg.match_latest)  # (P, 3) over every token seen
+        if T > Tk:  # a sliding-window cache: keep the keys the layer holds, index them from its first
+            pairs = pairs[pairs[:, 2] >= T - Tk]
+            pairs[:, 2] -= T - Tk
+        self._match = ((Tq, Tk), pairs)
+        return pairs
 
     def is_plain_causal(self, attention_mask: torch.Tensor | None, keep: torch.Tensor) -> bool:
         """``is_plain_causal(keep)`` for transformers' mask (None: plain causality), computed
@@ -365,8 +369,8 @@ def _focus_attention(module, query, key, value, attention_mask, scaling, **kwarg
     q_pos = torch.arange(offset + Tk - Tq, offset + Tk, device=query.device)  # absolute positions
     k_pos = torch.arange(offset, offset + Tk, device=query.device)
     with _phase(tm, "mask"):
-        found = state.match_pairs(Tq, Tk) if routing is not None else None
-        match, pairs = found if found is not None else (None, None)  # (B, Tq, Tk) bool, (P, 3) long
+        pairs = state.match_pairs(Tq, Tk) if routing is not None else None  # (P, 3) long or None
+    match = (lambda: pairs_mask(pairs, (B, Tq, Tk))) if pairs is not None else (lambda: None)  # (B, Tq, Tk)
     if path == "decomposition":
         if routing is None:  # window mode: the hard mask with no group shared (window + sinks only)
             qg, kg = window_only_groups(B, Tk, query.device)  # (B, Tk, 1), (B, Tk)
@@ -381,7 +385,7 @@ def _focus_attention(module, query, key, value, attention_mask, scaling, **kwarg
         # a hook on "kept" gets the same dense mask as on the reference path (O(T^2), built on demand)
         with _phase(tm, "hooks"):
             return _emit(module, state, attention_mask, h, query, key, value, routing, keep,
-                         lambda: focus_bias(cfg, routing, q_pos, k_pos, B, match) & keep, out, pairs)
+                         lambda: focus_bias(cfg, routing, q_pos, k_pos, B, match()) & keep, out, pairs)
     if path == "causal_sdpa":  # dense through the flash kernel, no (B, Tq, Tk) mask: ~2x at 4K
         # Tq == Tk: top-left causal; Tq == 1 (a decode step): the last query sees every key
         with _phase(tm, "attn_dense"):
@@ -390,7 +394,7 @@ def _focus_attention(module, query, key, value, attention_mask, scaling, **kwarg
         with _phase(tm, "hooks"):
             return _emit(module, state, attention_mask, h, query, key, value, routing, keep, lambda: keep, out)
     with _phase(tm, "attn_reference"):
-        fb = focus_bias(cfg, routing, q_pos, k_pos, B, match)  # (B, Tq, Tk) bool mask or float bias
+        fb = focus_bias(cfg, routing, q_pos, k_pos, B, match())  # (B, Tq, Tk) bool mask or float bias
         bias = fb & keep if fb.dtype == torch.bool else fb.masked_fill(~keep, float("-inf"))
         out = masked_attention(query, key, value, bias, scaling, softcap=softcap)
     with _phase(tm, "hooks"):
@@ -538,7 +542,8 @@ def _state_hook(attachment: _Attachment) -> Callable:
 
 
 def _ids_hooks(attachment: _Attachment) -> tuple[Callable, Callable]:
-    """The forward pre-hook and hook ``attach`` puts on the model itself: the pre-hook hands
+    """The forward pre-hook and hook ``attach`` puts on the model itself and on its base model
+    (``model.base_model``: the decoder without its head, which some callers run alone): the pre-hook hands
     the forward's ``input_ids`` (B, Tq) to its FocusForward (token-match pairs,
     ``FocusConfig.match_shifts``, docs/method.md §2.8), the hook drops them when it returns."""
     def state(kwargs: dict) -> FocusForward:
@@ -604,8 +609,10 @@ def attach(model: nn.Module, config: FocusConfig | None = None) -> nn.Module:
             module.focus_router = Router(d_model, config, idx).to(device).eval()
         attachment.hooks.append(module.register_forward_pre_hook(_state_hook(attachment), with_kwargs=True))
     pre, post = _ids_hooks(attachment)
-    attachment.hooks.append(model.register_forward_pre_hook(pre, with_kwargs=True))
-    attachment.hooks.append(model.register_forward_hook(post, with_kwargs=True))
+    base = getattr(model, "base_model", model)  # the decoder without its head, called alone by some callers
+    for top in (model,) if base is model else (model, base):
+        attachment.hooks.append(top.register_forward_pre_hook(pre, with_kwargs=True))
+        attachment.hooks.append(top.register_forward_hook(post, with_kwargs=True))
     model._focus_state = attachment
     model.set_attn_implementation(ATTN_NAME)
     return model

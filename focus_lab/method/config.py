@@ -146,8 +146,11 @@ class FocusConfig:
             pair (i, j) is also kept when ``ids[j - s] == ids[i]`` for a shift s in the list;
             shift 1 is the induction pair (the key right after an earlier occurrence of the
             query's token), shift 0 the earlier occurrence itself. Needs the forward's
-            ``input_ids``. Hard mode then runs through the dense masked reference (slower).
+            ``input_ids``; the two-call decomposition computes them as a part of its own.
             None or empty: none (the paper's mask).
+        match_latest: with ``match_shifts``, a query keeps only its ``match_latest`` matching
+            keys nearest to it (0: every one). Frequent tokens (punctuation, newlines) match
+            hundreds of earlier keys; the cap bounds the pairs per query and the work.
         backend: how hard mode computes attention (docs/method.md §4): "auto" (the two-call
             decomposition of focus_lab.method.decomposition with the best kernel present: flash-attn on
             a GPU, else torch's CPU flash kernel), "torch" or "flash" (force that kernel), or
@@ -176,6 +179,7 @@ class FocusConfig:
     gumbel_noise: float = 0.0
     key_router: bool = False
     match_shifts: list[int] | None = None
+    match_latest: int = 0
     backend: str = "auto"
 
     def __post_init__(self) -> None:
@@ -219,6 +223,8 @@ class FocusConfig:
             self.match_shifts = sorted(set(self.match_shifts))
             if not all(0 <= x < self.window for x in self.match_shifts):
                 bad("match_shifts", f"need shifts in 0..window-1={self.window - 1} (1: the induction pair)")
+        if isinstance(self.match_latest, bool) or not isinstance(self.match_latest, int) or self.match_latest < 0:
+            bad("match_latest", "need an integer >= 0 (0: every matching key)")
         if self.backend not in ("auto", "dense", "torch", "flash"):
             bad("backend", "choose one of auto, dense, torch, flash")
         if self.layers is not None:

@@ -328,20 +328,22 @@ def hard_mask(query_groups: torch.Tensor, key_group: torch.Tensor, window: int,
     return causal_mask(q_pos, k_pos) & (same | local_mask(q_pos, k_pos, window, sinks))
 
 
-def match_mask(query_ids: torch.Tensor, key_ids: torch.Tensor, shifts, q_pos: torch.Tensor,
-               k_pos: torch.Tensor, window: int, sinks: int = 0) -> torch.Tensor:
-    """Token-match pairs (docs/method.md §2.8 [ours]): the distant pairs (i, j) with
+def match_pairs(query_ids: torch.Tensor, key_ids: torch.Tensor, shifts, q_pos: torch.Tensor,
+                k_pos: torch.Tensor, window: int, sinks: int = 0, latest: int = 0) -> torch.Tensor:
+    """Token-match pairs (docs/method.md §2.8 [ours]) as a list: the distant pairs (i, j) with
     ``ids[j - s] == ids[i]`` for some s in ``shifts`` (``FocusConfig.match_shifts``). Shift 1
     keeps the key right after an earlier occurrence of the query's token (the pair an induction
-    head reads to copy), shift 0 the earlier occurrence itself.
+    head reads to copy), shift 0 the earlier occurrence itself. With ``latest`` > 0 a query
+    keeps only its ``latest`` matching keys nearest to it (``FocusConfig.match_latest``).
 
     Args:
         query_ids: (B, Tq) long, the queries' token ids; key_ids: (B, Tk) long, the keys';
         shifts: token shifts >= 0; q_pos: (Tq,), k_pos: (Tk,) absolute positions, k_pos
             consecutive (a key's predecessor s tokens back is ``key_ids[:, j - s]``; none before
-            the first key); window, sinks: in tokens (``distant_mask``).
+            the first key); window, sinks: in tokens (a pair is distant when ``q - k >= window``
+            and ``k >= sinks``, ``distant_mask``); latest: 0 (every match) or the cap per query.
     Returns:
-        (B, Tq, Tk) bool, True on a distant token-match pair.
+        (P, 3) long rows (b, i, j), i a query index, j a key index, sorted by (b, i, j).
     """
     B, Tk = key_ids.shape
     m = torch.zeros(B, q_pos.numel(), Tk, dtype=torch.bool, device=key_ids.device)  # (B, Tq, Tk)
@@ -349,7 +351,30 @@ def match_mask(query_ids: torch.Tensor, key_ids: torch.Tensor, shifts, q_pos: to
         before = key_ids.new_full((B, Tk), -1)  # (B, Tk): before[j] = ids[j - s], -1 when unknown
         before[:, s:] = key_ids[:, :Tk - s]
         m |= query_ids[:, :, None] == before[:, None, :]
-    return m & distant_mask(q_pos, k_pos, window, sinks)
+    pairs = m.nonzero()  # (P, 3) sorted by (b, i, j)
+    qp, kp = q_pos[pairs[:, 1]], k_pos[pairs[:, 2]]
+    pairs = pairs[(qp - kp >= window) & (kp >= sinks)]  # distant only
+    if latest > 0 and pairs.shape[0]:
+        row = pairs[:, 0] * q_pos.numel() + pairs[:, 1]  # (P,) ascending
+        counts = torch.bincount(row, minlength=B * q_pos.numel())
+        end = counts.cumsum(0)  # one past each row's last pair
+        from_end = end[row] - 1 - torch.arange(pairs.shape[0], device=pairs.device)  # 0: nearest key
+        pairs = pairs[from_end < latest]
+    return pairs
+
+
+def pairs_mask(pairs: torch.Tensor, shape: tuple[int, int, int]) -> torch.Tensor:
+    """A (B, Tq, Tk) bool mask True on ``pairs`` (P, 3) rows (b, i, j) (``match_pairs``)."""
+    m = torch.zeros(shape, dtype=torch.bool, device=pairs.device)
+    m[pairs[:, 0], pairs[:, 1], pairs[:, 2]] = True
+    return m
+
+
+def match_mask(query_ids: torch.Tensor, key_ids: torch.Tensor, shifts, q_pos: torch.Tensor,
+               k_pos: torch.Tensor, window: int, sinks: int = 0, latest: int = 0) -> torch.Tensor:
+    """``match_pairs`` as a (B, Tq, Tk) bool mask (same arguments)."""
+    pairs = match_pairs(query_ids, key_ids, shifts, q_pos, k_pos, window, sinks, latest)
+    return pairs_mask(pairs, (key_ids.shape[0], q_pos.numel(), key_ids.shape[1]))
 
 
 def soft_gate_bias(log_p_q: torch.Tensor, log_p_k: torch.Tensor, window: int,

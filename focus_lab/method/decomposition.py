@@ -23,8 +23,8 @@ B. local pairs in other groups: ``0 <= i - j < w`` and ``g(j) not in G_k(i)``: q
 C. (only with ``sinks > 0``) sink pairs ``j < sinks`` outside the window and in other groups:
    one call against the first ``sinks`` keys.
 D. (only with ``extra_pairs``, the token-match pairs of docs/method.md §2.8) listed distant pairs
-   in other groups: their logits one by one, a per-row logsumexp by scatter (``_pairs_part``).
-   Cost O(P H D) for P pairs.
+   in other groups: each query's keys gathered and attended, rows bucketed by their number of
+   pairs so that padding stays under 25% (``_pairs_part``). Cost O(P H D) for P pairs.
 
 KV-cache steps with at most FEW_QUERIES queries skip the parts: per batch row the keys the step
 keeps (window, sinks, its groups' cached keys) are gathered and attended in ONE call
@@ -976,10 +976,6 @@ def _hard_focus_attention(query, key, value, query_groups, key_group, window, sc
     return out
 
 
-#: pairs per chunk of ``_pairs_part`` (bounds its (P, H, D) temporaries)
-PAIRS_CHUNK = 1 << 15
-
-
 def other_group_pairs(pairs: torch.Tensor, query_groups: torch.Tensor, key_group: torch.Tensor,
                       Tq: int, Tk: int, window: int, sinks: int) -> torch.Tensor:
     """The listed pairs that parts A-C do not already hold: causal, ``i - j >= window``,
@@ -993,38 +989,56 @@ def other_group_pairs(pairs: torch.Tensor, query_groups: torch.Tensor, key_group
     return pairs[far & other]
 
 
-def _pairs_part(query, key, value, pairs, scale, call):
-    """Part D: attention over a list of disjoint extra pairs (``other_group_pairs``).
+#: bytes of gathered keys (or values) per chunk of query rows in ``_pairs_part``
+PAIRS_CHUNK_BYTES = 64 << 20
 
-    query: (B, H, Tq, D); key, value: (B, Hkv, Tk, D); pairs: (P, 3) long (b, i, j).
-    Returns out (B, H, Tq, D) fp32 and lse (B, H, Tq) fp32, -inf (and out 0) on a query row
-    without a pair."""
+
+def _pairs_part(query, key, value, pairs, scale, call, waste: float = 1.25):
+    """Part D: attention over a list of extra pairs disjoint from parts A-C (``other_group_pairs``).
+
+    The pairs, sorted by query row, become per row a list of key indices; rows are ordered by
+    their number of pairs and cut into buckets whose longest row is at most ``waste`` times the
+    shortest, so padding stays small although a frequent token's row may hold hundreds of
+    pairs and a rare one's one. Each bucket (in chunks of rows) gathers its keys and values and
+    attends in two einsums with a padding mask.
+
+    query: (B, H, Tq, D); key, value: (B, Hkv, Tk, D); pairs: (P, 3) long (b, i, j) sorted by
+    (b, i). Returns out (B, H, Tq, D) fp32 and lse (B, H, Tq) fp32, -inf (and out 0) on a query
+    row without a pair."""
     B, H, Tq, D = query.shape
     Hkv = key.shape[1]
     g = H // Hkv
     n = B * Tq
     with call("attn_D"):
-        m = torch.full((n, H), _NEG_INF, dtype=torch.float32, device=query.device)  # (n, H) row max
-        den = torch.zeros(n, H, dtype=torch.float32, device=query.device)  # (n, H)
+        row = pairs[:, 0] * Tq + pairs[:, 1]  # (P,) non-decreasing
+        rows, counts = torch.unique_consecutive(row, return_counts=True)  # (R,), (R,)
+        first = counts.cumsum(0) - counts  # (R,) each row's first pair
+        order = torch.argsort(counts, stable=True)  # rows by their number of pairs
+        cs = counts[order].tolist()
         out = torch.zeros(n, H, D, dtype=torch.float32, device=query.device)  # (n, H, D)
-        chunks = [pairs[a:a + PAIRS_CHUNK] for a in range(0, pairs.shape[0], PAIRS_CHUNK)]
-        logits = []
-        for c in chunks:
-            b, i, j = c.unbind(1)
-            q = query[b, :, i].float().view(-1, Hkv, g, D)  # (p, Hkv, g, D)
-            k = key[b, :, j].float()  # (p, Hkv, D)
-            lg = torch.einsum("pkgd,pkd->pkg", q, k).reshape(-1, H) * scale  # (p, H)
-            row = b * Tq + i  # (p,)
-            m.scatter_reduce_(0, row[:, None].expand(-1, H), lg, "amax")
-            logits.append((lg, row, b, j))
-        for lg, row, b, j in logits:
-            w = torch.exp(lg - m[row])  # (p, H)
-            den.index_add_(0, row, w)
-            v = value[b, :, j].float()  # (p, Hkv, D)
-            out.index_add_(0, row, (w.view(-1, Hkv, g, 1) * v[:, :, None]).view(-1, H, D))
-        has = den > 0
-        out = torch.where(has[..., None], out / den.clamp_min(1e-30)[..., None], out)
-        lse = torch.where(has, m + torch.log(den.clamp_min(1e-30)), m)
+        lse = torch.full((n, H), _NEG_INF, dtype=torch.float32, device=query.device)  # (n, H)
+        a = 0
+        while a < len(cs):
+            e = bisect_left(cs, int(cs[a] * waste) + 1, lo=a)  # rows a..e-1: longest <= waste x shortest
+            M = cs[e - 1]
+            step = max(1, PAIRS_CHUNK_BYTES // (M * Hkv * D * 4))
+            for c in range(a, e, step):
+                sel = order[c:min(e, c + step)]  # (r,) rows of this chunk
+                slot = torch.arange(M, device=row.device)  # (M,)
+                ok = slot[None, :] < counts[sel, None]  # (r, M) real pairs, not padding
+                at = (first[sel, None] + slot[None, :]).clamp(max=row.numel() - 1)  # (r, M) into pairs
+                kk = pairs[at, 2]  # (r, M) key index
+                b = (rows[sel] // Tq)[:, None]  # (r, 1) batch row
+                q = query[b[:, 0], :, rows[sel] % Tq].float().view(-1, Hkv, g, D)  # (r, Hkv, g, D)
+                k = key[b, :, kk].float()  # (r, M, Hkv, D): only the listed keys are read
+                lg = torch.einsum("rkgd,rmkd->rkgm", q, k) * scale  # (r, Hkv, g, M)
+                lg.masked_fill_(~ok[:, None, None, :], _NEG_INF)
+                l = torch.logsumexp(lg, -1)  # (r, Hkv, g), finite: each row has a pair
+                p = torch.exp(lg - l[..., None])
+                o = torch.einsum("rkgm,rmkd->rkgd", p, value[b, :, kk].float())  # (r, Hkv, g, D)
+                out[rows[sel]] = o.reshape(-1, H, D)
+                lse[rows[sel]] = l.reshape(-1, H)
+            a = e
     return out.view(B, Tq, H, D).transpose(1, 2), lse.view(B, Tq, H).transpose(1, 2)
 
 
