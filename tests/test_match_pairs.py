@@ -223,3 +223,22 @@ def test_base_model_alone_gets_the_ids():
         whole = m(input_ids=ids, output_hidden_states=True).hidden_states[-1]
         alone = m.base_model(input_ids=ids).last_hidden_state
     assert (whole - alone).abs().max().item() <= 1e-6
+
+
+def test_copy_pairs_study_extras_and_random_control():
+    """analyses/studies/copy_pairs: extras parse to shifts; its pairs are core's; the random
+    control draws only dropped candidates, about as many per row as the pairs it matches."""
+    from analyses.studies.copy_pairs import match_pairs as study_pairs
+    from analyses.studies.copy_pairs import parse_extra, random_like
+    assert parse_extra("none") == () and parse_extra("random") is None and parse_extra("s1+0") == (0, 1)
+    for bad in ("s-1+0", "x", "s"):
+        with pytest.raises(SystemExit):
+            parse_extra(bad)
+    ids = _ids(40, seed=7)[0]
+    assert torch.equal(study_pairs(ids, W, SINKS, (0, 1)), brute_match(ids.tolist(), [0, 1], W, SINKS))
+    g = torch.Generator().manual_seed(0)
+    extra = torch.rand(400, 400, generator=g) < 0.05
+    cand = torch.rand(400, 400, generator=g) < 0.5
+    got = random_like(extra, cand, torch.Generator().manual_seed(1))
+    assert not (got & ~cand).any()
+    assert abs(got.sum().item() / extra.sum().item() - 1) < 0.1

@@ -1,29 +1,32 @@
-"""What the mask drops on technical text: keep the induction pairs on top of the groups, and see.
+"""What the mask drops on technical text: add the token-match pairs, or as many random pairs.
 
 docs/results.md "Where the loss goes" finds that on technical text and code most of hard
 top-k's loss sits on *distant copies*: the model retrieves the token after an earlier
 occurrence of the current token (induction), and that earlier occurrence lies beyond the
-window in a group the query does not share. This study measures that diagnosis directly. In
-every routed layer it adds to the pattern's mask the **induction pairs**
+window in a group the query does not share. This study tests that diagnosis with a control at
+equal sparsity. In every routed layer it adds to the pattern's mask either
 
-    C(i, j) = [ids[j - 1] == ids[i]]  and  (i, j) distant (causal, i - j >= window, j >= sinks)
+* ``sK+K..``: the token-match pairs of those shifts (``core.match_mask``, docs/method.md §2.8:
+  ``ids[j - s] == ids[i]``, distant; ``s1`` the induction pair, ``s0+1`` what
+  ``FocusConfig.match_shifts = [0, 1]`` keeps), optionally only the ``--cap`` nearest per query
+  (``match_latest``); or
+* ``random``: as many distant pairs per query row as the last shift extra listed adds to that
+  row, drawn uniformly from those the mask dropped,
 
-(the key right after an earlier occurrence of query i's token), optionally only the ``cap``
-latest such keys per query, and recomputes the layer's attention under ``kept | C`` (the dense
-masked reference, ``core.masked_attention``, through the ``attn_out`` hook point). As the
-control at equal sparsity, ``random`` adds to each query row as many distant pairs, drawn
-uniformly from those the mask dropped, as ``copy`` added to that row.
+and recomputes the layer's attention under ``kept | extra`` (the dense masked reference,
+``core.masked_attention``, through the ``attn_out`` hook point). If the copies carry the loss,
+the token-match pairs recover it and the random pairs do not.
 
-It is an oracle, not a method: C needs the token ids, which a router does not see. It tells
-how much of the gap to dense the copies explain, and how many pairs they cost.
+Output: ``<out>/copy_pairs_cap<N>.parquet`` (tidy: one row per corpus, window, pattern and
+extra: summed NLL in nats, tokens, distant pairs kept averaged over routed layers, the share of
+them that the extra pairs make) and ``copy_pairs_cap<N>.md``. Resumable per (corpus, window).
+Usage (about 1 min per forward at 4096 tokens on one busy core)::
 
-Output: ``<out>/copy_pairs.parquet`` (tidy: one row per corpus, window, pattern and extra:
-summed NLL in nats, tokens, distant pairs kept averaged over routed layers, the share of them
-that the extra pairs make) and ``copy_pairs.md``. Resumable per (corpus, window). Usage::
-
-    python -m analyses.studies.copy_pairs --corpora austen,python-docs,man-pages,debian-reference \\
-        --windows 4 --patterns hard_top1,hard_top2 --extras none,copy,random --out checkpoints/copy_pairs
-    python -m analyses.studies.copy_pairs --report checkpoints/copy_pairs/copy_pairs.parquet
+    python -m analyses.studies.copy_pairs --corpora man-pages,python-docs,debian-reference --windows 2 \
+        --patterns hard_top2 --extras s0+1,random --out checkpoints/copy_pairs   # figures/results/copy_pairs.parquet
+    python -m analyses.studies.copy_pairs --corpora man-pages,python-docs --windows 1 \
+        --patterns hard_top1,hard_top2 --extras s0+1 --cap 16 --out checkpoints/copy_pairs_cap
+    python -m analyses.studies.copy_pairs --report figures/results/copy_pairs.parquet
 """
 
 from __future__ import annotations
@@ -40,28 +43,11 @@ SCHEMA_VERSION = 1
 
 def match_pairs(ids: torch.Tensor, window: int, sinks: int, shifts: tuple[int, ...] = (1,),
                 cap: int = 0) -> torch.Tensor:
-    """The distant token-match pairs of one window: ``C[i, j]`` is True when ``ids[j - s] ==
-    ids[i]`` for some s in ``shifts`` and (i, j) is distant (``core.distant_mask``); shift 1 is
-    the induction pair of the module docstring, shift 0 the earlier occurrence itself.
-
-    Args: ids: (T,) token ids; window, sinks: in tokens; cap: keep only the ``cap`` latest
-        such keys per query (0: all). Returns: (T, T) bool."""
-    from focus_lab.method.core import distant_mask
-    T = ids.shape[0]
-    pos = torch.arange(T)
-    c = torch.zeros(T, T, dtype=torch.bool)
-    for s in shifts:
-        prev = ids.new_full((T,), -1)  # (T,) prev[j] = ids[j - s], -1 outside the window
-        if s >= 0:
-            prev[s:] = ids[:T - s]
-        else:
-            prev[:T + s] = ids[-s:]
-        c |= ids[:, None] == prev[None, :]  # (T, T)
-    c &= distant_mask(pos, pos, window, sinks)
-    if cap > 0:
-        later = c.flip(-1).cumsum(-1).flip(-1)  # (T, T) matches at j or later
-        c &= later <= cap
-    return c
+    """The token-match pairs of one window as a (T, T) bool mask: ``core.match_mask`` with
+    ``shifts`` and ``latest=cap`` (queries and keys the same tokens). ids: (T,) token ids."""
+    from focus_lab.method.core import match_mask
+    pos = torch.arange(ids.shape[0])
+    return match_mask(ids[None], ids[None], shifts, pos, pos, window, sinks, cap)[0]
 
 
 def random_like(extra: torch.Tensor, candidates: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
@@ -81,11 +67,12 @@ def parse_extra(name: str) -> tuple[int, ...] | None:
     if name == "random":
         return None
     try:
-        if name.startswith("s"):
-            return tuple(sorted({int(x) for x in name[1:].split("+")}))
+        shifts = tuple(sorted({int(x) for x in name[1:].split("+")})) if name.startswith("s") else ()
+        if shifts and min(shifts) >= 0:
+            return shifts
     except ValueError:
         pass
-    raise SystemExit(f"--extras: unknown {name!r}; use none, random, or shifts such as s1 or s0+1+2")
+    raise SystemExit(f"--extras: unknown {name!r}; use none, random, or shifts >= 0 such as s1 or s0+1+2")
 
 
 def _hook(extra: torch.Tensor | None, matched: torch.Tensor, distant: torch.Tensor, stats: list, seed: int):
@@ -114,10 +101,10 @@ def _hook(extra: torch.Tensor | None, matched: torch.Tensor, distant: torch.Tens
 def summarize(df: pd.DataFrame) -> pd.DataFrame:
     """Per corpus, pattern and extra: windows, perplexity change over dense pooled over tokens
     (%), its min/max over windows, distant pairs kept and the extra pairs' share of them."""
-    d = df.merge(df[df.pattern == "dense"][["corpus", "window", "nll"]].rename(columns={"nll": "nll_dense"}),
-                 on=["corpus", "window"])
+    dense = df[df.pattern == "dense"].drop_duplicates(["corpus", "window"])
+    d = df.merge(dense[["corpus", "window", "nll"]].rename(columns={"nll": "nll_dense"}), on=["corpus", "window"])
     d["change"] = np.expm1((d.nll - d.nll_dense) / d.tokens) * 100
-    g = d[d.pattern != "dense"].groupby(["corpus", "pattern", "extra"], sort=False)
+    g = d[d.pattern != "dense"].groupby(["corpus", "pattern", "extra", "cap"], sort=False)
     out = g.agg(windows=("window", "nunique"), nll=("nll", "sum"), nll_dense=("nll_dense", "sum"),
                 tokens=("tokens", "sum"), lo=("change", "min"), hi=("change", "max"),
                 pairs_kept=("pairs_kept", "mean"), extra_pairs=("extra_pairs", "mean")).reset_index()
@@ -128,10 +115,10 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
 def report(df: pd.DataFrame) -> str:
     """Markdown table of ``summarize``."""
     s = summarize(df)
-    lines = ["| corpus | windows | pattern | extra pairs | change over dense [min, max over windows] | "
-             "distant pairs kept | of them extra |", "|---|---:|---|---|---|---:|---:|"]
+    lines = ["| corpus | windows | pattern | extra pairs | nearest per query (0: all) | change over dense "
+             "[min, max over windows] | distant pairs kept | of them extra |", "|---|---:|---|---|---:|---|---:|---:|"]
     for r in s.itertuples():
-        lines.append(f"| {r.corpus} | {r.windows} | {r.pattern} | {r.extra} | {r.change:+.2f}% "
+        lines.append(f"| {r.corpus} | {r.windows} | {r.pattern} | {r.extra} | {r.cap} | {r.change:+.2f}% "
                      f"[{r.lo:+.1f}, {r.hi:+.1f}] | {r.pairs_kept:.3f} | {r.extra_pairs:.3f} |")
     return "\n".join(lines) + "\n"
 
