@@ -397,6 +397,8 @@ def _prefill_ratios(df: pd.DataFrame) -> pd.DataFrame:
         dense_s = dense.bare_s
         df["window_bound"] = df.tokens.map(dense_s / win_s)
         df["share_of_bound"] = (df.tokens.map(dense_s) - df.bare_s) / (df.tokens.map(dense_s) - df.tokens.map(win_s))
+    else:  # no window pattern in the run: no bound to compare with
+        df["window_bound"] = df["share_of_bound"] = float("nan")
     return df
 
 

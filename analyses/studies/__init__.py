@@ -3,3 +3,38 @@
 Each is a script (``python -m analyses.studies.<name>``) whose result a page of docs/ cites; the
 figure pipeline (``analyses.figures``) never imports them. Source: docs/method.md, docs/recipes.md.
 """
+
+
+def window_study_args(ap, out: str, patterns: str) -> None:
+    """The options every per-window study of held-out text shares (``copy_loss``,
+    ``copy_pairs``): --routers, --corpora, --seq-len, --windows, --patterns, --threads, --out,
+    --report (only print the table of an earlier run's parquet)."""
+    import argparse  # noqa: F401  (ap is an argparse.ArgumentParser)
+    from pathlib import Path
+    ap.add_argument("--routers", type=Path, default=None, help="default: the shipped routers")
+    ap.add_argument("--corpora", default="austen,man-pages")
+    ap.add_argument("--seq-len", type=int, default=4096)
+    ap.add_argument("--windows", type=int, default=2, help="held-out windows per corpus")
+    ap.add_argument("--patterns", default=patterns)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--out", type=Path, default=Path(out))
+    ap.add_argument("--report", type=Path, default=None, metavar="PARQUET",
+                    help="only print the table of an earlier run's parquet")
+
+
+def load_study(args):
+    """The embedded model with ``args.routers`` (default: the shipped file) on ``args.threads``
+    torch threads. Returns (model, tokenizer, router path, its sha256, FocusConfig, patterns
+    parsed from ``args.patterns``)."""
+    import torch
+
+    from focus_lab.eval.evaluate import parse_patterns
+    from focus_lab.hf.models import load_model
+    from focus_lab.hf.retrofit import load_routers
+    from focus_lab.hf.shipped import resolve_routers
+    from focus_lab.io import file_sha256
+    torch.set_num_threads(args.threads)
+    model, tok = load_model(verbose=False)
+    routers = resolve_routers(args.routers)
+    cfg = load_routers(model, routers)
+    return model, tok, routers, file_sha256(routers), cfg, parse_patterns(args.patterns, cfg.num_groups)

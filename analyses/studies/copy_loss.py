@@ -30,6 +30,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from analyses.studies import load_study, window_study_args
+
 SCHEMA_VERSION = 1
 CLASSES = ("new", "local copy", "distant copy")
 
@@ -90,38 +92,20 @@ def report(df: pd.DataFrame) -> str:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--routers", type=Path, default=None, help="default: the shipped routers")
-    ap.add_argument("--corpora", default="austen,man-pages")
-    ap.add_argument("--seq-len", type=int, default=4096)
-    ap.add_argument("--windows", type=int, default=2, help="held-out windows per corpus")
-    ap.add_argument("--patterns", default="hard_top1,hard_top2,random_top2")
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--out", type=Path, default=Path("checkpoints/copy_loss"))
-    ap.add_argument("--report", type=Path, default=None, metavar="PARQUET",
-                    help="only print the table of an earlier run's copy_loss.parquet")
+    window_study_args(ap, "checkpoints/copy_loss", "hard_top1,hard_top2,random_top2")
     args = ap.parse_args(argv)
     if args.report is not None:
         print(report(pd.read_parquet(args.report)))
         return
 
-    import torch
     import focus_lab
     from focus_lab.data import load_corpus, make_windows
-    from focus_lab.eval.evaluate import parse_patterns
-    from focus_lab.hf.models import load_model
-    from focus_lab.hf.retrofit import load_routers
-    from focus_lab.hf.shipped import resolve_routers
-    from focus_lab.io import atomic_path, file_sha256, write_parquet
+    from focus_lab.io import atomic_path, write_parquet
     from focus_lab.recording.recorder import next_token_nll
 
-    torch.set_num_threads(args.threads)
-    model, tok = load_model(verbose=False)
-    routers = resolve_routers(args.routers)
-    sha = file_sha256(routers)
+    model, tok, routers, sha, cfg, patterns = load_study(args)
     repo = Path(__file__).resolve().parents[2]
     name = str(routers.resolve().relative_to(repo)) if routers.resolve().is_relative_to(repo) else str(routers)
-    cfg = load_routers(model, routers)
-    patterns = parse_patterns(args.patterns, cfg.num_groups)
     cells = args.out / "cells"
     cells.mkdir(parents=True, exist_ok=True)
     for corpus in args.corpora.split(","):

@@ -38,6 +38,8 @@ import numpy as np
 import pandas as pd
 import torch
 
+from analyses.studies import load_study, window_study_args
+
 SCHEMA_VERSION = 1
 
 
@@ -125,19 +127,11 @@ def report(df: pd.DataFrame) -> str:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--routers", type=Path, default=None, help="default: the shipped routers")
-    ap.add_argument("--corpora", default="austen,man-pages")
-    ap.add_argument("--seq-len", type=int, default=4096)
-    ap.add_argument("--windows", type=int, default=2, help="held-out windows per corpus")
-    ap.add_argument("--patterns", default="hard_top1,hard_top2")
+    window_study_args(ap, "checkpoints/copy_pairs", "hard_top1,hard_top2")
     ap.add_argument("--extras", default="none,s1,random",
                     help="comma list: none, sK+K.. (keys j with ids[j-K] == ids[i], K in the shifts), random "
                          "(as many pairs per query as the last shift extra listed adds, at random)")
-    ap.add_argument("--cap", type=int, default=0, help="keep only the cap latest induction keys per query (0: all)")
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--out", type=Path, default=Path("checkpoints/copy_pairs"))
-    ap.add_argument("--report", type=Path, default=None, metavar="PARQUET",
-                    help="only print the table of an earlier run's copy_pairs.parquet")
+    ap.add_argument("--cap", type=int, default=0, help="keep only the cap nearest matching keys per query (0: all)")
     args = ap.parse_args(argv)
     if args.report is not None:
         print(report(pd.read_parquet(args.report)))
@@ -149,20 +143,11 @@ def main(argv=None) -> None:
 
     import focus_lab
     from focus_lab.data import load_corpus, make_windows
-    from focus_lab.eval.evaluate import parse_patterns
-    from focus_lab.hf.models import load_model
-    from focus_lab.hf.retrofit import load_routers
-    from focus_lab.hf.shipped import resolve_routers
-    from focus_lab.io import atomic_path, file_sha256, write_parquet
+    from focus_lab.io import atomic_path, write_parquet
     from focus_lab.method.core import distant_mask
     from focus_lab.recording.recorder import next_token_nll
 
-    torch.set_num_threads(args.threads)
-    model, tok = load_model(verbose=False)
-    routers = resolve_routers(args.routers)
-    sha = file_sha256(routers)
-    cfg = load_routers(model, routers)
-    patterns = parse_patterns(args.patterns, cfg.num_groups)
+    model, tok, routers, sha, cfg, patterns = load_study(args)
     cells = args.out / "cells"
     cells.mkdir(parents=True, exist_ok=True)
     for corpus in args.corpora.split(","):
