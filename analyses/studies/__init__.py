@@ -38,3 +38,18 @@ def load_study(args):
     routers = resolve_routers(args.routers)
     cfg = load_routers(model, routers)
     return model, tok, routers, file_sha256(routers), cfg, parse_patterns(args.patterns, cfg.num_groups)
+
+
+def pending_windows(args, tok, suffix: str = ""):
+    """Yield (corpus, window, cell path) for each held-out window of ``args.corpora`` (the first
+    ``args.windows`` of ``args.seq_len`` tokens per corpus) whose cell
+    ``<args.out>/cells/<corpus>_<seq_len>_<index><suffix>.parquet`` is not written yet: a
+    study resumes where it stopped."""
+    from focus_lab.data import load_corpus, make_windows
+    cells = args.out / "cells"
+    cells.mkdir(parents=True, exist_ok=True)
+    for corpus in args.corpora.split(","):
+        for w in make_windows(load_corpus(corpus).heldout, tok, args.seq_len, max_windows=args.windows):
+            path = cells / f"{corpus}_{args.seq_len}_{w.index}{suffix}.parquet"
+            if not path.is_file():
+                yield corpus, w, path

@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from analyses.studies import load_study, window_study_args
+from analyses.studies import load_study, pending_windows, window_study_args
 
 SCHEMA_VERSION = 1
 CLASSES = ("new", "local copy", "distant copy")
@@ -99,36 +99,28 @@ def main(argv=None) -> None:
         return
 
     import focus_lab
-    from focus_lab.data import load_corpus, make_windows
     from focus_lab.io import atomic_path, write_parquet
     from focus_lab.recording.recorder import next_token_nll
 
     model, tok, routers, sha, cfg, patterns = load_study(args)
     repo = Path(__file__).resolve().parents[2]
     name = str(routers.resolve().relative_to(repo)) if routers.resolve().is_relative_to(repo) else str(routers)
-    cells = args.out / "cells"
-    cells.mkdir(parents=True, exist_ok=True)
-    for corpus in args.corpora.split(","):
-        windows = make_windows(load_corpus(corpus).heldout, tok, args.seq_len, max_windows=args.windows)
-        for w in windows:
-            path = cells / f"{corpus}_{args.seq_len}_{w.index}.parquet"
-            if path.is_file():
-                continue
-            ids = w.input_ids
-            cls = copy_class(repeat_distance(ids.numpy()), cfg.window)  # (T - 1,)
-            dense = next_token_nll(model, ids, focus=focus_lab.forward_state(model, mode="dense")).numpy()
-            rows = []
-            for label, changes in patterns:
-                nll = next_token_nll(model, ids, focus=focus_lab.forward_state(model, **changes)).numpy()
-                for c, name in enumerate(CLASSES):
-                    m = cls == c
-                    rows.append({"corpus": corpus, "seq_len": args.seq_len, "window": w.index, "pattern": label,
-                                 "copy_class": name, "tokens": int(m.sum()), "nll_dense": float(dense[m].sum()),
-                                 "delta_nll": float((nll[m] - dense[m]).sum()), "routers": name, "routers_sha256": sha,
-                                 "focus_window": cfg.window, "schema_version": SCHEMA_VERSION})
-            write_parquet(path, pd.DataFrame(rows))
-            print(f"{corpus} window {w.index}: done", flush=True)
-    df = pd.concat([pd.read_parquet(p) for p in sorted(cells.glob("*.parquet"))], ignore_index=True)
+    for corpus, w, path in pending_windows(args, tok):
+        ids = w.input_ids
+        cls = copy_class(repeat_distance(ids.numpy()), cfg.window)  # (T - 1,)
+        dense = next_token_nll(model, ids, focus=focus_lab.forward_state(model, mode="dense")).numpy()
+        rows = []
+        for label, changes in patterns:
+            nll = next_token_nll(model, ids, focus=focus_lab.forward_state(model, **changes)).numpy()
+            for c, class_name in enumerate(CLASSES):
+                m = cls == c
+                rows.append({"corpus": corpus, "seq_len": args.seq_len, "window": w.index, "pattern": label,
+                             "copy_class": class_name, "tokens": int(m.sum()), "nll_dense": float(dense[m].sum()),
+                             "delta_nll": float((nll[m] - dense[m]).sum()), "routers": name, "routers_sha256": sha,
+                             "focus_window": cfg.window, "schema_version": SCHEMA_VERSION})
+        write_parquet(path, pd.DataFrame(rows))
+        print(f"{corpus} window {w.index}: done", flush=True)
+    df = pd.concat([pd.read_parquet(p) for p in sorted((args.out / "cells").glob("*.parquet"))], ignore_index=True)
     write_parquet(args.out / "copy_loss.parquet", df)
     md = report(df)
     with atomic_path(args.out / "copy_loss.md") as tmp:

@@ -38,7 +38,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from analyses.studies import load_study, window_study_args
+from analyses.studies import load_study, pending_windows, window_study_args
 
 SCHEMA_VERSION = 1
 
@@ -142,47 +142,40 @@ def main(argv=None) -> None:
         raise SystemExit("--extras: random needs a shift extra to match (e.g. --extras none,s1,random)")
 
     import focus_lab
-    from focus_lab.data import load_corpus, make_windows
     from focus_lab.io import atomic_path, write_parquet
     from focus_lab.method.core import distant_mask
     from focus_lab.recording.recorder import next_token_nll
 
     model, tok, routers, sha, cfg, patterns = load_study(args)
-    cells = args.out / "cells"
-    cells.mkdir(parents=True, exist_ok=True)
-    for corpus in args.corpora.split(","):
-        windows = make_windows(load_corpus(corpus).heldout, tok, args.seq_len, max_windows=args.windows)
-        for w in windows:
-            path = cells / f"{corpus}_{args.seq_len}_{w.index}_cap{args.cap}.parquet"
-            if path.is_file():
-                continue
-            ids = w.input_ids.long()
-            T = ids.shape[0]
-            pos = torch.arange(T)
-            distant = distant_mask(pos, pos, cfg.window, cfg.sink_tokens)  # (T, T)
-            masks = {k: match_pairs(ids, cfg.window, cfg.sink_tokens, v, args.cap) for k, v in extras.items() if v}
-            matched = match_pairs(ids, cfg.window, cfg.sink_tokens, shifted[-1], args.cap) if shifted else None
-            base = {"corpus": corpus, "seq_len": T, "window": w.index, "cap": args.cap, "tokens": T - 1,
-                    "routers_sha256": sha, "focus_window": cfg.window, "sinks": cfg.sink_tokens,
-                    "schema_version": SCHEMA_VERSION}
-            dense = next_token_nll(model, ids, focus=focus_lab.forward_state(model, mode="dense"))
-            rows = [{**base, "pattern": "dense", "extra": "none", "nll": float(dense.sum()),
-                     "pairs_kept": 1.0, "extra_pairs": 0.0}]
-            for label, changes in patterns:
-                for extra, shifts in extras.items():
-                    stats: list = []
-                    fn = _hook(masks.get(extra, torch.zeros_like(distant)) if shifts is not None else None,
-                               matched, distant, stats, seed=w.index)
-                    with focus_lab.hooks(model, {"attn_out": fn}):
-                        nll = next_token_nll(model, ids, focus=focus_lab.forward_state(model, **changes))
-                    rows.append({**base, "pattern": label, "extra": extra, "nll": float(nll.sum()),
-                                 "pairs_kept": float(np.mean([a for a, _ in stats])),
-                                 "extra_pairs": float(np.mean([b for _, b in stats]))})
-                    print(f"{corpus} window {w.index} {label}+{extra}: "
-                          f"{np.expm1((nll.sum() - dense.sum()).item() / (T - 1)) * 100:+.2f}% "
-                          f"at {np.mean([a for a, _ in stats]):.3f}", flush=True)
-            write_parquet(path, pd.DataFrame(rows))
-    df = pd.concat([pd.read_parquet(p) for p in sorted(cells.glob(f"*_cap{args.cap}.parquet"))], ignore_index=True)
+    for corpus, w, path in pending_windows(args, tok, f"_cap{args.cap}"):
+        ids = w.input_ids.long()
+        T = ids.shape[0]
+        pos = torch.arange(T)
+        distant = distant_mask(pos, pos, cfg.window, cfg.sink_tokens)  # (T, T)
+        masks = {k: match_pairs(ids, cfg.window, cfg.sink_tokens, v, args.cap) for k, v in extras.items() if v}
+        matched = match_pairs(ids, cfg.window, cfg.sink_tokens, shifted[-1], args.cap) if shifted else None
+        base = {"corpus": corpus, "seq_len": T, "window": w.index, "cap": args.cap, "tokens": T - 1,
+                "routers_sha256": sha, "focus_window": cfg.window, "sinks": cfg.sink_tokens,
+                "schema_version": SCHEMA_VERSION}
+        dense = next_token_nll(model, ids, focus=focus_lab.forward_state(model, mode="dense"))
+        rows = [{**base, "pattern": "dense", "extra": "none", "nll": float(dense.sum()),
+                 "pairs_kept": 1.0, "extra_pairs": 0.0}]
+        for label, changes in patterns:
+            for extra, shifts in extras.items():
+                stats: list = []
+                fn = _hook(masks.get(extra, torch.zeros_like(distant)) if shifts is not None else None,
+                           matched, distant, stats, seed=w.index)
+                with focus_lab.hooks(model, {"attn_out": fn}):
+                    nll = next_token_nll(model, ids, focus=focus_lab.forward_state(model, **changes))
+                rows.append({**base, "pattern": label, "extra": extra, "nll": float(nll.sum()),
+                             "pairs_kept": float(np.mean([a for a, _ in stats])),
+                             "extra_pairs": float(np.mean([b for _, b in stats]))})
+                print(f"{corpus} window {w.index} {label}+{extra}: "
+                      f"{np.expm1((nll.sum() - dense.sum()).item() / (T - 1)) * 100:+.2f}% "
+                      f"at {np.mean([a for a, _ in stats]):.3f}", flush=True)
+        write_parquet(path, pd.DataFrame(rows))
+    df = pd.concat([pd.read_parquet(p) for p in sorted((args.out / "cells").glob(f"*_cap{args.cap}.parquet"))],
+                   ignore_index=True)
     write_parquet(args.out / f"copy_pairs_cap{args.cap}.parquet", df)
     md = report(df)
     with atomic_path(args.out / f"copy_pairs_cap{args.cap}.md") as tmp:
