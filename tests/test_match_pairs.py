@@ -242,3 +242,13 @@ def test_copy_pairs_study_extras_and_random_control():
     got = random_like(extra, cand, torch.Generator().manual_seed(1))
     assert not (got & ~cand).any()
     assert abs(got.sum().item() / extra.sum().item() - 1) < 0.1
+
+
+def test_recording_refuses_token_match_pairs_with_the_fix():
+    m = _model()
+    with pytest.raises(RuntimeError, match="match_shifts=None"):
+        with torch.no_grad(), focus_lab.record(m, metrics=("assignments",)):
+            m(input_ids=_ids(32), use_cache=False)
+    with torch.no_grad(), focus_lab.record(m, metrics=("assignments",)) as rec:  # the fix named works
+        m(input_ids=_ids(32), use_cache=False, focus=focus_lab.forward_state(m, match_shifts=None))
+    assert rec.num_windows == 1

@@ -394,8 +394,9 @@ class _Probe:
             kept = edge.float() if edge.dtype == torch.bool else edge.float().exp().clamp(max=1.0)
             self.needle_kept.append(float(kept.mean()))
         if cfg.mode == "hard" and routing is not None:
+            square = query.shape[2] == key.shape[2]  # the prefill: its token-match pairs, if any, count too
             self.kept_pairs.append(distant_pairs_kept(routing.query_groups, routing.key_group, cfg.window,
-                                                      cfg.sink_tokens))
+                                                      cfg.sink_tokens, call.match_pairs if square else None))
         if self.audit:
             layer = router.layer_idx
             att = answer_attention(query, key, attention_scale(module, query.shape[-1]), self.row,
