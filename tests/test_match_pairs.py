@@ -174,14 +174,14 @@ def test_cli_bad_match_shifts_exits_2_with_one_line():
     assert "--match-shifts: cannot read '0,x'" in res.output
 
 
-@pytest.mark.parametrize("Tq,k", [(70, 1), (70, 2), (12, 2), (1, 2)])
-def test_decomposition_with_extra_pairs_equals_the_masked_reference(Tq, k):
+@pytest.mark.parametrize("Tq,k,B", [(70, 1, 2), (70, 2, 2), (12, 2, 2), (1, 2, 2), (1, 2, 1)])
+def test_decomposition_with_extra_pairs_equals_the_masked_reference(Tq, k, B):
     """hard_focus_attention(extra_pairs=...) (part D) equals dense attention under the group
     mask OR the loop-built pairs, for a prefill, a chunk after a cache and a one-token step."""
     from focus_lab.method.core import hard_mask
     from focus_lab.method.decomposition import hard_focus_attention
     g = torch.Generator().manual_seed(Tq + k)
-    B, H, Hkv, Tk, D = 2, 4, 2, 70, 16
+    H, Hkv, Tk, D = 4, 2, 70, 16
     q = torch.randn(B, H, Tq, D, generator=g)
     key, value = torch.randn(B, Hkv, Tk, D, generator=g), torch.randn(B, Hkv, Tk, D, generator=g)
     qg = torch.stack([torch.randperm(4, generator=g)[:k] for _ in range(B * Tq)]).view(B, Tq, k)

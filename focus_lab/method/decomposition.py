@@ -1010,6 +1010,13 @@ def _pairs_part(query, key, value, pairs, scale, call, waste: float = 1.25):
     g = H // Hkv
     n = B * Tq
     with call("attn_D"):
+        if n == 1:  # a one-token decode step: its pairs are one row, no table to build
+            q = query[0, :, 0].float().view(Hkv, g, D)  # (Hkv, g, D)
+            j = pairs[:, 2]
+            lg = torch.einsum("kgd,kpd->kgp", q, key[0][:, j].float()) * scale  # (Hkv, g, P)
+            l = torch.logsumexp(lg, -1)  # (Hkv, g)
+            o = torch.einsum("kgp,kpd->kgd", torch.exp(lg - l[..., None]), value[0][:, j].float())
+            return o.reshape(1, H, 1, D), l.reshape(1, H, 1)
         row = pairs[:, 0] * Tq + pairs[:, 1]  # (P,) non-decreasing
         rows, counts = torch.unique_consecutive(row, return_counts=True)  # (R,), (R,)
         first = counts.cumsum(0) - counts  # (R,) each row's first pair
