@@ -265,7 +265,7 @@ E2E_PATTERNS = "dense,window,hard_top1,hard_top2,random_top2"
 DECODE_PATTERNS = "dense,hard_top1,hard_top2"
 # phases of retrofit.FocusForward.timings, grouped as the tables report them
 SHARES = {"route": ("route",), "plan": ("plan",), "gather_scatter": ("gather", "scatter"),
-          "attention": ("attn_A", "attn_B", "attn_dense", "attn_reference"), "merge": ("merge",),
+          "attention": ("attn_A", "attn_B", "attn_D", "attn_dense", "attn_reference"), "merge": ("merge",),
           "mask_hooks": ("mask", "hooks")}
 
 

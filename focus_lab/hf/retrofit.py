@@ -173,7 +173,7 @@ class FocusForward:
         timings: None, or a dict into which every routed layer's attention function adds wall
             seconds per phase (for benchmarks, ``analyses/bench_attention.py``): "route" (router
             and groups), "mask" (transformers' mask read, path choice), "hooks" (the hook points), the
-            decomposition's "plan", "gather", "scatter", "attn_A", "attn_B", "merge"
+            decomposition's "plan", "gather", "scatter", "attn_A", "attn_B", "attn_D" (token-match pairs), "merge"
             (``decomposition.hard_focus_attention``), "attn_dense" (dense SDPA) or
             "attn_reference" (the masked reference), and "attention_fn", the whole function.
     Source: docs/method.md §1-§4.

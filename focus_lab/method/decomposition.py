@@ -845,7 +845,7 @@ def hard_focus_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Te
         backend: "auto" | "torch" | "flash" (see the module docstring).
         return_lse: also return the logsumexp of the kept (scaled) logits.
         timings: optional dict; wall seconds per phase are added under "plan" (sort, segment
-            layout), "gather", "attn_A", "attn_B", "scatter" and "merge".
+            layout), "gather", "attn_A", "attn_B", "attn_D" (part D), "scatter" and "merge".
         sinks: keys at positions ``< sinks`` are always kept, like the window (the
             ``sinks`` argument of core.hard_mask, FocusConfig.sink_tokens); their pairs outside
             A and B form a third small part merged like the others.
