@@ -47,33 +47,39 @@ def router_free(label: str) -> bool:
     return label in GROUP_FREE or label.startswith("random_top")
 
 
+def _changes(cfg, label: str) -> dict | None:
+    """``pattern_changes`` of ``label`` under ``cfg``'s groups; None for a pattern this file
+    cannot run (e.g. top-k above its groups)."""
+    from focus_lab.eval.evaluate import pattern_changes
+    try:
+        return pattern_changes(label, cfg.num_groups)
+    except ValueError:
+        return None
+
+
 def spec_in_force(cfg, label: str) -> str:
     """The per-layer k a pattern runs with under ``cfg`` (``FocusConfig.layer_top_k_in_force``
     with the pattern's top_k: an explicit ``--layer-top-k`` or the router file's
     ``top_k_budgets``), as a ``--layer-top-k`` spec; '' when uniform or for a pattern without
     groups. Recorded per row in the ``layer_top_k`` column."""
-    from focus_lab.eval.evaluate import pattern_changes, pattern_layer_spec
-    try:
-        changes = pattern_changes(label, cfg.num_groups)
-    except ValueError:  # a pattern this file cannot run (e.g. top-k above its groups): no spec
-        return ""
-    return pattern_layer_spec(cfg, changes)
+    from focus_lab.eval.evaluate import pattern_layer_spec
+    changes = _changes(cfg, label)
+    return pattern_layer_spec(cfg, changes) if changes is not None else ""
 
 
 def match_in_force(cfg, label: str) -> str:
-    """The token-match shifts a pattern runs with under ``cfg`` (``FocusConfig.match_shifts``,
-    or the pattern's ``_match`` / ``_nomatch`` suffix; docs/method.md §2.8) as text, e.g. '0-1';
-    '' when off or for a pattern that is not hard (dense, window, soft). Recorded per row in
-    the ``match_shifts`` column."""
-    from focus_lab.eval.evaluate import pattern_changes
+    """The token-match pairs a pattern runs with under ``cfg`` (``FocusConfig.match_shifts``, or
+    the pattern's ``_match`` / ``_nomatch`` suffix, and ``match_latest``; docs/method.md §2.8) as
+    text, e.g. '0-1', or '0-1@16' with the nearest 16 matches only; '' when off or for a pattern
+    that is not hard (dense, window, soft). Recorded per row in the ``match_shifts`` column."""
     from focus_lab.method.config import format_int_list
-    try:
-        changes = pattern_changes(label, cfg.num_groups)
-    except ValueError:  # a pattern this file cannot run: no shifts
+    changes = _changes(cfg, label)
+    if changes is None or changes.get("mode") != "hard":
         return ""
-    if changes.get("mode") != "hard":
+    shifts = changes.get("match_shifts", cfg.match_shifts)
+    if not shifts:
         return ""
-    return format_int_list(changes.get("match_shifts", cfg.match_shifts) or [])
+    return format_int_list(shifts) + (f"@{cfg.match_latest}" if cfg.match_latest else "")
 
 
 def _same_spec(old: pd.DataFrame, cfg) -> pd.Series:

@@ -52,7 +52,7 @@ LAYER_TOP_K_OPTION = typer.Option(None, "--layer-top-k", help="hard patterns: pe
 
 MATCH_SHIFTS_OPTION = typer.Option(None, "--match-shifts", help="hard patterns: also keep the distant pairs "
                                    "(i, j) with ids[j-s] == ids[i] for these shifts, e.g. '0,1' (1: the induction "
-                                   "pair), or 'none'; runs the dense masked path (slower); default: the router "
+                                   "pair), or 'none'; default: the router "
                                    "file's (FocusConfig.match_shifts, docs/method.md §2.8)")
 
 
@@ -351,7 +351,7 @@ def eval_cmd(
             typer.echo(note)
         if cfg.match_shifts:
             typer.echo(f"token-match pairs for the hard patterns, shifts {cfg.match_shifts} (docs/method.md §2.8): "
-                       "they run the dense masked path ('--match-shifts none' to drop them)")
+                       "'--match-shifts none' drops them")
         df = evaluate(m, windows, pats)
         target = out or (routers.parent / "eval.parquet" if routers_opt is not None
                          else Path("eval") / f"{corp.name}_{seq_len}.parquet")

@@ -212,6 +212,7 @@ def test_pattern_suffixes_set_the_shifts():
     assert [match_in_force(on, lab) for lab in ("hard_top2", "hard_top2_nomatch", "soft", "window")] == \
         ["0-1", "", "", ""]
     assert match_in_force(FocusConfig(), "random_top2_match") == "0-1"
+    assert match_in_force(FocusConfig(match_shifts=[0, 1], match_latest=16), "hard_top2") == "0-1@16"
 
 
 def test_base_model_alone_gets_the_ids():
@@ -228,7 +229,7 @@ def test_base_model_alone_gets_the_ids():
 def test_copy_pairs_study_extras_and_random_control():
     """analyses/studies/copy_pairs: extras parse to shifts; its pairs are core's; the random
     control draws only dropped candidates, about as many per row as the pairs it matches."""
-    from analyses.studies.copy_pairs import match_pairs as study_pairs
+    from analyses.studies.copy_pairs import window_match_mask as study_pairs
     from analyses.studies.copy_pairs import parse_extra, random_like
     assert parse_extra("none") == () and parse_extra("random") is None and parse_extra("s1+0") == (0, 1)
     for bad in ("s-1+0", "x", "s"):

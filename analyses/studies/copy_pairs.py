@@ -43,7 +43,7 @@ from analyses.studies import load_study, pending_windows, window_study_args
 SCHEMA_VERSION = 1
 
 
-def match_pairs(ids: torch.Tensor, window: int, sinks: int, shifts: tuple[int, ...] = (1,),
+def window_match_mask(ids: torch.Tensor, window: int, sinks: int, shifts: tuple[int, ...] = (1,),
                 cap: int = 0) -> torch.Tensor:
     """The token-match pairs of one window as a (T, T) bool mask: ``core.match_mask`` with
     ``shifts`` and ``latest=cap`` (queries and keys the same tokens). ids: (T,) token ids."""
@@ -152,8 +152,8 @@ def main(argv=None) -> None:
         T = ids.shape[0]
         pos = torch.arange(T)
         distant = distant_mask(pos, pos, cfg.window, cfg.sink_tokens)  # (T, T)
-        masks = {k: match_pairs(ids, cfg.window, cfg.sink_tokens, v, args.cap) for k, v in extras.items() if v}
-        matched = match_pairs(ids, cfg.window, cfg.sink_tokens, shifted[-1], args.cap) if shifted else None
+        masks = {k: window_match_mask(ids, cfg.window, cfg.sink_tokens, v, args.cap) for k, v in extras.items() if v}
+        matched = window_match_mask(ids, cfg.window, cfg.sink_tokens, shifted[-1], args.cap) if shifted else None
         base = {"corpus": corpus, "seq_len": T, "window": w.index, "cap": args.cap, "tokens": T - 1,
                 "routers_sha256": sha, "focus_window": cfg.window, "sinks": cfg.sink_tokens,
                 "schema_version": SCHEMA_VERSION}

@@ -363,6 +363,20 @@ def match_pairs(query_ids: torch.Tensor, key_ids: torch.Tensor, shifts, q_pos: t
     return pairs
 
 
+def other_group_pairs(pairs: torch.Tensor, query_groups: torch.Tensor, key_group: torch.Tensor,
+                      Tq: int, Tk: int, window: int, sinks: int) -> torch.Tensor:
+    """The listed pairs the group mask does not already keep (docs/method.md §2.8; what the
+    decomposition's parts A-C do not hold, so they form its part D): causal, ``i - j >= window``,
+    ``j >= sinks`` and ``g(j)`` not in ``G_k(i)``.
+
+    pairs: (P, 3) long rows (b, i, j), i a query index (position ``Tk - Tq + i``), j a key
+    index; query_groups: (B, Tq, k); key_group: (B, Tk). Returns (P', 3) long, P' <= P."""
+    b, i, j = pairs.unbind(1)
+    far = (Tk - Tq + i - j >= window) & (j >= sinks)  # (P,) implies causal
+    other = (query_groups[b, i] != key_group[b, j][:, None]).all(-1)  # (P,)
+    return pairs[far & other]
+
+
 def pairs_mask(pairs: torch.Tensor, shape: tuple[int, int, int]) -> torch.Tensor:
     """A (B, Tq, Tk) bool mask True on ``pairs`` (P, 3) rows (b, i, j) (``match_pairs``)."""
     m = torch.zeros(shape, dtype=torch.bool, device=pairs.device)
@@ -672,7 +686,7 @@ def distant_pairs_kept(query_groups: torch.Tensor, key_group: torch.Tensor, wind
     """Fraction of distant causal pairs (``i - j >= window``) the hard mask keeps, in [0, 1]
     (sink pairs count as kept: they are computed), from ``distant_kept_counts``, plus the
     token-match pairs ``match_pairs`` (P, 3) (b, i, j) the groups do not keep (docs/method.md
-    §2.8; ``decomposition.other_group_pairs``).
+    §2.8; ``other_group_pairs``).
 
     query_groups: (B, T, k), key_group: (B, T). Returns nan when there is no distant pair.
     """
@@ -680,7 +694,6 @@ def distant_pairs_kept(query_groups: torch.Tensor, key_group: torch.Tensor, wind
     total = distant * key_group.shape[0]
     extra = 0
     if match_pairs is not None and match_pairs.numel():
-        from focus_lab.method.decomposition import other_group_pairs
         T = key_group.shape[1]
         extra = other_group_pairs(match_pairs, query_groups, key_group, T, T, window, sinks).shape[0]
     return float((kept.sum() + extra) / total) if total > 0 else float("nan")

@@ -79,6 +79,7 @@ from dataclasses import dataclass
 
 import torch
 
+from focus_lab.method.core import other_group_pairs
 from focus_lab.method.threads import torch_threads
 
 BACKENDS = ("auto", "torch", "flash")
@@ -856,7 +857,7 @@ def hard_focus_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Te
         extra_pairs: (P, 3) long rows (b, i, j) of more pairs to keep (token-match pairs,
             docs/method.md §2.8): the mask becomes ``hard_mask(..., match=M)`` with M True on
             them. Pairs the mask already keeps (or non-causal ones) are dropped
-            (``other_group_pairs``); the rest form part D.
+            (``core.other_group_pairs``); the rest form part D.
     Returns:
         out (B, H, Tq, D) in query.dtype, a view of (B, Tq, H, D) memory; with ``return_lse``
         also lse (B, H, Tq) fp32.
@@ -976,25 +977,12 @@ def _hard_focus_attention(query, key, value, query_groups, key_group, window, sc
     return out
 
 
-def other_group_pairs(pairs: torch.Tensor, query_groups: torch.Tensor, key_group: torch.Tensor,
-                      Tq: int, Tk: int, window: int, sinks: int) -> torch.Tensor:
-    """The listed pairs that parts A-C do not already hold: causal, ``i - j >= window``,
-    ``j >= sinks`` and ``g(j)`` not in ``G_k(i)``.
-
-    pairs: (P, 3) long rows (b, i, j), i a query index (position ``Tk - Tq + i``), j a key
-    index; query_groups: (B, Tq, k); key_group: (B, Tk). Returns (P', 3) long, P' <= P."""
-    b, i, j = pairs.unbind(1)
-    far = (Tk - Tq + i - j >= window) & (j >= sinks)  # (P,) implies causal
-    other = (query_groups[b, i] != key_group[b, j][:, None]).all(-1)  # (P,)
-    return pairs[far & other]
-
-
 #: bytes of gathered keys (or values) per chunk of query rows in ``_pairs_part``
 PAIRS_CHUNK_BYTES = 64 << 20
 
 
 def _pairs_part(query, key, value, pairs, scale, call, waste: float = 1.25):
-    """Part D: attention over a list of extra pairs disjoint from parts A-C (``other_group_pairs``).
+    """Part D: attention over a list of extra pairs disjoint from parts A-C (``core.other_group_pairs``).
 
     The pairs, sorted by query row, become per row a list of key indices; rows are ordered by
     their number of pairs and cut into buckets whose longest row is at most ``waste`` times the
