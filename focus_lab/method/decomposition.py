@@ -14,7 +14,9 @@ A. same-group causal pairs: ``g(j) in G_k(i)`` and ``j <= i``. Keys are stably s
    own group) gives square causal segments: they are padded to a common length in buckets
    (at most 20% padding work) and run as ONE batched causal kernel call per bucket. Slots
    2..k give "staircase" segments (query m sees the first ``counts[m]`` keys of the group),
-   cut into pieces of query rows and batched into a few masked calls (``_stairs``).
+   cut into pieces whose rows share all but at most a chunk of their keys: the shared keys go
+   in one unmasked call per piece, the ragged rest in a few batched masked calls, merged by
+   LSE (``_stairs``).
    A key lives in exactly one group and repeated query groups count once, so no pair is
    counted twice. Cost O(k n^2 / K) for balanced groups.
 B. local pairs in other groups: ``0 <= i - j < w`` and ``g(j) not in G_k(i)``: query blocks
@@ -93,8 +95,8 @@ class DecompositionOptions:
         A fresh 75 MB CPU buffer (32K tokens x 9 heads x 64 x fp32) pays its page faults on
         first touch: measured 0.07-0.22 s per buffer on a 2-core VM, i.e. the whole "gather"
         and "scatter" phases at 32K tokens. What is returned to the caller never comes from it.
-    stair_chunk: query rows per piece of a stair segment (None: STAIR_CHUNK); pieces of all
-        segments are batched into a few masked calls (``_stairs``).
+    stair_chunk: the most query rows, and the most ragged keys, of a piece of a stair
+        segment (None: STAIR_CHUNK; ``_stairs``).
     serial_bookkeeping: run everything but the attention kernels on one thread. Each
         multi-threaded op waits for every worker thread; on an oversubscribed 2-core machine
         the ~30 small bookkeeping ops then stall (measured at 2K tokens under load ~9: 282 ms
@@ -111,7 +113,7 @@ class DecompositionOptions:
 
 
 DEFAULT_OPTIONS = DecompositionOptions()
-STAIR_CHUNK = 512  # default query rows per stair piece: about 256 extra keys computed per query
+STAIR_CHUNK = 512  # default rows and ragged keys per stair piece: at most ~256 extra keys computed per query
 
 
 
@@ -411,59 +413,95 @@ def _stairs(qrows, krows, vrows, segs: list[Segment], Tq: int, Tk: int, scale: f
     """All "stair" / "bottom_right" segments: query m of a segment attends keys
     ``0 .. counts[m]-1`` of its group (counts nondecreasing).
 
-    Every segment is cut into pieces of ``chunk`` query rows (default
-    ``call.options.stair_chunk``, else STAIR_CHUNK); a piece needs the first ``tmax`` keys of its
-    group (``tmax`` = its last query's count), with the stair as its mask. Pieces of every
-    segment are sorted by ``tmax`` and batched: a batch is padded to its largest piece (rows and
-    keys) while that costs at most ``waste`` x the pairs of its members, and runs as ONE masked
-    kernel call (padding query rows write to the dummy row ``nrows - 1``, padding keys are
-    masked). A handful of calls per layer instead of two calls and an LSE merge per piece: on a
-    shared 2-core machine each kernel call costs a fixed few ms of thread synchronization.
-    Pairs computed: the stair plus about ``chunk / 2`` keys per query. Writes rows of
-    outA_flat / lseA_flat ((k*nrows, H, D) / (k*nrows, H)).
+    Every segment is cut into pieces of at most ``chunk`` query rows (default
+    ``call.options.stair_chunk``, else STAIR_CHUNK) whose counts span at most ``chunk`` keys:
+    a piece's rows all see its first ``lo = counts[first row]`` keys, and only the next
+    ``hi - lo <= chunk`` keys (``hi`` = its last row's count) are ragged. So each piece is
+
+    * a ragged part, keys ``lo .. hi-1`` with the stair as the mask. The ragged parts of every
+      segment are sorted by width and batched: a batch is padded to its largest member (rows
+      and keys) while that costs at most ``waste`` x the members' own work, and runs as ONE
+      masked kernel call (padding query rows write to the dummy row ``nrows - 1``, padding keys
+      are masked);
+    * a rectangle, keys ``0 .. lo-1``, one UNMASKED call per piece on a prefix of the
+      segment's keys (gathered once per segment), merged into the ragged result by LSE.
+
+    Pairs computed: the stair plus at most about ``chunk / 2`` keys per query, and only the
+    ragged part pays for a mask (building it and adding it in the kernel), where one masked
+    call per piece over all its keys made a stair pair cost well above a causal one.
+    Writes rows of outA_flat / lseA_flat ((k*nrows, H, D) / (k*nrows, H)); the caller has
+    zeroed them (lse -inf).
     """
     if not segs:
         return
     dev = qrows.device
+    H, D = qrows.shape[1], qrows.shape[2]
     ck = chunk or call.options.stair_chunk or STAIR_CHUNK
     with call("plan"):
-        pieces = []  # (segment, first row, end row, keys needed)
+        pieces = []  # (segment, first row, end row, lo, hi)
         for sg in segs:
-            Lq = sg.q_idx.numel()
-            ends = list(range(ck, Lq, ck)) + [Lq]
-            tmaxes = sg.counts[torch.tensor(ends, device=sg.counts.device) - 1].tolist()
-            for a, e, t in zip([0] + ends[:-1], ends, tmaxes):
-                if t > 0:
-                    pieces.append((sg, a, e, t))
-        pieces.sort(key=lambda p: -p[3])
+            counts = sg.counts.tolist()
+            Lq, a = len(counts), 0
+            while a < Lq:
+                lo = counts[a]
+                e = min(a + ck, bisect_left(counts, lo + ck + 1, lo=a + 1))  # rows with count <= lo + ck
+                e = max(e, a + 1)
+                if counts[e - 1] > 0:
+                    pieces.append((sg, a, e, lo, counts[e - 1]))
+                a = e
+        ragged = sorted((p for p in pieces if p[4] > p[3]), key=lambda p: -(p[4] - p[3]))
         batches: list[list] = []
-        for pc in pieces:
+        for pc in ragged:
             if batches:
                 b = batches[-1]
                 rows = max(x[2] - x[1] for x in b + [pc])
-                if len(b + [pc]) * rows * b[0][3] <= waste * sum((x[2] - x[1]) * x[3] for x in b + [pc]):
+                width = b[0][4] - b[0][3]
+                if len(b + [pc]) * rows * width <= waste * sum((x[2] - x[1]) * (x[4] - x[3]) for x in b + [pc]):
                     b.append(pc)
                     continue
             batches.append([pc])
-    for batch in batches:
-        N, S = len(batch), batch[0][3]
-        L = max(e - a for _, a, e, _ in batch)
+    for batch in batches:  # the ragged parts, masked
+        N, S = len(batch), batch[0][4] - batch[0][3]
+        L = max(e - a for _, a, e, _, _ in batch)
         with call("gather"):
             src_q = torch.zeros(N, L, dtype=torch.long, device=dev)
             src_k = torch.zeros(N, S, dtype=torch.long, device=dev)
             dst = torch.full((N, L), nrows - 1, dtype=torch.long, device=dev)  # padding -> dummy row
             cnt = torch.zeros(N, L, dtype=torch.long, device=dev)
-            for i, (sg, a, e, t) in enumerate(batch):
+            for i, (sg, a, e, lo, hi) in enumerate(batch):
                 src_q[i, :e - a] = sg.q_idx[a:e] + sg.b * Tq
-                src_k[i, :t] = sg.k_idx[:t] + sg.b * Tk
+                src_k[i, :hi - lo] = sg.k_idx[lo:hi] + sg.b * Tk
                 dst[i, :e - a] = sg.q_idx[a:e] + sg.b * Tq + sg.slot * nrows
-                cnt[i, :e - a] = sg.counts[a:e]
+                cnt[i, :e - a] = sg.counts[a:e] - lo
             allowed = (torch.arange(S, device=dev) < cnt[..., None])[:, None]  # (N, 1, L, S)
             qb, kb, vb = _gather_qkv(qrows, krows, vrows, src_q, src_k, "S", call)
         with call("attn_A"):
             o, lse = _attn_lse(qb, kb, vb, scale, allowed=allowed, call=call)  # (N, H, L, D), (N, H, L)
         with call("scatter"):
             _scatter_rows(o, lse, dst, outA_flat, lseA_flat)
+    keys: dict[int, tuple] = {}  # id(segment) -> its keys' prefix (Lk, Hkv, D) twice, gathered once
+    for sg, a, e, lo, hi in pieces:  # the rectangles, unmasked, merged into the ragged results
+        if lo == 0:
+            continue
+        with call("gather"):
+            if id(sg) not in keys:
+                kidx = sg.k_idx[:max(p[3] for p in pieces if p[0] is sg)] + sg.b * Tk
+                keys[id(sg)] = (krows.index_select(0, kidx), vrows.index_select(0, kidx))
+            kp, vp = keys[id(sg)]
+            qs = qrows.index_select(0, sg.q_idx[a:e] + sg.b * Tq).transpose(0, 1)[None]  # (1, H, L, D)
+        with call("attn_A"):
+            o, l = _attn_lse(qs, kp[:lo].transpose(0, 1)[None], vp[:lo].transpose(0, 1)[None], scale, call=call)
+        with call("merge"):
+            dst = sg.q_idx[a:e] + sg.b * Tq + sg.slot * nrows  # (L,)
+            o = o[0].transpose(0, 1).float()  # (L, H, D)
+            l = l[0].transpose(0, 1)  # (L, H), finite: lo > 0 keys
+            l0 = lseA_flat.index_select(0, dst)  # (L, H), -inf where the ragged part is empty
+            m = torch.maximum(l, l0)
+            w0, w = torch.exp(l0 - m), torch.exp(l - m)
+            den = w0 + w
+            o = o.mul_((w / den)[..., None]).addcmul_(outA_flat.index_select(0, dst), (w0 / den)[..., None])
+            outA_flat.index_copy_(0, dst, o)
+            lseA_flat.index_copy_(0, dst, m + torch.log(den))
 
 
 def _gather_qkv(qrows, krows, vrows, src_q: torch.Tensor, src_k: torch.Tensor, tag: str, call
