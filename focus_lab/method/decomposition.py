@@ -113,7 +113,7 @@ class DecompositionOptions:
 
 
 DEFAULT_OPTIONS = DecompositionOptions()
-STAIR_CHUNK = 512  # default rows and ragged keys per stair piece: at most ~256 extra keys computed per query
+STAIR_CHUNK = 256  # default rows and ragged keys per stair piece: at most ~128 extra keys computed per query
 
 
 
@@ -479,29 +479,36 @@ def _stairs(qrows, krows, vrows, segs: list[Segment], Tq: int, Tk: int, scale: f
             o, lse = _attn_lse(qb, kb, vb, scale, allowed=allowed, call=call)  # (N, H, L, D), (N, H, L)
         with call("scatter"):
             _scatter_rows(o, lse, dst, outA_flat, lseA_flat)
+    rect = [p for p in pieces if p[3] > 0]  # pieces with a rectangle: keys 0 .. lo-1
+    if not rect:
+        return
+    R = sum(e - a for _, a, e, _, _ in rect)
+    outR = _scratch("outR", (R, H, D), torch.float32, dev, call)  # (R, H, D) the rectangles' rows
+    lseR = _scratch("lseR", (R, H), torch.float32, dev, call)  # (R, H)
     keys: dict[int, tuple] = {}  # id(segment) -> its keys' prefix (Lk, Hkv, D) twice, gathered once
-    for sg, a, e, lo, hi in pieces:  # the rectangles, unmasked, merged into the ragged results
-        if lo == 0:
-            continue
+    r = 0
+    for sg, a, e, lo, hi in rect:  # the rectangles, unmasked
         with call("gather"):
             if id(sg) not in keys:
-                kidx = sg.k_idx[:max(p[3] for p in pieces if p[0] is sg)] + sg.b * Tk
+                kidx = sg.k_idx[:max(p[3] for p in rect if p[0] is sg)] + sg.b * Tk
                 keys[id(sg)] = (krows.index_select(0, kidx), vrows.index_select(0, kidx))
             kp, vp = keys[id(sg)]
             qs = qrows.index_select(0, sg.q_idx[a:e] + sg.b * Tq).transpose(0, 1)[None]  # (1, H, L, D)
         with call("attn_A"):
             o, l = _attn_lse(qs, kp[:lo].transpose(0, 1)[None], vp[:lo].transpose(0, 1)[None], scale, call=call)
-        with call("merge"):
-            dst = sg.q_idx[a:e] + sg.b * Tq + sg.slot * nrows  # (L,)
-            o = o[0].transpose(0, 1).float()  # (L, H, D)
-            l = l[0].transpose(0, 1)  # (L, H), finite: lo > 0 keys
-            l0 = lseA_flat.index_select(0, dst)  # (L, H), -inf where the ragged part is empty
-            m = torch.maximum(l, l0)
-            w0, w = torch.exp(l0 - m), torch.exp(l - m)
-            den = w0 + w
-            o = o.mul_((w / den)[..., None]).addcmul_(outA_flat.index_select(0, dst), (w0 / den)[..., None])
-            outA_flat.index_copy_(0, dst, o)
-            lseA_flat.index_copy_(0, dst, m + torch.log(den))
+        with call("scatter"):
+            outR[r:r + e - a] = o[0].transpose(0, 1)  # (L, H, D)
+            lseR[r:r + e - a] = l[0].transpose(0, 1)  # (L, H), finite: lo > 0 keys
+        r += e - a
+    with call("merge"):  # into the ragged results (lse -inf where a row's ragged part is empty)
+        dst = torch.cat([sg.q_idx[a:e] + sg.b * Tq + sg.slot * nrows for sg, a, e, _, _ in rect])  # (R,)
+        l0 = lseA_flat.index_select(0, dst)  # (R, H)
+        m = torch.maximum(lseR, l0)
+        w0, w = torch.exp(l0 - m), torch.exp(lseR - m)
+        den = w0 + w
+        o = outR.mul_((w / den)[..., None]).addcmul_(outA_flat.index_select(0, dst), (w0 / den)[..., None])
+        outA_flat.index_copy_(0, dst, o)
+        lseA_flat.index_copy_(0, dst, m + torch.log(den))
 
 
 def _gather_qkv(qrows, krows, vrows, src_q: torch.Tensor, src_k: torch.Tensor, tag: str, call
