@@ -16,7 +16,9 @@ window of *Persuasion* per length (4096 and 8192 tokens, ``--e2e-sizes``):
     merge, mask and hook-point bookkeeping, and everything outside the attention functions.
   * decode: ``model.generate`` (greedy, KV cache) after a prefix of ``L - 16`` tokens for
     contexts L = 2K, 4K, 8K (``--decode-contexts``): the median time per generated token
-    (gaps between tokens, prefill excluded) for dense, hard top-1 and hard top-2.
+    (gaps between tokens, prefill excluded) for dense, hard top-1 and hard top-2, through
+    ``focus_lab.hf.kv_cache.GrowingCache`` (``--kv-cache dynamic``: transformers' DynamicCache,
+    which copies the whole cache every step, the same cost for every pattern).
 
 Kernel part: wall time of ``F.scaled_dot_product_attention(is_causal=True, enable_gqa=True)``
 and of ``focus_lab.method.decomposition.hard_focus_attention`` at n = 1K .. 32K tokens, with the
@@ -420,9 +422,10 @@ def decode_bench(model, tok, args, dpats) -> pd.DataFrame:
     tokens, per context L and pattern (set as the model's default config, so generate's forwards
     use it and its FocusCache), patterns round-robin per repeat: per-step time (the median gap
     between consecutive tokens, prefill excluded) and the prefill time."""
-    from transformers import LogitsProcessorList
+    from transformers import DynamicCache, LogitsProcessorList
 
     from focus_lab.data import load_corpus, make_windows
+    from focus_lab.hf.kv_cache import GrowingCache
     from focus_lab.hf.retrofit import focus_config, set_config
 
     corpus = load_corpus(args.corpus)
@@ -437,8 +440,10 @@ def decode_bench(model, tok, args, dpats) -> pd.DataFrame:
                 for label, changes in dpats[r % len(dpats):] + dpats[:r % len(dpats)]:
                     set_config(model, **changes)
                     clock = _StepClock()
+                    cache = (GrowingCache if args.kv_cache == "growing" else DynamicCache)(config=model.config)
                     t0 = time.perf_counter()
                     model.generate(prefix, attention_mask=torch.ones_like(prefix), max_new_tokens=args.new_tokens,
+                                   past_key_values=cache,
                                    min_new_tokens=args.new_tokens, do_sample=False, use_cache=True,
                                    logits_processor=LogitsProcessorList([clock]), pad_token_id=tok.eos_token_id)
                     gaps = [b - a for a, b in zip(clock.stamps, clock.stamps[1:])]
@@ -454,7 +459,7 @@ def decode_bench(model, tok, args, dpats) -> pd.DataFrame:
                 rows.append({"phase": "decode", "tokens": L, "prefix": prefix.shape[1], "pattern": label,
                              "ms_per_token": 1000 * step, "decode_tokens_per_s": 1 / step,
                              "prefill_tokens_per_s": prefix.shape[1] / pre, "new_tokens": args.new_tokens,
-                             "repeats": len(res[label]["step"]), "loadavg_min": min(loads),
+                             "repeats": len(res[label]["step"]), "kv_cache": args.kv_cache, "loadavg_min": min(loads),
                              "loadavg_max": max(loads)})
     finally:
         set_config(model, **{k: v for k, v in original.to_dict().items()
@@ -664,6 +669,9 @@ def main(argv=None) -> int:
                         "--new-tokens generated (L must fit the model's positions)")
     e.add_argument("--new-tokens", type=int, default=16)
     e.add_argument("--decode-repeats", type=int, default=2)
+    e.add_argument("--kv-cache", choices=["growing", "dynamic"], default="growing",
+                   help="decode's KV cache: growing (focus_lab.hf.kv_cache.GrowingCache, appends in place; "
+                        "default) or dynamic (transformers' DynamicCache, one full copy per step)")
     e.add_argument("--replot", action="store_true", help="only redraw the plot from --out/kernel.csv")
     args = ap.parse_args(argv)
     if args.replot:
