@@ -1,0 +1,86 @@
+"""GrowingCache (focus_lab.hf.kv_cache) against transformers' DynamicCache: the same tensors at
+every step, in place when there is room, and the same generations (dense and hard mode)."""
+
+import pytest
+import torch
+from transformers.cache_utils import DynamicCache, DynamicLayer
+
+from focus_lab.hf.kv_cache import GrowingCache, GrowingLayer
+
+
+@pytest.fixture
+def small_spare(monkeypatch):
+    monkeypatch.setattr(GrowingLayer, "SPARE", 3)  # buffers grow every few steps
+
+
+def _kv(gen, B, n):
+    return torch.randn(B, 2, n, 4, generator=gen), torch.randn(B, 2, n, 4, generator=gen)
+
+
+def test_growing_layer_equals_dynamic_layer_through_every_method(small_spare):
+    """Updates of 1-7 tokens, a crop, a batch reorder and repeat, a reset: after each, the
+    growing layer holds exactly the DynamicLayer's keys and values."""
+    gen = torch.Generator().manual_seed(0)
+    grow, dyn = GrowingLayer(), DynamicLayer()
+    B = 2
+    script = [5, 1, 1, 7, 1, "crop", 1, 2, "select", 1, 1, "repeat", 3, 1, "reset", 4, 1]
+    for step in script:
+        if step == "crop":
+            grow.crop(-3), dyn.crop(-3)
+        elif step == "select":
+            idx = torch.tensor([1, 0])
+            grow.batch_select_indices(idx), dyn.batch_select_indices(idx)
+        elif step == "repeat":
+            grow.batch_repeat_interleave(2), dyn.batch_repeat_interleave(2)
+            B = 4
+        elif step == "reset":
+            grow.reset(), dyn.reset()
+        else:
+            k, v = _kv(gen, B, step)
+            gk, gv = grow.update(k, v)
+            dk, dv = dyn.update(k, v)
+            assert torch.equal(gk, dk) and torch.equal(gv, dv), f"after update({step})"
+        if dyn.is_initialized and dyn.keys.numel():
+            assert torch.equal(grow.keys, dyn.keys) and torch.equal(grow.values, dyn.values), step
+            assert grow.get_seq_length() == dyn.get_seq_length()
+
+
+def test_growing_layer_appends_in_place_while_there_is_room(small_spare):
+    """No copy of the cached tokens per step: the returned keys stay views of one buffer until
+    it is full, then move once (the DynamicLayer's keys move every step)."""
+    gen = torch.Generator().manual_seed(1)
+    grow = GrowingLayer()
+    k, v = _kv(gen, 1, 10)
+    grow.update(k, v)  # 10 tokens, room for 13
+    ptr = grow.keys.data_ptr()
+    for n in range(11, 14):
+        grow.update(*_kv(gen, 1, 1))
+        assert grow.keys.data_ptr() == ptr and grow.keys.shape[-2] == n
+    grow.update(*_kv(gen, 1, 1))  # the 14th token does not fit: a new buffer
+    assert grow.keys.data_ptr() != ptr and grow.keys.shape[-2] == 14
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+@pytest.mark.parametrize("mode", ["dense", "hard"])
+def test_growing_cache_decodes_like_dynamic_cache(family, mode, small_spare):
+    """Prefill + one-token steps through GrowingCache give the same logits as through
+    DynamicCache and as the full forward; generate() gives the same tokens."""
+    import focus_lab
+    from conftest import FAMILIES
+    m = FAMILIES[family]()
+    focus_lab.attach(m, focus_lab.FocusConfig(num_groups=4, top_k=2, window=8, mode=mode))
+    ids = torch.randint(3, 97, (1, 40), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        full = m(ids).logits
+        runs = {}
+        for name, cls in [("growing", GrowingCache), ("dynamic", DynamicCache)]:
+            cache = cls(config=m.config)
+            parts = [m(ids[:, :25], past_key_values=cache, use_cache=True).logits]
+            parts += [m(ids[:, t:t + 1], past_key_values=cache, use_cache=True).logits for t in range(25, 40)]
+            runs[name] = torch.cat(parts, 1)
+            assert all(isinstance(layer, GrowingLayer) == (name == "growing") for layer in cache.layers)
+        gen_g = m.generate(ids[:, :20], max_new_tokens=8, do_sample=False, past_key_values=GrowingCache(config=m.config))
+        gen_d = m.generate(ids[:, :20], max_new_tokens=8, do_sample=False, past_key_values=DynamicCache(config=m.config))
+    assert torch.equal(runs["growing"], runs["dynamic"])
+    assert (runs["growing"] - full).abs().max().item() <= 1e-5
+    assert torch.equal(gen_g, gen_d)
