@@ -422,10 +422,10 @@ def decode_bench(model, tok, args, dpats) -> pd.DataFrame:
     tokens, per context L and pattern (set as the model's default config, so generate's forwards
     use it and its FocusCache), patterns round-robin per repeat: per-step time (the median gap
     between consecutive tokens, prefill excluded) and the prefill time."""
-    from transformers import DynamicCache, LogitsProcessorList
+    from transformers import LogitsProcessorList
 
     from focus_lab.data import load_corpus, make_windows
-    from focus_lab.hf.kv_cache import GrowingCache
+    from focus_lab.hf.kv_cache import GrowingCache, PlainDynamicCache
     from focus_lab.hf.retrofit import focus_config, set_config
 
     corpus = load_corpus(args.corpus)
@@ -440,7 +440,7 @@ def decode_bench(model, tok, args, dpats) -> pd.DataFrame:
                 for label, changes in dpats[r % len(dpats):] + dpats[:r % len(dpats)]:
                     set_config(model, **changes)
                     clock = _StepClock()
-                    cache = (GrowingCache if args.kv_cache == "growing" else DynamicCache)(config=model.config)
+                    cache = (GrowingCache if args.kv_cache == "growing" else PlainDynamicCache)(config=model.config)
                     t0 = time.perf_counter()
                     model.generate(prefix, attention_mask=torch.ones_like(prefix), max_new_tokens=args.new_tokens,
                                    past_key_values=cache,

@@ -62,10 +62,13 @@ def test_growing_layer_appends_in_place_while_there_is_room(small_spare):
 
 @pytest.mark.parametrize("family", ["llama", "gpt2"])
 @pytest.mark.parametrize("mode", ["dense", "hard"])
-def test_growing_cache_decodes_like_dynamic_cache(family, mode, small_spare):
+def test_growing_cache_decodes_like_dynamic_cache(family, mode, small_spare, monkeypatch):
     """Prefill + one-token steps through GrowingCache give the same logits as through
-    DynamicCache and as the full forward; generate() gives the same tokens."""
+    DynamicCache and as the full forward; generate() gives the same tokens. (attach's pre-hook
+    would make the DynamicCache grow too: it is switched off here.)"""
     import focus_lab
+    import focus_lab.hf.retrofit as rf
+    monkeypatch.setattr(rf, "grow_in_place", lambda cache: None)
     from conftest import FAMILIES
     m = FAMILIES[family]()
     focus_lab.attach(m, focus_lab.FocusConfig(num_groups=4, top_k=2, window=8, mode=mode))
@@ -84,3 +87,41 @@ def test_growing_cache_decodes_like_dynamic_cache(family, mode, small_spare):
     assert torch.equal(runs["growing"], runs["dynamic"])
     assert (runs["growing"] - full).abs().max().item() <= 1e-5
     assert torch.equal(gen_g, gen_d)
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_attached_model_makes_generates_default_cache_grow(family):
+    """On an attached model the empty layers of a forward's DynamicCache (generate's default)
+    become GrowingLayers, the logits stay those of the same steps on the plain model's cache,
+    and a cache that already holds tokens, or of another class, is left alone."""
+    import focus_lab
+    from conftest import FAMILIES
+    from transformers.cache_utils import StaticCache
+    m = FAMILIES[family]()
+    ids = torch.randint(3, 97, (1, 30), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        plain_cache = DynamicCache(config=m.config)
+        plain = [m(ids[:, :20], past_key_values=plain_cache, use_cache=True).logits,
+                 m(ids[:, 20:21], past_key_values=plain_cache, use_cache=True).logits]
+        assert not any(isinstance(layer, GrowingLayer) for layer in plain_cache.layers)  # before attach: untouched
+        focus_lab.attach(m, focus_lab.FocusConfig(num_groups=4, top_k=2, window=8, mode="dense"))
+        cache = DynamicCache(config=m.config)
+        out = [m(ids[:, :20], past_key_values=cache, use_cache=True).logits,
+               m(ids[:, 20:21], past_key_values=cache, use_cache=True).logits]
+        assert cache.layers and all(isinstance(layer, GrowingLayer) for layer in cache.layers)
+        assert all(torch.equal(a, b) for a, b in zip(plain, out))
+        held = DynamicCache(config=m.config)
+        focus_lab.detach(m)
+        m(ids[:, :5], past_key_values=held, use_cache=True)  # holds tokens before the model is attached
+        focus_lab.attach(m, focus_lab.FocusConfig(num_groups=4, top_k=2, window=8, mode="dense"))
+        m(ids[:, 5:6], past_key_values=held, use_cache=True)
+        assert not any(isinstance(layer, GrowingLayer) for layer in held.layers)
+        class Sub(DynamicCache):  # a subclass is the caller's choice: left as it is
+            pass
+        sub = Sub(config=m.config)
+        m(ids[:, :5], past_key_values=sub, use_cache=True)
+        assert not any(isinstance(layer, GrowingLayer) for layer in sub.layers)
+        static = StaticCache(config=m.config, max_cache_len=64)
+        from focus_lab.hf.kv_cache import grow_in_place
+        grow_in_place(static)
+        assert not any(isinstance(layer, GrowingLayer) for layer in static.layers)

@@ -13,7 +13,9 @@ tensor (reordering a batch for beam search, ``batch_select_indices``) makes the 
 copy it into a fresh buffer. Source: docs/method.md §4 (KV cache).
 
 Usage: ``model.generate(ids, past_key_values=GrowingCache(config=model.config))``, or
-``model(ids, past_key_values=GrowingCache(config=model.config), use_cache=True)``.
+``model(ids, past_key_values=GrowingCache(config=model.config), use_cache=True)``. On a model with
+Focus attached this is automatic: ``attach``'s pre-hook turns the empty layers of a forward's
+``DynamicCache`` (what ``generate`` makes by default) into growing ones (``grow_in_place``).
 """
 
 from __future__ import annotations
@@ -72,6 +74,26 @@ class GrowingLayer(DynamicLayer):
         super().reset()
 
 
+def grow_in_place(cache) -> None:
+    """Make the still-empty plain ``DynamicLayer`` s of ``cache``, when it is exactly transformers'
+    ``DynamicCache``, ``GrowingLayer`` s, in place, and the layers it will add later too;
+    anything else is left as it is (another cache class, a subclass of ``DynamicCache``, layers
+    that already hold tokens, sliding-window layers). ``attach``'s pre-hook calls it on every
+    forward's ``past_key_values``, so ``model.generate``'s default cache appends in place on an
+    attached model. Outputs do not change."""
+    if type(cache) is DynamicCache:
+        _grow_layers(cache)
+
+
+def _grow_layers(cache: DynamicCache) -> None:
+    """``grow_in_place`` for any DynamicCache (its empty plain layers, and the ones it adds later)."""
+    if cache.layer_class_to_replicate is DynamicLayer:
+        cache.layer_class_to_replicate = GrowingLayer
+    for i, layer in enumerate(cache.layers):
+        if type(layer) is DynamicLayer and not layer.is_initialized:
+            cache.layers[i] = GrowingLayer()
+
+
 class GrowingCache(DynamicCache):
     """``DynamicCache`` whose full-attention layers are ``GrowingLayer`` s (appends in place).
 
@@ -82,8 +104,10 @@ class GrowingCache(DynamicCache):
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        if self.layer_class_to_replicate is DynamicLayer:
-            self.layer_class_to_replicate = GrowingLayer
-        for i, layer in enumerate(self.layers):
-            if type(layer) is DynamicLayer and not layer.is_initialized:
-                self.layers[i] = GrowingLayer()
+        _grow_layers(self)
+
+
+class PlainDynamicCache(DynamicCache):
+    """transformers' ``DynamicCache`` exactly (a full copy of each layer per step), kept so by
+    ``grow_in_place`` (which converts the exact ``DynamicCache`` class only): what a plain model's
+    ``generate`` uses, for comparisons (``analyses/bench_attention.py --kv-cache dynamic``)."""

@@ -34,6 +34,7 @@ from focus_lab.method.core import (Router, Routing, focus_bias, masked_attention
                                    route, window_only_groups)
 from focus_lab.method.decomposition import GroupedKV, hard_focus_attention
 from focus_lab.hf.hooks import LayerCall, fire, has_hooks
+from focus_lab.hf.kv_cache import grow_in_place
 from focus_lab.io import atomic_path, file_sha256
 
 ATTN_NAME = "focus"
@@ -545,11 +546,14 @@ def _ids_hooks(attachment: _Attachment) -> tuple[Callable, Callable]:
     """The forward pre-hook and hook ``attach`` puts on the model itself and on its base model
     (``model.base_model``: the decoder without its head, which some callers run alone): the pre-hook hands
     the forward's ``input_ids`` (B, Tq) to its FocusForward (token-match pairs,
-    ``FocusConfig.match_shifts``, docs/method.md §2.8), the hook drops them when it returns."""
+    ``FocusConfig.match_shifts``, docs/method.md §2.8), the hook drops them when it returns. The
+    pre-hook also makes an empty ``DynamicCache`` in ``past_key_values`` append in place
+    (``kv_cache.grow_in_place``: transformers' own copies the whole cache every decode step)."""
     def state(kwargs: dict) -> FocusForward:
         return _state_of(kwargs.get("focus")) or attachment.default
 
     def pre(module: nn.Module, args: tuple, kwargs: dict):
+        grow_in_place(kwargs.get("past_key_values"))  # generate's default cache appends in place
         st = state(kwargs)
         ids = kwargs.get("input_ids", args[0] if args else None)
         st.token_ids = ids if isinstance(ids, torch.Tensor) and not ids.is_floating_point() else None
