@@ -18,7 +18,8 @@ window of *Persuasion* per length (4096 and 8192 tokens, ``--e2e-sizes``):
     contexts L = 2K, 4K, 8K (``--decode-contexts``): the median time per generated token
     (gaps between tokens, prefill excluded) for dense, hard top-1 and hard top-2, through
     ``focus_lab.hf.kv_cache.GrowingCache`` (``--kv-cache dynamic``: transformers' DynamicCache,
-    which copies the whole cache every step, the same cost for every pattern).
+    which copies the whole cache every step; measured, that slows hard decoding far more than
+    dense, docs/results.md Speed).
 
 Kernel part: wall time of ``F.scaled_dot_product_attention(is_causal=True, enable_gqa=True)``
 and of ``focus_lab.method.decomposition.hard_focus_attention`` at n = 1K .. 32K tokens, with the

@@ -5,7 +5,7 @@ import pytest
 import torch
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
-from focus_lab.hf.kv_cache import GrowingCache, GrowingLayer
+from focus_lab.hf.kv_cache import GrowingCache, GrowingLayer, PlainDynamicCache
 
 
 @pytest.fixture
@@ -62,13 +62,11 @@ def test_growing_layer_appends_in_place_while_there_is_room(small_spare):
 
 @pytest.mark.parametrize("family", ["llama", "gpt2"])
 @pytest.mark.parametrize("mode", ["dense", "hard"])
-def test_growing_cache_decodes_like_dynamic_cache(family, mode, small_spare, monkeypatch):
+def test_growing_cache_decodes_like_dynamic_cache(family, mode, small_spare):
     """Prefill + one-token steps through GrowingCache give the same logits as through
-    DynamicCache and as the full forward; generate() gives the same tokens. (attach's pre-hook
-    would make the DynamicCache grow too: it is switched off here.)"""
+    DynamicCache and as the full forward; generate() gives the same tokens. (PlainDynamicCache:
+    attach's pre-hook would make an exact DynamicCache grow too.)"""
     import focus_lab
-    import focus_lab.hf.retrofit as rf
-    monkeypatch.setattr(rf, "grow_in_place", lambda cache: None)
     from conftest import FAMILIES
     m = FAMILIES[family]()
     focus_lab.attach(m, focus_lab.FocusConfig(num_groups=4, top_k=2, window=8, mode=mode))
@@ -76,14 +74,14 @@ def test_growing_cache_decodes_like_dynamic_cache(family, mode, small_spare, mon
     with torch.no_grad():
         full = m(ids).logits
         runs = {}
-        for name, cls in [("growing", GrowingCache), ("dynamic", DynamicCache)]:
+        for name, cls in [("growing", GrowingCache), ("dynamic", PlainDynamicCache)]:
             cache = cls(config=m.config)
             parts = [m(ids[:, :25], past_key_values=cache, use_cache=True).logits]
             parts += [m(ids[:, t:t + 1], past_key_values=cache, use_cache=True).logits for t in range(25, 40)]
             runs[name] = torch.cat(parts, 1)
             assert all(isinstance(layer, GrowingLayer) == (name == "growing") for layer in cache.layers)
         gen_g = m.generate(ids[:, :20], max_new_tokens=8, do_sample=False, past_key_values=GrowingCache(config=m.config))
-        gen_d = m.generate(ids[:, :20], max_new_tokens=8, do_sample=False, past_key_values=DynamicCache(config=m.config))
+        gen_d = m.generate(ids[:, :20], max_new_tokens=8, do_sample=False, past_key_values=PlainDynamicCache(config=m.config))
     assert torch.equal(runs["growing"], runs["dynamic"])
     assert (runs["growing"] - full).abs().max().item() <= 1e-5
     assert torch.equal(gen_g, gen_d)

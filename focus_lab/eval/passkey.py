@@ -422,14 +422,12 @@ def greedy_continuation(model, prefix: torch.Tensor, steps: int, use_cache: bool
                         stop: Callable[[list[int]], bool] | None = None, focus=None) -> list[int]:
     """Greedy decoding of up to ``steps`` tokens after ``prefix`` ((T,) int64 token ids).
 
-    ``use_cache``: a prefill forward and one-token steps through a ``GrowingCache`` (dense,
+    ``use_cache``: a prefill forward and one-token steps through ``past_key_values`` (dense,
     window, hard router patterns: docs/method.md §4 KV cache); otherwise one full forward per
     token. ``stop(tokens so far)`` ends decoding early. ``focus``: the ``retrofit.FocusForward``
     of every forward (with a FocusCache when ``use_cache``); None: the model's default.
     Returns the new token ids.
     """
-    from focus_lab.hf.kv_cache import GrowingCache
-
     if focus is not None:
         from focus_lab.hf.retrofit import FocusCache, FocusForward
         if use_cache and focus.cache is None:
@@ -441,8 +439,8 @@ def greedy_continuation(model, prefix: torch.Tensor, steps: int, use_cache: bool
     ids = prefix
     past = None
     for _ in range(steps):
-        if use_cache and past is None:  # prefill, into a cache that appends in place
-            res = _forward(model, ids, keep=1, use_cache=True, past_key_values=GrowingCache(config=model.config), **fkw)
+        if use_cache and past is None:  # prefill (attach's pre-hook makes its cache append in place)
+            res = _forward(model, ids, keep=1, use_cache=True, **fkw)
             past = res.past_key_values
         elif use_cache:  # one token through the cache
             res = _forward(model, ids[-1:], keep=1, use_cache=True, past_key_values=past, **fkw)

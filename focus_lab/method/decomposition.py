@@ -439,6 +439,7 @@ def _stairs(qrows, krows, vrows, segs: list[Segment], Tq: int, Tk: int, scale: f
     ck = chunk or call.options.stair_chunk or STAIR_CHUNK
     with call("plan"):
         pieces = []  # (segment, first row, end row, lo, hi)
+        prefix: dict[int, int] = {}  # id(segment) -> keys its rectangles need (its last piece's lo)
         for sg in segs:
             counts = sg.counts.tolist()
             Lq, a = len(counts), 0
@@ -448,6 +449,8 @@ def _stairs(qrows, krows, vrows, segs: list[Segment], Tq: int, Tk: int, scale: f
                 e = max(e, a + 1)
                 if counts[e - 1] > 0:
                     pieces.append((sg, a, e, lo, counts[e - 1]))
+                    if lo > 0:
+                        prefix[id(sg)] = lo  # counts are nondecreasing: the last one is the largest
                 a = e
         ragged = sorted((p for p in pieces if p[4] > p[3]), key=lambda p: -(p[4] - p[3]))
         batches: list[list] = []
@@ -490,7 +493,7 @@ def _stairs(qrows, krows, vrows, segs: list[Segment], Tq: int, Tk: int, scale: f
     for sg, a, e, lo, hi in rect:  # the rectangles, unmasked
         with call("gather"):
             if id(sg) not in keys:
-                kidx = sg.k_idx[:max(p[3] for p in rect if p[0] is sg)] + sg.b * Tk
+                kidx = sg.k_idx[:prefix[id(sg)]] + sg.b * Tk
                 keys[id(sg)] = (krows.index_select(0, kidx), vrows.index_select(0, kidx))
             kp, vp = keys[id(sg)]
             qs = qrows.index_select(0, sg.q_idx[a:e] + sg.b * Tq).transpose(0, 1)[None]  # (1, H, L, D)
@@ -502,13 +505,9 @@ def _stairs(qrows, krows, vrows, segs: list[Segment], Tq: int, Tk: int, scale: f
         r += e - a
     with call("merge"):  # into the ragged results (lse -inf where a row's ragged part is empty)
         dst = torch.cat([sg.q_idx[a:e] + sg.b * Tq + sg.slot * nrows for sg, a, e, _, _ in rect])  # (R,)
-        l0 = lseA_flat.index_select(0, dst)  # (R, H)
-        m = torch.maximum(lseR, l0)
-        w0, w = torch.exp(l0 - m), torch.exp(lseR - m)
-        den = w0 + w
-        o = outR.mul_((w / den)[..., None]).addcmul_(outA_flat.index_select(0, dst), (w0 / den)[..., None])
-        outA_flat.index_copy_(0, dst, o)
-        lseA_flat.index_copy_(0, dst, m + torch.log(den))
+        o, l = merge_lse([outR, outA_flat.index_select(0, dst)], [lseR, lseA_flat.index_select(0, dst)])
+        outA_flat.index_copy_(0, dst, o)  # (R, H, D)
+        lseA_flat.index_copy_(0, dst, l)  # (R, H)
 
 
 def _gather_qkv(qrows, krows, vrows, src_q: torch.Tensor, src_k: torch.Tensor, tag: str, call
@@ -853,18 +852,21 @@ class GroupedKV:
 def merge_lse(outs: list[torch.Tensor], lses: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     """Merge attention results over disjoint key sets: ``o = sum_p e^{lse_p} o_p / sum_p e^{lse_p}``.
 
-    outs: P tensors (N, H, L, D); lses: P tensors (N, H, L), -inf for an empty part (weight 0;
-    at least one part finite per row). Returns (out (N, H, L, D) fp32, lse (N, H, L) fp32), the
-    attention over the union and its logsumexp. The prefill's merge (``_hard_focus_attention``)
+    outs: P tensors (..., D), e.g. (N, H, L, D); lses: P tensors (...), e.g. (N, H, L), -inf for
+    an empty part (weight 0; at least one part finite per row). Returns (out (..., D) fp32,
+    lse (...) fp32), the attention over the union and its logsumexp. The prefill's merge (``_hard_focus_attention``)
     is the same formula written in place over its scratch buffers.
     """
     if len(outs) == 1:
         return outs[0].float(), lses[0].float()
-    lse = torch.stack(lses).float()  # (P, N, H, L)
-    m = lse.amax(0)  # (N, H, L)
-    w = torch.exp(lse - m)  # (P, N, H, L)
-    den = w.sum(0)
-    out = sum(o.float() * w[p, ..., None] for p, o in enumerate(outs)) / den[..., None]
+    m = lses[0].float()
+    for l in lses[1:]:
+        m = torch.maximum(m, l)  # (...), finite
+    ws = [torch.exp(l - m) for l in lses]  # P x (...), 0 for an empty part
+    den = torch.stack(ws).sum(0)  # (...)
+    out = outs[0].float() * (ws[0] / den)[..., None]  # (..., D), a new tensor
+    for o, w in zip(outs[1:], ws[1:]):
+        out.addcmul_(o.float(), (w / den)[..., None])
     return out, m + torch.log(den)
 
 
