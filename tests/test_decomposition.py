@@ -668,6 +668,38 @@ def test_top_k_budgets_apply_to_their_top_k_only():
         FocusConfig(top_k_budgets={2: [1, 3]})
 
 
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_layer_joining_every_group_takes_dense_kernel_and_equals_reference(family):
+    """A layer whose k is num_groups keeps every causal pair: it skips the decomposition (one
+    call fewer per such layer, counted) and its logits equal the dense masked reference path
+    (``backend="dense"``) with the same per-layer k, in a full forward and in KV-cache steps;
+    every layer at k = num_groups equals plain dense attention."""
+    from transformers import DynamicCache
+    from focus_lab.hf.retrofit import forward_state
+    m = _attached(family, sink_tokens=1)
+    ids = torch.randint(3, 97, (1, 41))
+    spec = {0: 4, 1: 1}  # layer 0 joins all 4 groups, layer 1 one
+
+    def run(**changes):
+        with torch.no_grad():
+            return m(ids, use_cache=False, focus=forward_state(m, mode="hard", window=4, **changes)).logits
+
+    with _counting_decomposition() as calls:
+        fast = run(layer_top_k=spec)
+    assert len(calls) == 1  # layer 1 only
+    torch.testing.assert_close(fast, run(layer_top_k=spec, backend="dense"), atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(fast, run(layer_top_k={0: 1, 1: 1}), atol=1e-3)  # layer 0's k matters
+    with torch.no_grad():
+        dense = m(ids, use_cache=False, focus=forward_state(m, mode="dense")).logits
+        state = forward_state(m, cache=True, mode="hard", window=4, layer_top_k=spec)
+        cache = DynamicCache(config=m.config)
+        m(ids[:, :30], past_key_values=cache, use_cache=True, focus=state)
+        steps = [m(ids[:, t:t + 1], past_key_values=cache, use_cache=True, focus=state).logits[:, -1]
+                 for t in range(30, 41)]
+    torch.testing.assert_close(torch.stack(steps, 1), fast[:, 30:41], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(run(layer_top_k={0: 4, 1: 4}), dense, atol=1e-5, rtol=1e-5)
+
+
 def test_focus_keyword_takes_a_forward_state_only():
     """A bare FocusConfig as focus= is refused with the fix named (one state serves all layers)."""
     from focus_lab.hf.retrofit import focus_config

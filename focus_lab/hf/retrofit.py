@@ -366,7 +366,8 @@ def _focus_attention(module, query, key, value, attention_mask, scaling, **kwarg
         routing, offset, h = _route_layer(router, state, keep, attention_mask, Tq, Tk)
     # 2. choose the path, 3. compute
     with _phase(tm, "mask"):
-        path = _attention_path(state, query, key, attention_mask, keep, Tq, Tk, offset, softcap)
+        path = _attention_path(state, query, key, attention_mask, keep, Tq, Tk, offset, softcap,
+                               cfg.top_k_at(router.layer_idx))
     q_pos = torch.arange(offset + Tk - Tq, offset + Tk, device=query.device)  # absolute positions
     k_pos = torch.arange(offset, offset + Tk, device=query.device)
     with _phase(tm, "mask"):
@@ -458,20 +459,23 @@ def _route_layer(router: Router, state: FocusForward, keep: torch.Tensor, attent
 
 
 def _attention_path(state: FocusForward, query, key, attention_mask, keep, Tq: int, Tk: int,
-                    offset: int, softcap) -> str:
+                    offset: int, softcap, layer_k: int | None = None) -> str:
     """"decomposition" (hard mode, two attention calls, docs/method.md §4; window mode too, as
     the hard mask whose queries share no group with any key), "causal_sdpa" (dense
     mode, the flash kernel with no mask: a full causal forward or a one-token decode step) or
     "reference" (the dense masked O(T^2) path). The fast
     paths need plain causality (no padding, no model sliding window), keys from position 0, no
-    logit soft-capping, and for the decomposition no autograd."""
+    logit soft-capping, and for the decomposition no autograd. ``layer_k``: the layer's k in
+    hard mode (``FocusConfig.top_k_at``); k >= num_groups joins every group, so the hard mask
+    keeps every causal pair and the layer takes "causal_sdpa" (docs/method.md §2.7)."""
     cfg = state.config
     simple = softcap is None and offset == 0 and state.is_plain_causal(attention_mask, keep)
     needs_grad = torch.is_grad_enabled() and (query.requires_grad or key.requires_grad)
+    every_group = cfg.mode == "hard" and layer_k is not None and layer_k >= cfg.num_groups
+    if (cfg.mode == "dense" or every_group) and (Tq == Tk or Tq == 1) and simple:
+        return "causal_sdpa"
     if cfg.mode in ("hard", "window") and cfg.backend != "dense" and not needs_grad and simple:
         return "decomposition"
-    if cfg.mode == "dense" and (Tq == Tk or Tq == 1) and simple:
-        return "causal_sdpa"
     return "reference"
 
 
