@@ -139,6 +139,9 @@ def main(argv=None) -> None:
                     "one layer at a time goes to base-k - 1 and base-k + 1 (default 1: top-1)")
     ap.add_argument("--sweep", choices=["top_k", "random"], default="top_k", help="top_k: one layer at "
                     "base-k -/+ 1 (the budget); random: one layer's assignment flipped (router <-> random groups)")
+    ap.add_argument("--ks", default=None, help="--sweep top_k: the k's one layer goes to, comma-separated "
+                    "(default: base-k - 1 and base-k + 1; k = num_groups makes the layer dense, "
+                    "docs/method.md §2.7); the allocation needs both defaults")
     ap.add_argument("--min-gain", type=float, default=0.0, help="--sweep random: flip a layer only when "
                     "the NLL falls by more than this on every corpus (nats/token)")
     ap.add_argument("--out", type=Path, default=Path("checkpoints/layer_budget"))
@@ -195,7 +198,10 @@ def main(argv=None) -> None:
     if args.sweep == "random":
         todo = [(None, None)] + [(i, args.base_k) for i in sorted(routers_of(model))]
     else:
-        todo = [(None, None)] + [(i, k) for k in (args.base_k - 1, args.base_k + 1) for i in sorted(routers_of(model))]
+        ks = [int(x) for x in args.ks.split(",")] if args.ks else [args.base_k - 1, args.base_k + 1]
+        if any(not 0 <= k <= cfg.num_groups for k in ks):
+            raise SystemExit(f"--ks {args.ks}: need k's in 0..num_groups={cfg.num_groups}")
+        todo = [(None, None)] + [(i, k) for k in ks for i in sorted(routers_of(model))]
     t0 = time.perf_counter()
     for layer, k in todo:
         lid = -1 if layer is None else layer
@@ -228,6 +234,10 @@ def main(argv=None) -> None:
                                              "routers_sha256": file_sha256(routers), "base_config": cfg.to_dict()},
                                             indent=1, default=str))
         return
+    if args.ks and sorted(int(x) for x in args.ks.split(",")) != [args.base_k - 1, args.base_k + 1]:
+        by = sweep.groupby(["layer_idx", "top_k"]).delta_nll.mean().unstack()  # nats/token vs uniform
+        print(by.sort_values(list(by.columns)).to_string(float_format=lambda x: f"{x:+.5f}"))
+        return  # no allocation: it pairs base-k - 1 with base-k + 1
     spec, pairs = allocate(sweep, base_k=args.base_k)
     print(pairs.to_string(index=False))
     text = spec_string(spec)
