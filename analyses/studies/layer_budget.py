@@ -180,6 +180,11 @@ def main(argv=None) -> None:
     rows = [done] if len(done) else []
 
     current = sorted(cfg.random_layers or [])
+    default_ks = [args.base_k - 1, args.base_k + 1]
+    try:
+        ks = sorted(int(x) for x in args.ks.split(",")) if args.ks else default_ks  # one layer at a time goes to these
+    except ValueError:
+        raise SystemExit(f"--ks {args.ks!r}: need comma-separated integers, e.g. 4 or 1,3") from None
 
     def run(layer: int | None, k: int | None) -> pd.DataFrame:
         changes = {"mode": "hard", "top_k": args.base_k, "layer_top_k": {}}
@@ -198,7 +203,6 @@ def main(argv=None) -> None:
     if args.sweep == "random":
         todo = [(None, None)] + [(i, args.base_k) for i in sorted(routers_of(model))]
     else:
-        ks = [int(x) for x in args.ks.split(",")] if args.ks else [args.base_k - 1, args.base_k + 1]
         if any(not 0 <= k <= cfg.num_groups for k in ks):
             raise SystemExit(f"--ks {args.ks}: need k's in 0..num_groups={cfg.num_groups}")
         todo = [(None, None)] + [(i, k) for k in ks for i in sorted(routers_of(model))]
@@ -234,7 +238,7 @@ def main(argv=None) -> None:
                                              "routers_sha256": file_sha256(routers), "base_config": cfg.to_dict()},
                                             indent=1, default=str))
         return
-    if args.ks and sorted(int(x) for x in args.ks.split(",")) != [args.base_k - 1, args.base_k + 1]:
+    if ks != default_ks:
         by = sweep.groupby(["layer_idx", "top_k"]).delta_nll.mean().unstack()  # nats/token vs uniform
         print(by.sort_values(list(by.columns)).to_string(float_format=lambda x: f"{x:+.5f}"))
         return  # no allocation: it pairs base-k - 1 with base-k + 1
