@@ -22,7 +22,7 @@ _EXPORTS = {
     "hooks": "hf.hooks", "cache": "hf.hooks", "hook_names": "hf.hooks", "HookError": "hf.hooks",
     "POINTS": "hf.hooks",
     "record": "recording.recorder", "record_run": "recording.recorder", "evaluate": "eval.evaluate",
-    "load_model": "hf.models",
+    "load_model": "hf.models", "keep_freed_memory": "method.cpu",
 }
 
 __all__ = [*_EXPORTS, "__version__"]

@@ -82,7 +82,7 @@ from dataclasses import dataclass
 import torch
 
 from focus_lab.method.core import other_group_pairs
-from focus_lab.method.threads import torch_threads
+from focus_lab.method.cpu import torch_threads
 
 BACKENDS = ("auto", "torch", "flash")
 _NEG_INF = float("-inf")

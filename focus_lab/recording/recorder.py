@@ -41,7 +41,7 @@ from focus_lab.method import core
 from focus_lab.method import metrics as M
 from focus_lab.recording import tables as T
 from focus_lab.io import atomic_path
-from focus_lab.method.threads import torch_threads
+from focus_lab.method.cpu import torch_threads
 from focus_lab.hf.hooks import hooks
 from focus_lab.hf.retrofit import attention_modules, forward_state, model_identity
 from focus_lab.runs import MANIFEST, SCHEMA, SCHEMA_VERSION

@@ -1,0 +1,45 @@
+"""keep_freed_memory: glibc keeps a freed large tensor's pages for reuse (measured through the
+process's resident memory, in a fresh interpreter each, since the setting is process-global)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+SCRIPT = """
+import json, torch
+from focus_lab.method.cpu import keep_freed_memory
+def rss():  # resident pages, bytes
+    return int(open("/proc/self/statm").read().split()[1]) * 4096
+kept = keep_freed_memory()
+before = rss()
+x = torch.ones(64 * 1024 * 1024 // 4)  # 64 MiB, above glibc's largest default mmap threshold (32 MiB)
+during = rss()
+del x
+after = rss()
+print(json.dumps({"kept": kept, "grew": during - before, "returned": during - after}))
+"""
+
+
+def _run(env_value: str | None) -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "FOCUS_LAB_KEEP_FREED_MEMORY"}
+    if env_value is not None:
+        env["FOCUS_LAB_KEEP_FREED_MEMORY"] = env_value
+    out = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt: Linux only")
+def test_freed_tensor_stays_with_the_process_and_the_default_returns_it():
+    mib = 1024 * 1024
+    on = _run(None)
+    assert on["kept"] is True
+    assert on["grew"] > 60 * mib                  # the tensor was resident
+    assert on["returned"] < 4 * mib               # ... and stays after del: reused by the next op
+    off = _run("0")                               # opt out: glibc's default, munmap on free
+    assert off["kept"] is False
+    assert off["returned"] > 60 * mib
