@@ -195,10 +195,15 @@ def train(
     key_router: bool = typer.Option(False, "--key-router", help="give the key role its own projection "
                                     "(FocusConfig.key_router, docs/method.md §1.6); from a shared "
                                     "--init-routers file it starts as that file's projection"),
+    match_shifts: Optional[str] = typer.Option(None, "--match-shifts", help="train with the token-match "
+                                               "pairs kept by rule (e.g. '0,1'; the soft gate gives them bias "
+                                               "0, docs/method.md §2.8); the file keeps them for its hard "
+                                               "patterns; default: none"),
 ):
     """Train only the routers (frozen base model) on the corpus's training documents."""
-    from focus_lab.method.config import TrainConfig, parse_random_layers
+    from focus_lab.method.config import TrainConfig, parse_match_shifts, parse_random_layers
     random_list = None if random_layers is None else _spec(random_layers, "--random-layers", parse_random_layers)
+    shifts = None if match_shifts is None else _spec(match_shifts, "--match-shifts", parse_match_shifts)
 
     def run():
         from focus_lab.data import make_windows
@@ -211,7 +216,7 @@ def train(
         if sink_tokens is not None:
             fchanges["sink_tokens"] = sink_tokens
         fcfg = _focus_cfg(num_groups, window, top_k, tau, sinkhorn_iters, router_dim, seed)
-        fcfg = fcfg.replace(**fchanges, key_router=key_router)
+        fcfg = fcfg.replace(**fchanges, key_router=key_router, match_shifts=shifts)
         tcfg = TrainConfig(steps=steps, seq_len=seq_len, batch_size=batch_size, lr=lr,
                            checkpoint_every=checkpoint_every, seed=seed,
                            init_routers=str(init_routers) if init_routers else None,

@@ -27,9 +27,10 @@ def _capture_layer(model, ids, layer=0):
     return mod, got["h"], tuple(c[f"layers.{i}.{p}"] for p in ("query", "key", "value", "attn_out"))
 
 
-def _brute_force(q, k, v, log_p, q_pos, cfg, scale, q_side=None):
+def _brute_force(q, k, v, log_p, q_pos, cfg, scale, q_side=None, ids=None):
     """o_i = sum_j w_ij v_j / sum_j w_ij, w_ij = exp(q_i.k_j * scale) * (1 if local else Q_i.P_j),
-    Q = ``q_side`` (B, T, K) or P itself."""
+    Q = ``q_side`` (B, T, K) or P itself; with ``ids`` (B, T), 1 also for the token-match pairs
+    of ``cfg.match_shifts`` (ids[j - s] == ids[i])."""
     B, H, T, D = q.shape
     rep = H // k.shape[1]
     k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
@@ -42,6 +43,8 @@ def _brute_force(q, k, v, log_p, q_pos, cfg, scale, q_side=None):
                 num, den = torch.zeros(D, dtype=torch.float64), 0.0
                 for j in range(i + 1):
                     local = i - j < cfg.window or j < cfg.sink_tokens
+                    if ids is not None:
+                        local = local or any(j >= s and ids[b, j - s] == ids[b, i] for s in cfg.match_shifts)
                     g = 1.0 if local else max(float(qp[b, i] @ p[b, j]), cfg.eps)
                     w = math.exp(float(q[b, h, i] @ k[b, h, j]) * scale) * g
                     num += w * v[b, h, j].double()
@@ -63,10 +66,10 @@ def _layer_case():
     return cfg, mod, h, qkvo, q_pos, mod.scaling, log_p.detach()
 
 
-def _reference_loss(mod, qkvo, q_pos, cfg, scale, log_p, q_side=None) -> float:
+def _reference_loss(mod, qkvo, q_pos, cfg, scale, log_p, q_side=None, ids=None) -> float:
     """Relative squared error after W_o of the brute-force gated output against the dense one."""
     q, k, v, o = qkvo
-    out = _brute_force(q, k, v, log_p, q_pos, cfg, scale, q_side)
+    out = _brute_force(q, k, v, log_p, q_pos, cfg, scale, q_side, ids)
     W = mod.o_proj.weight.double()  # (d, H*D)
     B, H, n, D = out.shape
     flat = lambda x: x.transpose(1, 2).reshape(B, n, H * D) @ W.T  # noqa: E731
@@ -81,6 +84,27 @@ def test_layer_loss_matches_brute_force():
     assert expected > 1e-6  # the gate does drop something here
     assert float(loss.detach()) == pytest.approx(expected, rel=1e-3)
     assert col.shape == (1, cfg.num_groups)
+
+
+def test_layer_loss_with_token_match_pairs_matches_brute_force():
+    """The gate keeps the sampled queries' token-match pairs (bias 0): the loss equals the
+    brute-force one with those pairs kept, and differs from the loss without them."""
+    from focus_lab.method.core import match_mask
+    model = tiny_llama()
+    cfg = FocusConfig(window=8, sink_tokens=2, match_shifts=[0, 1])
+    attach(model, cfg)
+    ids = torch.randint(3, 9, (1, 40), generator=torch.Generator().manual_seed(0))  # 6 tokens: many matches
+    mod, h, qkvo = _capture_layer(model, ids)
+    q_pos = sample_queries(40, cfg.window, 6, torch.Generator().manual_seed(1))
+    log_p = sinkhorn(mod.focus_router(h), cfg.tau, cfg.sinkhorn_iters)[0].detach()
+    match = match_mask(ids[:, q_pos], ids, cfg.match_shifts, q_pos, torch.arange(40), cfg.window,
+                       cfg.sink_tokens)  # (1, 6, 40)
+    assert match.any()
+    loss, _, _ = layer_distill_loss(mod, mod.focus_router, h, *qkvo, q_pos, cfg, mod.scaling, match=match)
+    expected = _reference_loss(mod, qkvo, q_pos, cfg, mod.scaling, log_p, ids=ids)
+    assert float(loss.detach()) == pytest.approx(expected, rel=1e-3)
+    plain, _, _ = layer_distill_loss(mod, mod.focus_router, h, *qkvo, q_pos, cfg, mod.scaling)
+    assert abs(float(loss.detach()) - float(plain.detach())) > 1e-3  # the pairs change the gate
 
 
 def test_loss_is_zero_when_every_pair_is_local():
@@ -109,6 +133,18 @@ def test_distill_step_moves_only_routers_and_restores_config():
     assert grads and all("focus_router" in n for n in grads)
     assert all(torch.equal(p, before[n]) for n, p in model.named_parameters())  # no optimizer step here
     assert focus_config(model).mode == "soft"  # the model's default config is untouched
+
+
+def test_distill_step_with_match_shifts_keeps_every_matching_pair():
+    """One token repeated: every distant pair of a sampled query is a token-match pair (shift 0),
+    so the gate keeps everything and each layer's output is the dense one (loss 0); without the
+    shifts the same step has a loss (GPT-2: its position embeddings make the positions differ)."""
+    model = tiny_gpt2()
+    attach(model, FocusConfig(window=4, mode="soft"))
+    ids = torch.full((1, 32), 7)
+    with_pairs = distill_step(model, ids, FocusConfig(window=4, match_shifts=[0]), step=0, num_queries=8)
+    without = distill_step(model, ids, FocusConfig(window=4), step=0, num_queries=8)
+    assert float(with_pairs.detach()) < 1e-10 < 1e-4 < float(without.detach())
 
 
 def test_sample_queries_and_config_errors():

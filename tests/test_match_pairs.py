@@ -88,6 +88,20 @@ def test_no_repeated_token_no_change():
     assert (a - b).abs().max().item() <= 1e-5
 
 
+def test_soft_gate_gives_the_pairs_bias_zero():
+    """Soft mode (training): a token-match pair gets the local pairs' bias 0. With one token
+    repeated, every distant pair matches at shift 0, so the soft forward equals dense attention;
+    without the shifts it does not (GPT-2: its position embeddings make the positions differ)."""
+    m = _model("gpt2")
+    ids = torch.full((1, 48), 5)
+    with torch.no_grad():
+        dense = m(input_ids=ids, focus=focus_lab.forward_state(m, mode="dense")).logits
+        soft = m(input_ids=ids, focus=focus_lab.forward_state(m, mode="soft")).logits
+        plain = m(input_ids=ids, focus=focus_lab.forward_state(m, mode="soft", match_shifts=None)).logits
+    assert (soft - dense).abs().max().item() <= 1e-5
+    assert (plain - dense).abs().max().item() > 1e-3
+
+
 def test_kv_cache_steps_equal_full_forward():
     from transformers import DynamicCache
     m = _model()
@@ -250,6 +264,9 @@ def test_recording_refuses_token_match_pairs_with_the_fix():
     with pytest.raises(RuntimeError, match="match_shifts=None"):
         with torch.no_grad(), focus_lab.record(m, metrics=("assignments",)):
             m(input_ids=_ids(32), use_cache=False)
+    with pytest.raises(RuntimeError, match="match_shifts=None"):  # a soft forward too
+        with torch.no_grad(), focus_lab.record(m, metrics=("assignments",)):
+            m(input_ids=_ids(32), use_cache=False, focus=focus_lab.forward_state(m, mode="soft"))
     with torch.no_grad(), focus_lab.record(m, metrics=("assignments",)) as rec:  # the fix named works
         m(input_ids=_ids(32), use_cache=False, focus=focus_lab.forward_state(m, match_shifts=None))
     assert rec.num_windows == 1

@@ -192,14 +192,14 @@ class FocusForward:
         """The token-match pairs of this forward (``core.match_pairs`` with ``config.match_shifts``
         and ``config.match_latest``) as a list (P, 3) long of (b, i, j), j indexing the layer's
         Tk keys, built once per forward and shared by its layers; None when ``match_shifts`` is
-        off or the mode is not hard. The keys' ids are this forward's ``token_ids`` (B, Tq),
+        off or the mode is neither hard nor soft. The keys' ids are this forward's ``token_ids`` (B, Tq),
         after those of the cached tokens in a decode step.
 
         Raises RuntimeError: no ``input_ids`` reached the forward (called with ``inputs_embeds``,
         or through a submodule of the model that ``attach`` was given), or a decode step whose
         earlier tokens' ids are unknown."""
         cfg = self.config
-        if not cfg.match_shifts or cfg.mode != "hard":
+        if not cfg.match_shifts or cfg.mode not in ("hard", "soft"):
             return None
         if self._match is not None and self._match[0] == (Tq, Tk):
             return self._match[1]

@@ -142,8 +142,9 @@ class FocusConfig:
             e.g. the token after an earlier occurrence of the query's own token (a copy).
             False (the paper's router, docs/method.md §1): one projection for both roles.
             A shape field: fixed at attach (docs/method.md §1.6).
-        match_shifts: [ours] token-match pairs, hard mode only (docs/method.md §2.8): a distant
-            pair (i, j) is also kept when ``ids[j - s] == ids[i]`` for a shift s in the list;
+        match_shifts: [ours] token-match pairs (docs/method.md §2.8): in hard mode a distant
+            pair (i, j) is also kept when ``ids[j - s] == ids[i]`` for a shift s in the list (in
+            soft mode, i.e. training, the gate gives such a pair bias 0);
             shift 1 is the induction pair (the key right after an earlier occurrence of the
             query's token), shift 0 the earlier occurrence itself. Needs the forward's
             ``input_ids``; the two-call decomposition computes them as a part of its own.

@@ -392,21 +392,25 @@ def match_mask(query_ids: torch.Tensor, key_ids: torch.Tensor, shifts, q_pos: to
 
 
 def soft_gate_bias(log_p_q: torch.Tensor, log_p_k: torch.Tensor, window: int,
-                   q_pos: torch.Tensor, k_pos: torch.Tensor, eps: float, sinks: int = 0) -> torch.Tensor:
-    """Additive logit bias of the soft (training) gate (docs/method.md §2 [ours]).
+                   q_pos: torch.Tensor, k_pos: torch.Tensor, eps: float, sinks: int = 0,
+                   match: torch.Tensor | None = None) -> torch.Tensor:
+    """Additive logit bias of the soft (training) gate (docs/method.md §2.3 [ours]).
 
     Local pairs get 0; a distant causal pair gets ``log(max(P_i . P_j, eps))`` (its weight is
-    multiplied by the probability that i and j share a group); non-causal pairs get -inf.
+    multiplied by the probability that i and j share a group); non-causal pairs get -inf. The
+    token-match pairs ``match`` (``match_mask``, docs/method.md §2.8), kept by rule whatever the
+    groups, get 0 like local pairs.
 
     Args:
-        log_p_q: (B, Tq, K), log_p_k: (B, Tk, K) log assignment probabilities.
+        log_p_q: (B, Tq, K), log_p_k: (B, Tk, K) log assignment probabilities;
+        match: (B, Tq, Tk) bool or None.
     Returns:
         (B, Tq, Tk) float32.
     """
     agree = log_p_q.exp() @ log_p_k.exp().transpose(1, 2)  # (B, Tq, Tk) = P_i . P_j
     gate = torch.log(agree.clamp(min=eps))  # (B, Tq, Tk)
     local = local_mask(q_pos, k_pos, window, sinks)  # (Tq, Tk)
-    gate = gate.masked_fill(local, 0.0)
+    gate = gate.masked_fill(local if match is None else local | match, 0.0)
     return gate.masked_fill(~causal_mask(q_pos, k_pos), float("-inf"))
 
 
@@ -567,7 +571,8 @@ def focus_bias(config: FocusConfig, routing: Routing | None, q_pos: torch.Tensor
                k_pos: torch.Tensor, batch: int, match: torch.Tensor | None = None) -> torch.Tensor:
     """Mask or bias of one layer under ``config.mode`` (docs/method.md §2).
 
-    ``match``: (B, Tq, Tk) bool token-match pairs (``match_mask``), added to the hard mask only.
+    ``match``: (B, Tq, Tk) bool token-match pairs (``match_mask``), kept by the hard mask and
+    given bias 0 by the soft gate.
     Returns a (B, Tq, Tk) tensor: bool for "hard" / "window" / "dense" (True = keep), float32
     (0 / log-agreement / -inf) for "soft". Raises ValueError when the mode needs a routing
     and none is given.
@@ -582,10 +587,10 @@ def focus_bias(config: FocusConfig, routing: Routing | None, q_pos: torch.Tensor
     tq = q_pos.numel()
     if mode == "hard":
         return hard_mask(routing.query_groups[:, -tq:], routing.key_group, w, q_pos, k_pos, sinks, match)
-    gate = soft_gate_bias(routing.log_p[:, -tq:], routing.log_p_keys, w, q_pos, k_pos, config.eps, sinks)
+    gate = soft_gate_bias(routing.log_p[:, -tq:], routing.log_p_keys, w, q_pos, k_pos, config.eps, sinks, match)
     if config.straight_through:
         # forward: the hard mask (dropped pairs at log(eps)); backward: the soft gate's gradient
-        keep = hard_mask(routing.query_groups[:, -tq:], routing.key_group, w, q_pos, k_pos, sinks)
+        keep = hard_mask(routing.query_groups[:, -tq:], routing.key_group, w, q_pos, k_pos, sinks, match)
         hard = torch.zeros_like(gate).masked_fill(~keep, math.log(config.eps))
         causal = causal_mask(q_pos, k_pos)
         gate = torch.where(causal, hard + gate - gate.detach(), gate)

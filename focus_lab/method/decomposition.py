@@ -849,24 +849,29 @@ class GroupedKV:
         return torch.cat(outs).to(query.dtype), torch.cat(lses)
 
 
-def merge_lse(outs: list[torch.Tensor], lses: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Merge attention results over disjoint key sets: ``o = sum_p e^{lse_p} o_p / sum_p e^{lse_p}``.
+def merge_lse(outs: list[torch.Tensor], lses: list[torch.Tensor],
+              inplace: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Merge attention results over disjoint key sets: ``o = sum_p e^{lse_p} o_p / sum_p e^{lse_p}``
+    (docs/method.md §4). The one place this formula lives: the prefill's parts, the staircase
+    pieces, the few-query steps and the token-match part all merge through it.
 
     outs: P tensors (..., D), e.g. (N, H, L, D); lses: P tensors (...), e.g. (N, H, L), -inf for
     an empty part (weight 0; at least one part finite per row). Returns (out (..., D) fp32,
-    lse (...) fp32), the attention over the union and its logsumexp. The prefill's merge (``_hard_focus_attention``)
-    is the same formula written in place over its scratch buffers.
+    lse (...) fp32), the attention over the union and its logsumexp. ``inplace``: write ``out``
+    over ``outs[0]`` (an fp32 tensor the caller no longer needs) instead of a new tensor.
     """
-    if len(outs) == 1:
-        return outs[0].float(), lses[0].float()
-    m = lses[0].float()
-    for l in lses[1:]:
-        m = torch.maximum(m, l)  # (...), finite
-    ws = [torch.exp(l - m) for l in lses]  # P x (...), 0 for an empty part
-    den = torch.stack(ws).sum(0)  # (...)
-    out = outs[0].float() * (ws[0] / den)[..., None]  # (..., D), a new tensor
-    for o, w in zip(outs[1:], ws[1:]):
-        out.addcmul_(o.float(), (w / den)[..., None])
+    lse_all = torch.stack([l.float() for l in lses])  # (P, ...)
+    m = lse_all.amax(0)  # (...), finite
+    wts = torch.exp(lse_all - m)  # (P, ...), 0 for an empty part
+    den = wts.sum(0)  # (...)
+    wts /= den
+    first = outs[0].float()
+    if inplace and first is outs[0]:
+        out = first.mul_(wts[0][..., None])  # (..., D), over outs[0]
+    else:
+        out = first * wts[0][..., None]  # (..., D), a new tensor
+    for o, w in zip(outs[1:], wts[1:]):
+        out.addcmul_(o.float(), w[..., None])
     return out, m + torch.log(den)
 
 
@@ -1001,26 +1006,17 @@ def _hard_focus_attention(query, key, value, query_groups, key_group, window, sc
 
     with call("merge"):
         n = B * Tq
-        parts = ([lseA.view(k, nrows, H)[:, :n]] if ka else []) + [lseB.view(1, n, H)]
+        outs = [outB.view(n, H, D)] + [outA.view(k, nrows, H, D)[s, :n] for s in range(ka)]  # (n, H, D) each
+        lses = [lseB.view(n, H)] + [lseA.view(k, nrows, H)[s, :n] for s in range(ka)]  # (n, H) each
         if sink is not None:
-            parts.append(sink[1].reshape(1, n, H))
-        lse_all = torch.cat(parts, 0)  # (ka+1[+1], n, H)
-        m = lse_all.amax(0)  # finite: the diagonal pair is always kept
-        wts = torch.exp(lse_all - m)  # 0 for empty parts
-        den = wts.sum(0)
-        wts /= den
-        if _is_scratch(outB):  # a fresh output, its first touch (page faults) on all threads
-            with call.kernels():
-                out = torch.mul(outB.view(n, H, D), wts[ka][..., None])
-        else:
-            out = outB.view(n, H, D).mul_(wts[ka][..., None])
-        for s in range(ka):
-            out.addcmul_(outA.view(k, nrows, H, D)[s, :n], wts[s][..., None])
-        if sink is not None:
-            out.addcmul_(sink[0].reshape(n, H, D), wts[ka + 1][..., None])
+            outs.append(sink[0].reshape(n, H, D))
+            lses.append(sink[1].reshape(n, H))
+        fresh = _is_scratch(outB)  # then a fresh output: its first touch (page faults) on all threads
+        with call.kernels() if fresh else _nullcontext():
+            out, lse = merge_lse(outs, lses, inplace=not fresh)  # (n, H, D), (n, H) fp32
         out = out.view(B, Tq, H, D).to(query.dtype).transpose(1, 2)
     if return_lse:
-        return out, (m + torch.log(den)).view(B, Tq, H).transpose(1, 2)
+        return out, lse.view(B, Tq, H).transpose(1, 2)
     return out
 
 

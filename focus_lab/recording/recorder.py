@@ -149,7 +149,7 @@ class Recording:
         if key.shape[2] != T:  # a decode step: nothing to audit
             return
         cfg = self.config = call.config
-        if cfg.match_shifts and cfg.mode == "hard":
+        if cfg.match_shifts and cfg.mode in ("hard", "soft"):
             raise ValueError("recording measures the groups' mask and does not count token-match pairs "
                              "(FocusConfig.match_shifts, docs/method.md §2.8) yet: record with "
                              "match_shifts=None (forward_state(model, match_shifts=None))")
@@ -276,7 +276,7 @@ def record(model, metrics: Sequence[str] = ALL_METRICS, layers: Sequence[int] | 
         ValueError: an unknown metric, a negative edge option, no router attached, a layer
             without a router, a head out of range, or a pattern naming an unrecorded (layer, head).
         RuntimeError: (during a forward) a router input that was not captured.
-        ValueError: (during a forward) a hard forward with token-match pairs (``match_shifts``),
+        ValueError: (during a forward) a hard or soft forward with token-match pairs (``match_shifts``),
             which the recorded metrics do not count yet.
 
     Hooks are removed on exit, also when the block raises. Call the model with

@@ -23,7 +23,8 @@ from __future__ import annotations
 import torch
 
 from focus_lab.method.config import FocusConfig
-from focus_lab.method.core import masked_attention, soft_gate_bias, soft_roles, soft_top_k_membership
+from focus_lab.method.core import (masked_attention, match_mask, soft_gate_bias, soft_roles,
+                                   soft_top_k_membership)
 
 
 def sample_queries(T: int, window: int, n: int, generator: torch.Generator) -> torch.Tensor:
@@ -49,7 +50,7 @@ def output_projection(module: torch.nn.Module):
 def layer_distill_loss(module: torch.nn.Module, router, h: torch.Tensor, query: torch.Tensor,
                        key: torch.Tensor, value: torch.Tensor, dense_out: torch.Tensor,
                        q_pos: torch.Tensor, config: FocusConfig, scaling: float,
-                       top_ks: tuple[int, ...] = ()
+                       top_ks: tuple[int, ...] = (), match: torch.Tensor | None = None
                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One layer's distillation loss (module docstring) and its Sinkhorn column potentials.
 
@@ -64,7 +65,9 @@ def layer_distill_loss(module: torch.nn.Module, router, h: torch.Tensor, query: 
         h: (B, T, d) router input; query: (B, H, T, D); key, value: (B, Hkv, T, D);
         dense_out: (B, H, T, D) the layer's dense attention output; q_pos: (n,) query positions;
         config: window, sinks, tau, Sinkhorn iterations, eps; scaling: logit scale;
-        top_ks: the top-k values whose relaxed masks are distilled (empty: the soft gate).
+        top_ks: the top-k values whose relaxed masks are distilled (empty: the soft gate);
+        match: (B, n, T) bool, the sampled queries' token-match pairs (``core.match_mask``,
+            docs/method.md §2.8), kept by rule in the gate (bias 0), or None.
     Returns:
         (loss () float32, relative squared error; col_potential (B, K); scores (B, T, K) detached),
         the last two of the key role (``core.soft_roles``).
@@ -92,7 +95,7 @@ def layer_distill_loss(module: torch.nn.Module, router, h: torch.Tensor, query: 
     losses = []
     for log_q in query_sides:
         gate = soft_gate_bias(log_q, log_p_k, config.window, q_pos, k_pos, config.eps,
-                              config.sink_tokens)  # (B, n, T)
+                              config.sink_tokens, match)  # (B, n, T)
         o_soft = masked_attention(q, key.float(), value.float(), gate, scaling)  # (B, H, n, D)
         losses.append(residual(o_soft - o_dense).pow(2).sum() / ref_sq)
     loss = torch.stack(losses).mean()
@@ -108,7 +111,9 @@ def distill_step(model, ids: torch.Tensor, config: FocusConfig, step: int, num_q
     captured router input, q/k/v and dense output give ``layer_distill_loss`` on
     ``num_queries`` query positions drawn from (seed, step), backpropagated into that layer's
     router alone (memory: one layer's (B, H, n_q, T) logits at a time). The group bias follows
-    Sinkhorn's column potentials as in LM training (docs/method.md §1).
+    Sinkhorn's column potentials as in LM training (docs/method.md §1). With
+    ``config.match_shifts`` the gate keeps the sampled queries' token-match pairs (built once per
+    batch from ``ids``, docs/method.md §2.8), so the routers learn what those pairs leave.
 
     Args:
         model: Focus-attached causal LM (routers in train mode); ids: (B, T) input ids;
@@ -126,9 +131,13 @@ def distill_step(model, ids: torch.Tensor, config: FocusConfig, step: int, num_q
     T = ids.shape[1]
     gen = torch.Generator().manual_seed(seed * 7919 + step)
     q_pos = sample_queries(T, config.window, num_queries, gen).to(ids.device)
+    k_pos = torch.arange(T, device=ids.device)
+    match = None if not config.match_shifts else match_mask(
+        ids[:, q_pos], ids, config.match_shifts, q_pos, k_pos, config.window, config.sink_tokens,
+        config.match_latest)  # (B, n, T) bool
 
     def distill(call, cfg: FocusConfig):
         return layer_distill_loss(call.module, call.module.focus_router, call.router_in.detach(), call.query,
                                   call.key, call.value, call.attn_out, q_pos, cfg,
-                                  attention_scale(call.module, call.query.shape[-1]), top_ks)
+                                  attention_scale(call.module, call.query.shape[-1]), top_ks, match)
     return layerwise_step(model, ids, config, distill, shares)
