@@ -136,7 +136,7 @@ def load_model(name: str | None = None, dtype: torch.dtype = torch.float32, verb
         (model, tokenizer). The embedded model is dequantized from its GGUF once (~17 s) and
         cached as safetensors under ``cache_dir()``; later loads read the cache (seconds).
         First calls ``focus_lab.method.cpu.keep_freed_memory()`` (process-global: glibc keeps
-        freed memory for reuse, about 10% off a forward of 8K tokens on CPU; opt out with the
+        freed memory for reuse, about a sixth off a forward of 8K tokens on CPU; opt out with the
         environment variable ``FOCUS_LAB_KEEP_FREED_MEMORY=0``).
     Raises:
         ModelLoadError: the package/model is missing, with the command that fixes it.

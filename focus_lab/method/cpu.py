@@ -24,11 +24,10 @@ def keep_freed_memory(limit_bytes: int = 2**31 - 1) -> bool:
     the kernel and unmaps it when freed. A forward over thousands of tokens allocates such
     tensors in every op (one MLP activation at 8192 tokens: 8192 x 1536 float32 = 50 MB), so each
     op first page-faults through fresh zeroed pages. Raising the mmap and trim thresholds to
-    ``limit_bytes`` (via ``mallopt``) lets later allocations reuse the freed memory. Measured on a
-    2-core AMD EPYC, 1 torch thread (docs/results.md "Speed"): ``silu`` then ``*`` on an
-    (8192, 1536) tensor 93 ms -> 21 ms; a bare forward of 8192 tokens of SmolLM2-135M, dense
-    92.9 s -> 82.1 s, hard top-1 63.0 s -> 53.3 s; peak RSS unchanged (2.02 / 2.01 GB). Results
-    do not change: only where memory comes from.
+    ``limit_bytes`` (via ``mallopt``) lets later allocations reuse the freed memory. Measured
+    (docs/results.md "Speed", runs D and E of figures/bench_attention): a bare forward of 8192
+    tokens of SmolLM2-135M on a 2-core AMD EPYC, 1 torch thread, dense 88.7 -> 106.5 tokens/s,
+    hard top-1 120.9 -> 151.6. Results do not change: only where memory comes from.
 
     Process-global and idempotent. Memory the process frees stays with it until it exits
     (returned to the allocator, not to the kernel). Does nothing, and returns False, where libc
