@@ -149,7 +149,7 @@ class Recording:
         if key.shape[2] != T:  # a decode step: nothing to audit
             return
         cfg = self.config = call.config
-        if cfg.match_shifts and cfg.mode in ("hard", "soft"):
+        if call.match_pairs is not None:  # the forward keeps token-match pairs (FocusForward.match_pairs decides when)
             raise ValueError("recording measures the groups' mask and does not count token-match pairs "
                              "(FocusConfig.match_shifts, docs/method.md §2.8) yet: record with "
                              "match_shifts=None (forward_state(model, match_shifts=None))")
@@ -276,8 +276,8 @@ def record(model, metrics: Sequence[str] = ALL_METRICS, layers: Sequence[int] | 
         ValueError: an unknown metric, a negative edge option, no router attached, a layer
             without a router, a head out of range, or a pattern naming an unrecorded (layer, head).
         RuntimeError: (during a forward) a router input that was not captured.
-        ValueError: (during a forward) a hard or soft forward with token-match pairs (``match_shifts``),
-            which the recorded metrics do not count yet.
+        ValueError: (during a forward) a layer call that keeps token-match pairs (``match_shifts``
+            in hard or soft mode), which the recorded metrics do not count yet.
 
     Hooks are removed on exit, also when the block raises. Call the model with
     ``use_cache=False`` (decode steps are skipped). Padding is not supported: record
