@@ -115,7 +115,7 @@ def test_loss_is_zero_when_every_pair_is_local():
     assert output_projection(mod) is mod.c_proj
     loss, _, _ = layer_distill_loss(mod, mod.focus_router, h, q, k, v, o, torch.arange(40, 48),
                                     FocusConfig(window=64), 1 / math.sqrt(q.shape[-1]))
-    assert float(loss) < 1e-10
+    assert loss.item() < 1e-10
 
 
 def test_distill_step_moves_only_routers_and_restores_config():
