@@ -11,7 +11,8 @@ window of *Persuasion* per length (4096 and 8192 tokens, ``--e2e-sizes``):
     pattern, round-robin (repeat r starts at pattern r), and the medians are compared, so load from
     other processes hits dense and sparse alike: read the ratios, not the absolute numbers. The
     window pattern's ratio is the bound of what attention sparsity can buy (every distant pair
-    skipped). The bare forwards also record where the time goes (``FocusForward.timings``):
+    skipped); ``pairs_bound`` estimates what a pattern would reach if its kept pairs cost what
+    dense's pairs cost. The bare forwards also record where the time goes (``FocusForward.timings``):
     routing, group planning (sort + segments), gather/scatter, the attention calls, the LSE
     merge, mask and hook-point bookkeeping, and everything outside the attention functions.
   * decode: ``model.generate`` (greedy, KV cache) after a prefix of ``L - 16`` tokens for
@@ -38,6 +39,7 @@ Usage:
     python -m analyses.bench_attention                         # everything (about 1 h on 2 cores)
     python -m analyses.bench_attention --no-kernel --no-decode # prefill only
     python -m analyses.bench_attention --no-e2e --sizes 4096,32768
+    python -m analyses.bench_attention --bounds shipped        # a saved run's bounds (pairs_bound)
 """
 
 from __future__ import annotations
@@ -400,9 +402,40 @@ def _prefill_ratios(df: pd.DataFrame) -> pd.DataFrame:
         dense_s = dense.bare_s
         df["window_bound"] = df.tokens.map(dense_s / win_s)
         df["share_of_bound"] = (df.tokens.map(dense_s) - df.bare_s) / (df.tokens.map(dense_s) - df.tokens.map(win_s))
+        df["pairs_bound"] = pairs_bound(df)
     else:  # no window pattern in the run: no bound to compare with
-        df["window_bound"] = df["share_of_bound"] = float("nan")
+        df["window_bound"] = df["share_of_bound"] = df["pairs_bound"] = float("nan")
     return df
+
+
+def pairs_bound(df: pd.DataFrame) -> pd.Series:
+    """Per prefill row: the ratio to dense the pattern would reach if each distant pair it keeps
+    cost what a pair costs inside dense attention, on top of what the window pattern's attention
+    costs (window, sinks, routing and bookkeeping):
+
+        t_bound = outside_dense + attn_window + (kept - kept_window) * attn_dense,
+        pairs_bound = t_dense / t_bound
+
+    with ``attn_X = bare_s(X) * (1 - share_outside_attention(X))`` and ``outside_dense`` the
+    rest of dense's forward, all at the row's length in this run; ``kept`` is the row's
+    ``distant_pairs_kept`` (measured by the eval pass: NaN at lengths outside ``--eval-sizes``)
+    and ``kept_window`` the window pattern's (its sink pairs, already in ``attn_window``), so the
+    window row's bound is its own ratio. An estimate: it assumes every pair costs the same.
+    Bare seconds per forward in, a ratio out; NaN on the dense row (the bound is for sparse
+    patterns: the window's own pairs would count twice there)."""
+    by = df.set_index(["tokens", "pattern"])
+    def one(row) -> float:
+        if row.pattern == "dense":
+            return float("nan")
+        try:
+            d, w = by.loc[(row.tokens, "dense")], by.loc[(row.tokens, "window")]
+        except KeyError:
+            return float("nan")
+        attn_d = d.bare_s * (1 - d.share_outside_attention)
+        kept = row.distant_pairs_kept - w.distant_pairs_kept
+        t = d.bare_s - attn_d + w.bare_s * (1 - w.share_outside_attention) + kept * attn_d
+        return d.bare_s / t
+    return df.apply(one, axis=1)
 
 
 class _StepClock:
@@ -518,17 +551,51 @@ def _e2e_columns(df: pd.DataFrame, routers, cfg) -> pd.DataFrame:
 
 
 PREFILL_COLS = ["tokens", "pattern", "bare_tokens_per_s", "speedup_bare", "eval_tokens_per_s", "speedup_eval",
-                "eval_over_bare", "share_of_bound", "perplexity", "distant_pairs_kept"]
+                "eval_over_bare", "share_of_bound", "pairs_bound", "perplexity", "distant_pairs_kept"]
 SHARE_COLS = ["tokens", "pattern", "share_route", "share_plan", "share_gather_scatter", "share_attention",
               "share_merge", "share_mask_hooks", "share_other_attention_fn", "share_outside_attention"]
 DECODE_COLS = ["tokens", "prefix", "pattern", "ms_per_token", "decode_tokens_per_s", "speedup_decode",
                "prefill_tokens_per_s"]
 E2E_FMT = {"bare_tokens_per_s": "{:.1f}", "eval_tokens_per_s": "{:.1f}", "speedup_bare": "{:.2f}",
-           "speedup_eval": "{:.2f}", "eval_over_bare": "{:.2f}", "share_of_bound": "{:.2f}",
+           "speedup_eval": "{:.2f}", "eval_over_bare": "{:.2f}", "share_of_bound": "{:.2f}", "pairs_bound": "{:.2f}",
            "perplexity": "{:.4f}", "distant_pairs_kept": "{:.3f}", "ms_per_token": "{:.1f}",
            "decode_tokens_per_s": "{:.2f}", "speedup_decode": "{:.2f}", "prefill_tokens_per_s": "{:.1f}",
            "prefix": "{:.0f}",
            **{c: "{:.3f}" for c in SHARE_COLS if c.startswith("share")}}
+
+
+def bounds_markdown(e2e: pd.DataFrame, table: str, corpus: str) -> str:
+    """The prefill rows of a saved run (e2e.csv) with ``window_bound`` and ``pairs_bound``
+    (``pairs_bound()``) as markdown. Pairs kept the run did not measure (lengths outside
+    ``--eval-sizes``) are taken from window 0 of the committed length table ``table``
+    (``analyses/length_table.py``; the benchmark forwards that same first held-out window of
+    ``corpus``) when that table's cell was made with the run's router file; ``kept_from`` says
+    where each value comes from. Raises SystemExit when the table has no such rows."""
+    from analyses.length_table import COMMITTED
+    from focus_lab.io import file_sha256
+
+    pre = e2e[e2e.phase == "prefill"].copy()
+    cells = pd.read_parquet(COMMITTED)
+    cells = cells[(cells.table == table) & (cells.corpus == corpus) & (cells.window == 0)]
+    if cells.empty:
+        raise SystemExit(f"--bounds {table}: no window-0 cells of {corpus} in that committed table")
+    routers = pre.routers.dropna().iloc[0] if "routers" in pre and pre.routers.notna().any() else None
+    sha = file_sha256(Path(routers)) if routers and Path(routers).is_file() else None
+    if sha is None:  # the run's file moved (a worktree): the shipped file of this checkout
+        from focus_lab.hf.shipped import resolve_routers
+        sha = file_sha256(resolve_routers(None))
+    cells = cells[cells.routers_sha256 == sha].set_index(["seq_len", "label"]).distant_pairs_kept
+    pre["kept_from"] = pre.distant_pairs_kept.notna().map({True: "this run", False: ""})
+    for i, r in pre[pre.distant_pairs_kept.isna()].iterrows():
+        if (r.tokens, r.pattern) in cells.index:
+            pre.loc[i, "distant_pairs_kept"] = cells.loc[(r.tokens, r.pattern)]
+            pre.loc[i, "kept_from"] = f"table {table}, window 0"
+    pre["pairs_bound"] = pairs_bound(pre)
+    fmt = {**E2E_FMT, "window_bound": "{:.2f}"}
+    return ("`pairs_bound`: the ratio to dense if each distant pair kept cost what a pair costs in "
+            "dense attention, on top of the window pattern's attention time (`pairs_bound()`).\n\n"
+            + to_markdown(pre, ["tokens", "pattern", "speedup_bare", "window_bound", "pairs_bound",
+                                "distant_pairs_kept", "kept_from"], fmt))
 
 
 def e2e_markdown(df: pd.DataFrame) -> str:
@@ -540,7 +607,9 @@ def e2e_markdown(df: pd.DataFrame) -> str:
             if "window_bound" in pre else "-"
         out.append("### Prefill: tokens/s of the bare forward and of `focus-lab eval` (ratios vs dense)\n\n"
                    f"Window bound (dense time / window time, bare): {bound}. `share_of_bound`: the part of "
-                   "the window pattern's saving a pattern gets, (t_dense - t) / (t_dense - t_window).\n\n"
+                   "the window pattern's saving a pattern gets, (t_dense - t) / (t_dense - t_window). `pairs_bound`: "
+                   "the ratio to dense if each distant pair kept cost what a pair costs in dense attention, "
+                   "on top of the window pattern's attention time (`pairs_bound()`; needs the eval's pairs kept).\n\n"
                    + to_markdown(pre, PREFILL_COLS, E2E_FMT))
         out.append("### Where the bare forward's time goes (shares of its wall time)\n\n"
                    "route: router + groups; plan: sort + segment layout; gather_scatter; attention: the "
@@ -674,7 +743,14 @@ def main(argv=None) -> int:
                    help="decode's KV cache: growing (focus_lab.hf.kv_cache.GrowingCache, appends in place; "
                         "default) or dynamic (transformers' DynamicCache, one full copy per step)")
     e.add_argument("--replot", action="store_true", help="only redraw the plot from --out/kernel.csv")
+    e.add_argument("--bounds", metavar="TABLE", default=None,
+                   help="only print the prefill bounds of --out/e2e.csv (window_bound, pairs_bound); a "
+                        "pattern's pairs kept missing at a length (no eval there) comes from window 0 of "
+                        "the committed length table TABLE (e.g. shipped) when its router file is the same")
     args = ap.parse_args(argv)
+    if args.bounds:
+        print(bounds_markdown(pd.read_csv(args.out / "e2e.csv"), args.bounds, args.corpus))
+        return 0
     if args.replot:
         env = json.loads((args.out / "env.json").read_text())
         plot(pd.read_csv(args.out / "kernel.csv"), args.out, _title(args, env))

@@ -40,3 +40,16 @@ def test_main_exits_2_with_one_line(capsys):
     with pytest.raises(SystemExit) as e:
         bench.main(["--e2e-sizes", "4096,x"])
     assert e.value.code == 2
+
+
+def test_pairs_bound_by_hand():
+    """Dense: 10 s, 4 s of it attention; window: 6.5 s, 0.5 s of it attention, 0.1 of the pairs
+    (its sinks). A pattern keeping 0.35 would take 6 + 0.5 + (0.35 - 0.1) * 4 = 7.5 s: 10 / 7.5."""
+    import pandas as pd
+    df = pd.DataFrame({"tokens": 4096, "pattern": ["dense", "window", "hard_top1"],
+                       "bare_s": [10.0, 6.5, 9.0], "share_outside_attention": [0.6, 6.0 / 6.5, 0.7],
+                       "distant_pairs_kept": [1.0, 0.1, 0.35]})
+    b = bench.pairs_bound(df)
+    assert b.iloc[0] != b.iloc[0]  # NaN on the dense row
+    assert b.iloc[1] == pytest.approx(10 / 6.5)  # the window row: its own ratio
+    assert b.iloc[2] == pytest.approx(10 / 7.5)
