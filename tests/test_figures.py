@@ -287,6 +287,34 @@ def test_layer_budget_allocates_cheapest_drops_against_largest_raises():
         allocate(sweep[sweep.top_k == 0])
 
 
+def test_layer_budget_pools_studies_each_against_its_own_base(tmp_path, monkeypatch):
+    """deltas() subtracts each window's own uniform base; commit_study() replaces a study's rows
+    and pooled_study() reads them back for --pool, refusing an unknown study or other k's."""
+    import pandas as pd
+    from analyses.studies import layer_budget as LB
+    monkeypatch.setattr(LB, "BUDGET_JSON", tmp_path / "layer_budget.json")
+    def sweep(corpus, base, changes):  # changes: {(layer, k): nll}
+        return pd.DataFrame([{"corpus": corpus, "window": 0, "layer_idx": -1, "top_k": 2, "nll": base}]
+                            + [{"corpus": corpus, "window": 0, "layer_idx": i, "top_k": k, "nll": v}
+                               for (i, k), v in changes.items()])
+    tech = sweep("code", 2.0, {(0, 1): 2.001, (1, 1): 2.03, (0, 3): 1.99, (1, 3): 1.999})
+    prose = sweep("novel", 3.0, {(0, 1): 3.0, (1, 1): 3.002, (0, 3): 3.0, (1, 3): 2.99})
+    d = LB.deltas(tech).set_index(["layer_idx", "top_k"]).delta_nll
+    assert d[(1, 1)] == pytest.approx(0.03) and d[(0, 3)] == pytest.approx(-0.01)
+    LB.commit_study(prose, "lit")
+    LB.commit_study(prose.assign(nll=prose.nll + 1), "lit")  # replaced, not appended
+    back = LB.pooled_study("lit", base_k=2)
+    assert len(back) == len(prose) and back.nll.tolist() == (prose.nll + 1).tolist()
+    pooled = pd.concat([LB.deltas(tech), LB.deltas(back)])
+    # by hand, means over the two corpora: drop 0 costs 0.0005, drop 1 0.016; raise 0 gains
+    # -0.005, raise 1 -0.0055 -> one pair: drop 0, raise 1 (-0.005 total)
+    assert LB.allocate(pooled, base_k=2)[0] == {0: 1, 1: 3}
+    with pytest.raises(SystemExit, match="no such study"):
+        LB.pooled_study("nope", base_k=2)
+    with pytest.raises(SystemExit, match="not 0 and 2"):
+        LB.pooled_study("lit", base_k=1)
+
+
 def test_layer_budget_random_sweep_flips_layers_better_on_every_corpus():
     """analyses/studies/layer_budget.choose_random_layers on a hand-made sweep: a layer's assignment is
     flipped (router -> random, or random -> router) only when its flip lowers the NLL on both

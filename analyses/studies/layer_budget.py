@@ -102,6 +102,48 @@ def choose_random_layers(sweep: pd.DataFrame, current: list[int], min_gain: floa
     return [int(i) for i in new], table.reset_index()
 
 
+def deltas(table: pd.DataFrame) -> pd.DataFrame:
+    """The one-layer rows of a sweep with ``delta_nll``: their NLL minus the uniform base's
+    (``layer_idx`` -1) on the same (corpus, window), nats/token. Raises ValueError without a
+    base row for every window."""
+    base = table[table.layer_idx == -1].set_index(["corpus", "window"]).nll
+    sweep = table[table.layer_idx >= 0].copy()
+    keys = list(zip(sweep.corpus, sweep.window))
+    if not set(keys) <= set(base.index):
+        raise ValueError("a sweep row has no uniform base on its window; run the sweep to the end")
+    sweep["delta_nll"] = sweep.nll.values - base.loc[keys].values
+    return sweep
+
+
+def pooled_study(name: str, base_k: int) -> pd.DataFrame:
+    """A committed study's rows (figures/results/layer_budget.parquet) for ``--pool``.
+    Raises SystemExit when there is no such study or it moved another k than ``base_k`` -/+ 1."""
+    path = BUDGET_JSON.with_suffix(".parquet")
+    rows = pd.read_parquet(path) if path.is_file() else pd.DataFrame(columns=["study"])
+    if not (rows.study == name).any():
+        raise SystemExit(f"--pool {name}: no such study in {path} (studies there: "
+                         f"{', '.join(sorted(rows.study.unique())) or 'none'})")
+    rows = rows[rows.study == name]
+    ks = set(rows[rows.layer_idx >= 0].top_k)
+    if not {base_k - 1, base_k + 1} <= ks:
+        raise SystemExit(f"--pool {name}: that study moved layers to k in {sorted(ks)}, not {base_k - 1} and "
+                         f"{base_k + 1} (--base-k {base_k})")
+    return rows.drop(columns="study")
+
+
+def commit_study(table: pd.DataFrame, name: str) -> None:
+    """Write a sweep's rows into figures/results/layer_budget.parquet as study ``name``
+    (replacing rows of that name; written to a temporary file, then renamed)."""
+    from focus_lab.io import write_parquet
+    path = BUDGET_JSON.with_suffix(".parquet")
+    old = pd.read_parquet(path) if path.is_file() else pd.DataFrame()
+    if len(old):
+        old = old[old.study != name]
+    write_parquet(path, pd.concat([old, table.assign(study=name)[["study"] + list(table.columns)]],
+                                  ignore_index=True))
+    print(f"study {name}: {len(table)} rows -> {path}")
+
+
 def spec_string(spec: dict[int, int]) -> str:
     """{1: 0, 2: 0, 5: 2} -> '1,2:0;5:2' (``config.parse_layer_top_k``'s form)."""
     parts = []
@@ -150,6 +192,13 @@ def main(argv=None) -> None:
                     help="write the routers with the spec as their top-<base-k> budget to OUT, then exit")
     ap.add_argument("--spec", default=None, help="with --save-budget: the spec (default: the committed "
                     "choice for top-<base-k> in figures/results/layer_budget.json)")
+    ap.add_argument("--commit", default=None, metavar="STUDY",
+                    help="add this sweep's rows to figures/results/layer_budget.parquet as study STUDY "
+                         "(rows of that study are replaced)")
+    ap.add_argument("--pool", default=None, metavar="STUDIES",
+                    help="allocate over this sweep and the committed studies named (comma-separated, "
+                         "e.g. top2): every study's NLL changes against its own uniform base, averaged "
+                         "over all their windows alike")
     args = ap.parse_args(argv)
     if args.save_budget is not None:
         print(save_budget(args.routers, args.save_budget, args.base_k, args.spec))
@@ -220,9 +269,9 @@ def main(argv=None) -> None:
               f"({time.perf_counter() - t0:.0f} s)", flush=True)
 
     table = pd.concat(rows, ignore_index=True)
-    base = table[table.layer_idx == -1].set_index(["corpus", "window"]).nll
-    sweep = table[table.layer_idx >= 0].copy()
-    sweep["delta_nll"] = sweep.nll.values - base.loc[list(zip(sweep.corpus, sweep.window))].values
+    if args.commit:
+        commit_study(table, args.commit)
+    sweep = deltas(table)
     if args.sweep == "random":
         new, flips = choose_random_layers(sweep, current, args.min_gain)
         print(flips.to_string(index=False))
@@ -242,6 +291,9 @@ def main(argv=None) -> None:
         by = sweep.groupby(["layer_idx", "top_k"]).delta_nll.mean().unstack()  # nats/token vs uniform
         print(by.sort_values(list(by.columns)).to_string(float_format=lambda x: f"{x:+.5f}"))
         return  # no allocation: it pairs base-k - 1 with base-k + 1
+    if args.pool:
+        sweep = pd.concat([sweep] + [deltas(pooled_study(name, args.base_k)) for name in args.pool.split(",")],
+                          ignore_index=True)
     spec, pairs = allocate(sweep, base_k=args.base_k)
     print(pairs.to_string(index=False))
     text = spec_string(spec)
@@ -249,7 +301,7 @@ def main(argv=None) -> None:
     with atomic_path(args.out / "spec.txt") as tmp:
         Path(tmp).write_text(text + "\n")
     with atomic_path(args.out / "allocation.json") as tmp:
-        Path(tmp).write_text(json.dumps({"spec": text, "pairs": pairs.to_dict("records"),
+        Path(tmp).write_text(json.dumps({"spec": text, "pairs": pairs.to_dict("records"), "pool": args.pool,
                                          "windows": [[c, w.index] for c, w in windows], "seq_len": args.seq_len,
                                          "routers": str(routers), "routers_sha256": file_sha256(routers),
                                          "base_config": cfg.to_dict()}, indent=1, default=str))
