@@ -738,8 +738,8 @@ class GroupedKV:
 
     Per batch row and group: the cached keys and values of that group's tokens in position
     order, in buffers grown by doubling, with their positions. A decode step's query at
-    position t then attends to contiguous slices only, copied back to back (one memcpy each)
-    into one key and one value tensor for ONE attention call:
+    position t then attends to contiguous slices only, one attention call each, merged by
+    logsumexp like the parts of the prefill (``merge_lse``):
 
     * the sinks, keys ``0 .. min(sinks, t - w + 1) - 1`` of the position-ordered cache;
     * its window, keys ``t - w + 1 .. t`` of the same cache;
@@ -747,9 +747,9 @@ class GroupedKV:
       group's buffer, its ends found by bisection on the positions).
 
     These sets are disjoint and their union is the step's row of ``core.hard_mask``, so the
-    result equals the masked reference. No per-step mask over the cache and no index gather:
-    work O(kept keys) plus O(k log n) bookkeeping, against ``_few_queries``' O(Tk) mask and
-    gather of the kept keys. Costs a second copy of the layer's keys and values.
+    result equals the masked reference. No per-step mask over the cache and no gather: work
+    O(kept keys) plus O(k log n) bookkeeping, against ``_few_queries``' O(Tk) mask and copy
+    of the kept keys. Costs a second copy of the layer's keys and values.
 
     The store is a cache of (keys, values, key groups): ``step`` checks that it holds the
     tokens before the step (their count and the newest key, compared with the KV cache's)
@@ -840,15 +840,11 @@ class GroupedKV:
                     lo, hi = bisect_left(pos, sinks), bisect_left(pos, lo_w)
                     if hi > lo:  # (n, Hkv, D) -> (1, Hkv, n, D) views, no copy
                         parts.append((kbuf[lo:hi].transpose(0, 1)[None], vbuf[lo:hi].transpose(0, 1)[None]))
-                # one copy of the kept keys, then ONE kernel call: a single query needs no order
-                # among its keys, and each kernel call costs a fixed ~0.1 ms on CPU, more than
-                # copying the slices (measured: 1.23 ms against 1.67 ms for four calls + merge
-                # at 4K of context, dense 1.51 ms; docs/results.md Speed)
-                kb = torch.cat([k for k, _ in parts], dim=2) if len(parts) > 1 else parts[0][0]  # (1, Hkv, n, D)
-                vb = torch.cat([v for _, v in parts], dim=2) if len(parts) > 1 else parts[0][1]
             with call("attn_A"):
-                o, l = _attn_lse(query[b:b + 1], kb, vb, scale, call=call)  # (1, H, 1, D), (1, H, 1)
-            outs.append(o.float())
+                res = [_attn_lse(query[b:b + 1], k, v, scale, call=call) for k, v in parts]
+            with call("merge"):
+                o, l = merge_lse([r[0] for r in res], [r[1] for r in res])
+            outs.append(o)
             lses.append(l)
         return torch.cat(outs).to(query.dtype), torch.cat(lses)
 
