@@ -581,9 +581,11 @@ def bounds_markdown(e2e: pd.DataFrame, table: str, corpus: str) -> str:
         raise SystemExit(f"--bounds {table}: no window-0 cells of {corpus} in that committed table")
     routers = pre.routers.dropna().iloc[0] if "routers" in pre and pre.routers.notna().any() else None
     sha = file_sha256(Path(routers)) if routers and Path(routers).is_file() else None
-    if sha is None:  # the run's file moved (a worktree): the shipped file of this checkout
+    if sha is None and routers:  # the run's file is gone (a worktree): if it was the shipped one, this checkout's
         from focus_lab.hf.shipped import resolve_routers
-        sha = file_sha256(resolve_routers(None))
+        shipped = resolve_routers(None)
+        if Path(routers).parts[-3:] == shipped.parts[-3:]:
+            sha = file_sha256(shipped)
     cells = cells[cells.routers_sha256 == sha].set_index(["seq_len", "label"]).distant_pairs_kept
     pre["kept_from"] = pre.distant_pairs_kept.notna().map({True: "this run", False: ""})
     for i, r in pre[pre.distant_pairs_kept.isna()].iterrows():
