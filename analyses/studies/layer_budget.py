@@ -19,6 +19,9 @@ both corpora and prints the ``--random-layers`` spec (``random_spec.txt``). Same
 variant, so the choice moves no budget: it only asks where the router's groups beat random ones.
 
 Each (layer, k) result is written when done (``sweep.parquet``), so a rerun resumes.
+``--commit STUDY`` adds the finished sweep to figures/results/layer_budget.parquet; ``--pool
+STUDIES`` allocates over this sweep and committed studies together (each against its own uniform
+base), e.g. a sweep on technical text pooled with the literary study ``top2``.
 
 ``--save-budget OUT`` writes the routers again (same tensors) with a chosen spec as their file's
 budget for top-``base_k`` (``FocusConfig.top_k_budgets``: the file's default per-layer k when
