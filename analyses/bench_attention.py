@@ -571,11 +571,11 @@ def bounds_markdown(e2e: pd.DataFrame, table: str, corpus: str) -> str:
     (``analyses/length_table.py``; the benchmark forwards that same first held-out window of
     ``corpus``) when that table's cell was made with the run's router file; ``kept_from`` says
     where each value comes from. Raises SystemExit when the table has no such rows."""
-    from analyses.length_table import COMMITTED
+    from analyses.length_table import committed_cells
     from focus_lab.io import file_sha256
 
     pre = e2e[e2e.phase == "prefill"].copy()
-    cells = pd.read_parquet(COMMITTED)
+    cells = committed_cells()
     cells = cells[(cells.table == table) & (cells.corpus == corpus) & (cells.window == 0)]
     if cells.empty:
         raise SystemExit(f"--bounds {table}: no window-0 cells of {corpus} in that committed table")

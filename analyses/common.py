@@ -300,6 +300,21 @@ def cached_part(ctx: Context, name: str, part: str, fn: Callable[[], pd.DataFram
     return df
 
 
+def with_table(path: Path, new: pd.DataFrame, name: str, column: str = "table") -> pd.DataFrame:
+    """The rows of the committed parquet ``path`` with those of table ``name`` replaced by ``new``
+    (which gets ``column`` = name as its first column): the one rule every ``--commit`` of the
+    analyses follows (length table cells, passkey tables, layer-budget studies). ``new`` alone
+    when the file is absent. The caller writes the result (``focus_lab.io.write_parquet``)."""
+    new = new.copy()
+    if column in new:
+        new = new.drop(columns=column)
+    new.insert(0, column, name)
+    old = pd.read_parquet(path) if Path(path).is_file() else None
+    if old is None or column not in old:
+        return new.reset_index(drop=True)
+    return pd.concat([old[old[column] != name], new], ignore_index=True)
+
+
 def pattern_method(label: str) -> str:
     """The method of a length-table pattern: dense, window, focus (hard_topK), random
     (random_topK) or shuffled (shuffled_topK: the router's own groups, permuted)."""

@@ -130,6 +130,7 @@ def commit_run(run: Path, name: str, results: Path = PASSKEY_TABLES) -> int:
         committed files. Returns: the number of case rows written.
     Raises: SystemExit naming a missing file of the run, or an empty name.
     """
+    from analyses.common import with_table
     from focus_lab.io import write_json, write_parquet
     run, results = Path(run), Path(results)
     if not name.strip():
@@ -147,9 +148,7 @@ def commit_run(run: Path, name: str, results: Path = PASSKEY_TABLES) -> int:
     n = 0
     for src, dst in ((need[1], "passkey_cases.parquet"), (need[2], "passkey_needle_layers.parquet")):
         new = pd.read_parquet(src)
-        new.insert(0, "table", name)
-        old = pd.read_parquet(results / dst) if (results / dst).is_file() else new.iloc[:0]
-        write_parquet(results / dst, pd.concat([old[old["table"] != name], new], ignore_index=True))
+        write_parquet(results / dst, with_table(results / dst, new, name))
         n = n or len(new)
     tables_path = results / "passkey_tables.json"
     tables = json.loads(tables_path.read_text()) if tables_path.is_file() else {}

@@ -183,10 +183,9 @@ def commit_table(out: Path, name: str, path: Path | None = None) -> int:
     cells = sorted((Path(out) / "cells").glob("*.parquet"))
     if not cells:
         raise SystemExit(f"no cells under {Path(out) / 'cells'}: nothing to commit")
+    from analyses.common import with_table
     new = pd.concat([pd.read_parquet(c) for c in cells], ignore_index=True)
-    new.insert(0, "table", name)
-    old = committed_cells(path)
-    both = pd.concat([old[old["table"] != name], new], ignore_index=True)
+    both = with_table(path, new, name)
     for col in ("routers_sha256", "random_layers", "layer_top_k", "match_shifts", "reused_from"):
         if col in both:
             both[col] = both[col].fillna("").astype(str)

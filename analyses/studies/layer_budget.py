@@ -137,13 +137,10 @@ def pooled_study(name: str, base_k: int) -> pd.DataFrame:
 def commit_study(table: pd.DataFrame, name: str) -> None:
     """Write a sweep's rows into figures/results/layer_budget.parquet as study ``name``
     (replacing rows of that name; written to a temporary file, then renamed)."""
+    from analyses.common import with_table
     from focus_lab.io import write_parquet
     path = BUDGET_JSON.with_suffix(".parquet")
-    old = pd.read_parquet(path) if path.is_file() else pd.DataFrame()
-    if len(old):
-        old = old[old.study != name]
-    write_parquet(path, pd.concat([old, table.assign(study=name)[["study"] + list(table.columns)]],
-                                  ignore_index=True))
+    write_parquet(path, with_table(path, table, name, column="study"))
     print(f"study {name}: {len(table)} rows -> {path}")
 
 
