@@ -23,6 +23,8 @@ UNIFORM = "_uniform"  # pattern-name suffix: top-k in every layer (no per-layer 
 MATCH = "_match"  # pattern-name suffix: token-match pairs with MATCH_SHIFTS (docs/method.md §2.8)
 NO_MATCH = "_nomatch"  # pattern-name suffix: no token-match pairs, whatever the router file says
 MATCH_SHIFTS = [0, 1]  # the shifts of the _match suffix: the earlier occurrence and the key after it
+KEY_SHIFT = "_keyshift"  # pattern-name suffix: each key in its predecessor's group (docs/method.md §1.7)
+NO_KEY_SHIFT = "_nokeyshift"  # pattern-name suffix: each key in its own group, whatever the file says
 
 
 def standard_patterns(num_groups: int) -> list[tuple[str, dict]]:
@@ -50,17 +52,21 @@ def pattern_changes(name: str, num_groups: int) -> dict:
     ``hard_top2_uniform``) keeps k in every layer, whatever per-layer k the router file's budget
     or ``--layer-top-k`` sets (``layer_top_k = {}``, docs/method.md §2.7). A top-k name ending
     in ``_match`` adds the token-match pairs of ``MATCH_SHIFTS`` (``match_shifts``, docs/method.md
-    §2.8), one ending in ``_nomatch`` drops any; the suffixes combine (``hard_top2_uniform_match``).
+    §2.8), one ending in ``_nomatch`` drops any; a name ending in ``_keyshift`` puts each key in
+    its predecessor's group (``key_shift = 1``, docs/method.md §1.7), ``_nokeyshift`` in its own;
+    the suffixes combine in this order (``hard_top2_uniform_match_keyshift``).
     Raises ConfigError naming the valid names.
     """
     from focus_lab.method.config import ConfigError
     if name in ("dense", "window", "soft"):
         return {"mode": name, "assignment": "router"}
     base, extra = name, {}
-    for suffix, change in ((NO_MATCH, {"match_shifts": None}), (MATCH, {"match_shifts": list(MATCH_SHIFTS)})):
-        if base.endswith(suffix):
-            base, extra = base.removesuffix(suffix), change
-            break
+    for pair in (((NO_KEY_SHIFT, {"key_shift": 0}), (KEY_SHIFT, {"key_shift": 1})),
+                 ((NO_MATCH, {"match_shifts": None}), (MATCH, {"match_shifts": list(MATCH_SHIFTS)}))):
+        for suffix, change in pair:
+            if base.endswith(suffix):
+                base, extra = base.removesuffix(suffix), {**change, **extra}
+                break
     if base.endswith(UNIFORM):
         base, extra = base.removesuffix(UNIFORM), {"layer_top_k": {}, **extra}
     kind, _, k = base.partition("_top")
@@ -68,7 +74,8 @@ def pattern_changes(name: str, num_groups: int) -> dict:
     if assignment is None or not k.isdigit() or not 1 <= int(k) <= num_groups:
         raise ConfigError(f"unknown pattern {name!r}; choose from {', '.join(pattern_names(num_groups))} "
                           f"(a top-k name + '{UNIFORM}': k in every layer, no per-layer budget; + '{MATCH}' / "
-                          f"'{NO_MATCH}': with / without token-match pairs)")
+                          f"'{NO_MATCH}': with / without token-match pairs; + '{KEY_SHIFT}' / '{NO_KEY_SHIFT}': "
+                          "keys in their predecessor's / own group)")
     return {"mode": "hard", "top_k": int(k), "assignment": assignment, **extra}
 
 

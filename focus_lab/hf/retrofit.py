@@ -124,6 +124,8 @@ class FocusCache:
     """
 
     key_groups: dict[int, torch.Tensor] = field(default_factory=dict)
+    # {layer_idx: (B, 1)}: with key_shift, the key group of the next token (Routing.next_key_group)
+    next_key_group: dict[int, torch.Tensor] = field(default_factory=dict)
     grouped: dict[int, GroupedKV] = field(default_factory=dict, repr=False)
     token_ids: torch.Tensor | None = field(default=None, repr=False)  # (B, T_seen), with match_shifts
 
@@ -440,8 +442,10 @@ def _route_layer(router: Router, state: FocusForward, keep: torch.Tensor, attent
     if h is None:
         raise RuntimeError("Focus router input was not captured: attach() the model again")
     token_mask = keep.diagonal(dim1=1, dim2=2, offset=Tk - Tq) if attention_mask is not None else None
-    start = state.cache.seen(router.layer_idx) if (state.cache is not None and Tq < Tk) else Tk - Tq
-    routing = route(router, h, token_mask, cfg, start)  # start: absolute position of h[:, 0]
+    step = state.cache is not None and Tq < Tk
+    start = state.cache.seen(router.layer_idx) if step else Tk - Tq
+    prev = state.cache.next_key_group.get(router.layer_idx) if step else None  # (B, 1), key_shift
+    routing = route(router, h, token_mask, cfg, start, prev)  # start: absolute position of h[:, 0]
     if router.training and routing.col_potential is not None and router.routes(cfg):
         router.update_bias(routing.col_potential, cfg.bias_momentum)
     if cfg.mode != "hard":
@@ -454,6 +458,8 @@ def _route_layer(router: Router, state: FocusForward, keep: torch.Tensor, attent
                 "to the prefill and to every step, or omit focus= to use the model's default")
         return routing, 0, h
     seen = state.cache.extend(router.layer_idx, routing.key_group, Tq, Tk)  # (B, T_seen)
+    if routing.next_key_group is not None:
+        state.cache.next_key_group[router.layer_idx] = routing.next_key_group
     offset = seen.shape[1] - Tk  # a sliding-window cache keeps only the latest keys
     return dataclasses.replace(routing, key_group=seen[:, offset:]), offset, h
 

@@ -142,6 +142,12 @@ class FocusConfig:
             e.g. the token after an earlier occurrence of the query's own token (a copy).
             False (the paper's router, docs/method.md §1): one projection for both roles.
             A shape field: fixed at attach (docs/method.md §1.6).
+        key_shift: [ours] 0 (the paper's rule) or 1: a key lives in the top-1 group of the token
+            before it, not in its own (docs/method.md §1.7). A query then meets the keys that
+            follow tokens routed like itself: the key after an earlier occurrence of the query's
+            token (the pair an induction head reads to copy) when the router puts both
+            occurrences in one group. The routers' weights are unchanged; the soft gate of
+            training shifts the keys' probabilities the same way.
         match_shifts: [ours] token-match pairs (docs/method.md §2.8): in hard mode a distant
             pair (i, j) is also kept when ``ids[j - s] == ids[i]`` for a shift s in the list (in
             soft mode, i.e. training, the gate gives such a pair bias 0);
@@ -179,6 +185,7 @@ class FocusConfig:
     straight_through: bool = False
     gumbel_noise: float = 0.0
     key_router: bool = False
+    key_shift: int = 0
     match_shifts: list[int] | None = None
     match_latest: int = 0
     backend: str = "auto"
@@ -217,6 +224,8 @@ class FocusConfig:
             bad("gumbel_noise", "need a noise scale >= 0")
         if not isinstance(self.key_router, bool):
             bad("key_router", "need True (a separate key projection) or False (one router for both roles)")
+        if isinstance(self.key_shift, bool) or self.key_shift not in (0, 1):
+            bad("key_shift", "need 0 (a key in its own group) or 1 (a key in the group of the token before it)")
         if self.match_shifts is not None:
             if not (isinstance(self.match_shifts, (list, tuple))
                     and all(isinstance(x, int) and not isinstance(x, bool) for x in self.match_shifts)):

@@ -243,6 +243,17 @@ def sinkhorn(scores: torch.Tensor, tau: float, iters: int,
     return logits + u + v, v.squeeze(1)
 
 
+def shift_keys(x: torch.Tensor, first: torch.Tensor | None = None) -> torch.Tensor:
+    """The key role under ``FocusConfig.key_shift = 1`` (docs/method.md §1.7 [ours]): key j takes
+    what token j - 1 has (its top-1 group, its Sinkhorn probabilities).
+
+    x: (B, T, ...) per-token values of this forward's tokens; first: (B, 1, ...) the value of the
+    token before x[:, 0] (a KV-cache step: ``Routing.next_key_group`` of the step before), or
+    None at position 0, where the first token keeps its own. Returns (B, T, ...)."""
+    head = x[:, :1] if first is None else first.to(x.dtype)  # (B, 1, ...)
+    return torch.cat([head, x[:, :-1]], 1)  # (B, T, ...)
+
+
 def window_only_groups(batch: int, seq: int, device: torch.device | str = "cpu"
                        ) -> tuple[torch.Tensor, torch.Tensor]:
     """Groups under which no query shares a group with any key, so the hard mask keeps only the
@@ -486,15 +497,19 @@ def soft_roles(router: Router, h: torch.Tensor, config: FocusConfig
     Args: router: the layer's Router; h: (B, T, d) its input; config: tau, Sinkhorn iterations.
     Returns: (log_p of the queries (B, T, K), log_p of the keys (B, T, K), the keys' column
         potentials (B, K) (they drive the group bias), the keys' scores (B, T, K)); the key
-        role is the query role's tensors unless the router has a ``key_proj`` (docs/method.md §1.6).
+        role is the query role's tensors unless the router has a ``key_proj`` (docs/method.md §1.6);
+        with ``config.key_shift`` the keys' log_p is shifted by one token (``shift_keys``).
     """
     scores = router(h, config)  # (B, T, K)
     log_p, col = sinkhorn(scores, config.tau, config.sinkhorn_iters)  # (B, T, K), (B, K)
     key_scores = router.key_scores(h, config)
     if key_scores is None:
-        return log_p, log_p, col, scores
-    log_p_k, col_k = sinkhorn(key_scores, config.tau, config.sinkhorn_iters)
-    return log_p, log_p_k, col_k, key_scores
+        log_p_k, key_scores = log_p, scores
+    else:
+        log_p_k, col = sinkhorn(key_scores, config.tau, config.sinkhorn_iters)
+    if config.key_shift:  # key j takes token j - 1's probabilities (docs/method.md §1.7)
+        log_p_k = shift_keys(log_p_k)
+    return log_p, log_p_k, col, key_scores
 
 
 @dataclass
@@ -510,7 +525,11 @@ class Routing:
         key_scores: (B, T, K) the key role's scores when the router has a ``key_proj``
             (docs/method.md §1.6), else None: the keys share ``scores``.
         key_log_p: (B, T, K) the key role's log Sinkhorn probabilities (when Sinkhorn ran) with
-            a ``key_proj``, else None. ``col_potential`` is then the keys' (it drives the group bias).
+            a ``key_proj`` or ``key_shift``, else None. ``col_potential`` is the keys' with a
+            ``key_proj`` (it drives the group bias).
+        next_key_group: (B, 1) long with ``FocusConfig.key_shift``: the key group of the token
+            after this forward's last one (that token's own top-1 group), which a KV-cache step
+            hands to ``route`` as ``prev_key_group``; else None.
     """
 
     scores: torch.Tensor
@@ -520,6 +539,7 @@ class Routing:
     key_group: torch.Tensor
     key_scores: torch.Tensor | None = None
     key_log_p: torch.Tensor | None = None
+    next_key_group: torch.Tensor | None = None
 
     @property
     def log_p_keys(self) -> torch.Tensor | None:
@@ -528,17 +548,21 @@ class Routing:
 
 
 def route(router: Router, h: torch.Tensor, token_mask: torch.Tensor | None = None,
-          config: FocusConfig | None = None, start: int = 0) -> Routing:
+          config: FocusConfig | None = None, start: int = 0,
+          prev_key_group: torch.Tensor | None = None) -> Routing:
     """Run a router and derive both its soft and hard assignments.
 
     Args:
         router: the layer's Router; h: (B, T, d) its attention input;
         token_mask: (B, T) bool, False on padding; config: the forward's FocusConfig
             (``retrofit.FocusForward.config``); default ``router.config``, the one it was built with;
-        start: absolute position of h's first token (> 0 in a KV-cache decode step).
+        start: absolute position of h's first token (> 0 in a KV-cache decode step);
+        prev_key_group: (B, 1) long, with ``key_shift``: the group the first token's key takes
+            (``next_key_group`` of the forward before, in a KV-cache step), or None.
     Returns:
         Routing: scores (B, T, K) fp32; log_p (B, T, K) and col_potential (B, K) when Sinkhorn
-        ran (soft mode or training), else None; query_groups (B, T, k); key_group (B, T).
+        ran (soft mode or training), else None; query_groups (B, T, k); key_group (B, T)
+        (with ``key_shift`` each key in its predecessor's group, docs/method.md §1.7).
     Raises:
         FloatingPointError: the scores are not finite (a non-finite attention input, e.g. a
             half-precision overflow, or corrupted router weights); the message names the layer.
@@ -556,10 +580,14 @@ def route(router: Router, h: torch.Tensor, token_mask: torch.Tensor | None = Non
         scores = _gumbel(scores, cfg)
         key_scores = None if key_scores is None else _gumbel(key_scores, cfg)
     log_p, col, qg, kg = router.assign(scores, cfg, token_mask)
-    if key_scores is None:
-        return Routing(scores, log_p, col, qg, kg)
-    key_log_p, key_col, kg = router.assign_keys(key_scores, cfg, kg, token_mask)
-    return Routing(scores, log_p, key_col, qg, kg, key_scores=key_scores, key_log_p=key_log_p)
+    key_log_p = None
+    if key_scores is not None:
+        key_log_p, col, kg = router.assign_keys(key_scores, cfg, kg, token_mask)
+    if not cfg.key_shift:
+        return Routing(scores, log_p, col, qg, kg, key_scores=key_scores, key_log_p=key_log_p)
+    lpk = key_log_p if key_log_p is not None else log_p  # (B, T, K) or None
+    return Routing(scores, log_p, col, qg, shift_keys(kg, prev_key_group), key_scores=key_scores,
+                   key_log_p=None if lpk is None else shift_keys(lpk), next_key_group=kg[:, -1:])
 
 
 def _gumbel(scores: torch.Tensor, cfg: FocusConfig) -> torch.Tensor:

@@ -328,6 +328,20 @@ def _dedup_slots(query_groups: torch.Tensor) -> torch.Tensor:
     return qg
 
 
+def _causal_rows(counts: torch.Tensor, ar: torch.Tensor, lk: int) -> int | None:
+    """c when a segment's query m sees keys ``0 .. m - c`` (``counts == ar - c``) for c = 0, or
+    c = 1 with the first row seeing none: the segment is then a causal square of its last
+    ``lq - c`` rows against its first ``lq - c`` keys. c = 1 is every segment of slot 1 under
+    ``FocusConfig.key_shift`` (docs/method.md §1.7), whose keys are the successors of the
+    group's queries. None otherwise. counts, ar: (Lq,) long, ar = 1..Lq."""
+    lq = counts.numel()
+    if lk >= lq and torch.equal(counts, ar):
+        return 0
+    if lq > 1 and lk >= lq - 1 and int(counts[0]) == 0 and torch.equal(counts[1:], ar[:-1]):
+        return 1
+    return None
+
+
 def plan_segments(query_groups: torch.Tensor, key_group: torch.Tensor) -> list[Segment]:
     """Stable sort by (group, position) and cut into segments (part A's layout, docs/method.md §4).
 
@@ -373,9 +387,11 @@ def plan_segments(query_groups: torch.Tensor, key_group: torch.Tensor) -> list[S
                 if int(counts[-1]) == 0:
                     continue
                 ar = torch.arange(1, lq + 1, device=counts.device)
-                if lq == lk and torch.equal(counts, ar):
-                    kind = "causal"
-                elif lk >= lq and torch.equal(counts, ar + (lk - lq)):
+                c = _causal_rows(counts, ar, lk)
+                if c is not None:  # rows c.. see keys 0..m-c: a causal square of lq - c rows
+                    segs.append(Segment(b, s, g, qi[c:], ki[:lq - c], None, "causal"))
+                    continue
+                if lk >= lq and torch.equal(counts, ar + (lk - lq)):
                     kind = "bottom_right"
                 else:
                     kind = "stair"
