@@ -195,6 +195,9 @@ def train(
     key_router: bool = typer.Option(False, "--key-router", help="give the key role its own projection "
                                     "(FocusConfig.key_router, docs/method.md §1.6); from a shared "
                                     "--init-routers file it starts as that file's projection"),
+    key_shift: bool = typer.Option(False, "--key-shift", help="each key in the group of the token before "
+                                   "it (FocusConfig.key_shift, docs/method.md §1.7): the soft gate pairs a "
+                                   "query with its key's predecessor; the file keeps the shift for its hard patterns"),
     match_shifts: Optional[str] = typer.Option(None, "--match-shifts", help="train with the token-match "
                                                "pairs kept by rule (e.g. '0,1'; the soft gate gives them bias "
                                                "0, docs/method.md §2.8); the file keeps them for its hard "
@@ -216,7 +219,7 @@ def train(
         if sink_tokens is not None:
             fchanges["sink_tokens"] = sink_tokens
         fcfg = _focus_cfg(num_groups, window, top_k, tau, sinkhorn_iters, router_dim, seed)
-        fcfg = fcfg.replace(**fchanges, key_router=key_router, match_shifts=shifts)
+        fcfg = fcfg.replace(**fchanges, key_router=key_router, key_shift=int(key_shift), match_shifts=shifts)
         tcfg = TrainConfig(steps=steps, seq_len=seq_len, batch_size=batch_size, lr=lr,
                            checkpoint_every=checkpoint_every, seed=seed,
                            init_routers=str(init_routers) if init_routers else None,
@@ -319,7 +322,8 @@ def eval_cmd(
     match_shifts: Optional[str] = MATCH_SHIFTS_OPTION,
     patterns: str = typer.Option("all", help="comma list of dense, window, soft, hard_topK, random_topK, "
                                  "shuffled_topK (controls at equal sparsity), or 'all' (dense, window, "
-                                 "soft, hard_top1..K); e.g. dense,window,hard_top1,hard_top2,random_top2,shuffled_top2"),
+                                 "soft, hard_top1..K); e.g. dense,window,hard_top1,hard_top2,random_top2,shuffled_top2; "
+                                 "a top-k name + _uniform, _match, _keyshift: docs/cli.md"),
 ):
     """Held-out perplexity of the chosen patterns on the same windows (controls included); with --run, of a
     recorded run's windows, written into the run."""
@@ -354,6 +358,9 @@ def eval_cmd(
                    f"({', '.join(d.name for d in corp.heldout)})")
         if note := _budget_note(cfg, pats):
             typer.echo(note)
+        if cfg.key_shift:
+            typer.echo("keys in the group of the token before them (key_shift, docs/method.md §1.7): "
+                       "a pattern name + '_nokeyshift' drops it")
         if cfg.match_shifts:
             typer.echo(f"token-match pairs for the hard patterns, shifts {cfg.match_shifts} (docs/method.md §2.8): "
                        "'--match-shifts none' drops them")
