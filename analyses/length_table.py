@@ -314,6 +314,22 @@ def against_rows(df: pd.DataFrame, against: Path) -> list[dict]:
     return rows
 
 
+def router_of(label: str) -> str | None:
+    """The router pattern a control is measured against: ``random_top2`` -> ``hard_top2``,
+    ``shuffled_top1_keyshift`` -> ``hard_top1_keyshift`` (same k, same suffixes); None for a
+    pattern that is not a control."""
+    kind, sep, rest = label.partition("_top")
+    return f"hard_top{rest}" if sep and kind in ("random", "shuffled") else None
+
+
+def base_of(label: str) -> str | None:
+    """A pattern name without its suffixes (``hard_top2_keyshift`` -> ``hard_top2``); None when
+    it has none (``evaluate.pattern_changes`` names the suffixes)."""
+    kind, sep, rest = label.partition("_top")
+    k, _, suffix = rest.partition("_")
+    return f"{kind}_top{k}" if sep and suffix else None
+
+
 def summarize(df: pd.DataFrame) -> pd.DataFrame:
     """Per (corpus, length, pattern) of a table's per-window rows: pooled perplexity, windows,
     tokens, distant pairs kept, tokens/s, the change vs dense in % with its 95% paired interval
@@ -331,10 +347,9 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
                    "tokens_per_second": r.tokens_per_second}
             if label != "dense":
                 row["delta_vs_dense_pct"], row["ci_lo"], row["ci_hi"] = paired_delta(g, label, "dense")
-            for k in (1, 2):
-                if label in (f"random_top{k}", f"shuffled_top{k}") and f"hard_top{k}" in pooled.index:
-                    m, lo, hi = paired_delta(g, label, f"hard_top{k}")
-                    row["control_vs_router_pct"], row["control_ci_lo"], row["control_ci_hi"] = m, lo, hi
+            if (router := router_of(label)) in pooled.index:
+                m, lo, hi = paired_delta(g, label, router)
+                row["control_vs_router_pct"], row["control_ci_lo"], row["control_ci_hi"] = m, lo, hi
             summary.append(row)
     s = pd.DataFrame(summary)
     s["schema_version"] = SCHEMA_VERSION
@@ -375,6 +390,7 @@ def report(out: Path, against: Path | str | None = None, table: str | None = Non
         from focus_lab.io import write_parquet
         write_parquet(out / "length_table.parquet", s)
     order = [p for p in PATTERNS.split(",") if p in set(s.label)]
+    order += sorted(set(s.label) - set(order))  # suffixed patterns (_keyshift, _match, ...) last
     for corpus, g in s.groupby("corpus"):
         held = df[df.corpus == corpus].heldout.iloc[0]
         lines.append(f"\n**{corpus}** (held out: {held}); perplexity, change vs dense with its 95% paired "
@@ -398,16 +414,35 @@ def report(out: Path, against: Path | str | None = None, table: str | None = Non
             lines.append(f"| {L} | {int(h.windows.iloc[0])} | " + " | ".join(cells_) + " |")
         lines.append("\nRouter against the controls at equal sparsity (control's perplexity over the "
                      "router's, %, 95% interval; > 0 means the router is better):\n")
-        lines.append("| tokens | random top-1 | shuffled top-1 | random top-2 | shuffled top-2 | tokens/s dense / hard top-1 / hard top-2 |")
-        lines.append("|---:|---|---|---|---|---|")
+        controls = ["random_top1", "shuffled_top1", "random_top2", "shuffled_top2"]
+        controls += [p for p in order if p not in controls and router_of(p) in set(g.label)]
+        lines.append("| tokens | " + " | ".join(p.replace("_top", " top-").replace("_", " ") for p in controls)
+                     + " | tokens/s dense / hard top-1 / hard top-2 |")
+        lines.append("|---:|" + "---|" * len(controls) + "---|")
         for L, h in g.groupby("seq_len"):
             h = h.set_index("label")
             c = [f"{h.loc[p].control_vs_router_pct:+.1f}% [{h.loc[p].control_ci_lo:+.1f}, {h.loc[p].control_ci_hi:+.1f}]"
                  if p in h.index and not pd.isna(h.loc[p].get("control_vs_router_pct")) else ""
-                 for p in ("random_top1", "shuffled_top1", "random_top2", "shuffled_top2")]
+                 for p in controls]
             t = " / ".join((f"{h.loc[p].tokens_per_second:.0f}" + ("*" if (corpus, L, p) in reused else ""))
                            if p in h.index else "-" for p in ("dense", "hard_top1", "hard_top2"))
             lines.append(f"| {L} | " + " | ".join(c) + f" | {t} |")
+        variants = [p for p in order if base_of(p) in set(g.label)]
+        if variants:
+            lines.append("\nSuffixed patterns against the same pattern without the suffix (paired on the "
+                         "same windows, % change, 95% interval; < 0: the suffix helps):\n")
+            lines.append("| tokens | " + " | ".join(f"{p} vs {base_of(p)}" for p in variants) + " |")
+            lines.append("|---:|" + "---|" * len(variants))
+            for L, h in df[df.corpus == corpus].groupby("seq_len"):
+                cs = []
+                for p in variants:
+                    have = set(h.label)
+                    if p in have and base_of(p) in have:
+                        m, lo, hi = paired_delta(h, p, base_of(p))
+                        cs.append(f"{m:+.2f}% [{lo:+.2f}, {hi:+.2f}]")
+                    else:
+                        cs.append("")
+                lines.append(f"| {L} | " + " | ".join(cs) + " |")
         if any(k[0] == corpus for k in reused):
             lines.append("\n\\* reused from " + ", ".join(sorted({v for k, v in reused.items() if k[0] == corpus}))
                          + " (`--reuse`): measured in another run, at another time; its tokens/s do not compare "

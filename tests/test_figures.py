@@ -262,6 +262,26 @@ def test_length_table_report_marks_reused_rows(tmp_path):
     assert "reused from" not in LT.report(tmp_path)
 
 
+def test_length_table_report_pairs_suffixed_patterns(tmp_path):
+    """A suffixed control is measured against the router pattern with the same suffix, and each
+    suffixed pattern against its unsuffixed base, paired over windows (hand-set NLLs)."""
+    import math
+    from analyses import length_table as LT
+    assert LT.router_of("random_top2_keyshift") == "hard_top2_keyshift" and LT.router_of("hard_top2") is None
+    assert LT.base_of("hard_top2_uniform_match") == "hard_top2" and LT.base_of("random_top1") is None
+    nll = {"dense": 3.0, "hard_top2": 3.10, "hard_top2_keyshift": 3.05, "random_top2_keyshift": 3.15}
+    rows = [{"label": lab, "window": w, "nll": v + 0.01 * w, "tokens": 100, "seconds": 1.0,
+             "distant_pairs_kept": 0.5, "max_group_share": 0.3} for w in range(4) for lab, v in nll.items()]
+    cell = pd.DataFrame(rows).assign(corpus="austen", seq_len=4096, heldout="persuasion")
+    (tmp_path / "cells").mkdir()
+    cell.to_parquet(tmp_path / "cells" / "austen_4096.parquet")
+    text = LT.report(tmp_path)
+    s = pd.read_parquet(tmp_path / "length_table.parquet").set_index("label")
+    assert s.loc["random_top2_keyshift", "control_vs_router_pct"] == pytest.approx(100 * (math.exp(0.10) - 1))
+    assert "hard_top2_keyshift vs hard_top2" in text
+    assert f"{100 * (math.exp(-0.05) - 1):+.2f}%" in text  # every window 0.05 nats better with the suffix
+
+
 def test_layer_budget_allocates_cheapest_drops_against_largest_raises():
     """analyses/studies/layer_budget.allocate on a hand-made sweep: pairs (cheapest k = 0, largest k = 2
     gain) while the pair's summed change is < 0, a layer used once; the spec string round-trips
