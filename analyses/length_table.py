@@ -453,6 +453,7 @@ def report(out: Path, against: Path | str | None = None, table: str | None = Non
                      "% change of this table's perplexity, 95% interval; < 0: this table's is better):\n")
         if len(vs):
             labels = [p for p in PATTERNS.split(",") if p in set(vs.label)]
+            labels += sorted(set(vs.label) - set(labels))
             lines.append("| corpus | tokens | windows | " + " | ".join(labels) + " |")
             lines.append("|---|---:|---:|" + "---|" * len(labels))
             for (corpus, L), h in vs.groupby(["corpus", "seq_len"]):
