@@ -12,6 +12,48 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 torch.set_num_threads(min(2, torch.get_num_threads()))
 
 
+def random_ids(seed: int = 0, batch: int = 2, T: int = 40) -> torch.Tensor:
+    """(batch, T) token ids in 3..96 from ``seed`` (the tiny models' vocabulary)."""
+    return torch.randint(3, 97, (batch, T), generator=torch.Generator().manual_seed(seed))
+
+
+@torch.no_grad()
+def cached_logits(model, ids: torch.Tensor, chunk_ends: list[int]) -> torch.Tensor:
+    """Logits of ``ids`` (B, T) fed through one ``DynamicCache``: a prefill up to ``chunk_ends[0]``,
+    chunks up to each further end, then one-token steps to T. Returns (B, T, vocab)."""
+    from transformers import DynamicCache
+    cache = DynamicCache(config=model.config)
+    ends = list(chunk_ends) + list(range(chunk_ends[-1] + 1, ids.shape[1] + 1))
+    parts, start = [], 0
+    for end in ends:
+        parts.append(model(ids[:, start:end], past_key_values=cache, use_cache=True).logits)
+        start = end
+    return torch.cat(parts, 1)
+
+
+@torch.no_grad()
+def soft_forward_layers(model, ids: torch.Tensor):
+    """One soft-mode forward of a Focus-attached model on ``ids`` (B, T). Returns (the forward's
+    FocusConfig, [(router, its RMS-normalized input (B, T, d), the gate it attended with (B, T, T))])."""
+    import focus_lab
+    from focus_lab.method.core import rms_normalize
+    state = focus_lab.forward_state(model, mode="soft")
+    with focus_lab.cache(model, ["router_in", "kept"]) as c:
+        model(input_ids=ids, use_cache=False, focus=state)
+    return state.config, [(r, rms_normalize(c[f"layers.{i}.router_in"]), c[f"layers.{i}.kept"])
+                          for i, r in focus_lab.routers(model).items()]
+
+
+def soft_gate_reference(p_q: torch.Tensor, p_k: torch.Tensor, window: int, eps: float, sinks: int = 0) -> torch.Tensor:
+    """The soft gate by hand (docs/method.md §2.3): ``log(max(P_q . P_k, eps))`` on distant causal
+    pairs, 0 on local and sink pairs, -inf above the diagonal. p_q, p_k: (B, T, K) -> (B, T, T)."""
+    T = p_q.shape[1]
+    pos = torch.arange(T)
+    want = torch.log((p_q @ p_k.transpose(1, 2)).clamp(min=eps))  # (B, T, T)
+    local = (pos[:, None] - pos[None, :] < window) | (pos[None, :] < sinks)
+    return want.masked_fill(local, 0.0).masked_fill(pos[None, :] > pos[:, None], float("-inf"))
+
+
 def tiny_llama(seed: int = 0, layers: int = 2):
     """Llama family (GQA 4/2 heads, RoPE), random weights, eval mode (``focus_lab.hf.tiny``)."""
     from focus_lab.hf.tiny import tiny_llama as make

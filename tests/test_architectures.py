@@ -17,7 +17,7 @@ from focus_lab import FocusConfig, TrainConfig, UnsupportedModelError
 from focus_lab.method.core import masked_attention
 from focus_lab.train.loop import train
 from focus_lab.hf.retrofit import ADAPTERS, attention_modules, focus_layers, sliding_layers
-from conftest import ALL_FAMILIES, tiny_gemma2, tiny_gemma3, tiny_mistral
+from conftest import cached_logits, ALL_FAMILIES, tiny_gemma2, tiny_gemma3, tiny_mistral
 
 T = 48
 GLOBAL_ONLY = {"gemma2", "gemma3_text"}
@@ -112,17 +112,11 @@ def test_hard_mode_kv_cache_equals_full_forward(family):
     """Prefill + chunk + single-token steps through the model's own cache give the full
     forward's logits (Gemma: sliding-window cache layers for the local layers; Mistral: a
     sliding cache on the routed layers, so key positions are absolute, sinks included)."""
-    from transformers import DynamicCache
     model = ALL_FAMILIES[family]()
     focus_lab.attach(model, FocusConfig(mode="hard", window=6, num_groups=4, top_k=2, sink_tokens=2))
     ids = _ids(1, batch=1)
     full = model(ids, use_cache=False).logits
-    cache = DynamicCache(config=model.config)
-    parts = [model(ids[:, :30], past_key_values=cache, use_cache=True).logits,
-             model(ids[:, 30:45], past_key_values=cache, use_cache=True).logits]
-    for t in range(45, T):
-        parts.append(model(ids[:, t:t + 1], past_key_values=cache, use_cache=True).logits)
-    assert (torch.cat(parts, 1) - full).abs().max().item() <= 1e-5
+    assert (cached_logits(model, ids, [30, 45]) - full).abs().max().item() <= 1e-5
 
 
 def test_training_step_changes_only_routers(family, tmp_path):

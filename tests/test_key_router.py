@@ -12,7 +12,7 @@ import torch
 import focus_lab
 from focus_lab import FocusConfig, RouterMismatchError
 from focus_lab.method.core import rms_normalize, sinkhorn
-from conftest import tiny_llama
+from conftest import cached_logits, soft_forward_layers, soft_gate_reference, tiny_llama
 
 T = 40
 W = 4
@@ -98,34 +98,19 @@ def test_save_load_round_trip_keeps_the_key_projection(tmp_path):
 
 @torch.no_grad()
 def test_soft_gate_pairs_query_probabilities_with_key_probabilities():
-    model = _key_router_model()
-    state = focus_lab.forward_state(model, mode="soft")
-    cfg = state.config
-    ids = _ids(3, batch=1)
-    with focus_lab.cache(model, ["router_in", "kept"]) as c:
-        model(input_ids=ids, use_cache=False, focus=state)
-    pos = torch.arange(T)
-    for i, r in focus_lab.routers(model).items():
-        h = rms_normalize(c[f"layers.{i}.router_in"])
+    cfg, layers = soft_forward_layers(_key_router_model(), _ids(3, batch=1))
+    for r, h, kept in layers:
         p_q = sinkhorn(h @ r.proj @ r.centroids.T, cfg.tau, cfg.sinkhorn_iters)[0].exp()  # (1, T, K)
         p_k = sinkhorn(h @ r.key_proj @ r.centroids.T, cfg.tau, cfg.sinkhorn_iters)[0].exp()
-        want = torch.log((p_q @ p_k.transpose(1, 2)).clamp(min=cfg.eps))  # (1, T, T)
-        local = (pos[:, None] - pos[None, :] < W) | (pos[None, :] < cfg.sink_tokens)
-        want = want.masked_fill(local, 0.0).masked_fill(pos[None, :] > pos[:, None], float("-inf"))
-        assert torch.allclose(c[f"layers.{i}.kept"], want, atol=1e-5)
+        assert torch.allclose(kept, soft_gate_reference(p_q, p_k, W, cfg.eps, cfg.sink_tokens), atol=1e-5)
 
 
 @torch.no_grad()
 def test_decode_through_the_kv_cache_equals_the_full_forward():
-    from transformers import DynamicCache
     model = _key_router_model(top_k=2)
     ids = _ids(4, batch=1, T=48)
     full = model(ids).logits
-    cache = DynamicCache(config=model.config)
-    parts = [model(ids[:, :30], past_key_values=cache, use_cache=True).logits]
-    for t in range(30, 48):
-        parts.append(model(ids[:, t:t + 1], past_key_values=cache, use_cache=True).logits)
-    assert (torch.cat(parts, 1) - full).abs().max().item() <= 1e-5
+    assert (cached_logits(model, ids, [30]) - full).abs().max().item() <= 1e-5
     focus_lab.set_config(model, backend="dense")  # the masked reference, not the decomposition
     assert (model(ids).logits - full).abs().max().item() <= 1e-5
 

@@ -13,14 +13,11 @@ from focus_lab import FocusConfig
 from focus_lab.eval.evaluate import pattern_changes
 from focus_lab.method.config import ConfigError
 from focus_lab.method.core import rms_normalize, sinkhorn
-from conftest import tiny_llama
+from conftest import cached_logits, random_ids, soft_forward_layers, soft_gate_reference, tiny_llama
 
-T = 40
-W = 4
-
-
-def _ids(seed=0, batch=2, T=T):
-    return torch.randint(3, 97, (batch, T), generator=torch.Generator().manual_seed(seed))
+T = 40  # tokens
+W = 4  # window
+_ids = random_ids
 
 
 def _model(seed=0, **changes):
@@ -61,36 +58,22 @@ def test_a_key_takes_its_predecessors_group_and_the_mask_follows(top_k, sinks):
 @pytest.mark.parametrize("top_k", [1, 2])
 @torch.no_grad()
 def test_two_call_path_and_kv_cache_decode_equal_the_masked_reference(top_k):
-    from transformers import DynamicCache
     model = _model(top_k=top_k, sink_tokens=2)
     ids = _ids(4, batch=1, T=48)
     ref = model(ids, focus=focus_lab.forward_state(model, backend="dense")).logits
     assert (model(ids).logits - ref).abs().max().item() <= 1e-5
     # without the shift the outputs differ: the test sees the rule
     assert (model(ids, focus=focus_lab.forward_state(model, key_shift=0)).logits - ref).abs().max().item() > 1e-3
-    cache = DynamicCache(config=model.config)
-    parts = [model(ids[:, :30], past_key_values=cache, use_cache=True).logits]
-    for t in range(30, 48):
-        parts.append(model(ids[:, t:t + 1], past_key_values=cache, use_cache=True).logits)
-    assert (torch.cat(parts, 1) - ref).abs().max().item() <= 1e-5
+    assert (cached_logits(model, ids, [30, 37]) - ref).abs().max().item() <= 1e-5
 
 
 @torch.no_grad()
 def test_soft_gate_pairs_a_query_with_its_keys_predecessor():
-    model = _model()
-    state = focus_lab.forward_state(model, mode="soft")
-    cfg = state.config
-    ids = _ids(3, batch=1)
-    with focus_lab.cache(model, ["router_in", "kept"]) as c:
-        model(input_ids=ids, use_cache=False, focus=state)
-    pos = torch.arange(T)
-    for i, r in focus_lab.routers(model).items():
-        h = rms_normalize(c[f"layers.{i}.router_in"])
+    cfg, layers = soft_forward_layers(_model(), _ids(3, batch=1))
+    for r, h, kept in layers:
         p = sinkhorn(h @ r.proj @ r.centroids.T, cfg.tau, cfg.sinkhorn_iters)[0].exp()  # (1, T, K)
         p_k = torch.cat([p[:, :1], p[:, :-1]], 1)  # key j: token j - 1's probabilities
-        want = torch.log((p @ p_k.transpose(1, 2)).clamp(min=cfg.eps))  # (1, T, T)
-        want = want.masked_fill(pos[:, None] - pos[None, :] < W, 0.0).masked_fill(pos[None, :] > pos[:, None], float("-inf"))
-        assert torch.allclose(c[f"layers.{i}.kept"], want, atol=1e-5)
+        assert torch.allclose(kept, soft_gate_reference(p, p_k, W, cfg.eps, cfg.sink_tokens), atol=1e-5)
 
 
 def test_bad_key_shift_and_the_pattern_suffix():
