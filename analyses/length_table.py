@@ -323,11 +323,11 @@ def router_of(label: str) -> str | None:
 
 
 def base_of(label: str) -> str | None:
-    """A pattern name without its suffixes (``hard_top2_keyshift`` -> ``hard_top2``); None when
-    it has none (``evaluate.pattern_changes`` names the suffixes)."""
-    kind, sep, rest = label.partition("_top")
-    k, _, suffix = rest.partition("_")
-    return f"{kind}_top{k}" if sep and suffix else None
+    """A pattern name without its suffixes (``hard_top2_keyshift`` -> ``hard_top2``,
+    ``evaluate.split_suffixes``); None when it has none."""
+    from focus_lab.eval.evaluate import split_suffixes
+    base = split_suffixes(label)[0]
+    return base if base != label else None
 
 
 def summarize(df: pd.DataFrame) -> pd.DataFrame:

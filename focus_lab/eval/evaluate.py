@@ -42,6 +42,21 @@ def pattern_names(num_groups: int) -> list[str]:
     return names
 
 
+def split_suffixes(name: str) -> tuple[str, dict]:
+    """A pattern name's base and the FocusConfig changes of its suffixes, stripped from the end in
+    the order ``pattern_changes`` documents: ``hard_top2_uniform_match`` -> ``("hard_top2",
+    {"match_shifts": [0, 1], "layer_top_k": {}})``; a name without suffixes comes back as is."""
+    base, extra = name, {}
+    for pair in (((NO_KEY_SHIFT, {"key_shift": 0}), (KEY_SHIFT, {"key_shift": 1})),
+                 ((NO_MATCH, {"match_shifts": None}), (MATCH, {"match_shifts": list(MATCH_SHIFTS)})),
+                 ((UNIFORM, {"layer_top_k": {}}),)):
+        for suffix, change in pair:
+            if base.endswith(suffix):
+                base, extra = base.removesuffix(suffix), {**change, **extra}
+                break
+    return base, extra
+
+
 def pattern_changes(name: str, num_groups: int) -> dict:
     """FocusConfig changes of one named pattern (docs/method.md §2, §5 controls).
 
@@ -60,15 +75,7 @@ def pattern_changes(name: str, num_groups: int) -> dict:
     from focus_lab.method.config import ConfigError
     if name in ("dense", "window", "soft"):
         return {"mode": name, "assignment": "router"}
-    base, extra = name, {}
-    for pair in (((NO_KEY_SHIFT, {"key_shift": 0}), (KEY_SHIFT, {"key_shift": 1})),
-                 ((NO_MATCH, {"match_shifts": None}), (MATCH, {"match_shifts": list(MATCH_SHIFTS)}))):
-        for suffix, change in pair:
-            if base.endswith(suffix):
-                base, extra = base.removesuffix(suffix), {**change, **extra}
-                break
-    if base.endswith(UNIFORM):
-        base, extra = base.removesuffix(UNIFORM), {"layer_top_k": {}, **extra}
+    base, extra = split_suffixes(name)
     kind, _, k = base.partition("_top")
     assignment = {"hard": "router", "random": "random", "shuffled": "shuffled"}.get(kind)
     if assignment is None or not k.isdigit() or not 1 <= int(k) <= num_groups:
