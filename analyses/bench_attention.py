@@ -85,6 +85,7 @@ def serial_bookkeeping() -> bool:
 def options() -> DecompositionOptions:
     return DecompositionOptions(serial_bookkeeping=serial_bookkeeping())
 
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 PHASES = ("plan", "gather", "scatter", "merge", "attn_A", "attn_B")
 OVERHEAD = ("plan", "gather", "scatter", "merge")
 
@@ -155,17 +156,34 @@ def make_groups(router_path: str, out: Path, tokens: int, corpus: str) -> None:
 # kernel benchmark
 
 def _dense(q, k, v):
+    """Dense causal attention, q: (1, H, n, D), k, v: (1, Hkv, n, D). On CUDA the K/V heads are
+    repeated first (a copy, counted): torch's memory-efficient kernel (fp32) takes no GQA, and
+    SDPA would then fall back to the O(n^2)-memory math path."""
+    if q.device.type == "cuda" and k.shape[1] != q.shape[1]:
+        g = q.shape[1] // k.shape[1]
+        return F.scaled_dot_product_attention(q, k.repeat_interleave(g, 1), v.repeat_interleave(g, 1),
+                                              is_causal=True)
     return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
 
 
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
 def _timed(fn, *a, **kw) -> float:
+    """Wall seconds of ``fn(*a, **kw)``, CUDA work included (synchronized before and after)."""
+    dev = next((x.device for x in a if isinstance(x, torch.Tensor)), torch.device("cpu"))
+    _sync(dev)
     t = time.perf_counter()
     fn(*a, **kw)
+    _sync(dev)
     return time.perf_counter() - t
 
 
 def kernel_bench(args) -> pd.DataFrame:
     H, Hkv, D, w = args.heads, args.kv_heads, args.head_dim, args.window
+    dev, dtype = torch.device(args.device), DTYPES[args.dtype]
     sizes = [n for n in args.sizes if n <= args.max_n]
     configs = [(K, k) for K in args.Ks for k in args.ks if k <= K]
     rows = []
@@ -173,9 +191,9 @@ def kernel_bench(args) -> pd.DataFrame:
     for n in sizes:
         gen = torch.Generator().manual_seed(n)
         # transformers' memory layout: (B, T, H, D) viewed as (B, H, T, D)
-        q = torch.randn(1, n, H, D, generator=gen).transpose(1, 2)
-        k_ = torch.randn(1, n, Hkv, D, generator=gen).transpose(1, 2)
-        v = torch.randn(1, n, Hkv, D, generator=gen).transpose(1, 2)
+        q = torch.randn(1, n, H, D, generator=gen).to(dev, dtype).transpose(1, 2)
+        k_ = torch.randn(1, n, Hkv, D, generator=gen).to(dev, dtype).transpose(1, 2)
+        v = torch.randn(1, n, Hkv, D, generator=gen).to(dev, dtype).transpose(1, 2)
         groups = {}
         for K, k in configs:
             groups[(K, k, "balanced")] = balanced_groups(n, K, k, seed=n * 100 + K * 10 + k)
@@ -232,7 +250,8 @@ def kernel_bench(args) -> pd.DataFrame:
             dense_hist[n] = md
         for (K, k, gkind), ts in t_focus.items():
             mf = statistics.median(ts)
-            row = {"n": n, "K": K, "k": k, "groups": gkind, "dense_s": md, "focus_s": mf,
+            row = {"n": n, "K": K, "k": k, "groups": gkind, "device": dev.type, "dtype": args.dtype,
+                   "dense_s": md, "focus_s": mf,
                    "speedup": md / mf if t_dense else float("nan"),
                    # median over repeats of (dense / focus) measured back to back
                    "speedup_paired": statistics.median(d / f for d, f in zip(t_dense, ts)) if t_dense
@@ -251,8 +270,10 @@ def kernel_bench(args) -> pd.DataFrame:
             row["loadavg_start"], row["loadavg_end"] = load0, load1
             if n <= args.check_max_n:
                 qg, kg = groups[(K, k, gkind)]
-                ref = reference_hard_attention(q, k_, v, qg, kg, w)
-                row["max_abs_err"] = (hard_focus_attention(q, k_, v, qg, kg, w, options=options()) - ref).abs().max().item()
+                # against the fp32 reference on the same inputs (bf16: the rounding of its output)
+                ref = reference_hard_attention(q.float(), k_.float(), v.float(), qg, kg, w)
+                row["max_abs_err"] = (hard_focus_attention(q, k_, v, qg, kg, w, options=options()).float()
+                                      - ref).abs().max().item()
             else:
                 row["max_abs_err"] = float("nan")
             rows.append(row)
@@ -679,8 +700,10 @@ def plot(df: pd.DataFrame, out: Path, title: str) -> None:
 
 def _title(args, env) -> str:
     la = env.get("loadavg_start", [float("nan")])[0]
-    return (f"Hard Focus (two calls + LSE merge) vs dense causal SDPA, CPU ({env['threads']} threads, "
-            f"load avg {la:.1f} at start), H={args.heads}/{args.kv_heads}, D={args.head_dim}, w={args.window}, fp32")
+    where = (f"{env['gpu']}" if env.get("gpu") else
+             f"CPU ({env['threads']} threads, load avg {la:.1f} at start)")
+    return (f"Hard Focus (two calls + LSE merge) vs dense causal SDPA, {where}, "
+            f"H={args.heads}/{args.kv_heads}, D={args.head_dim}, w={args.window}, {getattr(args, 'dtype', 'fp32')}")
 
 
 def main(argv=None) -> int:
@@ -713,6 +736,8 @@ def main(argv=None) -> int:
                    type=lambda s: [tuple(int(x) for x in c.split(":")) for c in s.split(",")],
                    help="K:k pairs run (balanced groups only) at the largest sizes (default 8:1,4:1)")
     k.add_argument("--window", type=int, default=128)
+    k.add_argument("--device", default="cpu", help="device of the kernel part: cpu or cuda (kernel part only)")
+    k.add_argument("--dtype", choices=sorted(DTYPES), default="fp32", help="q/k/v dtype of the kernel part")
     k.add_argument("--heads", type=int, default=9, help="query heads (SmolLM2-135M: 9)")
     k.add_argument("--kv-heads", type=int, default=3, help="KV heads (SmolLM2-135M: 3)")
     k.add_argument("--head-dim", type=int, default=64, help="head_dim (SmolLM2-135M: 64)")
@@ -764,6 +789,14 @@ def main(argv=None) -> int:
               file=sys.stderr)
         return 2
 
+    if args.device != "cpu":
+        if not args.device.startswith("cuda") or not torch.cuda.is_available():
+            print(f"bench_attention: --device {args.device}: only cpu, or cuda where a CUDA device exists "
+                  f"(this torch sees {torch.cuda.device_count()})", file=sys.stderr)
+            return 2
+        if not args.no_e2e:
+            print("bench_attention: --device cuda runs the kernel part only; add --no-e2e", file=sys.stderr)
+            return 2
     global SERIAL_MODE
     SERIAL_MODE = args.serial_bookkeeping
     torch.set_num_threads(args.threads)
@@ -776,7 +809,8 @@ def main(argv=None) -> int:
                 "serial_bookkeeping": args.serial_bookkeeping})
     args.out.mkdir(parents=True, exist_ok=True)
     md = [f"# Benchmark tables ({env['started']}, {env['cpu_model']}, {env['nproc']} cores, "
-          f"{env['threads']} torch threads, load average at start {env['loadavg_start'][0]:.1f})\n",
+          + (f"{env['gpu']} (CUDA {env['cuda']}, kernel part on {args.device}, {args.dtype}), " if env.get("gpu") else "")
+          + f"{env['threads']} torch threads, load average at start {env['loadavg_start'][0]:.1f})\n",
           "Command: `python -m analyses.bench_attention " + " ".join(env["argv"]) + "`\n"]
     kernel = e2e = None
 
@@ -820,6 +854,9 @@ def machine() -> dict:
         env["cpu_model"] = next(l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if "model name" in l)
     except (OSError, StopIteration):
         pass
+    if torch.cuda.is_available():
+        env["gpu"] = torch.cuda.get_device_name(0)
+        env["cuda"] = torch.version.cuda
     return env
 
 

@@ -706,3 +706,48 @@ def test_focus_keyword_takes_a_forward_state_only():
     m = _attached("llama")
     with pytest.raises(TypeError, match="forward_state"):
         m(torch.randint(3, 97, (1, 12)), use_cache=False, focus=focus_config(m))
+
+
+def _fake_efficient_attention(q, k, v, bias, compute_log_sumexp, dropout_p=0.0, is_causal=False, *, scale=None):
+    """A CPU stand-in for ``aten._scaled_dot_product_efficient_attention`` written from its
+    contract: equal query and KV heads, bias rows aligned to 16 elements, top-left causal, LSE
+    padded to a multiple of 32 queries (the padding NaN here), NaN output on fully masked rows."""
+    N, H, L, D = q.shape
+    S = k.shape[2]
+    assert k.shape[1] == H and v.shape[1] == H, "the kernel takes no GQA"
+    assert compute_log_sumexp and dropout_p == 0.0
+    assert all(x.stride(-1) == 1 for x in (q, k, v))
+    s = (q.float() @ k.float().transpose(-1, -2)) * scale  # (N, H, L, S)
+    if bias is not None:
+        assert bias.shape == (N, H, L, S) and (L == 1 or bias.stride(-2) % 16 == 0), "misaligned bias"
+        s = s + bias.float()
+    if is_causal:
+        s = s.masked_fill(torch.ones(L, S, dtype=torch.bool).triu(1), float("-inf"))
+    lse = torch.full((N, H, -(-L // 32) * 32), float("nan"))
+    lse[..., :L] = s.logsumexp(-1)
+    out = torch.softmax(s, -1) @ v.float()  # NaN where a row is fully masked
+    return out.to(q.dtype), lse, torch.empty(()), torch.empty(())
+
+
+@settings(max_examples=60, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(c=cases())
+def test_cuda_glue_matches_reference_with_a_stand_in_kernel(monkeypatch, c):
+    """The CUDA path's glue (``_cuda_attn_lse``: KV heads repeated, mask as an aligned additive
+    bias, padded LSE cut back, fully masked rows set to out 0 / lse -inf) through the whole
+    decomposition, with torch's memory-efficient kernel replaced by a CPU stand-in. The real
+    kernel runs in tests/test_cuda.py where a GPU exists."""
+    from focus_lab.method import decomposition as dec
+    monkeypatch.setattr(dec, "_cuda_efficient", _fake_efficient_attention)
+    monkeypatch.setattr(dec, "_attn_lse", lambda q, k, v, scale, *, causal=False, allowed=None, call=None:
+                        dec._cuda_attn_lse(q, k, v, scale, causal, allowed))
+    gen = torch.Generator().manual_seed(c["seed"])
+    qg, kg = make_groups(gen, c["B"], c["T"], c["K"], c["k"], c["pattern"])
+    q, k, v = rand_qkv(gen, c["B"], c["H"], c["Hkv"], c["Tq"], c["T"], c["D"])
+    qg = qg[:, c["T"] - c["Tq"]:]
+    out, lse = dec.hard_focus_attention(q, k, v, qg, kg, c["window"], sinks=c["sinks"], return_lse=True)
+    _check_against_reference(out, q, k, v, qg, kg, c, " (CUDA glue)")
+    q_pos = torch.arange(c["T"] - c["Tq"], c["T"])
+    mask = hard_mask(qg, kg, c["window"], q_pos, torch.arange(c["T"]), c["sinks"])  # (B, Tq, Tk)
+    s = q @ k.repeat_interleave(c["H"] // c["Hkv"], 1).transpose(-1, -2) / math.sqrt(c["D"])
+    assert (lse - s.masked_fill(~mask[:, None], float("-inf")).logsumexp(-1)).abs().max().item() <= 1e-4

@@ -41,8 +41,10 @@ Backends (``backend=``):
         ``aten._scaled_dot_product_flash_attention_for_cpu`` (returns (out, logsumexp); accepts
         GQA directly, so K/V are never repeated per query head; accepts any strides and an
         additive float mask; a fully masked row comes back as out 0 / lse 0, its lse is set to
-        -inf here). On other devices "torch" uses an exact chunked math implementation
-        (correct, not fast; untested on a GPU here).
+        -inf here). On CUDA "torch" uses torch's memory-efficient attention kernel
+        (``aten._scaled_dot_product_efficient_attention``, which returns the LSE; fp32, fp16,
+        bf16; K/V heads repeated for GQA; ``_cuda_attn_lse``). Elsewhere (and for fp64 on
+        CUDA) an exact chunked math implementation (correct, not fast).
     "flash": flash-attn's ``flash_attn_varlen_func(..., causal=True, return_attn_probs=True)``
         (its softmax LSE) for every causal segment of part A packed into ONE varlen call, GQA
         native. Needs a CUDA device and the optional ``flash-attn`` package
@@ -290,7 +292,47 @@ def _attn_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, *
             if bool(empty.any()):
                 lse = lse.masked_fill(empty, _NEG_INF)
         return out, lse
+    if q.device.type == "cuda" and q.dtype in (torch.float32, torch.bfloat16, torch.float16):
+        with call.kernels() if call else _nullcontext():
+            return _cuda_attn_lse(q, k, v, scale, causal, allowed)
     return _math_attn_lse(q, k, v, allowed, scale, causal)
+
+
+_cuda_efficient = getattr(torch.ops.aten, "_scaled_dot_product_efficient_attention", None)
+
+
+def _cuda_attn_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, causal: bool,
+                   allowed: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``_attn_lse`` on CUDA: torch's memory-efficient attention kernel
+    (``aten._scaled_dot_product_efficient_attention`` with ``compute_log_sumexp=True``; fp32,
+    fp16, bf16). It takes no GQA, so K/V heads are repeated per query group; ``allowed`` becomes
+    an additive bias whose rows are padded to 16 elements (the kernel's alignment); its LSE comes
+    padded to a multiple of 32 queries and is cut back. ``causal`` is top-left, used for square
+    segments only. Rows with no allowed key come back as out 0 / lse -inf.
+
+    q: (N, H, L, D); k, v: (N, Hkv, S, D); allowed: bool (N or 1, 1, L, S) or None.
+    Returns out (N, H, L, D) in q.dtype and lse (N, H, L) fp32."""
+    N, H, L, D = q.shape
+    Hkv, S = k.shape[1], k.shape[2]
+    if Hkv != H:  # (N, Hkv, S, D) -> (N, H, S, D), query head h reads KV head h // (H / Hkv)
+        k = k.repeat_interleave(H // Hkv, dim=1)
+        v = v.repeat_interleave(H // Hkv, dim=1)
+    q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
+    bias = None
+    if allowed is not None:
+        allowed = allowed.expand(allowed.shape[0], 1, L, S)
+        Sp = -(-S // 16) * 16
+        padded = torch.full((allowed.shape[0], 1, L, Sp), _NEG_INF, dtype=q.dtype, device=q.device)
+        padded[..., :S].masked_fill_(allowed, 0.0)
+        bias = padded[..., :S].expand(N, H, L, S)  # (N, H, L, S) view, row stride Sp
+    out, lse = _cuda_efficient(q, k, v, bias, True, 0.0, causal, scale=scale)[:2]
+    lse = lse[..., :L]  # (N, H, L)
+    if allowed is not None:
+        empty = ~allowed.any(-1)  # (N|1, 1, L)
+        if bool(empty.any()):
+            out = out.masked_fill(empty[..., None], 0.0)
+            lse = lse.masked_fill(empty, _NEG_INF)
+    return out, lse.float()
 
 
 # --------------------------------------------------------------------------------------------
@@ -621,7 +663,7 @@ def _local_other_groups(qn, kn, vn, query_groups, key_group, window, scale, call
     its last query, read as overlapping strided windows of the keys (no copy, except a small
     zero-padded one for the first blocks, whose windows start before position 0); the band, key
     validity and the other-group condition form the mask. Blocks go ``max_rows`` queries per
-    kernel call (CPU: 65536; else 8192, the math path materializes scores).
+    kernel call (CPU and CUDA: 65536; else 8192, the math path materializes scores).
     Returns outB (B, Tq, H, D) and lseB (B, Tq, H) fp32 (-inf where a query has no such pair).
     """
     B, Tq, H, D = qn.shape
@@ -630,7 +672,7 @@ def _local_other_groups(qn, kn, vn, query_groups, key_group, window, scale, call
     w = min(window, Tk)
     c = block or min(max(w // 4, 32), 256)
     dev = qn.device
-    max_rows = max_rows or (1 << 16 if dev.type == "cpu" else 8192)
+    max_rows = max_rows or (1 << 16 if dev.type in ("cpu", "cuda") else 8192)
     n_full = Tq // c
     n_head = min(n_full, max(0, -(-(w - 1 - P) // c)))  # blocks whose window starts before 0
     step = max(1, max_rows // c)
