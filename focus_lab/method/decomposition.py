@@ -45,14 +45,15 @@ Backends (``backend=``):
         (``aten._scaled_dot_product_efficient_attention``, which returns the LSE; fp32, fp16,
         bf16; K/V heads repeated for GQA; ``_cuda_attn_lse``). Elsewhere (and for fp64 on
         CUDA) an exact chunked math implementation (correct, not fast).
-    "flash": flash-attn's ``flash_attn_varlen_func(..., causal=True, return_attn_probs=True)``
-        (its softmax LSE) for every causal segment of part A packed into ONE varlen call, GQA
-        native. Needs a CUDA device and the optional ``flash-attn`` package
-        (``pip install 'focus-lab[gpu]'``). Staircase segments and part B use the math path
-        there. The packing, LSE unpacking and merge around the call are tested on CPU against a
-        stand-in kernel written from flash-attn's documented semantics (tests/test_decomposition.py);
-        the real kernel is UNTESTED: no GPU was lent to this project's sessions so far.
-    "auto": "flash" on CUDA when flash-attn imports, else "torch".
+    "flash": a varlen flash-attention kernel, causal, with its softmax LSE, for every causal
+        segment of part A packed into ONE call, GQA native, fp16/bf16 only: flash-attn's
+        ``flash_attn_varlen_func`` when the optional package imports (``pip install
+        'focus-lab[gpu]'``), else torch's bundled copy (``aten._flash_attention_forward``,
+        Ampere or newer). Staircase segments and part B use the "torch" path. The packing, LSE
+        unpacking and merge are tested on CPU against a stand-in kernel written from
+        flash-attn's documented semantics (tests/test_decomposition.py), torch's kernel on an
+        H100 (tests/test_cuda.py); the flash-attn package itself is untested here.
+    "auto": "flash" on CUDA for fp16/bf16 inputs when a varlen flash kernel is there, else "torch".
 
 FlexAttention (``torch.nn.attention.flex_attention``) was tried and rejected for CPU: in
 torch 2.13 compiled CPU FlexAttention refuses ``return_lse`` ("torch.compile on CPU only
@@ -152,15 +153,42 @@ def clear_workspace() -> None:
 # --------------------------------------------------------------------------------------------
 # backends
 
+def _flash_attn_package():
+    """flash-attn's ``flash_attn_varlen_func`` when the optional package imports, else None."""
+    try:
+        from flash_attn import flash_attn_varlen_func
+    except Exception:
+        return None
+    return flash_attn_varlen_func
+
+
 def flash_attn_available() -> bool:
-    """True when the optional ``flash_attn`` package imports and a CUDA device exists."""
+    """True when a CUDA device exists and a varlen flash-attention kernel is there: the optional
+    ``flash_attn`` package, or torch's bundled copy (``aten._flash_attention_forward``, which
+    needs an Ampere or newer GPU)."""
     if not torch.cuda.is_available():
         return False
-    try:
-        import flash_attn  # noqa: F401
-    except Exception:
-        return False
-    return True
+    if _flash_attn_package() is not None:
+        return True
+    return (hasattr(torch.ops.aten, "_flash_attention_forward") and torch.backends.cuda.flash_sdp_enabled()
+            and torch.cuda.get_device_capability() >= (8, 0))
+
+
+def _varlen_flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor, cu_k: torch.Tensor,
+                  max_q: int, max_k: int, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Causal (bottom-right aligned) varlen flash attention over packed sequences, GQA native:
+    flash-attn's ``flash_attn_varlen_func`` when the package imports, else torch's bundled copy
+    of the same kernel. q: (total_q, H, D), k, v: (total_k, Hkv, D) fp16/bf16; cu_q, cu_k: int32
+    cumulative lengths. Returns out (total_q, H, D) and lse (H, total_q) fp32 (flash-attn < 2.4:
+    (nseq, H, max_q), padded)."""
+    fn = _flash_attn_package()
+    if fn is not None:
+        out, lse, _ = fn(q, k, v, cu_q, cu_k, max_q, max_k, dropout_p=0.0, softmax_scale=scale, causal=True,
+                         return_attn_probs=True)
+        return out, lse
+    out, lse = torch.ops.aten._flash_attention_forward(q, k, v, cu_q, cu_k, max_q, max_k, 0.0, True, False,
+                                                       scale=scale)[:2]
+    return out, lse
 
 
 def available_backends(device: torch.device | str = "cpu") -> list[str]:
@@ -184,8 +212,8 @@ def resolve_backend(backend: str, device: torch.device, dtype: torch.dtype = tor
         return "flash" if device.type == "cuda" and half and flash_attn_available() else "torch"
     if backend == "flash":
         if not (device.type == "cuda" and flash_attn_available()):
-            raise ValueError("backend='flash' needs a CUDA device and the flash-attn package "
-                             "(pip install 'focus-lab[gpu]'); use backend='torch' or 'auto'")
+            raise ValueError("backend='flash' needs a CUDA device (Ampere or newer, or the flash-attn "
+                             "package: pip install 'focus-lab[gpu]'); use backend='torch' or 'auto'")
         if not half:
             raise ValueError(f"backend='flash' needs float16/bfloat16 inputs, got {dtype}; "
                              "use backend='torch' for fp32")
@@ -618,12 +646,12 @@ def _part_a_torch(qrows, krows, vrows, segs, B, Tq, Tk, scale, call, outA_flat, 
 
 
 def _part_a_flash(qrows, krows, vrows, segs, B, Tq, Tk, scale, call, outA_flat, lseA_flat):
-    """Part A on CUDA with flash-attn: every causal / bottom-right segment packed into one
-    ``flash_attn_varlen_func`` call (``causal=True`` is bottom-right aligned in flash-attn >= 2.1,
-    GQA native, LSE from ``return_attn_probs=True``); staircase segments by the math path.
-    Glue tested with a CPU stand-in kernel; the real flash-attn kernel is untested (no GPU)."""
-    from flash_attn import flash_attn_varlen_func  # optional extra: pip install 'focus-lab[gpu]'
-
+    """Part A on CUDA with a varlen flash kernel (``_varlen_flash``: flash-attn's
+    ``flash_attn_varlen_func`` or torch's bundled copy): every causal / bottom-right segment
+    packed into one call (``causal=True`` is bottom-right aligned in flash-attn >= 2.1, GQA
+    native, with the LSE); staircase segments through ``_stairs`` (``_attn_lse``). Glue tested on
+    CPU with a stand-in kernel; torch's bundled kernel tested on an H100 (tests/test_cuda.py);
+    the flash-attn package itself untested (it installs only with CUDA)."""
     H, D = qrows.shape[1], qrows.shape[2]
     nrows = B * Tq + 1
     dev = qrows.device
@@ -639,9 +667,7 @@ def _part_a_flash(qrows, krows, vrows, segs, B, Tq, Tk, scale, call, outA_flat, 
             cu_k = torch.tensor([0] + lk, device=dev).cumsum(0).to(torch.int32)
             qp, kp, vp = qrows[qidx], krows[kidx], vrows[kidx]  # (total, H|Hkv, D)
         with call("attn_A"):
-            o, lse, _ = flash_attn_varlen_func(
-                qp, kp, vp, cu_q, cu_k, max(lq), max(lk), dropout_p=0.0,
-                softmax_scale=scale, causal=True, return_attn_probs=True)
+            o, lse = _varlen_flash(qp, kp, vp, cu_q, cu_k, max(lq), max(lk), scale)
             if lse.dim() == 3:  # flash-attn < 2.4: (nseq, H, max_seqlen_q), padded
                 lse = torch.cat([lse[i, :, :n] for i, n in enumerate(lq)], dim=1)
         with call("scatter"):
