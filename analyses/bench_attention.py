@@ -28,7 +28,9 @@ embedded model's attention shapes (9 query heads, 3 KV heads, head_dim 64), batc
 window 128, K in {4, 8}, k in {1, 2}, balanced groups (a random permutation cut into K equal
 groups; extra top-k slots random) or, with ``--groups FILE``, a trained router's (see
 ``--make-groups``). Dense and Focus calls are interleaved in every repeat and the medians
-compared; the decomposition's phases are timed separately.
+compared; the decomposition's phases are timed separately. ``--device cuda`` (with ``--no-e2e``)
+runs this part on a GPU, ``--dtype bf16`` / ``fp16`` in half precision (dense then repeats the
+K/V heads; CUDA work is synchronized around every timed call; figures/bench_attention/gpu_h100.md).
 
 Outputs under ``--out`` (default figures/bench_attention/): results.md (every table, the
 command, the machine and its load), e2e.csv (prefill and decode rows), kernel.csv, env.json
@@ -271,7 +273,7 @@ def kernel_bench(args) -> pd.DataFrame:
             if n <= args.check_max_n:
                 qg, kg = groups[(K, k, gkind)]
                 # against the fp32 reference on the same inputs (bf16: the rounding of its output)
-                ref = reference_hard_attention(q.float(), k_.float(), v.float(), qg, kg, w)
+                ref = reference_hard_attention(q.float(), k_.float(), v.float(), qg.to(dev), kg.to(dev), w)
                 row["max_abs_err"] = (hard_focus_attention(q, k_, v, qg, kg, w, options=options()).float()
                                       - ref).abs().max().item()
             else:

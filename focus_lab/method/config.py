@@ -159,10 +159,11 @@ class FocusConfig:
             keys nearest to it (0: every one). Frequent tokens (punctuation, newlines) match
             hundreds of earlier keys; the cap bounds the pairs per query and the work.
         backend: how hard mode computes attention (docs/method.md §4): "auto" (the two-call
-            decomposition of focus_lab.method.decomposition with the best kernel present: flash-attn on
-            a GPU, else torch's CPU flash kernel), "torch" or "flash" (force that kernel), or
-            "dense" (the O(T^2) masked reference). All give the same outputs (max abs error
-            <= 1e-5 in fp32); other modes always use the dense reference.
+            decomposition of focus_lab.method.decomposition with the best kernel present: on a
+            GPU a varlen flash kernel for fp16/bf16 and torch's memory-efficient kernel, else
+            torch's CPU flash kernel), "torch" or "flash" (force that kernel), or "dense" (the
+            O(T^2) masked reference). All give the same outputs (max abs error <= 1e-5 in fp32
+            on CPU, 1e-4 on CUDA); other modes always use the dense reference.
     """
 
     num_groups: int = 4
