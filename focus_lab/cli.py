@@ -230,8 +230,10 @@ def train(
             dev = f"cuda:{os.environ.get('LOCAL_RANK', '0')}" if device == "cuda" else device
             m.to(dev)
         windows = make_windows(corp.train, tok, seq_len)
+        names = [d.name for d in corp.train]
+        shown = ", ".join(names[:8]) + (f", and {len(names) - 8} more" if len(names) > 8 else "")
         typer.echo(f"training routers on {len(windows)} windows of {seq_len} tokens "
-                   f"({corp.name}: {', '.join(d.name for d in corp.train)})")
+                   f"({corp.name}, {len(names)} documents: {shown})")
         res = train_fn(m, windows, fcfg, tcfg, out, resume=resume,
                        meta={"model": m.config._name_or_path, "corpus": corp.name, "recipe": recipe})
         unit = {"lm": "nats/token",
