@@ -123,3 +123,29 @@ def test_attached_model_makes_generates_default_cache_grow(family):
         from focus_lab.hf.kv_cache import grow_in_place
         grow_in_place(static)
         assert not any(isinstance(layer, GrowingLayer) for layer in static.layers)
+
+
+@pytest.mark.parametrize("family,key_shift", [("llama", 0), ("gpt2", 0), ("llama", 1)])
+def test_beam_search_scores_equal_full_forward_in_hard_mode(family, key_shift):
+    """Beam search reorders the KV cache's rows between steps; the key groups of the Focus cache
+    must follow (``attach`` installs the model's ``_reorder_cache``). Each returned beam's score
+    (length_penalty 0: the sum of its tokens' log-probs) equals the log-probs of a full hard-mode
+    forward over the finished sequence, which routes every token afresh; and the beams did get
+    reordered, so the test can fail. Detach puts the model's own ``_reorder_cache`` state back."""
+    import focus_lab
+    from conftest import FAMILIES
+    m = FAMILIES[family]()
+    focus_lab.attach(m, focus_lab.FocusConfig(num_groups=4, top_k=1, window=4, mode="hard",
+                                              key_shift=key_shift))
+    ids = torch.randint(3, 97, (1, 40), generator=torch.Generator().manual_seed(5))
+    n_new = 12
+    with torch.no_grad():
+        out = m.generate(ids, max_new_tokens=n_new, min_new_tokens=n_new, num_beams=4, num_return_sequences=4,
+                         do_sample=False, length_penalty=0.0, early_stopping=False, output_scores=True,
+                         return_dict_in_generate=True)
+        logp = torch.log_softmax(m(out.sequences).logits.float(), -1)[:, ids.shape[1] - 1:-1]  # (4, n_new, V)
+    full = logp.gather(-1, out.sequences[:, ids.shape[1]:, None])[..., 0].sum(-1)  # (4,)
+    assert torch.allclose(out.sequences_scores, full, atol=1e-4), (out.sequences_scores, full)
+    assert (out.beam_indices[:, :n_new] != torch.arange(4)[:, None]).any(), "no reorder happened"
+    focus_lab.detach(m)
+    assert "_reorder_cache" not in m.__dict__

@@ -155,6 +155,17 @@ class FocusCache:
         self.key_groups[layer_idx] = seen
         return seen
 
+    def reorder(self, beam_idx: torch.Tensor) -> None:
+        """Select batch rows ``beam_idx`` (B,) of every per-row state, as beam search does to
+        the KV cache (the model's ``_reorder_cache``, installed by ``attach``); the group-ordered
+        stores are dropped and rebuilt at the next step."""
+        for d in (self.key_groups, self.next_key_group):
+            for i, g in d.items():
+                d[i] = g.index_select(0, beam_idx.to(g.device))
+        if self.token_ids is not None:
+            self.token_ids = self.token_ids.index_select(0, beam_idx.to(self.token_ids.device))
+        self.grouped.clear()
+
 
 @dataclass
 class FocusForward:
@@ -628,8 +639,29 @@ def attach(model: nn.Module, config: FocusConfig | None = None) -> nn.Module:
         attachment.hooks.append(top.register_forward_pre_hook(pre, with_kwargs=True))
         attachment.hooks.append(top.register_forward_hook(post, with_kwargs=True))
     model._focus_state = attachment
+    model.__dict__["_reorder_cache"] = _beam_reorder(model, getattr(model, "_reorder_cache", None),
+                                                     model.__dict__.get("_reorder_cache"))
     model.set_attn_implementation(ATTN_NAME)
     return model
+
+
+def _beam_reorder(model: nn.Module, own: Callable | None, restore: Callable | None) -> Callable:
+    """The model's ``_reorder_cache`` while Focus is attached: beam search (``generate`` with
+    ``num_beams > 1``) calls it to pick the surviving beams' rows of the KV cache; the key groups
+    of the model's default FocusCache must follow, or later steps attend with another beam's
+    groups. ``own``: the model's own ``_reorder_cache``, if any (called first); ``restore``: an
+    instance attribute of that name that ``detach`` puts back."""
+    def reorder(past_key_values, beam_idx):
+        if own is not None:
+            past_key_values = own(past_key_values, beam_idx)
+        else:
+            past_key_values.reorder_cache(beam_idx)
+        cache = model._focus_state.default.cache
+        if cache is not None:
+            cache.reorder(beam_idx)
+        return past_key_values
+    reorder.restore = restore
+    return reorder
 
 
 def detach(model: nn.Module) -> nn.Module:
@@ -644,6 +676,9 @@ def detach(model: nn.Module) -> nn.Module:
         module.__dict__.pop("_focus_layer", None)
         if hasattr(module, "focus_router"):
             del module.focus_router
+    restore = getattr(model.__dict__.pop("_reorder_cache", None), "restore", None)
+    if restore is not None:
+        model.__dict__["_reorder_cache"] = restore
     model.set_attn_implementation(state.attn_implementation)
     for n, p in model.named_parameters():
         p.requires_grad_(state.requires_grad.get(n, True))
