@@ -205,6 +205,12 @@ def _claims(c: _Ctx) -> list:
         return txt, "CPU (2 cores, shared), hard mode through the decomposition", HOLDS if best >= 2 else \
             f"{FAILS} at these lengths on CPU"
 
+    def gpu_kernel(bd) -> dict[str, pd.DataFrame]:
+        """The GPU kernel benchmark's rows by dtype (figures/bench_attention/gpu_h100_kernel_<dtype>.csv)."""
+        if bd is None:
+            return {}
+        return {f.stem.rsplit("_", 1)[-1]: pd.read_csv(f) for f in sorted(bd.glob("gpu_h100_kernel_*.csv"))}
+
     @add("Decomposition: two FlashAttention calls, 8.6x at 1M tokens (K=8) [abstract]", "8.6x")
     def _():
         bd = bench_dir(c.d.parent)
@@ -213,8 +219,14 @@ def _claims(c: _Ctx) -> list:
         if not len(sub):
             return "no K=8 k=1 rows in the benchmark", "-", NT
         r = sub.sort_values("n").iloc[-1]
-        return (f"K=8 k=1 at n={int(r.n):,}: x{r.speedup:.2f} (ideal x{r.ideal_speedup:.2f})",
-                "CPU kernel benchmark (analyses/bench_attention.py), balanced groups",
+        txt = f"K=8 k=1 at n={int(r.n):,}: x{r.speedup:.2f} (ideal x{r.ideal_speedup:.2f})"
+        setting = "CPU kernel benchmark (analyses/bench_attention.py), balanced groups"
+        for dt, g in gpu_kernel(bd).items():
+            s = g[(g.K == 8) & (g.k == 1) & (g.groups == "balanced")].sort_values("n")
+            if len(s):
+                txt += f"; H100 {dt}, n={int(s.n.iloc[-1]):,}: x{s.speedup.iloc[-1]:.2f}"
+                setting = "CPU and H100 kernel benchmarks (analyses/bench_attention.py), balanced groups"
+        return (txt, setting,
                 f"{NT} at 1M tokens (dense attention at 1M is infeasible on this CPU); "
                 + ("trend consistent" if r.speedup >= 0.5 * r.ideal_speedup else "below half the ideal at the largest n"))
 
@@ -226,8 +238,16 @@ def _claims(c: _Ctx) -> list:
         if not len(sub):
             return "no 4K rows in the benchmark", "-", NT
         txt = ", ".join(f"K={int(r.K)} k={int(r.k)}: x{r.speedup:.2f}" for r in sub.itertuples())
-        return (f"kernel at 4096 tokens: {txt}", "CPU kernel benchmark", HOLDS if sub.speedup.max() <= 1.1 else
-                f"{FAILS} on CPU (the overhead is small next to CPU attention)")
+        verdict = HOLDS if sub.speedup.max() <= 1.1 else f"{FAILS} on CPU (the overhead is small next to CPU attention)"
+        gpu = {dt: g[(g.n == 4096) & (g.groups == "balanced")] for dt, g in gpu_kernel(bd).items()}
+        gpu = {dt: g for dt, g in gpu.items() if len(g)}
+        for dt, g in gpu.items():
+            txt += f"; H100 {dt}: " + ", ".join(f"K={int(r.K)} k={int(r.k)}: x{r.speedup:.2f}" for r in g.itertuples())
+        if gpu:
+            holds = all(g.speedup.max() <= 1.0 for g in gpu.values())
+            verdict += "; " + (f"{HOLDS.lower()} on the H100" if holds else f"{FAILS.lower()} on the H100")
+        return (f"kernel at 4096 tokens: {txt}", "CPU kernel benchmark" + (", H100 kernel benchmark" if gpu else ""),
+                verdict)
 
     @add("Centroid-only parameters [abstract]", "148K (GPT-2 124M)")
     def _():
