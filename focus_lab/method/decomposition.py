@@ -355,11 +355,10 @@ def _cuda_attn_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: flo
         bias = padded[..., :S].expand(N, H, L, S)  # (N, H, L, S) view, row stride Sp
     out, lse = _cuda_efficient(q, k, v, bias, True, 0.0, causal, scale=scale)[:2]
     lse = lse[..., :L]  # (N, H, L)
-    if allowed is not None:
+    if allowed is not None:  # no host sync to ask whether any row is empty: fill unconditionally
         empty = ~allowed.any(-1)  # (N|1, 1, L)
-        if bool(empty.any()):
-            out = out.masked_fill(empty[..., None], 0.0)
-            lse = lse.masked_fill(empty, _NEG_INF)
+        out = out.masked_fill(empty[..., None], 0.0)
+        lse = lse.masked_fill(empty, _NEG_INF)
     return out, lse.float()
 
 
