@@ -751,3 +751,48 @@ def test_cuda_glue_matches_reference_with_a_stand_in_kernel(monkeypatch, c):
     mask = hard_mask(qg, kg, c["window"], q_pos, torch.arange(c["T"]), c["sinks"])  # (B, Tq, Tk)
     s = q @ k.repeat_interleave(c["H"] // c["Hkv"], 1).transpose(-1, -2) / math.sqrt(c["D"])
     assert (lse - s.masked_fill(~mask[:, None], float("-inf")).logsumexp(-1)).abs().max().item() <= 1e-4
+
+
+def _fake_efficient_varlen(q, k, v, bias, cu_q, cu_k, max_q, max_k, dropout_p, mask_type, compute_lse, *,
+                           scale, seqlen_k=None):
+    """A CPU stand-in for the varlen form of ``aten._efficient_attention_forward`` written from
+    xformers' padded-keys contract: sequence i's queries are rows ``cu_q[i]:cu_q[i+1]``, its keys
+    the ``seqlen_k[i]`` rows from ``cu_k[i]`` (starts nondecreasing; sequences may share keys),
+    equal query and KV heads, LSE (nseq, H, max_q padded to 32) with NaN padding."""
+    assert bias is None and mask_type == 0 and compute_lse and dropout_p == 0.0
+    _, M, H, D = q.shape
+    assert k.shape[2] == H and v.shape[2] == H, "the kernel takes no GQA"
+    assert cu_q.dtype == cu_k.dtype == seqlen_k.dtype == torch.int32
+    assert bool((cu_k[1:] >= cu_k[:-1]).all()), "key starts must not decrease"
+    n = cu_q.numel() - 1
+    out = torch.zeros(1, M, H, v.shape[-1])
+    lse = torch.full((n, H, -(-max_q // 32) * 32), float("nan"))
+    for i in range(n):
+        a, e, s0, L = int(cu_q[i]), int(cu_q[i + 1]), int(cu_k[i]), int(seqlen_k[i])
+        assert 0 < e - a <= max_q and 0 < L <= max_k and s0 + L <= k.shape[1]
+        s = torch.einsum("qhd,khd->hqk", q[0, a:e].float(), k[0, s0:s0 + L].float()) * scale
+        lse[i, :, :e - a] = s.logsumexp(-1)
+        out[0, a:e] = torch.einsum("hqk,khd->qhd", s.softmax(-1), v[0, s0:s0 + L].float())
+    return out.to(q.dtype), lse, torch.empty(()), torch.empty(())
+
+
+@settings(max_examples=60, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(c=cases(), chunk=st.sampled_from([1, 3, 8]))
+def test_packed_rectangles_match_reference_with_a_stand_in_kernel(monkeypatch, c, chunk):
+    """The CUDA path packs every staircase rectangle into one varlen call
+    (``_rectangles_varlen``: rows packed, each segment's keys gathered once and shared by its
+    pieces through per-piece key starts and lengths, the padded LSE unpacked). With the kernel
+    replaced by a CPU stand-in and small stair chunks (many pieces per segment), the whole
+    decomposition equals the dense reference."""
+    from focus_lab.method import decomposition as dec
+    monkeypatch.setattr(dec, "_pack_rectangles", lambda qrows: True)
+    monkeypatch.setattr(dec, "_cuda_efficient_varlen", _fake_efficient_varlen)
+    c["k"] = max(c["k"], min(2, c["K"]))  # slot 2 (stairs) whenever K >= 2
+    gen = torch.Generator().manual_seed(c["seed"])
+    qg, kg = make_groups(gen, c["B"], c["T"], c["K"], c["k"], c["pattern"])
+    q, k, v = rand_qkv(gen, c["B"], c["H"], c["Hkv"], c["Tq"], c["T"], c["D"])
+    qg = qg[:, c["T"] - c["Tq"]:]
+    out = dec.hard_focus_attention(q, k, v, qg, kg, c["window"], sinks=c["sinks"],
+                                   options=dec.DecompositionOptions(stair_chunk=chunk))
+    _check_against_reference(out, q, k, v, qg, kg, c, f" (packed rectangles, chunk {chunk})")

@@ -570,6 +570,10 @@ def _stairs(qrows, krows, vrows, segs: list[Segment], Tq: int, Tk: int, scale: f
     rect = [p for p in pieces if p[3] > 0]  # pieces with a rectangle: keys 0 .. lo-1
     if not rect:
         return
+    if _pack_rectangles(qrows):
+        outR, lseR = _rectangles_varlen(qrows, krows, vrows, rect, prefix, Tq, Tk, scale, call)
+        _merge_rectangles(rect, outR, lseR, Tq, nrows, outA_flat, lseA_flat, call)
+        return
     R = sum(e - a for _, a, e, _, _ in rect)
     outR = _scratch("outR", (R, H, D), torch.float32, dev, call)  # (R, H, D) the rectangles' rows
     lseR = _scratch("lseR", (R, H), torch.float32, dev, call)  # (R, H)
@@ -588,11 +592,64 @@ def _stairs(qrows, krows, vrows, segs: list[Segment], Tq: int, Tk: int, scale: f
             outR[r:r + e - a] = o[0].transpose(0, 1)  # (L, H, D)
             lseR[r:r + e - a] = l[0].transpose(0, 1)  # (L, H), finite: lo > 0 keys
         r += e - a
-    with call("merge"):  # into the ragged results (lse -inf where a row's ragged part is empty)
+    _merge_rectangles(rect, outR, lseR, Tq, nrows, outA_flat, lseA_flat, call)
+
+
+def _merge_rectangles(rect, outR, lseR, Tq, nrows, outA_flat, lseA_flat, call) -> None:
+    """Merge the rectangles' rows ``outR`` (R, H, D) / ``lseR`` (R, H), in ``rect`` order, into
+    the ragged results already in ``outA_flat`` / ``lseA_flat`` (lse -inf where a row's ragged
+    part is empty)."""
+    with call("merge"):
         dst = torch.cat([sg.q_idx[a:e] + sg.b * Tq + sg.slot * nrows for sg, a, e, _, _ in rect])  # (R,)
         o, l = merge_lse([outR, outA_flat.index_select(0, dst)], [lseR, lseA_flat.index_select(0, dst)])
         outA_flat.index_copy_(0, dst, o)  # (R, H, D)
         lseA_flat.index_copy_(0, dst, l)  # (R, H)
+
+
+_cuda_efficient_varlen = getattr(torch.ops.aten, "_efficient_attention_forward", None)
+
+
+def _pack_rectangles(qrows: torch.Tensor) -> bool:
+    """Whether ``_stairs`` packs its rectangles into one varlen call (CUDA, fp32/fp16/bf16): on a
+    GPU one call per piece means thousands of small kernel launches per layer."""
+    return qrows.device.type == "cuda" and qrows.dtype in (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _rectangles_varlen(qrows, krows, vrows, rect, prefix, Tq, Tk, scale, call
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every rectangle of ``_stairs`` in ONE call of torch's memory-efficient kernel in its
+    varlen form (``aten._efficient_attention_forward``): the pieces' query rows packed one after
+    another (``cu_seqlens_q``), each segment's key prefix gathered once, and piece i reading the
+    first ``lo_i`` keys of its segment (``cu_seqlens_k[i]`` = the segment's offset, ``seqlen_k[i]``
+    = lo_i, so the pieces of one segment share their keys, as in xformers' padded-keys layout).
+    K/V heads repeated for GQA. Returns out (R, H, D) fp32 and lse (R, H) fp32, rows in ``rect``
+    order (R = the pieces' rows)."""
+    H, D, Hkv, dev = qrows.shape[1], qrows.shape[2], krows.shape[1], qrows.device
+    with call("gather"):
+        offset: dict[int, int] = {}  # id(segment) -> first row of its keys in the packed keys
+        kidx, total = [], 0
+        for sg, *_ in rect:
+            if id(sg) not in offset:
+                offset[id(sg)] = total
+                kidx.append(sg.k_idx[:prefix[id(sg)]] + sg.b * Tk)
+                total += prefix[id(sg)]
+        kidx = torch.cat(kidx)  # (total,)
+        lq = [e - a for _, a, e, _, _ in rect]
+        lk = [lo for *_, lo, _ in rect]
+        cu_q = torch.tensor([0] + lq, device=dev).cumsum(0).to(torch.int32)  # (pieces + 1,)
+        starts = torch.tensor([offset[id(sg)] for sg, *_ in rect] + [total], dtype=torch.int32, device=dev)
+        seqlen_k = torch.tensor(lk, dtype=torch.int32, device=dev)  # (pieces,)
+        q = qrows.index_select(0, torch.cat([sg.q_idx[a:e] + sg.b * Tq for sg, a, e, _, _ in rect]))  # (R, H, D)
+        k, v = krows.index_select(0, kidx), vrows.index_select(0, kidx)  # (total, Hkv, D)
+        if Hkv != H:
+            k, v = k.repeat_interleave(H // Hkv, 1), v.repeat_interleave(H // Hkv, 1)  # (total, H, D)
+    with call("attn_A"):
+        out, lse = _cuda_efficient_varlen(q[None], k[None], v[None], None, cu_q, starts, max(lq), max(lk), 0.0, 0,
+                                          True, scale=scale, seqlen_k=seqlen_k)[:2]
+    with call("scatter"):  # lse: (pieces, H, max_q padded to 32) -> (R, H)
+        piece = torch.repeat_interleave(torch.arange(len(rect), device=dev), torch.tensor(lq, device=dev))  # (R,)
+        row = torch.arange(piece.numel(), device=dev) - cu_q[:-1].long()[piece]
+        return out[0].float(), lse[piece, :, row].float()
 
 
 def _gather_qkv(qrows, krows, vrows, src_q: torch.Tensor, src_k: torch.Tensor, tag: str, call
