@@ -525,8 +525,11 @@ def _stairs(qrows, krows, vrows, segs: list[Segment], Tq: int, Tk: int, scale: f
     with call("plan"):
         pieces = []  # (segment, first row, end row, lo, hi)
         prefix: dict[int, int] = {}  # id(segment) -> keys its rectangles need (its last piece's lo)
+        # id(segment) -> (q_idx, k_idx, counts) in host memory: the per-piece index bookkeeping
+        # below is many tiny slices, which on a GPU would each be a kernel launch
+        host = {id(sg): (sg.q_idx.cpu(), sg.k_idx.cpu(), sg.counts.cpu()) for sg in segs}
         for sg in segs:
-            counts = sg.counts.tolist()
+            counts = host[id(sg)][2].tolist()
             Lq, a = len(counts), 0
             while a < Lq:
                 lo = counts[a]
@@ -551,16 +554,18 @@ def _stairs(qrows, krows, vrows, segs: list[Segment], Tq: int, Tk: int, scale: f
     for batch in batches:  # the ragged parts, masked
         N, S = len(batch), batch[0][4] - batch[0][3]
         L = max(e - a for _, a, e, _, _ in batch)
-        with call("gather"):
-            src_q = torch.zeros(N, L, dtype=torch.long, device=dev)
-            src_k = torch.zeros(N, S, dtype=torch.long, device=dev)
-            dst = torch.full((N, L), nrows - 1, dtype=torch.long, device=dev)  # padding -> dummy row
-            cnt = torch.zeros(N, L, dtype=torch.long, device=dev)
+        with call("gather"):  # built in host memory, moved to the device once
+            src_q = torch.zeros(N, L, dtype=torch.long)
+            src_k = torch.zeros(N, S, dtype=torch.long)
+            dst = torch.full((N, L), nrows - 1, dtype=torch.long)  # padding -> dummy row
+            cnt = torch.zeros(N, L, dtype=torch.long)
             for i, (sg, a, e, lo, hi) in enumerate(batch):
-                src_q[i, :e - a] = sg.q_idx[a:e] + sg.b * Tq
-                src_k[i, :hi - lo] = sg.k_idx[lo:hi] + sg.b * Tk
-                dst[i, :e - a] = sg.q_idx[a:e] + sg.b * Tq + sg.slot * nrows
-                cnt[i, :e - a] = sg.counts[a:e] - lo
+                q_idx, k_idx, counts = host[id(sg)]
+                src_q[i, :e - a] = q_idx[a:e] + sg.b * Tq
+                src_k[i, :hi - lo] = k_idx[lo:hi] + sg.b * Tk
+                dst[i, :e - a] = q_idx[a:e] + sg.b * Tq + sg.slot * nrows
+                cnt[i, :e - a] = counts[a:e] - lo
+            src_q, src_k, dst, cnt = (x.to(dev) for x in (src_q, src_k, dst, cnt))
             allowed = (torch.arange(S, device=dev) < cnt[..., None])[:, None]  # (N, 1, L, S)
             qb, kb, vb = _gather_qkv(qrows, krows, vrows, src_q, src_k, "S", call)
         with call("attn_A"):
@@ -571,8 +576,8 @@ def _stairs(qrows, krows, vrows, segs: list[Segment], Tq: int, Tk: int, scale: f
     if not rect:
         return
     if _pack_rectangles(qrows):
-        outR, lseR = _rectangles_varlen(qrows, krows, vrows, rect, prefix, Tq, Tk, scale, call)
-        _merge_rectangles(rect, outR, lseR, Tq, nrows, outA_flat, lseA_flat, call)
+        outR, lseR = _rectangles_varlen(qrows, krows, vrows, rect, prefix, host, Tq, Tk, scale, call)
+        _merge_rectangles(rect, outR, lseR, host, Tq, nrows, outA_flat, lseA_flat, call)
         return
     R = sum(e - a for _, a, e, _, _ in rect)
     outR = _scratch("outR", (R, H, D), torch.float32, dev, call)  # (R, H, D) the rectangles' rows
@@ -592,15 +597,16 @@ def _stairs(qrows, krows, vrows, segs: list[Segment], Tq: int, Tk: int, scale: f
             outR[r:r + e - a] = o[0].transpose(0, 1)  # (L, H, D)
             lseR[r:r + e - a] = l[0].transpose(0, 1)  # (L, H), finite: lo > 0 keys
         r += e - a
-    _merge_rectangles(rect, outR, lseR, Tq, nrows, outA_flat, lseA_flat, call)
+    _merge_rectangles(rect, outR, lseR, host, Tq, nrows, outA_flat, lseA_flat, call)
 
 
-def _merge_rectangles(rect, outR, lseR, Tq, nrows, outA_flat, lseA_flat, call) -> None:
+def _merge_rectangles(rect, outR, lseR, host, Tq, nrows, outA_flat, lseA_flat, call) -> None:
     """Merge the rectangles' rows ``outR`` (R, H, D) / ``lseR`` (R, H), in ``rect`` order, into
     the ragged results already in ``outA_flat`` / ``lseA_flat`` (lse -inf where a row's ragged
-    part is empty)."""
+    part is empty). ``host``: id(segment) -> its (q_idx, k_idx, counts) in host memory."""
     with call("merge"):
-        dst = torch.cat([sg.q_idx[a:e] + sg.b * Tq + sg.slot * nrows for sg, a, e, _, _ in rect])  # (R,)
+        dst = torch.cat([host[id(sg)][0][a:e] + sg.b * Tq + sg.slot * nrows
+                         for sg, a, e, _, _ in rect]).to(outA_flat.device)  # (R,)
         o, l = merge_lse([outR, outA_flat.index_select(0, dst)], [lseR, lseA_flat.index_select(0, dst)])
         outA_flat.index_copy_(0, dst, o)  # (R, H, D)
         lseA_flat.index_copy_(0, dst, l)  # (R, H)
@@ -615,7 +621,7 @@ def _pack_rectangles(qrows: torch.Tensor) -> bool:
     return qrows.device.type == "cuda" and qrows.dtype in (torch.float32, torch.float16, torch.bfloat16)
 
 
-def _rectangles_varlen(qrows, krows, vrows, rect, prefix, Tq, Tk, scale, call
+def _rectangles_varlen(qrows, krows, vrows, rect, prefix, host, Tq, Tk, scale, call
                        ) -> tuple[torch.Tensor, torch.Tensor]:
     """Every rectangle of ``_stairs`` in ONE call of torch's memory-efficient kernel in its
     varlen form (``aten._efficient_attention_forward``): the pieces' query rows packed one after
@@ -623,7 +629,8 @@ def _rectangles_varlen(qrows, krows, vrows, rect, prefix, Tq, Tk, scale, call
     first ``lo_i`` keys of its segment (``cu_seqlens_k[i]`` = the segment's offset, ``seqlen_k[i]``
     = lo_i, so the pieces of one segment share their keys, as in xformers' padded-keys layout).
     K/V heads repeated for GQA. Returns out (R, H, D) fp32 and lse (R, H) fp32, rows in ``rect``
-    order (R = the pieces' rows)."""
+    order (R = the pieces' rows). ``host``: id(segment) -> its (q_idx, k_idx, counts) in host
+    memory, where the index bookkeeping is done."""
     H, D, Hkv, dev = qrows.shape[1], qrows.shape[2], krows.shape[1], qrows.device
     with call("gather"):
         offset: dict[int, int] = {}  # id(segment) -> first row of its keys in the packed keys
@@ -631,15 +638,16 @@ def _rectangles_varlen(qrows, krows, vrows, rect, prefix, Tq, Tk, scale, call
         for sg, *_ in rect:
             if id(sg) not in offset:
                 offset[id(sg)] = total
-                kidx.append(sg.k_idx[:prefix[id(sg)]] + sg.b * Tk)
+                kidx.append(host[id(sg)][1][:prefix[id(sg)]] + sg.b * Tk)
                 total += prefix[id(sg)]
-        kidx = torch.cat(kidx)  # (total,)
+        kidx = torch.cat(kidx).to(dev)  # (total,)
         lq = [e - a for _, a, e, _, _ in rect]
         lk = [lo for *_, lo, _ in rect]
         cu_q = torch.tensor([0] + lq, device=dev).cumsum(0).to(torch.int32)  # (pieces + 1,)
         starts = torch.tensor([offset[id(sg)] for sg, *_ in rect] + [total], dtype=torch.int32, device=dev)
         seqlen_k = torch.tensor(lk, dtype=torch.int32, device=dev)  # (pieces,)
-        q = qrows.index_select(0, torch.cat([sg.q_idx[a:e] + sg.b * Tq for sg, a, e, _, _ in rect]))  # (R, H, D)
+        qidx = torch.cat([host[id(sg)][0][a:e] + sg.b * Tq for sg, a, e, _, _ in rect]).to(dev)  # (R,)
+        q = qrows.index_select(0, qidx)  # (R, H, D)
         k, v = krows.index_select(0, kidx), vrows.index_select(0, kidx)  # (total, Hkv, D)
         if Hkv != H:
             k, v = k.repeat_interleave(H // Hkv, 1), v.repeat_interleave(H // Hkv, 1)  # (total, H, D)
@@ -647,8 +655,9 @@ def _rectangles_varlen(qrows, krows, vrows, rect, prefix, Tq, Tk, scale, call
         out, lse = _cuda_efficient_varlen(q[None], k[None], v[None], None, cu_q, starts, max(lq), max(lk), 0.0, 0,
                                           True, scale=scale, seqlen_k=seqlen_k)[:2]
     with call("scatter"):  # lse: (pieces, H, max_q padded to 32) -> (R, H)
-        piece = torch.repeat_interleave(torch.arange(len(rect), device=dev), torch.tensor(lq, device=dev))  # (R,)
-        row = torch.arange(piece.numel(), device=dev) - cu_q[:-1].long()[piece]
+        piece = torch.repeat_interleave(torch.arange(len(rect)), torch.tensor(lq))  # (R,)
+        row = (torch.arange(piece.numel()) - torch.tensor([0] + lq[:-1]).cumsum(0)[piece]).to(dev)
+        piece = piece.to(dev)
         return out[0].float(), lse[piece, :, row].float()
 
 
