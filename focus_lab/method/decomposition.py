@@ -509,7 +509,8 @@ def _stairs(qrows, krows, vrows, segs: list[Segment], Tq: int, Tk: int, scale: f
       masked kernel call (padding query rows write to the dummy row ``nrows - 1``, padding keys
       are masked);
     * a rectangle, keys ``0 .. lo-1``, one UNMASKED call per piece on a prefix of the
-      segment's keys (gathered once per segment), merged into the ragged result by LSE.
+      segment's keys (gathered once per segment), merged into the ragged result by LSE. On
+      CUDA all rectangles go in ONE varlen call instead (``_rectangles_varlen``).
 
     Pairs computed: the stair plus at most about ``chunk / 2`` keys per query, and only the
     ragged part pays for a mask (building it and adding it in the kernel), where one masked
