@@ -31,6 +31,24 @@ def _fail(msg: str) -> None:
     raise typer.Exit(2)
 
 
+def _device(device: str) -> str:
+    """The torch device a ``--device`` option names: ``cpu``, or ``cuda`` / ``cuda:N`` where torch
+    sees that GPU (``cuda`` under torchrun: ``cuda:$LOCAL_RANK``). Anything else exits 2 with one
+    line naming the problem."""
+    import torch
+    if device == "cpu":
+        return device
+    if device != "cuda" and not (device.startswith("cuda:") and device[5:].isdigit()):
+        _fail(f"--device {device}: use cpu, cuda or cuda:N")
+    if not torch.cuda.is_available():
+        _fail(f"--device {device}: this torch ({torch.__version__}) sees no CUDA device; use --device cpu")
+    if device == "cuda":
+        device = f"cuda:{os.environ.get('LOCAL_RANK', '0')}"
+    if int(device[5:]) >= torch.cuda.device_count():
+        _fail(f"--device {device}: torch sees {torch.cuda.device_count()} CUDA device(s)")
+    return device
+
+
 def _spec(spec: str, option: str, parser=None):
     """A CLI option's spec through one of config's parsers (default ``parse_int_list``; also
     ``parse_random_layers``, ``parse_layer_top_k``): a bad spec exits 2 with one line naming it."""
@@ -225,10 +243,9 @@ def train(
                            init_routers=str(init_routers) if init_routers else None,
                            distill_queries=distill_queries, stop_after=stop_after,
                            random_layers=random_list, **tchanges)
+        dev = _device(device)
         m, tok, corp, seq_len = _load(model, corpus, seq_len)
-        if device != "cpu":
-            dev = f"cuda:{os.environ.get('LOCAL_RANK', '0')}" if device == "cuda" else device
-            m.to(dev)
+        m.to(dev)
         windows = make_windows(corp.train, tok, seq_len)
         names = [d.name for d in corp.train]
         shown = ", ".join(names[:8]) + (f", and {len(names) - 8} more" if len(names) > 8 else "")
@@ -326,13 +343,15 @@ def eval_cmd(
                                  "shuffled_topK (controls at equal sparsity), or 'all' (dense, window, "
                                  "soft, hard_top1..K); e.g. dense,window,hard_top1,hard_top2,random_top2,shuffled_top2; "
                                  "a top-k name + _uniform, _match, _keyshift: docs/cli.md"),
+    device: str = typer.Option("cpu", help="cpu | cuda | cuda:N: where the model runs (hard mode on a GPU: "
+                               "docs/method.md §4)"),
 ):
     """Held-out perplexity of the chosen patterns on the same windows (controls included); with --run, of a
     recorded run's windows, written into the run."""
     if run_dir is not None:
         given = [f"--{n.replace('_opt', '').replace('_', '-')}" for n in
                  ("routers_opt", "model", "corpus", "seq_len", "out", "random_groups", "random_layers", "layer_top_k",
-                  "match_shifts")
+                  "match_shifts", "device")
                  if _given(ctx, n)]
         if given:
             _fail(f"--run takes the model, router file and windows from the run: drop {', '.join(given)}")
@@ -350,8 +369,10 @@ def eval_cmd(
         pats = parse_patterns(patterns, read_router_file(routers)[0].num_groups)  # fail before loading
         overrides = {"assignment": "random"} if random_groups else {}
         overrides.update(_config_overrides(random_layers, layer_top_k, match_shifts))
+        dev = _device(device)
         m, tok, corp, seq_len = _load(model, corpus, seq_len)
         cfg = load_routers(m, routers, config_overrides=overrides or None)
+        m.to(dev)
         if random_groups:
             pats = [(lab, {**c, "assignment": "random"} if c.get("assignment") == "router" else c)
                     for lab, c in pats]

@@ -194,3 +194,23 @@ def test_cuda_train_cli_matches_cpu_training(tmp_path):
     assert runs["cpu"].keys() == runs["cuda"].keys()
     diff = max((runs["cpu"][n].float() - runs["cuda"][n].float()).abs().max().item() for n in runs["cpu"])
     assert diff <= 1e-3, diff
+
+
+def test_cuda_evaluate_equals_cpu():
+    """``evaluate`` (what ``focus-lab eval --device cuda`` runs) with the model on the GPU gives
+    the CPU's perplexities and pairs kept for every kind of pattern, the random control included
+    (its groups depend on positions only, not on the device)."""
+    import types
+
+    import focus_lab
+    from conftest import tiny_llama
+    from focus_lab.eval.evaluate import evaluate, parse_patterns
+    m = focus_lab.attach(tiny_llama(), focus_lab.FocusConfig(num_groups=4, window=8, sink_tokens=2))
+    gen = torch.Generator().manual_seed(0)
+    windows = [types.SimpleNamespace(input_ids=torch.randint(3, 97, (160,), generator=gen)) for _ in range(3)]
+    pats = parse_patterns("dense,window,soft,hard_top1,hard_top2,random_top2", 4)
+    cpu = evaluate(m, windows, pats).set_index("label")
+    gpu = evaluate(m.cuda(), windows, pats).set_index("label")
+    assert list(gpu.index) == list(cpu.index)
+    assert ((gpu.perplexity - cpu.perplexity).abs() / cpu.perplexity).max() <= 1e-4
+    assert (gpu.distant_pairs_kept - cpu.distant_pairs_kept).abs().max() <= 1e-9

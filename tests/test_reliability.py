@@ -153,6 +153,22 @@ def test_invalid_config_is_a_clear_cli_error(flags, match, tiny_dir, tmp_path):
     assert match in r.output and "Traceback" not in r.output
 
 
+@pytest.mark.parametrize("device,match", [("tpu", "use cpu, cuda or cuda:N"), ("cuda:x", "use cpu, cuda or cuda:N"),
+                                          ("cuda", "sees no CUDA device"), ("cuda:0", "sees no CUDA device")])
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the 'no CUDA device' errors need a machine without one")
+def test_bad_device_is_a_clear_cli_error(device, match, tiny_dir, tmp_path):
+    """``--device`` of train and eval: one line naming the problem, exit 2, before the model loads."""
+    model_dir, corpus = tiny_dir
+    for args in (_train_args(model_dir, corpus, tmp_path / "x", 1),
+                 ["eval", "--model", str(model_dir), "--corpus", str(corpus), "--seq-len", "32",
+                  "--routers", str(tmp_path / "missing.safetensors")]):
+        if args[0] == "eval":  # a router file to get past the routers check
+            focus_lab.save_routers(focus_lab.attach(tiny_llama(), focus_lab.FocusConfig()), args[-1])
+        r = CliRunner().invoke(app, args + ["--device", device])
+        assert r.exit_code == 2, r.output
+        assert match in r.output and "Traceback" not in r.output and len(r.output.strip().splitlines()) == 1
+
+
 @pytest.mark.parametrize("content,match", [
     (b"", "empty"), (b"   \n\t\n", "whitespace"), (b"abc\x00def" * 10, "binary"),
     ("caf\u00e9 au lait".encode("latin-1") * 10, "UTF-8"),

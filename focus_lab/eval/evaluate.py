@@ -159,6 +159,7 @@ def evaluate(model, windows: list, patterns: list[tuple[str, dict]] | None = Non
             if cfg.top_k_at(hook.layer_idx) > 0:  # a window-only layer has no groups
                 shares.append(float(hard_group_shares(key_group, cfg.num_groups).max()))
 
+    device = next(model.parameters()).device  # the windows go where the model is
     with hooks(model, {"key_group": groups}):
         for label, changes in patterns:
             state = forward_state(model, **changes)
@@ -169,7 +170,7 @@ def evaluate(model, windows: list, patterns: list[tuple[str, dict]] | None = Non
             t0 = time.perf_counter()
             for i in tqdm(range(0, len(windows), batch_size), desc=f"eval {label}",
                           disable=not progress, leave=False, dynamic_ncols=True):
-                ids = torch.stack([w.input_ids for w in windows[i:i + batch_size]])  # (b, T)
+                ids = torch.stack([w.input_ids for w in windows[i:i + batch_size]]).to(device)  # (b, T)
                 logits = model(input_ids=ids, use_cache=False, focus=state).logits  # (b, T, V)
                 nll = torch.nn.functional.cross_entropy(
                     logits[:, :-1].flatten(0, 1).float(), ids[:, 1:].flatten(), reduction="sum")
