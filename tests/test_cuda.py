@@ -213,4 +213,4 @@ def test_cuda_evaluate_equals_cpu():
     gpu = evaluate(m.cuda(), windows, pats).set_index("label")
     assert list(gpu.index) == list(cpu.index)
     assert ((gpu.perplexity - cpu.perplexity).abs() / cpu.perplexity).max() <= 1e-4
-    assert (gpu.distant_pairs_kept - cpu.distant_pairs_kept).abs().max() <= 1e-9
+    assert (gpu.distant_pairs_kept - cpu.distant_pairs_kept).abs().max() <= 1e-6  # fp32 sums, another order
