@@ -127,7 +127,8 @@ def evaluate(model, windows: list, patterns: list[tuple[str, dict]] | None = Non
     """Perplexity of ``model`` (Focus attached) on ``windows`` under each pattern.
 
     Args:
-        windows: held-out windows (``input_ids: (seq_len,)``), identical for every pattern.
+        windows: held-out windows (``input_ids: (seq_len,)``), identical for every pattern; moved
+            to the model's device (CPU or a GPU; tests/test_cuda.py checks the two agree).
         patterns: [(label, config changes)], default ``standard_patterns(K)``.
     Returns:
         DataFrame, one row per pattern: label, mode, top_k, nll (nats/token), perplexity,
