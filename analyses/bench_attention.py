@@ -66,7 +66,8 @@ import pandas as pd  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from focus_lab.method.decomposition import DecompositionOptions, hard_focus_attention, reference_hard_attention  # noqa: E402
+from focus_lab.method.decomposition import (DecompositionOptions, hard_focus_attention,  # noqa: E402
+                                            reference_hard_attention, repeat_kv_heads)
 
 SERIAL_MODE = "auto"  # --serial-bookkeeping, chosen per run
 SERIAL_LOAD_FACTOR = 1.5
@@ -161,10 +162,9 @@ def _dense(q, k, v):
     """Dense causal attention, q: (1, H, n, D), k, v: (1, Hkv, n, D). On CUDA the K/V heads are
     repeated first (a copy, counted): torch's memory-efficient kernel (fp32) takes no GQA, and
     SDPA would then fall back to the O(n^2)-memory math path."""
-    if q.device.type == "cuda" and k.shape[1] != q.shape[1]:
-        g = q.shape[1] // k.shape[1]
-        return F.scaled_dot_product_attention(q, k.repeat_interleave(g, 1), v.repeat_interleave(g, 1),
-                                              is_causal=True)
+    if q.device.type == "cuda":
+        H = q.shape[1]
+        return F.scaled_dot_product_attention(q, repeat_kv_heads(k, H), repeat_kv_heads(v, H), is_causal=True)
     return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
 
 
@@ -792,9 +792,11 @@ def main(argv=None) -> int:
         return 2
 
     if args.device != "cpu":
-        if not args.device.startswith("cuda") or not torch.cuda.is_available():
-            print(f"bench_attention: --device {args.device}: only cpu, or cuda where a CUDA device exists "
-                  f"(this torch sees {torch.cuda.device_count()})", file=sys.stderr)
+        from focus_lab.hf.models import resolve_device
+        try:
+            args.device = resolve_device(args.device)
+        except ValueError as e:
+            print(f"bench_attention: {e}", file=sys.stderr)
             return 2
         if not args.no_e2e:
             print("bench_attention: --device cuda runs the kernel part only; add --no-e2e", file=sys.stderr)

@@ -426,6 +426,14 @@ def bench_dir(out: Path) -> Path | None:
     return None
 
 
+def gpu_kernel_tables(bench: Path | None) -> dict[str, pd.DataFrame]:
+    """The GPU kernel benchmark's rows beside the CPU ones (``gpu_h100_kernel_<dtype>.csv`` in the
+    ``bench_dir`` folder, figures/bench_attention/gpu_h100.md), by dtype; {} when none."""
+    if bench is None:
+        return {}
+    return {f.stem.rsplit("_", 1)[-1]: pd.read_csv(f) for f in sorted(Path(bench).glob("gpu_h100_kernel_*.csv"))}
+
+
 # ============================================================================================
 # shared by the figure and table modules
 

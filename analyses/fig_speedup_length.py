@@ -2,8 +2,8 @@
 sequence length, from the benchmark's own table (``analyses/bench_attention.py``):
 ``bench_attention/kernel.csv`` next to ``data/`` when present, else ``data/bench_attention/``.
 Dashed: the ideal ``1 / (k/K + 2w/n)``. Thin dash-dot / dotted: the same call on an NVIDIA H100
-in fp32 / bf16 (``gpu_h100_kernel_<dtype>.csv`` beside it, balanced groups), when present. Right: the benchmark's end-to-end table (``e2e.csv``) when
-it exists: the embedded model with the shipped routers, tokens/s over dense's, for the prefill
+in fp32 / bf16 (``gpu_h100_kernel_<dtype>.csv`` beside it, balanced groups), when present.
+Right: the benchmark's end-to-end table (``e2e.csv``) when it exists: the embedded model with the shipped routers, tokens/s over dense's, for the prefill
 (bare forward) at each length and for decoding (per-token time) at each context.
 """
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from analyses.common import bench_dir, read
+from analyses.common import bench_dir, gpu_kernel_tables, read
 
 TITLE = "Speedup of the decomposition over dense attention vs sequence length (CPU; H100 thin)"
 DATA = ("bench",)
@@ -29,23 +29,21 @@ def make_figure(data_dir: Path):
     fig = make_subplots(rows=1, cols=2, subplot_titles=("kernel: dense SDPA time / Focus time",
                                                         "end to end (SmolLM2-135M, shipped routers): speed vs dense"))
     palette = ["#d62728", "#1f77b4", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b"]
-    colors = {}  # (K, k) -> the balanced CPU line's color, reused by the H100 lines
+    line_color = {}  # (K, k) -> the balanced CPU line's color, reused by the H100 lines
     for i, ((K, k, g), part) in enumerate(df.groupby(["K", "k", "groups"])):
         c = palette[i % len(palette)]
         if g == "balanced":
-            colors[(K, k)] = c
+            line_color[(K, k)] = c
         name = f"K={K} k={k}" + ("" if g == "balanced" else f" ({g} groups)")
         fig.add_trace(go.Scatter(x=part["n"], y=part["speedup"], mode="lines+markers", name=name,
                                  line=dict(color=c, dash="solid" if g == "balanced" else "dot")), row=1, col=1)
         fig.add_trace(go.Scatter(x=part["n"], y=part["ideal_speedup"], mode="lines", name=f"ideal {name}",
                                  line=dict(color=c, dash="dash", width=1), showlegend=False), row=1, col=1)
-    for f in sorted(b.glob("gpu_h100_kernel_*.csv")) if b is not None else []:
-        dt = f.stem.rsplit("_", 1)[-1]
-        g = pd.read_csv(f)
+    for dt, g in gpu_kernel_tables(b).items():
         for (K, k), part in g[g.groups == "balanced"].groupby(["K", "k"]):
             fig.add_trace(go.Scatter(x=part["n"], y=part["speedup"], mode="lines+markers",
                                      name=f"H100 {dt} K={K} k={k}", marker=dict(size=4),
-                                     line=dict(color=colors.get((K, k), "gray"), width=1,
+                                     line=dict(color=line_color.get((K, k), "gray"), width=1,
                                                dash="dashdot" if dt == "fp32" else "dot")), row=1, col=1)
     fig.add_hline(y=1, line=dict(color="gray", dash="dash"), row=1, col=1)
     if e2e is not None and "phase" in e2e:

@@ -15,7 +15,7 @@ import pandas as pd
 
 from focus_lab.method.config import FocusConfig, format_int_list
 
-from analyses.common import bench_dir, read
+from analyses.common import bench_dir, gpu_kernel_tables, read
 
 TITLE = "Reproduction of the paper's claims"
 DATA = ("router", "baselines", "collapse", "ablation", "transfer_domain", "lora", "transfer_length",
@@ -205,12 +205,6 @@ def _claims(c: _Ctx) -> list:
         return txt, "CPU (2 cores, shared), hard mode through the decomposition", HOLDS if best >= 2 else \
             f"{FAILS} at these lengths on CPU"
 
-    def gpu_kernel(bd) -> dict[str, pd.DataFrame]:
-        """The GPU kernel benchmark's rows by dtype (figures/bench_attention/gpu_h100_kernel_<dtype>.csv)."""
-        if bd is None:
-            return {}
-        return {f.stem.rsplit("_", 1)[-1]: pd.read_csv(f) for f in sorted(bd.glob("gpu_h100_kernel_*.csv"))}
-
     @add("Decomposition: two FlashAttention calls, 8.6x at 1M tokens (K=8) [abstract]", "8.6x")
     def _():
         bd = bench_dir(c.d.parent)
@@ -221,7 +215,7 @@ def _claims(c: _Ctx) -> list:
         r = sub.sort_values("n").iloc[-1]
         txt = f"K=8 k=1 at n={int(r.n):,}: x{r.speedup:.2f} (ideal x{r.ideal_speedup:.2f})"
         setting = "CPU kernel benchmark (analyses/bench_attention.py), balanced groups"
-        for dt, g in gpu_kernel(bd).items():
+        for dt, g in gpu_kernel_tables(bd).items():
             s = g[(g.K == 8) & (g.k == 1) & (g.groups == "balanced")].sort_values("n")
             if len(s):
                 txt += f"; H100 {dt}, n={int(s.n.iloc[-1]):,}: x{s.speedup.iloc[-1]:.2f}"
@@ -239,7 +233,7 @@ def _claims(c: _Ctx) -> list:
             return "no 4K rows in the benchmark", "-", NT
         txt = ", ".join(f"K={int(r.K)} k={int(r.k)}: x{r.speedup:.2f}" for r in sub.itertuples())
         verdict = HOLDS if sub.speedup.max() <= 1.1 else f"{FAILS} on CPU (the overhead is small next to CPU attention)"
-        gpu = {dt: g[(g.n == 4096) & (g.groups == "balanced")] for dt, g in gpu_kernel(bd).items()}
+        gpu = {dt: g[(g.n == 4096) & (g.groups == "balanced")] for dt, g in gpu_kernel_tables(bd).items()}
         gpu = {dt: g for dt, g in gpu.items() if len(g)}
         for dt, g in gpu.items():
             txt += f"; H100 {dt}: " + ", ".join(f"K={int(r.K)} k={int(r.k)}: x{r.speedup:.2f}" for r in g.itertuples())

@@ -32,21 +32,12 @@ def _fail(msg: str) -> None:
 
 
 def _device(device: str) -> str:
-    """The torch device a ``--device`` option names: ``cpu``, or ``cuda`` / ``cuda:N`` where torch
-    sees that GPU (``cuda`` under torchrun: ``cuda:$LOCAL_RANK``). Anything else exits 2 with one
-    line naming the problem."""
-    import torch
-    if device == "cpu":
-        return device
-    if device != "cuda" and not (device.startswith("cuda:") and device[5:].isdigit()):
-        _fail(f"--device {device}: use cpu, cuda or cuda:N")
-    if not torch.cuda.is_available():
-        _fail(f"--device {device}: this torch ({torch.__version__}) sees no CUDA device; use --device cpu")
-    if device == "cuda":
-        device = f"cuda:{os.environ.get('LOCAL_RANK', '0')}"
-    if int(device[5:]) >= torch.cuda.device_count():
-        _fail(f"--device {device}: torch sees {torch.cuda.device_count()} CUDA device(s)")
-    return device
+    """``hf.models.resolve_device``; a device it refuses exits 2 with its one line."""
+    from focus_lab.hf.models import resolve_device
+    try:
+        return resolve_device(device)
+    except ValueError as e:
+        _fail(str(e))
 
 
 def _spec(spec: str, option: str, parser=None):

@@ -3,6 +3,7 @@
 import argparse
 
 import pytest
+import torch
 
 from analyses import bench_attention as bench
 
@@ -53,3 +54,12 @@ def test_pairs_bound_by_hand():
     assert b.iloc[0] != b.iloc[0]  # NaN on the dense row
     assert b.iloc[1] == pytest.approx(10 / 6.5)  # the window row: its own ratio
     assert b.iloc[2] == pytest.approx(10 / 7.5)
+
+
+@pytest.mark.parametrize("device,words", [("tpu", "use cpu, cuda or cuda:N"), ("cuda:x", "use cpu, cuda or cuda:N")]
+                         + ([] if torch.cuda.is_available() else [("cuda", "sees no CUDA device")]))
+def test_bad_device_exits_2_with_one_line(capsys, device, words):
+    """``--device`` goes through the CLI's check (``hf.models.resolve_device``): one line, exit 2."""
+    assert bench.main(["--no-e2e", "--device", device]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("bench_attention:") and words in err and "\n" not in err

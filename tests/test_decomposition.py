@@ -8,6 +8,7 @@ the CPU flash kernel here; flash-attn only with a GPU).
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 
 import pytest
@@ -583,6 +584,8 @@ def test_flash_backend_glue_matches_reference_with_a_stand_in_kernel(monkeypatch
     import sys
     from focus_lab.method import decomposition as dec
     monkeypatch.setitem(sys.modules, "flash_attn", _fake_flash_attn_module())
+    # a fresh cache of the optional import for this test, the original put back after it
+    monkeypatch.setattr(dec, "_flash_attn_package", functools.lru_cache(dec._flash_attn_package.__wrapped__))
     monkeypatch.setattr(dec, "resolve_backend", lambda backend, device, dtype=None: "flash")
     gen = torch.Generator().manual_seed(T + K + Tq)
     q = torch.randn(B, H, Tq, 8, generator=gen)

@@ -26,6 +26,23 @@ class ModelLoadError(RuntimeError):
     """A model could not be loaded; the message names the fix."""
 
 
+def resolve_device(device: str) -> str:
+    """The torch device a ``--device`` option names: ``cpu``, or ``cuda`` / ``cuda:N`` where torch
+    sees that GPU (``cuda`` under torchrun: ``cuda:$LOCAL_RANK``). Raises ValueError naming the
+    problem and the fix otherwise (the CLI and the benchmark print it as one line, exit 2)."""
+    if device == "cpu":
+        return device
+    if device != "cuda" and not (device.startswith("cuda:") and device[5:].isdigit()):
+        raise ValueError(f"--device {device}: use cpu, cuda or cuda:N")
+    if not torch.cuda.is_available():
+        raise ValueError(f"--device {device}: this torch ({torch.__version__}) sees no CUDA device; use --device cpu")
+    if device == "cuda":
+        device = f"cuda:{os.environ.get('LOCAL_RANK', '0')}"
+    if int(device[5:]) >= torch.cuda.device_count():
+        raise ValueError(f"--device {device}: torch sees {torch.cuda.device_count()} CUDA device(s)")
+    return device
+
+
 def cache_dir() -> Path:
     """Root of focus-lab's model cache: $FOCUS_LAB_CACHE, else ~/.cache/focus-lab."""
     return Path(os.environ.get("FOCUS_LAB_CACHE", Path.home() / ".cache" / "focus-lab"))

@@ -75,6 +75,7 @@ the dense reference when autograd needs them).
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from bisect import bisect_left
@@ -153,8 +154,10 @@ def clear_workspace() -> None:
 # --------------------------------------------------------------------------------------------
 # backends
 
+@functools.lru_cache(maxsize=None)
 def _flash_attn_package():
-    """flash-attn's ``flash_attn_varlen_func`` when the optional package imports, else None."""
+    """flash-attn's ``flash_attn_varlen_func`` when the optional package imports, else None.
+    Cached: a failed import is tried again, through sys.path, on every call otherwise."""
     try:
         from flash_attn import flash_attn_varlen_func
     except Exception:
@@ -320,13 +323,38 @@ def _attn_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, *
             if bool(empty.any()):
                 lse = lse.masked_fill(empty, _NEG_INF)
         return out, lse
-    if q.device.type == "cuda" and q.dtype in (torch.float32, torch.bfloat16, torch.float16):
+    if _cuda_kernel_ok(q):
         with call.kernels() if call else _nullcontext():
             return _cuda_attn_lse(q, k, v, scale, causal, allowed)
     return _math_attn_lse(q, k, v, allowed, scale, causal)
 
 
 _cuda_efficient = getattr(torch.ops.aten, "_scaled_dot_product_efficient_attention", None)
+
+
+def _cuda_kernel_ok(t: torch.Tensor) -> bool:
+    """Whether torch's CUDA attention kernels take ``t``: on a GPU, in fp32, fp16 or bf16."""
+    return t.device.type == "cuda" and t.dtype in (torch.float32, torch.float16, torch.bfloat16)
+
+
+def repeat_kv_heads(x: torch.Tensor, heads: int, dim: int = 1) -> torch.Tensor:
+    """K or V with its ``Hkv`` heads (along ``dim``) repeated to ``heads``, for kernels without
+    GQA: query head h reads KV head ``h // (heads / Hkv)``. ``x`` itself when nothing to repeat."""
+    hkv = x.shape[dim]
+    return x if hkv == heads else x.repeat_interleave(heads // hkv, dim=dim)
+
+
+def _cu_seqlens(lengths: list[int]) -> torch.Tensor:
+    """(n + 1,) int64 cumulative sequence lengths on the host, starting at 0."""
+    return torch.tensor([0] + lengths).cumsum(0)
+
+
+def _unpad_lse(lse: torch.Tensor, lengths: list[int]) -> torch.Tensor:
+    """A varlen kernel's per-sequence LSE, padded (nseq, H, >= max length), as (H, total) in
+    packing order: sequence i's first ``lengths[i]`` entries."""
+    seq = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))  # (total,)
+    row = torch.arange(seq.numel()) - _cu_seqlens(lengths)[seq]
+    return lse[seq.to(lse.device), :, row.to(lse.device)].transpose(0, 1)  # (H, total)
 
 
 def _cuda_attn_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, causal: bool,
@@ -341,10 +369,8 @@ def _cuda_attn_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: flo
     q: (N, H, L, D); k, v: (N, Hkv, S, D); allowed: bool (N or 1, 1, L, S) or None.
     Returns out (N, H, L, D) in q.dtype and lse (N, H, L) fp32."""
     N, H, L, D = q.shape
-    Hkv, S = k.shape[1], k.shape[2]
-    if Hkv != H:  # (N, Hkv, S, D) -> (N, H, S, D), query head h reads KV head h // (H / Hkv)
-        k = k.repeat_interleave(H // Hkv, dim=1)
-        v = v.repeat_interleave(H // Hkv, dim=1)
+    S = k.shape[2]
+    k, v = repeat_kv_heads(k, H), repeat_kv_heads(v, H)  # (N, H, S, D)
     q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
     bias = None
     if allowed is not None:
@@ -619,7 +645,7 @@ _cuda_efficient_varlen = getattr(torch.ops.aten, "_efficient_attention_forward",
 def _pack_rectangles(qrows: torch.Tensor) -> bool:
     """Whether ``_stairs`` packs its rectangles into one varlen call (CUDA, fp32/fp16/bf16): on a
     GPU one call per piece means thousands of small kernel launches per layer."""
-    return qrows.device.type == "cuda" and qrows.dtype in (torch.float32, torch.float16, torch.bfloat16)
+    return _cuda_kernel_ok(qrows)
 
 
 def _rectangles_varlen(qrows, krows, vrows, rect, prefix, host, Tq, Tk, scale, call
@@ -632,7 +658,7 @@ def _rectangles_varlen(qrows, krows, vrows, rect, prefix, host, Tq, Tk, scale, c
     K/V heads repeated for GQA. Returns out (R, H, D) fp32 and lse (R, H) fp32, rows in ``rect``
     order (R = the pieces' rows). ``host``: id(segment) -> its (q_idx, k_idx, counts) in host
     memory, where the index bookkeeping is done."""
-    H, D, Hkv, dev = qrows.shape[1], qrows.shape[2], krows.shape[1], qrows.device
+    H, dev = qrows.shape[1], qrows.device
     with call("gather"):
         offset: dict[int, int] = {}  # id(segment) -> first row of its keys in the packed keys
         kidx, total = [], 0
@@ -644,22 +670,18 @@ def _rectangles_varlen(qrows, krows, vrows, rect, prefix, host, Tq, Tk, scale, c
         kidx = torch.cat(kidx).to(dev)  # (total,)
         lq = [e - a for _, a, e, _, _ in rect]
         lk = [lo for *_, lo, _ in rect]
-        cu_q = torch.tensor([0] + lq, device=dev).cumsum(0).to(torch.int32)  # (pieces + 1,)
+        cu_q = _cu_seqlens(lq).to(dev, torch.int32)  # (pieces + 1,)
         starts = torch.tensor([offset[id(sg)] for sg, *_ in rect] + [total], dtype=torch.int32, device=dev)
         seqlen_k = torch.tensor(lk, dtype=torch.int32, device=dev)  # (pieces,)
         qidx = torch.cat([host[id(sg)][0][a:e] + sg.b * Tq for sg, a, e, _, _ in rect]).to(dev)  # (R,)
         q = qrows.index_select(0, qidx)  # (R, H, D)
-        k, v = krows.index_select(0, kidx), vrows.index_select(0, kidx)  # (total, Hkv, D)
-        if Hkv != H:
-            k, v = k.repeat_interleave(H // Hkv, 1), v.repeat_interleave(H // Hkv, 1)  # (total, H, D)
+        k = repeat_kv_heads(krows.index_select(0, kidx), H)  # (total, H, D)
+        v = repeat_kv_heads(vrows.index_select(0, kidx), H)
     with call("attn_A"):
         out, lse = _cuda_efficient_varlen(q[None], k[None], v[None], None, cu_q, starts, max(lq), max(lk), 0.0, 0,
                                           True, scale=scale, seqlen_k=seqlen_k)[:2]
     with call("scatter"):  # lse: (pieces, H, max_q padded to 32) -> (R, H)
-        piece = torch.repeat_interleave(torch.arange(len(rect)), torch.tensor(lq))  # (R,)
-        row = (torch.arange(piece.numel()) - torch.tensor([0] + lq[:-1]).cumsum(0)[piece]).to(dev)
-        piece = piece.to(dev)
-        return out[0].float(), lse[piece, :, row].float()
+        return out[0].float(), _unpad_lse(lse, lq).transpose(0, 1).float()
 
 
 def _gather_qkv(qrows, krows, vrows, src_q: torch.Tensor, src_k: torch.Tensor, tag: str, call
@@ -718,7 +740,6 @@ def _part_a_flash(qrows, krows, vrows, segs, B, Tq, Tk, scale, call, outA_flat, 
     native, with the LSE); staircase segments through ``_stairs`` (``_attn_lse``). Glue tested on
     CPU with a stand-in kernel; torch's bundled kernel tested on an H100 (tests/test_cuda.py);
     the flash-attn package itself untested (it installs only with CUDA)."""
-    H, D = qrows.shape[1], qrows.shape[2]
     nrows = B * Tq + 1
     dev = qrows.device
     packed = [s for s in segs if s.kind in ("causal", "bottom_right")]
@@ -729,13 +750,12 @@ def _part_a_flash(qrows, krows, vrows, segs, B, Tq, Tk, scale, call, outA_flat, 
             dst = torch.cat([s.q_idx + s.b * Tq + s.slot * nrows for s in packed])
             lq = [s.q_idx.numel() for s in packed]
             lk = [s.k_idx.numel() for s in packed]
-            cu_q = torch.tensor([0] + lq, device=dev).cumsum(0).to(torch.int32)
-            cu_k = torch.tensor([0] + lk, device=dev).cumsum(0).to(torch.int32)
+            cu_q, cu_k = _cu_seqlens(lq).to(dev, torch.int32), _cu_seqlens(lk).to(dev, torch.int32)
             qp, kp, vp = qrows[qidx], krows[kidx], vrows[kidx]  # (total, H|Hkv, D)
         with call("attn_A"):
             o, lse = _varlen_flash(qp, kp, vp, cu_q, cu_k, max(lq), max(lk), scale)
             if lse.dim() == 3:  # flash-attn < 2.4: (nseq, H, max_seqlen_q), padded
-                lse = torch.cat([lse[i, :, :n] for i, n in enumerate(lq)], dim=1)
+                lse = _unpad_lse(lse, lq)
         with call("scatter"):
             outA_flat.index_copy_(0, dst, o.float())
             lseA_flat.index_copy_(0, dst, lse.float().transpose(0, 1))  # lse: (H, total)
