@@ -157,7 +157,7 @@ def clear_workspace() -> None:
 @functools.lru_cache(maxsize=None)
 def _flash_attn_package():
     """flash-attn's ``flash_attn_varlen_func`` when the optional package imports, else None.
-    Cached: a failed import is tried again, through sys.path, on every call otherwise."""
+    Cached: a failed import would otherwise search the import path again on every call."""
     try:
         from flash_attn import flash_attn_varlen_func
     except Exception:
