@@ -43,3 +43,36 @@ def test_freed_tensor_stays_with_the_process_and_the_default_returns_it():
     off = _run("0")                               # opt out: glibc's default, munmap on free
     assert off["kept"] is False
     assert off["returned"] > 60 * mib
+
+
+TRIM_SCRIPT = """
+import json, torch
+from focus_lab.method.cpu import heap_free_bytes, keep_freed_memory, trim_freed_memory
+def rss():
+    return int(open("/proc/self/statm").read().split()[1]) * 4096
+assert keep_freed_memory()
+mib = 1024 * 1024
+big, small = [], []
+for i in range(16):  # 40 MiB tensors from the heap, each pinned in place by a small one after it
+    big.append(torch.ones(40 * mib // 4))
+    small.append(torch.ones(mib // 4))
+free0 = heap_free_bytes()
+del big  # 640 MiB of holes: free in the heap, still resident, and not at its top
+held = rss()
+free1 = heap_free_bytes()
+trimmed = trim_freed_memory(100 * mib)
+after = rss()
+again = trim_freed_memory(100 * mib)  # nothing new freed since: no second trim
+print(json.dumps({"freed": free1 - free0, "held": held, "after": after, "trimmed": trimmed, "again": again}))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc_trim: Linux only")
+def test_trim_hands_back_the_holes_freed_tensors_leave_once_they_pass_the_bound():
+    mib = 1024 * 1024
+    out = subprocess.run([sys.executable, "-c", TRIM_SCRIPT], capture_output=True, text=True, check=True)
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    assert r["freed"] >= 600 * mib                # the 16 x 40 MiB are free heap memory now
+    assert r["trimmed"] is True
+    assert r["held"] - r["after"] > 500 * mib     # ... and their pages went back to the kernel
+    assert r["again"] is False
