@@ -107,9 +107,9 @@ def keep_freed_memory(limit_bytes: int = 2**31 - 1) -> bool:
     allocator, not to the kernel), up to a bound: a daemon thread ("focus-lab-trim") looks at
     the heap every TRIM_INTERVAL_S seconds and calls ``trim_freed_memory(default_trim_growth())``,
     so the free pages of a heap that keeps growing (holes the next tensor does not fit) go
-    back to the kernel. Does nothing, and returns False, where libc is not glibc (macOS, musl) or when the
-    environment sets ``FOCUS_LAB_KEEP_FREED_MEMORY=0``. Where glibc is older than 2.33 (no
-    ``mallinfo2``) the thresholds stay at glibc's defaults: without the bound, no raise.
+    back to the kernel. Does nothing, and returns False, where libc is not glibc (macOS, musl)
+    or when the environment sets ``FOCUS_LAB_KEEP_FREED_MEMORY=0``. Where glibc is older than
+    2.33 (no ``mallinfo2``) the thresholds stay at glibc's defaults: without the bound, no raise.
 
     Args:
         limit_bytes: the new thresholds, bytes (at most 2**31 - 1, mallopt's int).
