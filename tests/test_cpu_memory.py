@@ -10,11 +10,14 @@ import sys
 
 import pytest
 
-SCRIPT = """
-import json, torch
-from focus_lab.method.cpu import keep_freed_memory
+RSS = """
 def rss():  # resident pages, bytes
     return int(open("/proc/self/statm").read().split()[1]) * 4096
+"""
+
+SCRIPT = RSS + """
+import json, torch
+from focus_lab.method.cpu import keep_freed_memory
 kept = keep_freed_memory()
 before = rss()
 x = torch.ones(64 * 1024 * 1024 // 4)  # 64 MiB, above glibc's largest default mmap threshold (32 MiB)
@@ -45,11 +48,11 @@ def test_freed_tensor_stays_with_the_process_and_the_default_returns_it():
     assert off["returned"] > 60 * mib
 
 
-TRIM_SCRIPT = """
+TRIM_SCRIPT = RSS + """
 import json, torch
-from focus_lab.method.cpu import heap_free_bytes, keep_freed_memory, trim_freed_memory
-def rss():
-    return int(open("/proc/self/statm").read().split()[1]) * 4096
+from focus_lab.method.cpu import _glibc, keep_freed_memory, trim_freed_memory
+def heap_free_bytes():  # glibc's free heap bytes, all arenas
+    return _glibc().mallinfo2().fordblks
 assert keep_freed_memory()
 mib = 1024 * 1024
 big, small = [], []
@@ -62,7 +65,7 @@ held = rss()
 free1 = heap_free_bytes()
 trimmed = trim_freed_memory(100 * mib)
 after = rss()
-again = trim_freed_memory(100 * mib)  # nothing new freed since: no second trim
+again = trim_freed_memory(100 * mib)  # the heap has not grown since: no second trim
 print(json.dumps({"freed": free1 - free0, "held": held, "after": after, "trimmed": trimmed, "again": again}))
 """
 

@@ -40,14 +40,6 @@ def _glibc():
     return libc
 
 
-def heap_free_bytes() -> int | None:
-    """Bytes glibc's malloc holds free in its heaps (``mallinfo2().fordblks``, all arenas), or
-    None where that is unknown (not glibc >= 2.33). Resident or not: ``malloc_trim`` hands the
-    pages back to the kernel but the chunks stay free, so this does not fall after a trim."""
-    libc = _glibc()
-    return None if libc is None else int(libc.mallinfo2().fordblks)
-
-
 def trim_freed_memory(growth_bytes: int) -> bool:
     """Hand glibc's free heap pages back to the kernel (``malloc_trim(0)``) when its heaps have
     grown by more than ``growth_bytes`` since the last trim (``mallinfo2().arena``, all arenas;
@@ -86,8 +78,8 @@ def _trim_loop(growth_bytes: int) -> None:
 
 
 def default_trim_growth() -> int:
-    """The trim thread's ``growth_bytes``: an eighth of the machine's physical memory (3 GiB on
-    24 GiB), so two jobs side by side stay well inside it. Bytes."""
+    """The trim thread's ``growth_bytes``: an eighth of the machine's physical memory (2.9 GiB
+    on a 23.5 GiB machine), so two jobs side by side stay well inside it. Bytes."""
     return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 8
 
 
