@@ -67,7 +67,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from focus_lab.method.decomposition import (DecompositionOptions, hard_focus_attention,  # noqa: E402
-                                            reference_hard_attention, repeat_kv_heads)
+                                            reference_hard_attention, repeat_kv_heads, resolve_backend)
 
 SERIAL_MODE = "auto"  # --serial-bookkeeping, chosen per run
 SERIAL_LOAD_FACTOR = 1.5
@@ -208,6 +208,8 @@ def kernel_bench(args) -> pd.DataFrame:
         if n >= args.large_from:  # the largest sizes: fewer configs
             groups = {key: g for key, g in groups.items()
                       if (key[0], key[1]) in args.large_configs and key[2] == "balanced"}
+        # every config once per backend: key (K, k, groups kind, backend)
+        groups = {key + (be,): g for key, g in groups.items() for be in args.backends}
         # skip dense when its extrapolated time exceeds the cap (then no ratio at this n)
         run_dense = n <= args.dense_max_n
         if dense_hist and run_dense:
@@ -226,8 +228,8 @@ def kernel_bench(args) -> pd.DataFrame:
         else:
             if run_dense:
                 _dense(q, k_, v)
-            for qg, kg in groups.values():
-                hard_focus_attention(q, k_, v, qg, kg, w, options=options())
+            for key, (qg, kg) in groups.items():
+                hard_focus_attention(q, k_, v, qg, kg, w, options=options(), backend=key[3])
         t_dense: list[float] = []
         t_focus: dict = {key: [] for key in groups}
         ph: dict = {key: {p: [] for p in PHASES} for key in groups}
@@ -239,20 +241,22 @@ def kernel_bench(args) -> pd.DataFrame:
             for key, (qg, kg) in groups.items():
                 tim: dict = {}
                 t_focus[key].append(_timed(hard_focus_attention, q, k_, v, qg, kg, w, timings=tim,
-                                                  options=options()))
+                                           options=options(), backend=key[3]))
                 for p in PHASES:
                     ph[key][p].append(tim.get(p, 0.0))
             print(f"  n={n} repeat {r + 1}/{repeats}: dense "
                   f"{t_dense[-1] if t_dense else float('nan'):.3f}s, focus "
-                  + ", ".join(f"K{K}k{k}{'' if g == 'balanced' else '-' + g}={t_focus[(K, k, g)][-1]:.3f}s"
-                              for K, k, g in groups), flush=True)
+                  + ", ".join(f"K{K}k{k}{'' if g == 'balanced' else '-' + g}"
+                              f"{'' if be == 'auto' else '-' + be}={t_focus[(K, k, g, be)][-1]:.3f}s"
+                              for K, k, g, be in groups), flush=True)
         load1 = os.getloadavg()[0]
         md = statistics.median(t_dense) if t_dense else float("nan")
         if t_dense:
             dense_hist[n] = md
-        for (K, k, gkind), ts in t_focus.items():
+        for (K, k, gkind, be), ts in t_focus.items():
             mf = statistics.median(ts)
             row = {"n": n, "K": K, "k": k, "groups": gkind, "device": dev.type, "dtype": args.dtype,
+                   "backend": resolve_backend(be, dev, dtype),
                    "dense_s": md, "focus_s": mf,
                    "speedup": md / mf if t_dense else float("nan"),
                    # median over repeats of (dense / focus) measured back to back
@@ -260,7 +264,7 @@ def kernel_bench(args) -> pd.DataFrame:
                    else float("nan"),
                    "ideal_speedup": 1 / (k / K + (2 * w) / n) if n > w else 1.0}
             for p in PHASES:
-                row[f"{p}_s"] = statistics.median(ph[(K, k, gkind)][p])
+                row[f"{p}_s"] = statistics.median(ph[(K, k, gkind, be)][p])
             row["overhead_s"] = sum(row[f"{p}_s"] for p in OVERHEAD)
             row["attn_s"] = row["attn_A_s"] + row["attn_B_s"]
             row["overhead_frac"] = row["overhead_s"] / mf
@@ -271,15 +275,16 @@ def kernel_bench(args) -> pd.DataFrame:
             row["focus_min_s"] = min(ts)
             row["loadavg_start"], row["loadavg_end"] = load0, load1
             if n <= args.check_max_n:
-                qg, kg = groups[(K, k, gkind)]
+                qg, kg = groups[(K, k, gkind, be)]
                 # against the fp32 reference on the same inputs (bf16: the rounding of its output)
                 ref = reference_hard_attention(q.float(), k_.float(), v.float(), qg.to(dev), kg.to(dev), w)
-                row["max_abs_err"] = (hard_focus_attention(q, k_, v, qg, kg, w, options=options()).float()
+                row["max_abs_err"] = (hard_focus_attention(q, k_, v, qg, kg, w, options=options(),
+                                                           backend=be).float()
                                       - ref).abs().max().item()
             else:
                 row["max_abs_err"] = float("nan")
             rows.append(row)
-            print(f"n={n:>6} K={K} k={k} {gkind:>8}: dense {md:8.3f}s  focus {mf:7.3f}s  "
+            print(f"n={n:>6} K={K} k={k} {gkind:>8} {row['backend']:>5}: dense {md:8.3f}s  focus {mf:7.3f}s  "
                   f"x{row['speedup']:5.2f} (paired x{row['speedup_paired']:5.2f})  (overhead {row['overhead_s']:.3f}s, A {row['attn_A_s']:.3f}s, "
                   f"B {row['attn_B_s']:.3f}s)", flush=True)
         del q, k_, v, groups
@@ -653,6 +658,7 @@ def e2e_markdown(df: pd.DataFrame) -> str:
 # output
 
 def to_markdown(df: pd.DataFrame, cols: list[str], fmt: dict[str, str]) -> str:
+    cols = [c for c in cols if c in df.columns]  # older tables lack newer columns
     head = "| " + " | ".join(cols) + " |\n|" + "|".join("---:" for _ in cols) + "|\n"
     lines = []
     for _, r in df.iterrows():
@@ -664,7 +670,7 @@ def to_markdown(df: pd.DataFrame, cols: list[str], fmt: dict[str, str]) -> str:
     return head + "\n".join(lines) + "\n"
 
 
-KERNEL_COLS = ["n", "K", "k", "groups", "dense_s", "focus_s", "speedup", "speedup_paired", "ideal_speedup",
+KERNEL_COLS = ["n", "K", "k", "groups", "backend", "dense_s", "focus_s", "speedup", "speedup_paired", "ideal_speedup",
                "attn_A_s", "attn_B_s", "overhead_s", "plan_s", "gather_s", "scatter_s", "merge_s",
                "max_abs_err", "loadavg_start"]
 KERNEL_FMT = {"dense_s": "{:.3f}", "focus_s": "{:.3f}", "speedup": "{:.2f}", "speedup_paired": "{:.2f}",
@@ -683,9 +689,13 @@ def plot(df: pd.DataFrame, out: Path, title: str) -> None:
     fig.add_trace(go.Scatter(x=d.n, y=d.dense_s, name="dense causal SDPA", mode="lines+markers",
                              line=dict(color="black", width=3)), row=1, col=1)
     palette = {(4, 1): "#1f77b4", (4, 2): "#17becf", (8, 1): "#d62728", (8, 2): "#ff7f0e"}
-    for (K, k, g), part in df.groupby(["K", "k", "groups"]):
-        name = f"Focus K={K} k={k}" + ("" if g == "balanced" else f" ({g} groups)")
-        line = dict(dash="solid" if g == "balanced" else "dot", color=palette.get((K, k)))
+    if "backend" not in df.columns:  # tables written before the --backends option
+        df = df.assign(backend="")
+    several = df.backend.nunique() > 1
+    for (K, k, g, be), part in df.groupby(["K", "k", "groups", "backend"]):
+        name = f"Focus K={K} k={k}" + ("" if g == "balanced" else f" ({g} groups)") + (f" [{be}]" if several else "")
+        line = dict(dash="solid" if g == "balanced" else "dot", color=palette.get((K, k)),
+                    width=3 if several and be == "flex" else 2)
         fig.add_trace(go.Scatter(x=part.n, y=part.focus_s, name=name, mode="lines+markers",
                                  line=line, legendgroup=name), row=1, col=1)
         fig.add_trace(go.Scatter(x=part.n, y=part.speedup, name=name, mode="lines+markers",
@@ -738,6 +748,9 @@ def main(argv=None) -> int:
                    type=lambda s: [tuple(int(x) for x in c.split(":")) for c in s.split(",")],
                    help="K:k pairs run (balanced groups only) at the largest sizes (default 8:1,4:1)")
     k.add_argument("--window", type=int, default=128)
+    k.add_argument("--backends", type=lambda s: [b for b in s.split(",") if b], default=["auto"],
+                   help="hard_focus_attention backends, comma-separated (auto, torch, flash, flex; "
+                        "default auto), each config timed with each")
     k.add_argument("--device", default="cpu", help="device of the kernel part: cpu or cuda (kernel part only)")
     k.add_argument("--dtype", choices=sorted(DTYPES), default="fp32", help="q/k/v dtype of the kernel part")
     k.add_argument("--heads", type=int, default=9, help="query heads (SmolLM2-135M: 9)")
@@ -801,6 +814,13 @@ def main(argv=None) -> int:
         if not args.no_e2e:
             print("bench_attention: --device cuda runs the kernel part only; add --no-e2e", file=sys.stderr)
             return 2
+    if not args.no_kernel:
+        for be in args.backends:
+            try:
+                resolve_backend(be, torch.device(args.device), DTYPES[args.dtype])
+            except ValueError as e:
+                print(f"bench_attention: --backends {be}: {e}", file=sys.stderr)
+                return 2
     global SERIAL_MODE
     SERIAL_MODE = args.serial_bookkeeping
     torch.set_num_threads(args.threads)

@@ -214,3 +214,24 @@ def test_cuda_evaluate_equals_cpu():
     assert list(gpu.index) == list(cpu.index)
     assert ((gpu.perplexity - cpu.perplexity).abs() / cpu.perplexity).max() <= 1e-4
     assert (gpu.distant_pairs_kept - cpu.distant_pairs_kept).abs().max() <= 1e-6  # fp32 sums, another order
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("B,Tq,T,K,k,w,sinks", [(1, 2000, 2000, 4, 2, 128, 64), (2, 700, 1500, 4, 1, 128, 0),
+                                                 (1, 1000, 1000, 8, 3, 64, 4)])
+def test_cuda_flex_backend(dtype, B, Tq, T, K, k, w, sinks):
+    """backend "flex" (part A as one compiled block-sparse FlexAttention call, planned on the
+    GPU) against the fp32 CPU reference: CUDA_TOL in fp32, the dtype's rounding in bf16;
+    SmolLM2's heads, a KV-cache chunk (Tq < T), k up to 3."""
+    gen = torch.Generator().manual_seed(T + k)
+    H, Hkv, D = 9, 3, 64
+    qg, kg = make_groups(gen, B, T, K, k, "router")
+    qg = qg[:, T - Tq:]
+    q, key, v = rand_qkv(gen, B, H, Hkv, Tq, T, D)
+    out = hard_focus_attention(*[x.to("cuda", dtype) for x in (q, key, v)], qg.cuda(), kg.cuda(), w, sinks=sinks,
+                               backend="flex")
+    if dtype == torch.float32:
+        _check(out, q, key, v, qg, kg, w, sinks, " (flex)")
+    else:
+        ref = reference_hard_attention(*[x.to(dtype).float() for x in (q, key, v)], qg, kg, w, sinks=sinks)
+        assert (out.float().cpu() - ref).abs().max().item() <= HALF_TOL[dtype]

@@ -799,3 +799,53 @@ def test_packed_rectangles_match_reference_with_a_stand_in_kernel(monkeypatch, c
     out = dec.hard_focus_attention(q, k, v, qg, kg, c["window"], sinks=c["sinks"],
                                    options=dec.DecompositionOptions(stair_chunk=chunk))
     _check_against_reference(out, q, k, v, qg, kg, c, f" (packed rectangles, chunk {chunk})")
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(c=cases())
+def test_flex_backend_equals_dense_reference(c):
+    """backend "flex" (part A as one block-sparse FlexAttention call over the packed layout; on
+    the CPU eager FlexAttention, the same mask and LSE the compiled CUDA kernel gets) against the
+    dense masked reference, out and lse."""
+    gen = torch.Generator().manual_seed(c["seed"])
+    qg, kg = make_groups(gen, c["B"], c["T"], c["K"], c["k"], c["pattern"])
+    q, k, v = rand_qkv(gen, c["B"], c["H"], c["Hkv"], c["Tq"], c["T"], c["D"])
+    qg = qg[:, c["T"] - c["Tq"]:]
+    out, lse = hard_focus_attention(q, k, v, qg, kg, c["window"], backend="flex", return_lse=True,
+                                    sinks=c["sinks"])
+    _check_against_reference(out, q, k, v, qg, kg, c, " (flex)")
+    ref_lse = hard_focus_attention(q, k, v, qg, kg, c["window"], backend="torch", return_lse=True,
+                                   sinks=c["sinks"])[1]
+    assert (lse - ref_lse).abs().max().item() <= 1e-4
+
+
+@pytest.mark.parametrize("B,T,Tq,K,k,pattern", [(1, 100, 100, 3, 1, "router"), (2, 90, 90, 4, 2, "router"),
+                                                 (2, 120, 50, 3, 3, "random"), (1, 64, 64, 1, 1, "router")])
+def test_flex_layout_is_part_a_and_its_tiles_cover_it(B, T, Tq, K, k, pattern):
+    """``flex_layout`` brute force, with 8-token tiles: the packed pairs (same id, key position <=
+    query position) are exactly part A's pairs (key group among the query's groups, j <= i), each
+    once; every such pair lies in a needed tile; a full tile holds only such pairs; and some
+    tiles are skipped and some are full (the layout is sparse, not dense)."""
+    from focus_lab.method.decomposition import flex_layout
+    gen = torch.Generator().manual_seed(T + k)
+    qg, kg = make_groups(gen, B, T, K, k, pattern)
+    qg = qg[:, T - Tq:]
+    lay = flex_layout(qg, kg, block=8)
+    pair = (lay["q_id"][:, None] == lay["k_id"][None, :]) & (lay["k_pos"][None, :] <= lay["q_pos"][:, None])
+    qi, ki = pair.nonzero(as_tuple=True)
+    row, j = lay["q_src"][qi], lay["k_src"][ki]
+    got = sorted(zip((row // Tq).tolist(), (row % Tq).tolist(), (j % T).tolist()))
+    assert len(got) == len(set(got))  # each pair once
+    want = [(b, i, jj) for b in range(B) for i in range(Tq) for jj in range(T - Tq + i + 1)
+            if int(kg[b, jj]) in set(qg[b, i].tolist())]
+    assert got == sorted(want)
+    assert (row // Tq == j // T).all()  # within a batch row
+    tiles = pair.view(pair.shape[0] // 8, 8, pair.shape[1] // 8, 8).any(3).any(1)
+    assert not (tiles & ~lay["needed"]).any()
+    full_pairs = pair.view(pair.shape[0] // 8, 8, pair.shape[1] // 8, 8).all(3).all(1)
+    assert not (lay["full"] & ~full_pairs).any()
+    assert (~lay["needed"]).any() and lay["full"].any()
+    # every packed query row writes its own output row (padding and repeated slots: the dummy row)
+    real = lay["q_id"] >= 0
+    assert lay["dst"][real].unique().numel() == int(real.sum())
+    assert (lay["dst"][~real] == B * Tq).all()

@@ -88,7 +88,7 @@ import torch
 from focus_lab.method.core import other_group_pairs
 from focus_lab.method.cpu import torch_threads
 
-BACKENDS = ("auto", "torch", "flash")
+BACKENDS = ("auto", "torch", "flash", "flex")
 _NEG_INF = float("-inf")
 
 @dataclass(frozen=True)
@@ -200,6 +200,8 @@ def available_backends(device: torch.device | str = "cpu") -> list[str]:
     out = ["torch"]
     if device.type == "cuda" and flash_attn_available():
         out.append("flash")
+    if device.type == "cuda" and _flex_module() is not None:
+        out.append("flex")
     return out
 
 
@@ -213,6 +215,11 @@ def resolve_backend(backend: str, device: torch.device, dtype: torch.dtype = tor
     half = dtype in (torch.float16, torch.bfloat16)
     if backend == "auto":
         return "flash" if device.type == "cuda" and half and flash_attn_available() else "torch"
+    if backend == "flex":
+        if _flex_module() is None:
+            raise ValueError("backend='flex' needs torch.nn.attention.flex_attention (torch >= 2.5); "
+                             "use backend='torch'")
+        return backend
     if backend == "flash":
         if not (device.type == "cuda" and flash_attn_available()):
             raise ValueError("backend='flash' needs a CUDA device (Ampere or newer, or the flash-attn "
@@ -763,6 +770,158 @@ def _part_a_flash(qrows, krows, vrows, segs, B, Tq, Tk, scale, call, outA_flat, 
             Tq, Tk, scale, outA_flat, lseA_flat, nrows, call)
 
 
+@functools.lru_cache(maxsize=None)
+def _flex_module():
+    """``torch.nn.attention.flex_attention`` when this torch has it (>= 2.5), else None."""
+    try:
+        from torch.nn.attention import flex_attention
+    except Exception:
+        return None
+    return flex_attention
+
+
+@functools.lru_cache(maxsize=None)
+def _flex_function(device_type: str):
+    """FlexAttention for ``device_type``: compiled (``torch.compile``, one kernel per shape) on
+    CUDA; eager on CPU, where it materializes the scores (for tests only: compiled CPU
+    FlexAttention returns no LSE in torch 2.13)."""
+    fa = _flex_module().flex_attention
+    if device_type == "cuda":
+        return torch.compile(fa, dynamic=False)
+    import warnings
+
+    def eager(*args, **kwargs):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "flex_attention called without torch.compile()"
+            return fa(*args, **kwargs)
+    return eager
+
+
+#: FlexAttention's block size (tokens): the packed queries and keys are padded to a multiple of it
+FLEX_BLOCK = 128
+_POS_BITS, _GROUP_BITS = 32, 20  # sort keys: (b << 52) | (group << 32) | position
+
+
+def flex_layout(query_groups: torch.Tensor, key_group: torch.Tensor, block: int = FLEX_BLOCK) -> dict:
+    """Part A as ONE block-sparse attention over a packed layout (the "flex" backend), built on
+    the groups' device with no host round trip.
+
+    Keys are sorted by (batch row, group, position) and queries, one packed row per (query,
+    slot) with its repeated slots dropped, the same way by their slot's group. A packed query
+    attends a packed key iff both carry the same (batch row, group) id and ``pos(key) <=
+    pos(query)``: exactly part A's pairs (docs/method.md §4), staircases included, with no cut
+    into pieces. The ids are constant over runs of the packed order, so a (query block, key
+    block) tile is needed only where the blocks' id ranges overlap and the key block starts at
+    or before the query block's last position, and is "full" (no mask) when both blocks hold
+    one id, no padding, and the key block ends at or before the query block's first position.
+
+    query_groups: (B, Tq, k) long >= 0 (queries at positions Tk - Tq ..); key_group: (B, Tk).
+    Returns a dict of long tensors: ``q_src`` (Lq,) rows of (B*Tq) for the packed queries,
+    ``dst`` (Lq,) rows ``row + slot * (B*Tq + 1)`` of part A's output (``B*Tq``, the dummy row,
+    for padding), ``k_src`` (Lk,), ``q_id``/``q_pos`` (Lq,), ``k_id``/``k_pos`` (Lk,) (id -1 / -2
+    on padding), and ``needed``/``full`` (Lq/block, Lk/block) bool tiles; Lq, Lk are B*Tq*k and
+    B*Tk rounded up to ``block``. Raises ValueError for more than 2^20 groups or 2^11 rows.
+    """
+    B, Tq, k = query_groups.shape
+    Tk = key_group.shape[1]
+    P = Tk - Tq
+    dev = key_group.device
+    if B >= 1 << (63 - _POS_BITS - _GROUP_BITS) or Tk >= 1 << _POS_BITS:
+        raise ValueError(f"flex layout: batch {B} / {Tk} keys exceed its sort-key range")
+    qg = _dedup_slots(query_groups)  # (B, Tq, k), -1 on a repeated slot
+    nrows = B * Tq + 1
+    bq = torch.arange(B, device=dev)[:, None]  # (B, 1)
+    kpos = torch.arange(Tk, device=dev).expand(B, Tk)  # (B, Tk)
+    ksort = (bq << 52) | (key_group << _POS_BITS) | kpos  # (B, Tk) unique
+    korder = torch.argsort(ksort.reshape(-1))  # (B*Tk,) flat rows b*Tk + pos
+    qpos = (torch.arange(Tq, device=dev) + P)[None, :, None].expand(B, Tq, k)  # (B, Tq, k)
+    qsort = (bq[..., None] << 52) | (qg.clamp(min=0) << _POS_BITS) | qpos
+    qsort = torch.where(qg < 0, torch.iinfo(torch.long).max, qsort)  # repeated slots last
+    qorder = torch.argsort(qsort.reshape(-1))  # (B*Tq*k,) flat entries (b*Tq + i)*k + s
+    Lq, Lk = -(-B * Tq * k // block) * block, -(-B * Tk // block) * block
+    gid = (bq << _GROUP_BITS) | key_group  # (B, Tk) the (row, group) id
+    k_id = torch.full((Lk,), -2, dtype=torch.long, device=dev)
+    k_pos = torch.full((Lk,), -1, dtype=torch.long, device=dev)
+    k_src = torch.zeros(Lk, dtype=torch.long, device=dev)
+    k_id[:B * Tk] = gid.reshape(-1)[korder]
+    k_pos[:B * Tk] = korder % Tk
+    k_src[:B * Tk] = korder
+    qid_all = torch.where(qg < 0, -1, (bq[..., None] << _GROUP_BITS) | qg.clamp(min=0)).reshape(-1)
+    q_id = torch.full((Lq,), -1, dtype=torch.long, device=dev)
+    q_pos = torch.full((Lq,), -1, dtype=torch.long, device=dev)
+    q_src = torch.zeros(Lq, dtype=torch.long, device=dev)
+    dst = torch.full((Lq,), nrows - 1, dtype=torch.long, device=dev)
+    row, slot = qorder // k, qorder % k  # (B*Tq*k,)
+    q_id[:B * Tq * k] = qid_all[qorder]
+    valid = q_id[:B * Tq * k] >= 0
+    q_pos[:B * Tq * k] = torch.where(valid, row % Tq + P, -1)
+    q_src[:B * Tq * k] = row
+    dst[:B * Tq * k] = torch.where(valid, row + slot * nrows, nrows - 1)
+    big = torch.iinfo(torch.long).max
+
+    def tiles(ids, pos):  # per block: id min / max over valid rows, position min / max, all valid
+        ok = (ids >= 0).view(-1, block)
+        i, p = ids.view(-1, block), pos.view(-1, block)
+        return (torch.where(ok, i, big).amin(1), torch.where(ok, i, -1).amax(1),
+                torch.where(ok, p, big).amin(1), torch.where(ok, p, -1).amax(1), ok.all(1))
+
+    qi0, qi1, qp0, qp1, qfull = tiles(q_id, q_pos)  # (Lq/block,) each
+    ki0, ki1, kp0, kp1, kfull = tiles(k_id, k_pos)  # (Lk/block,) each
+    needed = (qi0[:, None] <= ki1[None, :]) & (ki0[None, :] <= qi1[:, None]) & (kp0[None, :] <= qp1[:, None])
+    one = (qi0 == qi1) & qfull
+    full = needed & one[:, None] & (ki0 == ki1)[None, :] & kfull[None, :] & (qi0[:, None] == ki0[None, :]) \
+        & (kp1[None, :] <= qp0[:, None])
+    return dict(q_src=q_src, dst=dst, k_src=k_src, q_id=q_id, q_pos=q_pos, k_id=k_id, k_pos=k_pos,
+                needed=needed, full=full)
+
+
+def _flex_block_mask(layout: dict, block: int = FLEX_BLOCK):
+    """FlexAttention's ``BlockMask`` for a ``flex_layout``: the needed tiles that are not full
+    run with the mask ``same id and pos(key) <= pos(query)``, the full ones without it."""
+    fa = _flex_module()
+    q_id, q_pos, k_id, k_pos = layout["q_id"], layout["q_pos"], layout["k_id"], layout["k_pos"]
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        return (q_id[q_idx] == k_id[kv_idx]) & (k_pos[kv_idx] <= q_pos[q_idx])
+
+    def ordered(m):  # (nq, nk) bool -> counts (1, 1, nq) int32, indices (1, 1, nq, nk) int32
+        return (m.sum(-1, dtype=torch.int32)[None, None],
+                torch.argsort(m.to(torch.int8), dim=-1, descending=True, stable=True).to(torch.int32)[None, None])
+
+    partial = layout["needed"] & ~layout["full"]
+    num, idx = ordered(partial)
+    fnum, fidx = ordered(layout["full"])
+    return fa.BlockMask.from_kv_blocks(num, idx, fnum, fidx, BLOCK_SIZE=block, mask_mod=mask_mod,
+                                       seq_lengths=(q_id.numel(), k_id.numel()))
+
+
+def _part_a_flex(qrows, krows, vrows, query_groups, key_group, scale, call, outA_flat, lseA_flat):
+    """Part A with FlexAttention (backend "flex"): ``flex_layout`` packs every slot's segments
+    and staircases into ONE block-sparse call (compiled on CUDA), GQA native, with its LSE;
+    written into rows ``row + slot * nrows`` of outA_flat / lseA_flat (padding into the dummy
+    row). No host synchronization: the plan is built by tensor ops on the device."""
+    fa = _flex_module()
+    H = qrows.shape[1]
+    with call("plan"):
+        layout = flex_layout(query_groups, key_group)
+        block_mask = _flex_block_mask(layout)
+    with call("gather"):
+        q = qrows.index_select(0, layout["q_src"]).transpose(0, 1)[None]  # (1, H, Lq, D)
+        k = krows.index_select(0, layout["k_src"]).transpose(0, 1)[None]  # (1, Hkv, Lk, D)
+        v = vrows.index_select(0, layout["k_src"]).transpose(0, 1)[None]
+    with call("attn_A"):
+        fn = _flex_function(qrows.device.type)
+        kw = dict(block_mask=block_mask, scale=scale, enable_gqa=k.shape[1] != H)
+        if hasattr(fa, "AuxRequest"):
+            o, aux = fn(q, k, v, return_aux=fa.AuxRequest(lse=True), **kw)
+            lse = aux.lse
+        else:
+            o, lse = fn(q, k, v, return_lse=True, **kw)
+    with call("scatter"):
+        outA_flat.index_copy_(0, layout["dst"], o[0].transpose(0, 1).float())  # (Lq, H, D)
+        lseA_flat.index_copy_(0, layout["dst"], lse[0].transpose(0, 1).float())  # (Lq, H)
+
+
 # --------------------------------------------------------------------------------------------
 # part B
 
@@ -1153,21 +1312,30 @@ def _hard_focus_attention(query, key, value, query_groups, key_group, window, sc
         qn = query.transpose(1, 2).contiguous()  # (B, Tq, H, D); no copy for transformers' layout
         kn = key.transpose(1, 2).contiguous()  # (B, Tk, Hkv, D)
         vn = value.transpose(1, 2).contiguous()
-    with call("plan"):
-        segs = plan_segments(query_groups, key_group)
     nrows = B * Tq + 1
-    ka = k if segs else 0  # slots of part A in the merge (none in window mode: no shared group)
+    if be == "flex":  # part A in one block-sparse call, planned on the device
+        outA = _scratch("outA", (k * nrows, H, D), torch.float32, query.device, call).zero_()
+        lseA = _scratch("lseA", (k * nrows, H), torch.float32, query.device, call).fill_(_NEG_INF)
+        _part_a_flex(qn.view(B * Tq, H, D), kn.view(B * Tk, Hkv, D), vn.view(B * Tk, Hkv, D), query_groups,
+                     key_group, scale, call, outA, lseA)
+        segs, ka = None, k
+    else:
+        with call("plan"):
+            segs = plan_segments(query_groups, key_group)
+        ka = k if segs else 0  # slots of part A in the merge (none in window mode: no shared group)
     # every row gets written when top-1 slots are causal segments covering all queries (k = 1
     # from hard_assign): then skip zero-filling the buffers (a full pass over q-sized memory)
-    full = k == 1 and all(sg.kind == "causal" for sg in segs) and \
+    full = segs is not None and k == 1 and all(sg.kind == "causal" for sg in segs) and \
         sum(sg.q_idx.numel() for sg in segs) == B * Tq
-    if full:
+    if segs is None:
+        pass
+    elif full:
         outA = _scratch("outA", (nrows, H, D), torch.float32, query.device, call)
         lseA = _scratch("lseA", (nrows, H), torch.float32, query.device, call)
     elif ka:
         outA = _scratch("outA", (k * nrows, H, D), torch.float32, query.device, call).zero_()
         lseA = _scratch("lseA", (k * nrows, H), torch.float32, query.device, call).fill_(_NEG_INF)
-    if ka:
+    if ka and segs is not None:
         part_a = _part_a_flash if be == "flash" else _part_a_torch
         part_a(qn.view(B * Tq, H, D), kn.view(B * Tk, Hkv, D), vn.view(B * Tk, Hkv, D), segs,
                B, Tq, Tk, scale, call, outA, lseA)
