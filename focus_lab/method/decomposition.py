@@ -787,7 +787,15 @@ def _flex_function(device_type: str):
     FlexAttention returns no LSE in torch 2.13)."""
     fa = _flex_module().flex_attention
     if device_type == "cuda":
-        return torch.compile(fa, dynamic=False)
+        compiled = torch.compile(fa, dynamic=False)
+
+        def run(*args, **kwargs):
+            # one graph per (packed queries, packed keys) shape: a forward at one length has a
+            # few (one per top-k in use); allow more than dynamo's default 8 before it falls
+            # back to eager FlexAttention, which materializes the scores
+            with torch._dynamo.config.patch(recompile_limit=max(64, torch._dynamo.config.recompile_limit)):
+                return compiled(*args, **kwargs)
+        return run
     import warnings
 
     def eager(*args, **kwargs):
