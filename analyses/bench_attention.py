@@ -256,7 +256,7 @@ def kernel_bench(args) -> pd.DataFrame:
         for (K, k, gkind, be), ts in t_focus.items():
             mf = statistics.median(ts)
             row = {"n": n, "K": K, "k": k, "groups": gkind, "device": dev.type, "dtype": args.dtype,
-                   "backend": resolve_backend(be, dev, dtype),
+                   "backend": resolve_backend(be, dev, dtype, top_k=k),
                    "dense_s": md, "focus_s": mf,
                    "speedup": md / mf if t_dense else float("nan"),
                    # median over repeats of (dense / focus) measured back to back

@@ -511,7 +511,7 @@ def test_explicit_forward_state_cache_equals_full_forward_and_leaves_default_alo
 def test_config_backend_field():
     from focus_lab import ConfigError, FocusConfig
     assert FocusConfig().backend == "auto"
-    for b in ("auto", "dense", "torch", "flash"):
+    for b in ("auto", "dense", "torch", "flash", "flex"):
         assert FocusConfig(backend=b).backend == b
     with pytest.raises(ConfigError, match="backend"):
         FocusConfig(backend="cuda")
@@ -586,7 +586,7 @@ def test_flash_backend_glue_matches_reference_with_a_stand_in_kernel(monkeypatch
     monkeypatch.setitem(sys.modules, "flash_attn", _fake_flash_attn_module())
     # a fresh cache of the optional import for this test, the original put back after it
     monkeypatch.setattr(dec, "_flash_attn_package", functools.lru_cache(dec._flash_attn_package.__wrapped__))
-    monkeypatch.setattr(dec, "resolve_backend", lambda backend, device, dtype=None: "flash")
+    monkeypatch.setattr(dec, "resolve_backend", lambda backend, device, dtype=None, top_k=1: "flash")
     gen = torch.Generator().manual_seed(T + K + Tq)
     q = torch.randn(B, H, Tq, 8, generator=gen)
     kk = torch.randn(B, Hkv, T, 8, generator=gen)
@@ -596,7 +596,7 @@ def test_flash_backend_glue_matches_reference_with_a_stand_in_kernel(monkeypatch
     out, lse = hard_focus_attention(q, kk, v, qg, kg, w, backend="flash", return_lse=True)
     ref = reference_hard_attention(q, kk, v, qg, kg, w)
     assert (out - ref).abs().max() <= TOL
-    monkeypatch.setattr(dec, "resolve_backend", lambda backend, device, dtype=None: "torch")
+    monkeypatch.setattr(dec, "resolve_backend", lambda backend, device, dtype=None, top_k=1: "torch")
     out_t, lse_t = hard_focus_attention(q, kk, v, qg, kg, w, backend="torch", return_lse=True)
     assert (lse - lse_t).abs().max() <= TOL
 

@@ -160,9 +160,10 @@ class FocusConfig:
             hundreds of earlier keys; the cap bounds the pairs per query and the work.
         backend: how hard mode computes attention (docs/method.md §4): "auto" (the two-call
             decomposition of focus_lab.method.decomposition with the best kernel present: on a
-            GPU a varlen flash kernel for fp16/bf16 and torch's memory-efficient kernel, else
-            torch's CPU flash kernel), "torch" or "flash" (force that kernel), or "dense" (the
-            O(T^2) masked reference). All give the same outputs (max abs error <= 1e-5 in fp32
+            GPU in fp16/bf16 FlexAttention's block-sparse kernel for top_k >= 2 and a varlen
+            flash kernel for top_k = 1, torch's memory-efficient kernel in fp32; else torch's
+            CPU flash kernel), "torch", "flash" or "flex" (force that kernel; "flex" compiles
+            one kernel per shape on first use, 4-20 s), or "dense" (the O(T^2) masked reference). All give the same outputs (max abs error <= 1e-5 in fp32
             on CPU, 1e-4 on CUDA); other modes always use the dense reference.
     """
 
@@ -236,8 +237,8 @@ class FocusConfig:
                 bad("match_shifts", f"need shifts in 0..window-1={self.window - 1} (1: the induction pair)")
         if isinstance(self.match_latest, bool) or not isinstance(self.match_latest, int) or self.match_latest < 0:
             bad("match_latest", "need an integer >= 0 (0: every matching key)")
-        if self.backend not in ("auto", "dense", "torch", "flash"):
-            bad("backend", "choose one of auto, dense, torch, flash")
+        if self.backend not in ("auto", "dense", "torch", "flash", "flex"):
+            bad("backend", "choose one of auto, dense, torch, flash, flex")
         if self.layers is not None:
             if not all(isinstance(i, int) and i >= 0 for i in self.layers):
                 bad("layers", "need a list of layer indices >= 0, or None for all layers")
