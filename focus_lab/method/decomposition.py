@@ -53,12 +53,15 @@ Backends (``backend=``):
         unpacking and merge are tested on CPU against a stand-in kernel written from
         flash-attn's documented semantics (tests/test_decomposition.py), torch's kernel on an
         H100 (tests/test_cuda.py); the flash-attn package itself is untested here.
-    "auto": "flash" on CUDA for fp16/bf16 inputs when a varlen flash kernel is there, else "torch".
-
-FlexAttention (``torch.nn.attention.flex_attention``) was tried and rejected for CPU: in
-torch 2.13 compiled CPU FlexAttention refuses ``return_lse`` ("torch.compile on CPU only
-supports inference and `return_lse` is not supported yet"), and eager FlexAttention
-materializes the full score matrix.
+    "flex": part A (causal segments and staircases alike) as ONE block-sparse call of
+        FlexAttention (``torch.nn.attention.flex_attention``, compiled on CUDA, with its LSE) over
+        the packed layout of ``flex_layout``, planned by tensor ops on the device with no host
+        synchronization; part B as "torch". Any dtype; on the CPU it runs eager FlexAttention,
+        which materializes the scores (tests only: compiled CPU FlexAttention refuses
+        ``return_lse`` in torch 2.13). The first call at a new shape compiles (4-20 s on an H200).
+    "auto": on CUDA with fp16/bf16 inputs "flex" for top_k >= 2, "flash" for top_k = 1 (when a
+        varlen flash kernel is there); else "torch" (measured on an H200,
+        figures/bench_attention/gpu_h200.md).
 
 Options: the CPU performance knobs (scratch-buffer reuse, stair chunk size, serial
 bookkeeping) live in one frozen ``DecompositionOptions`` with fixed defaults, passed per call;
@@ -1243,7 +1246,7 @@ def hard_focus_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Te
         key_group: (B, Tk) long >= 0, the one group of each key (its top-1).
         window: w >= 1 in tokens; pairs with ``0 <= i - j < w`` are always kept.
         scaling: logit scale, default ``1 / sqrt(D)``.
-        backend: "auto" | "torch" | "flash" (see the module docstring).
+        backend: "auto" | "torch" | "flash" | "flex" (see the module docstring).
         return_lse: also return the logsumexp of the kept (scaled) logits.
         timings: optional dict; wall seconds per phase are added under "plan" (sort, segment
             layout), "gather", "attn_A", "attn_B", "attn_D" (part D), "scatter" and "merge".
