@@ -1335,32 +1335,27 @@ def _hard_focus_attention(query, key, value, query_groups, key_group, window, sc
         kn = key.transpose(1, 2).contiguous()  # (B, Tk, Hkv, D)
         vn = value.transpose(1, 2).contiguous()
     nrows = B * Tq + 1
-    if be == "flex":  # part A in one block-sparse call, planned on the device
+    rows = (qn.view(B * Tq, H, D), kn.view(B * Tk, Hkv, D), vn.view(B * Tk, Hkv, D))
+    if be == "flex":  # part A in one block-sparse call, planned on the device (no segments)
+        ka = k
         outA = _scratch("outA", (k * nrows, H, D), torch.float32, query.device, call).zero_()
         lseA = _scratch("lseA", (k * nrows, H), torch.float32, query.device, call).fill_(_NEG_INF)
-        _part_a_flex(qn.view(B * Tq, H, D), kn.view(B * Tk, Hkv, D), vn.view(B * Tk, Hkv, D), query_groups,
-                     key_group, scale, call, outA, lseA)
-        segs, ka = None, k
+        _part_a_flex(*rows, query_groups, key_group, scale, call, outA, lseA)
     else:
         with call("plan"):
             segs = plan_segments(query_groups, key_group)
         ka = k if segs else 0  # slots of part A in the merge (none in window mode: no shared group)
-    # every row gets written when top-1 slots are causal segments covering all queries (k = 1
-    # from hard_assign): then skip zero-filling the buffers (a full pass over q-sized memory)
-    full = segs is not None and k == 1 and all(sg.kind == "causal" for sg in segs) and \
-        sum(sg.q_idx.numel() for sg in segs) == B * Tq
-    if segs is None:
-        pass
-    elif full:
-        outA = _scratch("outA", (nrows, H, D), torch.float32, query.device, call)
-        lseA = _scratch("lseA", (nrows, H), torch.float32, query.device, call)
-    elif ka:
-        outA = _scratch("outA", (k * nrows, H, D), torch.float32, query.device, call).zero_()
-        lseA = _scratch("lseA", (k * nrows, H), torch.float32, query.device, call).fill_(_NEG_INF)
-    if ka and segs is not None:
-        part_a = _part_a_flash if be == "flash" else _part_a_torch
-        part_a(qn.view(B * Tq, H, D), kn.view(B * Tk, Hkv, D), vn.view(B * Tk, Hkv, D), segs,
-               B, Tq, Tk, scale, call, outA, lseA)
+        # every row gets written when top-1 slots are causal segments covering all queries (k = 1
+        # from hard_assign): then skip zero-filling the buffers (a full pass over q-sized memory)
+        if k == 1 and all(sg.kind == "causal" for sg in segs) and sum(sg.q_idx.numel() for sg in segs) == B * Tq:
+            outA = _scratch("outA", (nrows, H, D), torch.float32, query.device, call)
+            lseA = _scratch("lseA", (nrows, H), torch.float32, query.device, call)
+        elif ka:
+            outA = _scratch("outA", (k * nrows, H, D), torch.float32, query.device, call).zero_()
+            lseA = _scratch("lseA", (k * nrows, H), torch.float32, query.device, call).fill_(_NEG_INF)
+        if ka:
+            part_a = _part_a_flash if be == "flash" else _part_a_torch
+            part_a(*rows, segs, B, Tq, Tk, scale, call, outA, lseA)
     outB, lseB = _local_other_groups(qn, kn, vn, query_groups, key_group, window, scale, call)
     sink = _sink_other_groups(qn, kn, vn, query_groups, key_group, window, sinks, scale, call)
 
