@@ -31,6 +31,8 @@ groups; extra top-k slots random) or, with ``--groups FILE``, a trained router's
 compared; the decomposition's phases are timed separately. ``--device cuda`` (with ``--no-e2e``)
 runs this part on a GPU, ``--dtype bf16`` / ``fp16`` in half precision (dense then repeats the
 K/V heads; CUDA work is synchronized around every timed call; figures/bench_attention/gpu_h100.md).
+``--backends auto,flash,flex`` times every config with each backend of ``hard_focus_attention``
+(column ``backend``: the one "auto" resolved to; figures/bench_attention/gpu_h200.md).
 
 Outputs under ``--out`` (default figures/bench_attention/): results.md (every table, the
 command, the machine and its load), e2e.csv (prefill and decode rows), kernel.csv, env.json

@@ -63,3 +63,24 @@ def test_bad_device_exits_2_with_one_line(capsys, device, words):
     assert bench.main(["--no-e2e", "--device", device]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("bench_attention:") and words in err and "\n" not in err
+
+
+@pytest.mark.parametrize("backends,words", [("cuda", "is unknown"), ("torch,nope", "is unknown")]
+                         + ([] if torch.cuda.is_available() else [("flash", "needs a CUDA device")]))
+def test_bad_backend_exits_2_with_one_line(capsys, backends, words, tmp_path):
+    """``--backends`` names a backend the kernel part cannot run: one line, exit 2, before any work."""
+    assert bench.main(["--no-e2e", "--backends", backends, "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("bench_attention: --backends") and words in err and "\n" not in err
+    assert not any(tmp_path.iterdir())
+
+
+def test_kernel_rows_name_their_backend(tmp_path):
+    """Each config runs once per ``--backends`` entry and its row names the concrete backend
+    ("auto" resolved: "torch" on the CPU); flex's output equals the reference like torch's."""
+    assert bench.main(["--no-e2e", "--sizes", "256", "--Ks", "4", "--ks", "2", "--repeats", "1",
+                       "--backends", "auto,flex", "--check-max-n", "256", "--out", str(tmp_path)]) == 0
+    import pandas as pd
+    k = pd.read_csv(tmp_path / "kernel.csv")
+    assert k.backend.tolist() == ["torch", "flex"]
+    assert (k.max_abs_err < 1e-5).all()
