@@ -285,6 +285,26 @@ def test_bfloat16_runs_and_is_close():
     assert (out.float() - ref).abs().max().item() < 3e-2
 
 
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_model_cast_to_bfloat16_after_attach_runs_hard_mode(family):
+    """A model cast to bf16 after ``attach`` (its routers too) routes in fp32 and runs hard
+    mode: the decomposition's logits agree with the dense masked reference path's in bf16
+    (same routers, same rounding of the model's weights)."""
+    from focus_lab.hf.retrofit import set_config
+    m = _attached(family, sink_tokens=2).to(torch.bfloat16)
+    ids = torch.randint(3, 97, (2, 120), generator=torch.Generator().manual_seed(1))
+    router = next(mod for mod in m.modules() if type(mod).__name__ == "Router")
+    assert router.proj.dtype == torch.bfloat16
+    h = torch.randn(1, 5, router.proj.shape[0], dtype=torch.bfloat16)
+    assert router(h).dtype == torch.float32
+    with torch.no_grad():
+        fast = m(ids).logits.float()
+        set_config(m, backend="dense")
+        dense = m(ids).logits.float()
+    assert torch.isfinite(fast).all()
+    assert (fast - dense).abs().max().item() <= 0.05
+
+
 def test_plan_counts_each_pair_once():
     """Part A's segments hold exactly the same-group causal pairs, each once."""
     gen = torch.Generator().manual_seed(4)

@@ -98,9 +98,10 @@ class Router(nn.Module):
         return self._project(h, cfg, self.proj)
 
     def _project(self, h: torch.Tensor, cfg: FocusConfig, weight: torch.Tensor) -> torch.Tensor:
-        """``(norm(h) @ weight) @ C.T``: h (B, T, d), weight (d, d_g) -> (B, T, K) fp32."""
+        """``(norm(h) @ weight) @ C.T``: h (B, T, d), weight (d, d_g) -> (B, T, K) fp32, also when
+        the model (routers included) was cast to half precision after attaching."""
         h = rms_normalize(h) if cfg.normalize_input else h.float()  # (B, T, d)
-        return (h @ weight) @ self.centroids.T  # (B, T, K)
+        return (h @ weight.float()) @ self.centroids.float().T  # (B, T, K)
 
     def key_scores(self, h: torch.Tensor, config: FocusConfig | None = None) -> torch.Tensor | None:
         """The key role's scores ``(norm(h) @ W_k) @ C.T``: h (B, T, d) -> (B, T, K) fp32; None
