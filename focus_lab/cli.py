@@ -31,6 +31,10 @@ def _fail(msg: str) -> None:
     raise typer.Exit(2)
 
 
+#: ``focus-lab eval --dtype``: the model's dtype (torch attribute names: the CLI imports torch lazily)
+DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+
 def _device(device: str) -> str:
     """``hf.models.resolve_device``; a device it refuses exits 2 with its one line."""
     from focus_lab.hf.models import resolve_device
@@ -336,13 +340,18 @@ def eval_cmd(
                                  "a top-k name + _uniform, _match, _keyshift: docs/cli.md"),
     device: str = typer.Option("cpu", help="cpu | cuda | cuda:N: where the model runs (hard mode on a GPU: "
                                "docs/method.md §4)"),
+    dtype: str = typer.Option("fp32", help="fp32 | bf16 | fp16: the model's weights and activations (the routers "
+                              "keep fp32 weights and score in fp32); on a GPU, bf16/fp16 hard top-2 runs through "
+                              "FlexAttention (docs/method.md §4)"),
 ):
     """Held-out perplexity of the chosen patterns on the same windows (controls included); with --run, of a
     recorded run's windows, written into the run."""
+    if dtype not in DTYPES:
+        _fail(f"--dtype {dtype}: choose one of {', '.join(DTYPES)}")
     if run_dir is not None:
         given = [f"--{n.replace('_opt', '').replace('_', '-')}" for n in
                  ("routers_opt", "model", "corpus", "seq_len", "out", "random_groups", "random_layers", "layer_top_k",
-                  "match_shifts", "device")
+                  "match_shifts", "device", "dtype")
                  if _given(ctx, n)]
         if given:
             _fail(f"--run takes the model, router file and windows from the run: drop {', '.join(given)}")
@@ -363,13 +372,18 @@ def eval_cmd(
         dev = _device(device)
         m, tok, corp, seq_len = _load(model, corpus, seq_len)
         cfg = load_routers(m, routers, config_overrides=overrides or None)
-        m.to(dev)
+        import torch
+        from focus_lab.method.core import Router
+        m.to(dev, dtype=getattr(torch, DTYPES[dtype]))
+        for r in m.modules():  # the routers keep their trained fp32 weights
+            if isinstance(r, Router):
+                r.float()
         if random_groups:
             pats = [(lab, {**c, "assignment": "random"} if c.get("assignment") == "router" else c)
                     for lab, c in pats]
         windows = _windows(corp.heldout, tok, seq_len, max_windows, "held-out")
         typer.echo(f"evaluating {len(pats)} patterns on {len(windows)} held-out windows of {seq_len} tokens "
-                   f"({', '.join(d.name for d in corp.heldout)})")
+                   f"({', '.join(d.name for d in corp.heldout)})" + ("" if dtype == "fp32" else f", model in {dtype}"))
         if note := _budget_note(cfg, pats):
             typer.echo(note)
         if cfg.key_shift:

@@ -258,3 +258,28 @@ def test_calibrate_cli_writes_a_new_file_equal_to_the_library_and_refuses_overwr
     r = CliRunner().invoke(app, ["calibrate", "--model", str(model_dir), "--corpus", str(corpus),
                                  "--routers", str(src), "--out", str(src), "--seq-len", "32"])
     assert r.exit_code == 2 and "is the input router file" in r.output, r.output
+
+
+def test_eval_dtype_runs_the_model_in_half_precision(tiny_dir, tmp_path):
+    """``focus-lab eval --dtype bf16``: the model runs in bf16 (said in the header line; its routers
+    keep fp32 weights, so the groups see the same router), the
+    perplexities stay within bf16's rounding of the fp32 run's on the same windows; a dtype it
+    does not know is one line, exit 2, before the model loads."""
+    import pandas as pd
+    model_dir, corpus = tiny_dir
+    routers = tmp_path / "r.safetensors"
+    focus_lab.save_routers(focus_lab.attach(tiny_llama(), focus_lab.FocusConfig(window=8, sink_tokens=2)), routers)
+    args = ["eval", "--model", str(model_dir), "--corpus", str(corpus), "--seq-len", "64", "--max-windows", "2",
+            "--routers", str(routers), "--patterns", "dense,hard_top1,hard_top2"]
+    tables = {}
+    for dt in ("fp32", "bf16"):
+        r = CliRunner().invoke(app, args + ["--dtype", dt, "--out", str(tmp_path / f"{dt}.parquet")])
+        assert r.exit_code == 0, r.output
+        assert ("model in bf16" in r.output) == (dt == "bf16")
+        tables[dt] = pd.read_parquet(tmp_path / f"{dt}.parquet").set_index("label")
+    rel = (tables["bf16"].perplexity / tables["fp32"].perplexity - 1).abs()
+    assert rel.max() <= 0.02, rel
+    assert rel.max() > 0  # bf16 rounding shows: the weights were cast
+    r = CliRunner().invoke(app, args + ["--dtype", "int8"])
+    assert r.exit_code == 2 and "--dtype int8: choose one of fp32, bf16, fp16" in r.output
+    assert len(r.output.strip().splitlines()) == 1 and "Traceback" not in r.output
