@@ -237,6 +237,19 @@ def test_cuda_flex_backend(dtype, B, Tq, T, K, k, w, sinks):
         assert (out.float().cpu() - ref).abs().max().item() <= HALF_TOL[dtype]
 
 
+def _count_flex_calls(monkeypatch) -> dict:
+    """Counts the calls of the flex backend's part A (``{"n": calls}``) for the test's duration."""
+    from focus_lab.method import decomposition as dec
+    calls = {"n": 0}
+    real = dec._part_a_flex
+
+    def counted(*a, **kw):
+        calls["n"] += 1
+        return real(*a, **kw)
+    monkeypatch.setattr(dec, "_part_a_flex", counted)
+    return calls
+
+
 @pytest.mark.parametrize("family", ["llama", "gpt2"])
 def test_cuda_bf16_model_takes_flex_and_matches_dense_reference(family, monkeypatch):
     """A retrofitted model in bf16 on the GPU, hard top-2: "auto" runs part A through the flex
@@ -246,14 +259,7 @@ def test_cuda_bf16_model_takes_flex_and_matches_dense_reference(family, monkeypa
     from transformers import DynamicCache
 
     from focus_lab.hf.retrofit import set_config
-    from focus_lab.method import decomposition as dec
-    calls = {"n": 0}
-    real = dec._part_a_flex
-
-    def counted(*a, **kw):
-        calls["n"] += 1
-        return real(*a, **kw)
-    monkeypatch.setattr(dec, "_part_a_flex", counted)
+    calls = _count_flex_calls(monkeypatch)
     m = _attached(family, sink_tokens=2).cuda()
     ids = torch.randint(3, 97, (2, 300), generator=torch.Generator().manual_seed(1)).cuda()
     with torch.no_grad():
@@ -282,15 +288,8 @@ def test_cuda_eval_cli_in_bf16_takes_flex(tmp_path, monkeypatch):
     import focus_lab
     from conftest import tiny_llama
     from focus_lab.cli import app
-    from focus_lab.method import decomposition as dec
     from run_fixtures import TEXT, make_tokenizer
-    calls = {"n": 0}
-    real = dec._part_a_flex
-
-    def counted(*a, **kw):
-        calls["n"] += 1
-        return real(*a, **kw)
-    monkeypatch.setattr(dec, "_part_a_flex", counted)
+    calls = _count_flex_calls(monkeypatch)
     model_dir, corpus, routers = tmp_path / "model", tmp_path / "corpus.txt", tmp_path / "r.safetensors"
     tiny_llama().save_pretrained(model_dir)
     make_tokenizer().save_pretrained(model_dir)
