@@ -68,6 +68,7 @@ import pandas as pd  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
+from focus_lab.hf.models import DTYPES  # noqa: E402
 from focus_lab.method.decomposition import (DecompositionOptions, hard_focus_attention,  # noqa: E402
                                             reference_hard_attention, repeat_kv_heads, resolve_backend)
 
@@ -90,7 +91,6 @@ def serial_bookkeeping() -> bool:
 def options() -> DecompositionOptions:
     return DecompositionOptions(serial_bookkeeping=serial_bookkeeping())
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 PHASES = ("plan", "gather", "scatter", "merge", "attn_A", "attn_B")
 OVERHEAD = ("plan", "gather", "scatter", "merge")
 
@@ -696,8 +696,7 @@ def plot(df: pd.DataFrame, out: Path, title: str) -> None:
     several = df.backend.nunique() > 1
     for (K, k, g, be), part in df.groupby(["K", "k", "groups", "backend"]):
         name = f"Focus K={K} k={k}" + ("" if g == "balanced" else f" ({g} groups)") + (f" [{be}]" if several else "")
-        line = dict(dash="solid" if g == "balanced" else "dot", color=palette.get((K, k)),
-                    width=3 if several and be == "flex" else 2)
+        line = dict(dash="solid" if g == "balanced" else "dot", color=palette.get((K, k)))
         fig.add_trace(go.Scatter(x=part.n, y=part.focus_s, name=name, mode="lines+markers",
                                  line=line, legendgroup=name), row=1, col=1)
         fig.add_trace(go.Scatter(x=part.n, y=part.speedup, name=name, mode="lines+markers",

@@ -31,15 +31,20 @@ def _fail(msg: str) -> None:
     raise typer.Exit(2)
 
 
-#: ``focus-lab eval --dtype``: the model's dtype (torch attribute names: the CLI imports torch lazily)
-DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
-
-
 def _device(device: str) -> str:
     """``hf.models.resolve_device``; a device it refuses exits 2 with its one line."""
     from focus_lab.hf.models import resolve_device
     try:
         return resolve_device(device)
+    except ValueError as e:
+        _fail(str(e))
+
+
+def _dtype(dtype: str):
+    """``hf.models.resolve_dtype``; a dtype it refuses exits 2 with its one line."""
+    from focus_lab.hf.models import resolve_dtype
+    try:
+        return resolve_dtype(dtype)
     except ValueError as e:
         _fail(str(e))
 
@@ -341,13 +346,12 @@ def eval_cmd(
     device: str = typer.Option("cpu", help="cpu | cuda | cuda:N: where the model runs (hard mode on a GPU: "
                                "docs/method.md §4)"),
     dtype: str = typer.Option("fp32", help="fp32 | bf16 | fp16: the model's weights and activations (the routers "
-                              "keep fp32 weights and score in fp32); on a GPU, bf16/fp16 hard top-2 runs through "
+                              "score in fp32 either way); on a GPU, bf16/fp16 hard top-2 runs through "
                               "FlexAttention (docs/method.md §4)"),
 ):
     """Held-out perplexity of the chosen patterns on the same windows (controls included); with --run, of a
     recorded run's windows, written into the run."""
-    if dtype not in DTYPES:
-        _fail(f"--dtype {dtype}: choose one of {', '.join(DTYPES)}")
+    torch_dtype = _dtype(dtype)
     if run_dir is not None:
         given = [f"--{n.replace('_opt', '').replace('_', '-')}" for n in
                  ("routers_opt", "model", "corpus", "seq_len", "out", "random_groups", "random_layers", "layer_top_k",
@@ -372,12 +376,7 @@ def eval_cmd(
         dev = _device(device)
         m, tok, corp, seq_len = _load(model, corpus, seq_len)
         cfg = load_routers(m, routers, config_overrides=overrides or None)
-        import torch
-        from focus_lab.method.core import Router
-        m.to(dev, dtype=getattr(torch, DTYPES[dtype]))
-        for r in m.modules():  # the routers keep their trained fp32 weights
-            if isinstance(r, Router):
-                r.float()
+        m.to(dev, dtype=torch_dtype)
         if random_groups:
             pats = [(lab, {**c, "assignment": "random"} if c.get("assignment") == "router" else c)
                     for lab, c in pats]

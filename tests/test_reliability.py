@@ -262,7 +262,7 @@ def test_calibrate_cli_writes_a_new_file_equal_to_the_library_and_refuses_overwr
 
 def test_eval_dtype_runs_the_model_in_half_precision(tiny_dir, tmp_path):
     """``focus-lab eval --dtype bf16``: the model runs in bf16 (said in the header line; its routers
-    keep fp32 weights, so the groups see the same router), the
+    too, scoring in fp32), the
     perplexities stay within bf16's rounding of the fp32 run's on the same windows; a dtype it
     does not know is one line, exit 2, before the model loads."""
     import pandas as pd

@@ -43,6 +43,18 @@ def resolve_device(device: str) -> str:
     return device
 
 
+#: ``--dtype`` names (the CLI's ``eval`` and the benchmark) -> torch dtypes
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def resolve_dtype(dtype: str) -> torch.dtype:
+    """The torch dtype a ``--dtype`` option names (``DTYPES``). Raises ValueError naming the
+    choices otherwise (printed as one line, exit 2)."""
+    if dtype not in DTYPES:
+        raise ValueError(f"--dtype {dtype}: choose one of {', '.join(DTYPES)}")
+    return DTYPES[dtype]
+
+
 def cache_dir() -> Path:
     """Root of focus-lab's model cache: $FOCUS_LAB_CACHE, else ~/.cache/focus-lab."""
     return Path(os.environ.get("FOCUS_LAB_CACHE", Path.home() / ".cache" / "focus-lab"))
