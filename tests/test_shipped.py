@@ -270,3 +270,48 @@ def test_eval_names_the_patterns_that_run_under_the_files_budget():
     assert note.startswith("per-layer k for hard_top2, random_top2, shuffled_top2: 0,5-6,9,12-16,25,27-28:1;")
     assert "--layer-top-k none" in note and "hard_top1" not in note and note.count("\n") == 0
     assert _budget_note(cfg.replace(layer_top_k={}), pats) == ""
+
+
+def test_split_groups_at_noise_zero_keeps_the_hard_mask_at_twice_the_top_k(tmp_path):
+    """analyses/studies/split_groups: K groups split into 2K exact copies (noise 0) give the same
+    hard-mode logits at top-2k as the original file at top-k (a key takes the first copy, a query
+    both copies of each of its groups), budgets included (every per-layer k doubled); with noise
+    the copies differ, so the logits change."""
+    from analyses.studies.split_groups import split_groups
+    from focus_lab import FocusConfig, attach, save_routers
+    from focus_lab.hf.retrofit import load_routers, read_router_file, routers, set_config
+    from conftest import random_ids
+
+    m = tiny_llama(seed=0)
+    attach(m, FocusConfig(num_groups=3, window=4, top_k=1, mode="hard", top_k_budgets={2: {0: 1, 1: 3}}))
+    g = torch.Generator().manual_seed(5)
+    with torch.no_grad():  # logits S / tau of order 1, so that the group bias matters
+        for r in routers(m).values():
+            for t, scale in ((r.proj, 0.02), (r.centroids, 1.0), (r.group_bias, 1.0)):
+                t.copy_(scale * torch.randn(t.shape, generator=g))
+    src = save_routers(m, tmp_path / "k3.safetensors")
+    ids = random_ids(seed=1, batch=1, T=48)
+    want = {}
+    for k in (1, 2):  # top-1, then top-2 under the file's budget
+        set_config(m, top_k=k)
+        want[k] = m(ids).logits
+
+    out = split_groups(src, tmp_path / "k6.safetensors", factor=2, noise=0.0)
+    cfg, _, tensors, extra = read_router_file(out)
+    assert cfg.num_groups == 6 and cfg.top_k == 2 and cfg.top_k_budgets == {4: {0: 2, 1: 6}}
+    assert tensors["layers.0.centroids"].shape[0] == 6 and extra["split_groups"]["factor"] == 2
+    m6 = tiny_llama(seed=0)
+    load_routers(m6, out)
+    set_config(m6, mode="hard")
+    for k in (1, 2):
+        set_config(m6, top_k=2 * k)
+        got = m6(ids).logits
+        assert torch.allclose(got, want[k], atol=1e-5), k
+    # with noise the copies separate: top-2 of 6 is no longer top-1 of 3
+    noisy = split_groups(src, tmp_path / "k6n.safetensors", factor=2, noise=1.0)
+    mn = tiny_llama(seed=0)
+    load_routers(mn, noisy)
+    set_config(mn, mode="hard", top_k=2)
+    assert not torch.allclose(mn(ids).logits, want[1], atol=1e-3)
+    with pytest.raises(ValueError, match="factor"):
+        split_groups(src, tmp_path / "x.safetensors", factor=0)
