@@ -291,11 +291,14 @@ def paired_delta(df: pd.DataFrame, a: str, b: str, reps: int = 2000, seed: int =
     return paired_change(df[df.label == a], df[df.label == b], reps=reps, seed=seed)
 
 
-def against_rows(df: pd.DataFrame, against: Path) -> list[dict]:
+def against_rows(df: pd.DataFrame, against: Path, pairs: dict[str, str] | None = None) -> list[dict]:
     """Paired change of every router pattern (hard_topK, shuffled_topK) and of random_topK of this
     table over the same pattern in another table's cells (``table_cell``: a folder or a committed
     table's name), on the windows both
     have: e.g. a ``--random-layers`` or ``--layer-top-k`` setting against the plain routers.
+    ``pairs`` ({this table's label: the other's}, ``parse_pairs``) compares patterns of different
+    names instead, e.g. top-4 of 8 groups against top-2 of 4 at the same share of distant pairs;
+    its rows are labelled ``"a vs b"``.
     Returns rows corpus, seq_len, label, windows, vs_against_pct, ci_lo, ci_hi (< 0: this table's
     pattern is better)."""
     from focus_lab.eval.evaluate import paired_change
@@ -304,14 +307,31 @@ def against_rows(df: pd.DataFrame, against: Path) -> list[dict]:
         other = table_cell(against, f"{corpus}_{L}.parquet")
         if other is None:
             continue
-        for label in sorted(set(g.label) & set(other.label)):
-            if label in GROUP_FREE or (g[g.label == label].reused_from != "").all():
-                continue
-            a, b = g[g.label == label], other[other.label == label]
+        if pairs:
+            todo = [(a, b, f"{a} vs {b}") for a, b in pairs.items() if a in set(g.label) and b in set(other.label)]
+        else:
+            todo = [(x, x, x) for x in sorted(set(g.label) & set(other.label))
+                    if x not in GROUP_FREE and not (g[g.label == x].reused_from != "").all()]
+        for la, lb, name in todo:
+            a, b = g[g.label == la], other[other.label == lb]
             m, lo, hi = paired_change(a, b)
-            rows.append({"corpus": corpus, "seq_len": L, "label": label,
+            rows.append({"corpus": corpus, "seq_len": L, "label": name,
                          "windows": len(set(a.window) & set(b.window)), "vs_against_pct": m, "ci_lo": lo, "ci_hi": hi})
     return rows
+
+
+def parse_pairs(spec: str | None) -> dict[str, str] | None:
+    """``--against-pairs`` "a=b,c=d" -> {"a": "b", "c": "d"} (None for None or empty); raises
+    SystemExit naming the bad item."""
+    if not spec:
+        return None
+    out = {}
+    for item in spec.split(","):
+        a, eq, b = item.strip().partition("=")
+        if not (eq and a.strip() and b.strip()):
+            raise SystemExit(f"--against-pairs: {item!r} is not THIS=OTHER (e.g. hard_top4=hard_top2)")
+        out[a.strip()] = b.strip()
+    return out
 
 
 def router_of(label: str) -> str | None:
@@ -356,7 +376,8 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
     return s
 
 
-def report(out: Path, against: Path | str | None = None, table: str | None = None) -> str:
+def report(out: Path, against: Path | str | None = None, table: str | None = None,
+           pairs: dict[str, str] | None = None) -> str:
     """``<out>/length_table.md`` (and ``<out>/length_table.parquet``, the ``summarize`` rows) from
     the cells under ``<out>/cells``, or, with ``table``, from that committed table (markdown only)."""
     if table is not None:
@@ -448,8 +469,8 @@ def report(out: Path, against: Path | str | None = None, table: str | None = Non
                          + " (`--reuse`): measured in another run, at another time; its tokens/s do not compare "
                          "with this run's.")
     if against is not None:
-        vs = pd.DataFrame(against_rows(df, against))
-        lines.append(f"\nAgainst `{against}` (same pattern there, paired on the windows both tables have; "
+        vs = pd.DataFrame(against_rows(df, against, pairs))
+        lines.append(f"\nAgainst `{against}` ({'the paired pattern' if pairs else 'same pattern'} there, paired on the windows both tables have; "
                      "% change of this table's perplexity, 95% interval; < 0: this table's is better):\n")
         if len(vs):
             labels = [p for p in PATTERNS.split(",") if p in set(vs.label)]
@@ -494,6 +515,9 @@ def main(argv=None) -> None:
     ap.add_argument("--against", type=Path, default=None, help="another table (a folder or a committed "
                     "table's name): report the paired change of each router pattern over the same pattern "
                     "there (same windows)")
+    ap.add_argument("--against-pairs", default=None, help="with --against: compare differently named "
+                    "patterns, THIS=OTHER comma-separated, e.g. 'hard_top4=hard_top2' (top-4 of 8 groups "
+                    "against top-2 of 4 at the same share of distant pairs)")
     ap.add_argument("--report", action="store_true", help="only write the tables from the cells")
     ap.add_argument("--table", default=None, help="with --report: a committed table's name (e.g. shipped): "
                     "write its markdown into --out")
@@ -504,7 +528,10 @@ def main(argv=None) -> None:
         ap.error("--table reports a committed table: add --report")
     if not args.report:
         run_cells(args)
-    print(report(args.out, args.against, table=args.table))
+    pairs = parse_pairs(args.against_pairs)
+    if pairs and args.against is None:
+        ap.error("--against-pairs needs --against")
+    print(report(args.out, args.against, table=args.table, pairs=pairs))
     if args.commit:
         print(f"committed {commit_table(args.out, args.commit)} rows as table {args.commit!r} in {COMMITTED}")
 

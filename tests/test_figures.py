@@ -282,6 +282,32 @@ def test_length_table_report_pairs_suffixed_patterns(tmp_path):
     assert f"{100 * (math.exp(-0.05) - 1):+.2f}%" in text  # every window 0.05 nats better with the suffix
 
 
+def test_length_table_against_pairs_compares_differently_named_patterns(tmp_path):
+    """--against with --against-pairs: this table's hard_top4 against the other table's
+    hard_top2 on the windows both have (hand-set NLLs, every window 0.02 nats better), labelled
+    "a vs b"; without pairs the differently named patterns are not compared; a bad pair is one
+    line."""
+    import math
+    from analyses import length_table as LT
+
+    def cells(folder, nll):
+        rows = [{"label": lab, "window": w, "nll": v + 0.01 * w, "tokens": 100, "seconds": 1.0,
+                 "distant_pairs_kept": 0.5, "max_group_share": 0.3, "reused_from": ""}
+                for w in range(4) for lab, v in nll.items()]
+        (folder / "cells").mkdir(parents=True)
+        pd.DataFrame(rows).assign(corpus="man-pages", seq_len=4096, heldout="all").to_parquet(
+            folder / "cells" / "man-pages_4096.parquet")
+    cells(tmp_path / "k8", {"dense": 3.0, "hard_top4": 3.08})
+    cells(tmp_path / "k4", {"dense": 3.0, "hard_top2": 3.10})
+    assert LT.against_rows(pd.read_parquet(tmp_path / "k8" / "cells" / "man-pages_4096.parquet"),
+                           tmp_path / "k4") == []
+    pairs = LT.parse_pairs("hard_top4=hard_top2")
+    text = LT.report(tmp_path / "k8", tmp_path / "k4", pairs=pairs)
+    assert "hard_top4 vs hard_top2" in text and f"{100 * (math.exp(-0.02) - 1):+.2f}%" in text
+    with pytest.raises(SystemExit, match="THIS=OTHER"):
+        LT.parse_pairs("hard_top4")
+
+
 def test_layer_budget_allocates_cheapest_drops_against_largest_raises():
     """analyses/studies/layer_budget.allocate on a hand-made sweep: pairs (cheapest k = 0, largest k = 2
     gain) while the pair's summed change is < 0, a layer used once; the spec string round-trips
