@@ -1,8 +1,9 @@
 """Figure 2: speedup of hard Focus (two attention calls + LSE merge) over dense causal SDPA vs
 sequence length, from the benchmark's own table (``analyses/bench_attention.py``):
 ``bench_attention/kernel.csv`` next to ``data/`` when present, else ``data/bench_attention/``.
-Dashed: the ideal ``1 / (k/K + 2w/n)``. Thin dash-dot / dotted: the same call on an NVIDIA H100
-in fp32 / bf16 (``gpu_h100_kernel_<dtype>.csv`` beside it, balanced groups), when present.
+Dashed: the ideal ``1 / (k/K + 2w/n)``. Thin dotted: the same call on the newest GPU measured, in
+bf16, one line per backend (flash: circles, flex: diamonds; ``gpu_<tag>_kernel_bf16.csv`` beside it,
+balanced groups, ``common.gpu_kernel_tables``), when present.
 Right: the benchmark's end-to-end table (``e2e.csv``) when it exists: the embedded model with the shipped routers, tokens/s over dense's, for the prefill
 (bare forward) at each length and for decoding (per-token time) at each context.
 """
@@ -13,9 +14,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from analyses.common import bench_dir, gpu_kernel_tables, read
+from analyses.common import bench_dir, gpu_kernel_tables, read, shown_path
 
-TITLE = "Speedup of the decomposition over dense attention vs sequence length (CPU; H100 thin)"
+TITLE = "Speedup of the decomposition over dense attention vs sequence length (CPU; GPU bf16 thin)"
 DATA = ("bench",)
 
 
@@ -29,7 +30,7 @@ def make_figure(data_dir: Path):
     fig = make_subplots(rows=1, cols=2, subplot_titles=("kernel: dense SDPA time / Focus time",
                                                         "end to end (SmolLM2-135M, shipped routers): speed vs dense"))
     palette = ["#d62728", "#1f77b4", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b"]
-    line_color = {}  # (K, k) -> the balanced CPU line's color, reused by the H100 lines
+    line_color = {}  # (K, k) -> the balanced CPU line's color, reused by the GPU lines
     for i, ((K, k, g), part) in enumerate(df.groupby(["K", "k", "groups"])):
         c = palette[i % len(palette)]
         if g == "balanced":
@@ -39,12 +40,13 @@ def make_figure(data_dir: Path):
                                  line=dict(color=c, dash="solid" if g == "balanced" else "dot")), row=1, col=1)
         fig.add_trace(go.Scatter(x=part["n"], y=part["ideal_speedup"], mode="lines", name=f"ideal {name}",
                                  line=dict(color=c, dash="dash", width=1), showlegend=False), row=1, col=1)
-    for dt, g in gpu_kernel_tables(b).items():
-        for (K, k), part in g[g.groups == "balanced"].groupby(["K", "k"]):
-            fig.add_trace(go.Scatter(x=part["n"], y=part["speedup"], mode="lines+markers",
-                                     name=f"H100 {dt} K={K} k={k}", marker=dict(size=4),
-                                     line=dict(color=line_color.get((K, k), "gray"), width=1,
-                                               dash="dashdot" if dt == "fp32" else "dot")), row=1, col=1)
+    gpu, tables = gpu_kernel_tables(b)
+    g = tables.get("bf16")
+    for (K, k, backend), part in (g[g.groups == "balanced"].groupby(["K", "k", "backend"]) if g is not None else ()):
+        fig.add_trace(go.Scatter(x=part["n"], y=part["speedup"], mode="lines+markers",
+                                 name=f"{gpu} bf16 K={K} k={k} {backend}",
+                                 marker=dict(size=5, symbol="diamond" if backend == "flex" else "circle"),
+                                 line=dict(color=line_color.get((K, k), "gray"), width=1, dash="dot")), row=1, col=1)
     fig.add_hline(y=1, line=dict(color="gray", dash="dash"), row=1, col=1)
     if e2e is not None and "phase" in e2e:
         colors = {"window": "#7f7f7f", "hard_top1": "#d62728", "hard_top2": "#ff7f0e", "random_top2": "#1f77b4"}
@@ -61,6 +63,6 @@ def make_figure(data_dir: Path):
     fig.update_yaxes(type="log", title="speedup", row=1, col=1)
     fig.update_xaxes(title="prefill length / decode context (tokens)", row=1, col=2)
     fig.update_layout(barmode="group")
-    src = df["source"].iloc[0] if "source" in df else str(b)
+    src = df["source"].iloc[0] if "source" in df else shown_path(b)
     fig.update_layout(title=f"{TITLE}<br><sup>source: {src}</sup>", template="plotly_white", width=1300, height=550)
     return fig

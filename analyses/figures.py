@@ -224,12 +224,16 @@ def _browser_env() -> None:
                 break
 
 
-def render(out: Path, data_dir: Path, log: Callable[[str], None] = print, png: bool = True) -> list[dict]:
-    """Make every figure (HTML, PNG) and table (Markdown) from the cached data. Returns one
-    record per output: name, files, title, description, data, status."""
+def render(out: Path, data_dir: Path, log: Callable[[str], None] = print, png: bool = True,
+           names: list[str] | None = None) -> list[dict]:
+    """Make every figure (HTML, PNG) and table (Markdown) from the cached data, or only the
+    outputs ``names`` (e.g. ["fig02_speedup_length"]). Returns one record per output made: name,
+    files, title, description, data, status."""
     records = []
     figs, png_paths = [], []
     for o in FIGURES:
+        if names is not None and o.name not in names:
+            continue
         mod = load_output(o.module)
         rec = {"name": o.name, "number": o.number, "module": f"analyses/{o.module}.py",
                "title": getattr(mod, "TITLE", o.name), "description": (mod.__doc__ or "").strip(),
@@ -348,16 +352,7 @@ def write_readme(ctx: Context, records: list[dict], status: dict, wall: float, c
         "| # | output | what it shows | data | module | status |",
         "|---:|---|---|---|---|---|",
     ]
-    for r in records:
-        # link what is committed (PNG, Markdown); name the generated HTML without a link
-        files = ", ".join(f"`{f}` (generated)" if f.endswith(".html") else
-                          f"[{f}]({f}) ({(ctx.out / f).stat().st_size / 1e3:.0f} kB"
-                          + ("; from an earlier run, not re-rendered with --no-png" if f in r.get("stale", ()) else "")
-                          + ")" if (ctx.out / f).is_file()
-                          else f"[{f}]({f})" for f in r["files"]) or "(none)"
-        data = "; ".join(f"`data/{d}.parquet`" for d in r["data"]) or "-"
-        status_txt = r["status"] if len(r["status"]) < 80 else r["status"][:77] + "..."
-        lines.append(f"| {r['number'] or ''} | {files} | {r['title']} | {data} | `{r['module']}` | {status_txt} |")
+    lines += [readme_row(r, ctx.out) for r in records]  # committed files (PNG, Markdown) linked
     total = sum(v.get("seconds", 0) or 0 for v in status.values())
     lines += ["", "## Experiments and their settings", "",
               f"Wall time of all experiments (as run, possibly over several invocations, which may have "
@@ -387,6 +382,48 @@ def write_readme(ctx: Context, records: list[dict], status: dict, wall: float, c
               "`" + " ".join(s.bench_args) + "`)",
               "- recorded runs: `data/runs/<method>/` (schema v1, open with `focus_lab.runs.Run.open`)", ""]
     path = ctx.out / "README.md"
+    with atomic_path(path) as tmp:
+        tmp.write_text("\n".join(lines))
+    return path
+
+
+def parse_render_only(spec: str) -> list[str]:
+    """``--render-only`` "fig02_speedup_length,table_baselines" -> output names; ConfigError
+    naming the unknown ones and the valid choices."""
+    from focus_lab.method.config import ConfigError
+    names = [n.strip() for n in spec.split(",") if n.strip()]
+    valid = [o.name for o in FIGURES]
+    unknown = [n for n in names if n not in valid]
+    if unknown or not names:
+        raise ConfigError(f"unknown output(s) {', '.join(unknown) or '(none given)'} for --render-only; "
+                          f"choose from {', '.join(valid)}")
+    return names
+
+
+def readme_row(rec: dict, out: Path) -> str:
+    """The README table's row of one ``render`` record (its committed files linked with their
+    size, the generated HTML named without a link)."""
+    files = ", ".join(f"`{f}` (generated)" if f.endswith(".html") else
+                      f"[{f}]({f}) ({(out / f).stat().st_size / 1e3:.0f} kB"
+                      + ("; from an earlier run, not re-rendered with --no-png" if f in rec.get("stale", ()) else "")
+                      + ")" if (out / f).is_file()
+                      else f"[{f}]({f})" for f in rec["files"]) or "(none)"
+    data = "; ".join(f"`data/{d}.parquet`" for d in rec["data"]) or "-"
+    status_txt = rec["status"] if len(rec["status"]) < 80 else rec["status"][:77] + "..."
+    return f"| {rec['number'] or ''} | {files} | {rec['title']} | {data} | `{rec['module']}` | {status_txt} |"
+
+
+def update_readme_rows(out: Path, records: list[dict]) -> Path:
+    """Replace, in ``<out>/README.md`` (written by a full run), the rows of the outputs in
+    ``records`` (``render(names=...)``), leaving every other line as it was. Raises
+    FileNotFoundError when there is no README yet (run ``focus-lab-figures`` once)."""
+    path = Path(out) / "README.md"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist: run focus-lab-figures once before --render-only")
+    lines = path.read_text().split("\n")
+    for rec in records:
+        key = f"`{rec['module']}`"
+        lines = [readme_row(rec, Path(out)) if ln.startswith("|") and key in ln else ln for ln in lines]
     with atomic_path(path) as tmp:
         tmp.write_text("\n".join(lines))
     return path
@@ -482,11 +519,21 @@ def figures(
     update_readme: bool = typer.Option(False, help="write the reproduction table into docs/reproduction.md "
                                        "(between its markers)"),
     routers: Optional[Path] = typer.Option(None, help="router file (default: the routers shipped with the package)"),
+    render_only: Optional[str] = typer.Option(None, help="re-render only these outputs from the data they read, "
+                                              "e.g. fig02_speedup_length (no experiment runs; their rows of "
+                                              "README.md are rewritten, the rest left as it was)"),
 ) -> None:
     """Regenerate every paper figure and the reproduction table (cached, resumable experiments)."""
     from focus_lab.cli import guard
 
     def run():
+        if render_only is not None:
+            names = parse_render_only(render_only)
+            folder = Path(out) if out is not None else REPO / "figures" / ("quick" if quick else "")
+            records = render(folder, folder / "data", png=png, names=names)
+            update_readme_rows(folder, records)
+            typer.echo(f"re-rendered {', '.join(r['name'] + ': ' + r['status'] for r in records)} in {folder}")
+            return records
         res = run_figures(out, quick=quick, only=only, threads=threads, png=png, update_readme=update_readme,
                           routers=routers)
         failed = [r["name"] for r in res["records"] if r["status"].startswith("failed")]

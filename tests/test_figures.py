@@ -70,6 +70,31 @@ def test_rerun_is_served_from_cache(quick):
     assert {p: p.stat().st_mtime for p in (out / "data").glob("*.parquet")} == stamp
 
 
+def test_render_only_redraws_one_output_and_its_readme_row(quick, tmp_path):
+    """--render-only NAME: that output is rendered again from its data (no experiment runs),
+    its README row is rewritten and every other line is kept; an unknown name is one line, exit 2."""
+    import shutil
+    out, _ = quick
+    folder = tmp_path / "figs"
+    shutil.copytree(out, folder)
+    readme = folder / "README.md"
+    text = readme.read_text()
+    row = next(ln for ln in text.split("\n") if "`analyses/fig_speedup_length.py`" in ln)
+    readme.write_text(text.replace(row, row.replace("| ok |", "| stale |")) + "\nkept line\n")
+    (folder / "fig02_speedup_length.html").unlink()
+    res = CliRunner().invoke(F.cli, ["--quick", "--out", str(folder), "--render-only", "fig02_speedup_length",
+                                     "--no-png"])
+    assert res.exit_code == 0, res.output
+    assert (folder / "fig02_speedup_length.html").is_file()
+    new = readme.read_text()
+    new_row = next(ln for ln in new.split("\n") if "`analyses/fig_speedup_length.py`" in ln)
+    assert new_row.endswith("| ok |") and "kept line" in new
+    assert [ln for ln in new.split("\n") if ln != new_row] == \
+        [ln for ln in (text + "\nkept line\n").split("\n") if ln != row]
+    res = CliRunner().invoke(F.cli, ["--quick", "--out", str(folder), "--render-only", "fig99"])
+    assert res.exit_code == 2 and "fig99" in res.output and "fig02_speedup_length" in res.output
+
+
 def test_readme_section_update(tmp_path):
     readme = tmp_path / "README.md"
     readme.write_text("# x\n\n## Other\n\ntext\n")
