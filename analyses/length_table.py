@@ -117,24 +117,28 @@ def reusable_rows(old: pd.DataFrame, labels: list[str], windows: list[int], cfg)
 
 
 def same_router_rows(old: pd.DataFrame, labels: list[str], windows: list[int], cfg, shas: set[str],
-                     own_sha: str, budget_only: set[str] = frozenset()) -> pd.DataFrame:
+                     own_sha: str, budget_only: set[str] = frozenset(),
+                     file_random_layers: list[int] | None = None) -> pd.DataFrame:
     """The rows of another table's cell made with this run's router, so that they may be taken
     for the router patterns (hard, shuffled, soft) too: the cell's router file is this one
     (``own_sha``) or differs from it only in ``top_k_budgets`` (``budget_only``,
     ``shipped.same_router_shas``), its random layers as the file says or as given, or it holds the
     same tensors (``shas``, e.g. ``shipped.same_tensor_shas``) under the same ``--random-layers``; same seed,
     the same per-layer k for the row's pattern (``spec_in_force``), on this run's windows.
-    ``cfg``: this run's FocusConfig."""
+    ``cfg``: this run's FocusConfig. ``file_random_layers``: the router file's own random
+    layers, what a row made without ``--random-layers`` ('') ran with; such a row is taken only
+    when they are this run's (None: this run keeps the file's own)."""
     from focus_lab.method.config import parse_random_layers
     if "routers_sha256" not in old:
         return old.iloc[:0]
     spec = _column(old, "random_layers", "")
     want = sorted(cfg.random_layers or [])
     same_layers = spec.map(lambda x: x != "" and sorted(parse_random_layers(x)) == want)
+    as_file = (spec == "") & (file_random_layers is None or sorted(file_random_layers) == want)
     sha = old["routers_sha256"]
     return old[old.label.isin(labels) & old.window.isin(windows) & (_column(old, "seed", 0) == cfg.seed)
                & _same_spec(old, cfg)
-               & (((sha.isin({own_sha} | set(budget_only))) & ((spec == "") | same_layers))
+               & (((sha.isin({own_sha} | set(budget_only))) & (as_file | same_layers))
                   | (sha.isin(shas) & same_layers))]
 
 
@@ -196,13 +200,14 @@ def commit_table(out: Path, name: str, path: Path | None = None) -> int:
 
 
 def reused_rows(folders: list[Path], cell: str, labels: list[str], windows: list[int], cfg,
-                sha: str) -> pd.DataFrame:
+                sha: str, file_random_layers: list[int] | None = None) -> pd.DataFrame:
     """The rows ``--reuse`` takes for one cell (``table_cell``: a folder's ``cells/<cell>`` or a
     committed table's rows), window by window: the
     router-free rows (``reusable_rows``) and the rows made with this router (``same_router_rows``:
     this file, sha256 ``sha``, or one holding the same tensors under the same random layers); for
     each (pattern, window), the first folder that has it. The run evaluates only the pairs
     missing, so a table with more windows than an earlier one computes only the new windows.
+    ``file_random_layers``: the router file's own random layers (``same_router_rows``).
     Columns: the cell's per-window columns and ``reused_from`` (the folder)."""
     from focus_lab.hf.shipped import same_router_shas, same_tensor_shas
     taken, committed = [], None
@@ -214,7 +219,7 @@ def reused_rows(folders: list[Path], cell: str, labels: list[str], windows: list
             continue
         rows = pd.concat([reusable_rows(old, labels, windows, cfg),
                           same_router_rows(old, labels, windows, cfg, same_tensor_shas(sha), sha,
-                                           same_router_shas(sha))])
+                                           same_router_shas(sha), file_random_layers)])
         taken.append(rows[window_columns(rows)].assign(reused_from=str(folder)))
     if not taken:
         return pd.DataFrame()
@@ -227,7 +232,7 @@ def run_cells(args) -> None:
     from focus_lab.eval.evaluate import evaluate, parse_patterns
     from focus_lab.io import file_sha256, write_parquet
     from focus_lab.hf.models import load_model
-    from focus_lab.hf.retrofit import load_routers
+    from focus_lab.hf.retrofit import load_routers, read_router_file
     from focus_lab.hf.shipped import resolve_routers
 
     torch.set_num_threads(args.threads)
@@ -242,6 +247,7 @@ def run_cells(args) -> None:
     if args.match_shifts is not None:
         overrides["match_shifts"] = parse_match_shifts(args.match_shifts)
     cfg = load_routers(model, routers, config_overrides=overrides or None)
+    file_layers = read_router_file(routers)[0].random_layers or []  # what rows made without --random-layers ran with
     pats = parse_patterns(args.patterns, cfg.num_groups)
     windows_at = dict((int(a), int(b)) for a, b in (x.split(":") for x in args.windows.split(",")))
     for corpus in args.corpora.split(","):
@@ -253,7 +259,7 @@ def run_cells(args) -> None:
             ws = make_windows(corp.heldout, tok, L, max_windows=windows_at[L])
             rows = []
             old = reused_rows(args.reuse, cell.name, [p for p, _ in pats], [w.index for w in ws], cfg,
-                              file_sha256(routers))
+                              file_sha256(routers), file_layers)
             if len(old):
                 rows.append(old)
                 for src, g in old.groupby("reused_from"):

@@ -237,6 +237,14 @@ def test_same_router_rows_take_the_same_tensors_under_the_same_random_layers_onl
     assert same_router_rows(old.assign(seed=1), ["hard_top1"], list(range(7)), cfg, {"twin"}, "own").empty
     assert same_router_rows(old, ["hard_top1"], list(range(7)), FocusConfig(random_layers=[1, 2, 3],
                             layer_top_k={4: 0}), {"twin"}, "own").empty
+    # a run overriding the file's random layers (file: 1-9, run: none) takes no row made as the file
+    # says (''), only rows made under its own override; with the file's own layers it takes them
+    none = FocusConfig(random_layers=[])
+    got = same_router_rows(old.assign(random_layers=["", "none", "1-9", "", "", "", ""]), ["hard_top1"],
+                           list(range(7)), none, set(), "own", file_random_layers=list(range(1, 10)))
+    assert sorted(got.window) == [1]
+    assert sorted(same_router_rows(old, ["hard_top1"], list(range(7)), cfg, {"twin"}, "own",
+                                   file_random_layers=[1, 2, 3]).window) == [0, 1, 3]
 
 
 def test_length_table_follows_the_per_layer_k_in_force_per_pattern():
