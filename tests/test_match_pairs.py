@@ -259,6 +259,31 @@ def test_copy_pairs_study_extras_and_random_control():
     assert abs(got.sum().item() / extra.sum().item() - 1) < 0.1
 
 
+def test_copy_pairs_hook_counts_the_induction_pairs_each_layer_keeps():
+    """analyses/studies/copy_pairs._hook with no extra: per routed layer, the share of distant
+    pairs and of the induction pairs (``copies``) that the layer's own mask kept, against the
+    same shares counted by hand from the ``kept`` hook point of the same forward."""
+    from analyses.studies.copy_pairs import _hook, window_match_mask
+    from focus_lab.method.core import distant_mask
+    m = _model()
+    cfg = focus_lab.focus_config(m)
+    ids = _ids(96, seed=3)
+    pos = torch.arange(96)
+    distant = distant_mask(pos, pos, cfg.window, cfg.sink_tokens)
+    copies = window_match_mask(ids[0], cfg.window, cfg.sink_tokens, (1,))
+    assert copies.any()
+    stats, kept = [], {}
+    fn = _hook(torch.zeros_like(distant), None, distant, stats, seed=0, copies=copies)
+    with torch.no_grad(), focus_lab.hooks(m, {"attn_out": fn, "kept": lambda t, h: kept.__setitem__(h.layer_idx, t[0])}):
+        m(input_ids=ids, use_cache=False, focus=focus_lab.forward_state(m, mode="hard", top_k=1, match_shifts=None))
+    assert [s[2] for s in stats] == sorted(kept)
+    assert any(0 < own < 1 for *_, own in stats)  # the groups keep some copies, not all
+    for pairs, extra, layer, own in stats:
+        k = kept[layer]
+        assert extra == 0 and pairs == pytest.approx((k & distant).sum().item() / distant.sum().item())
+        assert own == pytest.approx((k & copies).sum().item() / copies.sum().item())
+
+
 def test_recording_refuses_token_match_pairs_with_the_fix():
     m = _model()
     with pytest.raises(RuntimeError, match="match_shifts=None"):

@@ -19,7 +19,11 @@ the token-match pairs recover it and the random pairs do not.
 
 Output: ``<out>/copy_pairs_cap<N>.parquet`` (tidy: one row per corpus, window, pattern and
 extra: summed NLL in nats, tokens, distant pairs kept averaged over routed layers, the share of
-them that the extra pairs make) and ``copy_pairs_cap<N>.md``. Resumable per (corpus, window).
+them that the extra pairs make, and ``copies_kept``: the share of the distant induction pairs,
+shift 1, that the pattern's own mask keeps, averaged over routed layers) and
+``copy_pairs_cap<N>.md``; ``<out>/copy_pairs_layers_cap<N>.parquet`` has the pattern's own
+mask per routed layer (``layer_idx``, ``pairs_kept``, ``copies_kept``): which layers keep the
+copies. Resumable per (corpus, window).
 Usage (about 1 min per forward at 4096 tokens on one busy core)::
 
     python -m analyses.studies.copy_pairs --corpora man-pages,python-docs,debian-reference --windows 2 \
@@ -40,7 +44,7 @@ import torch
 
 from analyses.studies import load_study, pending_windows, window_study_args
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: copies_kept, and the per-layer table
 
 
 def window_match_mask(ids: torch.Tensor, window: int, sinks: int, shifts: tuple[int, ...] = (1,),
@@ -77,13 +81,16 @@ def parse_extra(name: str) -> tuple[int, ...] | None:
     raise SystemExit(f"--extras: unknown {name!r}; use none, random, or shifts >= 0 such as s1 or s0+1+2")
 
 
-def _hook(extra: torch.Tensor | None, matched: torch.Tensor, distant: torch.Tensor, stats: list, seed: int):
+def _hook(extra: torch.Tensor | None, matched: torch.Tensor, distant: torch.Tensor, stats: list, seed: int,
+          copies: torch.Tensor | None = None):
     """attn_out hook of one forward: attention under ``kept | extra`` (extra None: random pairs,
-    per row as many as ``matched`` adds). Appends (pairs kept, extra pairs) per routed layer."""
+    per row as many as ``matched`` adds). Appends (pairs kept, extra pairs, layer index, share of
+    ``copies`` (T, T) bool the layer's own mask keeps) per routed layer."""
     from focus_lab.method.core import masked_attention
     from focus_lab.method.metrics import attention_scale
     gen = torch.Generator().manual_seed(seed)
     n_distant = distant.sum().item()
+    n_copies = max(int(copies.sum()), 1) if copies is not None else 1
 
     def fn(out: torch.Tensor, hook) -> torch.Tensor | None:
         call = hook.call
@@ -91,7 +98,9 @@ def _hook(extra: torch.Tensor | None, matched: torch.Tensor, distant: torch.Tens
             return None
         kept = call.kept[0]  # (T, T) bool
         add = extra & ~kept if extra is not None else random_like(matched & ~kept, distant & ~kept, gen)
-        stats.append((((kept | add) & distant).sum().item() / n_distant, add.sum().item() / n_distant))
+        own = (kept & copies).sum().item() / n_copies if copies is not None else float("nan")
+        stats.append((((kept | add) & distant).sum().item() / n_distant, add.sum().item() / n_distant,
+                      hook.layer_idx, own))
         if not add.any():
             return None
         scale = attention_scale(call.module, call.query.shape[-1])
@@ -106,10 +115,13 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
     dense = df[df.pattern == "dense"].drop_duplicates(["corpus", "window"])
     d = df.merge(dense[["corpus", "window", "nll"]].rename(columns={"nll": "nll_dense"}), on=["corpus", "window"])
     d["change"] = np.expm1((d.nll - d.nll_dense) / d.tokens) * 100
+    if "copies_kept" not in d:  # schema 1: not recorded
+        d["copies_kept"] = np.nan
     g = d[d.pattern != "dense"].groupby(["corpus", "pattern", "extra", "cap"], sort=False)
     out = g.agg(windows=("window", "nunique"), nll=("nll", "sum"), nll_dense=("nll_dense", "sum"),
                 tokens=("tokens", "sum"), lo=("change", "min"), hi=("change", "max"),
-                pairs_kept=("pairs_kept", "mean"), extra_pairs=("extra_pairs", "mean")).reset_index()
+                pairs_kept=("pairs_kept", "mean"), extra_pairs=("extra_pairs", "mean"),
+                copies_kept=("copies_kept", "mean")).reset_index()
     out["change"] = np.expm1((out.nll - out.nll_dense) / out.tokens) * 100
     return out
 
@@ -118,10 +130,12 @@ def report(df: pd.DataFrame) -> str:
     """Markdown table of ``summarize``."""
     s = summarize(df)
     lines = ["| corpus | windows | pattern | extra pairs | nearest per query (0: all) | change over dense "
-             "[min, max over windows] | distant pairs kept | of them extra |", "|---|---:|---|---|---:|---|---:|---:|"]
+             "[min, max over windows] | distant pairs kept | of them extra | induction pairs kept by the pattern |",
+             "|---|---:|---|---|---:|---|---:|---:|---:|"]
     for r in s.itertuples():
         lines.append(f"| {r.corpus} | {r.windows} | {r.pattern} | {r.extra} | {r.cap} | {r.change:+.2f}% "
-                     f"[{r.lo:+.1f}, {r.hi:+.1f}] | {r.pairs_kept:.3f} | {r.extra_pairs:.3f} |")
+                     f"[{r.lo:+.1f}, {r.hi:+.1f}] | {r.pairs_kept:.3f} | {r.extra_pairs:.3f} | "
+                     + ("-" if np.isnan(r.copies_kept) else f"{r.copies_kept:.3f}") + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -154,29 +168,40 @@ def main(argv=None) -> None:
         distant = distant_mask(pos, pos, cfg.window, cfg.sink_tokens)  # (T, T)
         masks = {k: window_match_mask(ids, cfg.window, cfg.sink_tokens, v, args.cap) for k, v in extras.items() if v}
         matched = window_match_mask(ids, cfg.window, cfg.sink_tokens, shifted[-1], args.cap) if shifted else None
+        copies = window_match_mask(ids, cfg.window, cfg.sink_tokens, (1,))  # (T, T) the induction pairs
         base = {"corpus": corpus, "seq_len": T, "window": w.index, "cap": args.cap, "tokens": T - 1,
                 "routers_sha256": sha, "focus_window": cfg.window, "sinks": cfg.sink_tokens,
                 "schema_version": SCHEMA_VERSION}
         dense = next_token_nll(model, ids, focus=focus_lab.forward_state(model, mode="dense"))
         rows = [{**base, "pattern": "dense", "extra": "none", "nll": float(dense.sum()),
-                 "pairs_kept": 1.0, "extra_pairs": 0.0}]
+                 "pairs_kept": 1.0, "extra_pairs": 0.0, "copies_kept": 1.0}]
+        layer_rows = []
         for label, changes in patterns:
             for extra, shifts in extras.items():
                 stats: list = []
                 fn = _hook(masks.get(extra, torch.zeros_like(distant)) if shifts is not None else None,
-                           matched, distant, stats, seed=w.index)
+                           matched, distant, stats, seed=w.index, copies=copies)
                 with focus_lab.hooks(model, {"attn_out": fn}):
                     nll = next_token_nll(model, ids, focus=focus_lab.forward_state(model, **changes))
                 rows.append({**base, "pattern": label, "extra": extra, "nll": float(nll.sum()),
-                             "pairs_kept": float(np.mean([a for a, _ in stats])),
-                             "extra_pairs": float(np.mean([b for _, b in stats]))})
+                             "pairs_kept": float(np.mean([x[0] for x in stats])),
+                             "extra_pairs": float(np.mean([x[1] for x in stats])),
+                             "copies_kept": float(np.mean([x[3] for x in stats]))})
+                if extra == "none":  # the pattern's own mask, per routed layer
+                    layer_rows += [{**base, "pattern": label, "layer_idx": i, "pairs_kept": kept, "copies_kept": own}
+                                   for kept, _, i, own in stats]
                 print(f"{corpus} window {w.index} {label}+{extra}: "
                       f"{np.expm1((nll.sum() - dense.sum()).item() / (T - 1)) * 100:+.2f}% "
-                      f"at {np.mean([a for a, _ in stats]):.3f}", flush=True)
+                      f"at {np.mean([x[0] for x in stats]):.3f}, copies kept {np.mean([x[3] for x in stats]):.3f}",
+                      flush=True)
         write_parquet(path, pd.DataFrame(rows))
+        write_parquet(path.with_name(path.stem + "_layers.parquet"), pd.DataFrame(layer_rows))
     df = pd.concat([pd.read_parquet(p) for p in sorted((args.out / "cells").glob(f"*_cap{args.cap}.parquet"))],
                    ignore_index=True)
     write_parquet(args.out / f"copy_pairs_cap{args.cap}.parquet", df)
+    layers = [pd.read_parquet(p) for p in sorted((args.out / "cells").glob(f"*_cap{args.cap}_layers.parquet"))]
+    if layers:
+        write_parquet(args.out / f"copy_pairs_layers_cap{args.cap}.parquet", pd.concat(layers, ignore_index=True))
     md = report(df)
     with atomic_path(args.out / f"copy_pairs_cap{args.cap}.md") as tmp:
         Path(tmp).write_text(md)
