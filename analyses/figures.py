@@ -227,8 +227,10 @@ def _browser_env() -> None:
 def render(out: Path, data_dir: Path, log: Callable[[str], None] = print, png: bool = True,
            names: list[str] | None = None) -> list[dict]:
     """Make every figure (HTML, PNG) and table (Markdown) from the cached data, or only the
-    outputs ``names`` (e.g. ["fig02_speedup_length"]). Returns one record per output made: name,
-    files, title, description, data, status."""
+    outputs ``names`` (e.g. ["fig02_speedup_length"]). Returns one record per output: name,
+    files, title, description, data, status. Every output is written, a placeholder where its
+    data are missing; with ``names`` such an output keeps its earlier files instead (status
+    "skipped: missing data ...", no files)."""
     records = []
     figs, png_paths = [], []
     for o in FIGURES:
@@ -243,6 +245,11 @@ def render(out: Path, data_dir: Path, log: Callable[[str], None] = print, png: b
                 try:
                     fig = mod.make_figure(data_dir)
                 except FileNotFoundError as e:
+                    if names is not None:  # a chosen output: keep what is there
+                        rec["status"] = f"skipped: missing data: {e}"
+                        records.append(rec)
+                        log(f"[render] {o.name}: {rec['status']}")
+                        continue
                     fig = placeholder(rec["title"], str(e))
                     rec["status"] = f"missing data: {e}"
                 html = out / f"{o.name}.html"
@@ -256,6 +263,11 @@ def render(out: Path, data_dir: Path, log: Callable[[str], None] = print, png: b
                     table = mod.make_table(data_dir)
                     md = mod.to_markdown(table) if hasattr(mod, "to_markdown") else table.to_markdown(index=False)
                 except FileNotFoundError as e:
+                    if names is not None:  # a chosen output: keep what is there
+                        rec["status"] = f"skipped: missing data: {e}"
+                        records.append(rec)
+                        log(f"[render] {o.name}: {rec['status']}")
+                        continue
                     md = f"*no data yet: {e}*\n"
                     rec["status"] = f"missing data: {e}"
                 path = out / f"{o.name}.md"
@@ -531,7 +543,11 @@ def figures(
             names = parse_render_only(render_only)
             folder = Path(out) if out is not None else REPO / "figures" / ("quick" if quick else "")
             records = render(folder, folder / "data", png=png, names=names)
-            update_readme_rows(folder, records)
+            update_readme_rows(folder, [r for r in records if not r["status"].startswith("skipped")])
+            skipped = [r["name"] for r in records if r["status"].startswith("skipped")]
+            if skipped:
+                raise FileNotFoundError(f"--render-only: no data for {', '.join(skipped)} under {folder / 'data'} "
+                                        "(their earlier files are kept); run focus-lab-figures --only <experiment> first")
             typer.echo(f"re-rendered {', '.join(r['name'] + ': ' + r['status'] for r in records)} in {folder}")
             return records
         res = run_figures(out, quick=quick, only=only, threads=threads, png=png, update_readme=update_readme,

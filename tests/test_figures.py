@@ -93,6 +93,12 @@ def test_render_only_redraws_one_output_and_its_readme_row(quick, tmp_path):
         [ln for ln in (text + "\nkept line\n").split("\n") if ln != row]
     res = CliRunner().invoke(F.cli, ["--quick", "--out", str(folder), "--render-only", "fig99"])
     assert res.exit_code == 2 and "fig99" in res.output and "fig02_speedup_length" in res.output
+    # an output whose data are missing keeps its files and its row; one line, exit 2
+    (folder / "data" / "baselines.parquet").unlink()
+    before = (folder / "fig01_pareto.html").read_bytes(), readme.read_text()
+    res = CliRunner().invoke(F.cli, ["--quick", "--out", str(folder), "--render-only", "fig01_pareto", "--no-png"])
+    assert res.exit_code == 2 and "fig01_pareto" in res.output and "kept" in res.output
+    assert ((folder / "fig01_pareto.html").read_bytes(), readme.read_text()) == before
 
 
 def test_readme_section_update(tmp_path):
