@@ -205,6 +205,9 @@ def train(
                                                 "curriculum: e.g. routers trained at 512, continued at 4096); "
                                                 "its seed and random layers carry over"),
     distill_queries: int = typer.Option(_T.distill_queries, help="distill objective: queries sampled per window"),
+    distill_copy_share: float = typer.Option(_T.distill_copy_share, help="distill objective: share of the "
+                                             "queries drawn from positions whose next token a distant copy "
+                                             "predicts (distill.copy_queries)"),
     stop_after: Optional[int] = typer.Option(None, help="end after this many steps; the learning-rate "
                                              "schedule still spans --steps (default: run every step)"),
     random_layers: Optional[str] = typer.Option(None, "--random-layers", help="layers given balanced random "
@@ -241,7 +244,8 @@ def train(
         tcfg = TrainConfig(steps=steps, seq_len=seq_len, batch_size=batch_size, lr=lr,
                            checkpoint_every=checkpoint_every, seed=seed,
                            init_routers=str(init_routers) if init_routers else None,
-                           distill_queries=distill_queries, stop_after=stop_after,
+                           distill_queries=distill_queries, distill_copy_share=distill_copy_share,
+                           stop_after=stop_after,
                            random_layers=random_list, **tchanges)
         dev = _device(device)
         m, tok, corp, seq_len = _load(model, corpus, seq_len)

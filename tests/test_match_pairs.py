@@ -284,6 +284,35 @@ def test_copy_pairs_hook_counts_the_induction_pairs_each_layer_keeps():
         assert own == pytest.approx((k & copies).sum().item() / copies.sum().item())
 
 
+def test_copy_queries_and_their_share_of_the_distill_sample():
+    """train/distill.copy_queries: positions i with a distant induction key j (brute force:
+    ids[j-1] == ids[i], i - j >= window, j >= sinks) that holds their next token (ids[j] ==
+    ids[i+1]), in any batch row; sample_queries draws round(share * n) of its queries from
+    them (fewer when fewer are marked, more when too few unmarked are left), sorted, distinct,
+    past the window; share 0 is the plain uniform draw."""
+    from focus_lab.train.distill import copy_queries, sample_queries
+    ids = torch.cat([_ids(80, seed=5), _ids(80, seed=6)])  # (2, 80)
+    want = torch.zeros(80, dtype=torch.bool)
+    for row in ids.tolist():
+        pairs = brute_match(row, [1], W, SINKS)
+        for i in range(79):
+            want[i] |= any(pairs[i, j] and row[j] == row[i + 1] for j in range(80))
+    got = copy_queries(ids, W, SINKS)
+    assert torch.equal(got, want) and 0 < want.sum() < 80 - W
+    prefer = torch.zeros(60, dtype=torch.bool)
+    prefer[[12, 20, 31, 40, 41, 50]] = True
+    for n, share, marked in ((10, 0.5, 5), (10, 1.0, 6), (50, 0.0, None), (52, 0.1, 6)):
+        q = sample_queries(60, 8, n, torch.Generator().manual_seed(0), prefer, share)
+        assert q.tolist() == sorted(set(q.tolist())) and q.min() >= 8 and len(q) == min(n, 52)
+        if marked is not None:  # (52, 0.1): 46 unmarked positions, so all 6 marked ones fill the 52
+            assert int(prefer[q].sum()) == marked
+    plain = sample_queries(60, 8, 10, torch.Generator().manual_seed(0))
+    assert torch.equal(plain, sample_queries(60, 8, 10, torch.Generator().manual_seed(0), prefer, 0.0))
+    from focus_lab.method.config import ConfigError, TrainConfig
+    with pytest.raises(ConfigError, match="distill_copy_share"):
+        TrainConfig(distill_copy_share=1.5)
+
+
 def test_recording_refuses_token_match_pairs_with_the_fix():
     m = _model()
     with pytest.raises(RuntimeError, match="match_shifts=None"):

@@ -335,6 +335,10 @@ class TrainConfig:
             output on ``distill_queries`` sampled queries, ``focus_lab.train.distill``; affordable at
             4K-8K tokens).
         distill_queries: queries sampled per window by the "distill" objective.
+        distill_copy_share: the share of those queries drawn from the positions whose next
+            token a distant copy predicts (an earlier occurrence of their token beyond the
+            window is followed by their next token: ``distill.copy_queries``, docs/method.md
+            §2.8); the rest uniformly. 0 (default): all uniformly [ours].
         distill_top_k: top-k values whose relaxed masks the "distill" objective matches
             (``core.soft_top_k_membership``; the loss is their mean); empty: the soft gate of
             LM training (a top-1 model). Recipe ``distill64_topk`` sets (1, 2).
@@ -361,6 +365,7 @@ class TrainConfig:
     hard_phase_noise: float = 1.0
     objective: str = "lm"
     distill_queries: int = 512
+    distill_copy_share: float = 0.0
     distill_top_k: tuple[int, ...] = ()
     init_routers: str | None = None
     stop_after: int | None = None
@@ -373,6 +378,8 @@ class TrainConfig:
                               f"{', '.join(OBJECTIVES)}")
         if not isinstance(self.distill_queries, int) or self.distill_queries < 1:
             raise ConfigError(f"TrainConfig.distill_queries={self.distill_queries!r}: need an integer >= 1")
+        if not (isinstance(self.distill_copy_share, (int, float)) and 0 <= self.distill_copy_share <= 1):
+            raise ConfigError(f"TrainConfig.distill_copy_share={self.distill_copy_share!r}: need a number in [0, 1]")
         self.distill_top_k = tuple(self.distill_top_k)  # a list after a JSON round trip
         if not all(isinstance(k, int) and k >= 1 for k in self.distill_top_k):
             raise ConfigError(f"TrainConfig.distill_top_k={self.distill_top_k!r}: need integers >= 1")

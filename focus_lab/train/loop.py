@@ -203,7 +203,8 @@ def train(model, windows: list, focus_cfg: FocusConfig, train_cfg: TrainConfig, 
                 else:
                     from focus_lab.train.distill import distill_step
                     loss_d = distill_step(model, ids, step_cfg, step, train_cfg.distill_queries,
-                                          train_cfg.seed, shares, train_cfg.distill_top_k)
+                                          train_cfg.seed, shares, train_cfg.distill_top_k,
+                                          train_cfg.distill_copy_share)
                 if world > 1:  # the model is not run through DDP here: average by hand
                     for p in params:
                         if p.grad is not None:
