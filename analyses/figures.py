@@ -224,6 +224,10 @@ def _browser_env() -> None:
                 break
 
 
+class _KeepEarlier(Exception):
+    """``render(names=...)``: a chosen output's data are missing; its earlier files stay."""
+
+
 def render(out: Path, data_dir: Path, log: Callable[[str], None] = print, png: bool = True,
            names: list[str] | None = None) -> list[dict]:
     """Make every figure (HTML, PNG) and table (Markdown) from the cached data, or only the
@@ -246,10 +250,7 @@ def render(out: Path, data_dir: Path, log: Callable[[str], None] = print, png: b
                     fig = mod.make_figure(data_dir)
                 except FileNotFoundError as e:
                     if names is not None:  # a chosen output: keep what is there
-                        rec["status"] = f"skipped: missing data: {e}"
-                        records.append(rec)
-                        log(f"[render] {o.name}: {rec['status']}")
-                        continue
+                        raise _KeepEarlier(e) from e
                     fig = placeholder(rec["title"], str(e))
                     rec["status"] = f"missing data: {e}"
                 html = out / f"{o.name}.html"
@@ -264,16 +265,15 @@ def render(out: Path, data_dir: Path, log: Callable[[str], None] = print, png: b
                     md = mod.to_markdown(table) if hasattr(mod, "to_markdown") else table.to_markdown(index=False)
                 except FileNotFoundError as e:
                     if names is not None:  # a chosen output: keep what is there
-                        rec["status"] = f"skipped: missing data: {e}"
-                        records.append(rec)
-                        log(f"[render] {o.name}: {rec['status']}")
-                        continue
+                        raise _KeepEarlier(e) from e
                     md = f"*no data yet: {e}*\n"
                     rec["status"] = f"missing data: {e}"
                 path = out / f"{o.name}.md"
                 with atomic_path(path) as tmp:
                     tmp.write_text(f"# {rec['title']}\n\n{md}\n")
                 rec["files"].append(path.name)
+        except _KeepEarlier as e:
+            rec["status"] = f"skipped: missing data: {e}"
         except Exception as e:  # one broken figure must not stop the others
             import traceback
             log(f"[render] {o.name} FAILED: {type(e).__name__}: {e}\n{traceback.format_exc()}")

@@ -57,7 +57,9 @@ def copy_queries(ids: torch.Tensor, window: int, sinks: int) -> torch.Tensor:
     some batch row: a key j of their induction pairs (``core.match_mask`` with shift 1:
     ``ids[j-1] == ids[i]``, i - j >= window, past the sinks) holds ``ids[j] == ids[i+1]``.
     (About a quarter to two fifths of the positions of a 4096-token window; an earlier
-    occurrence alone marks about 70%.) The last position, with no next token, is never marked."""
+    occurrence alone marks about 70%.) The last position, with no next token, is never marked.
+    Unlike the "distant copy" class of ``analyses/studies/copy_loss.py`` (its *latest* earlier
+    bigram lies beyond the window), a position counts here when any such bigram does."""
     B, T = ids.shape
     pos = torch.arange(T, device=ids.device)
     pairs = match_mask(ids, ids, (1,), pos, pos, window, sinks)  # (B, T, T)
