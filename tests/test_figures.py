@@ -640,3 +640,35 @@ def test_copy_classes_by_hand():
     assert repeat_distance(ids).tolist() == want
     assert copy_class(repeat_distance(ids), window=4).tolist() == [0, 0, 0, 1, 0, 0, 1, 2, 2]
     assert repeat_distance([1]).tolist() == []
+
+
+def test_domain_table_prints_hand_set_cells_and_dashes_where_a_row_has_no_table():
+    """analyses/studies/domain_table on hand-set cells: dense perplexity is exp(mean NLL), top-2's
+    change over dense is exp(0.02) - 1 on every window (interval collapsed onto it), the router's
+    margin over random groups exp(0.05) - 1; a row without uniform / broad-mix tables prints '-'
+    there; a missing table is a KeyError naming it."""
+    import math
+    from analyses.studies import domain_table as D
+
+    nll = {"dense": 2.0, "hard_top1": 2.04, "hard_top2": 2.02, "random_top2": 2.07}
+    rows = []
+    for _name, _kind, tokens, corpus, *tables in D.ROWS:
+        for table in {t for t in tables if t is not None}:
+            rows += [{"table": table, "corpus": corpus, "seq_len": tokens, "window": w, "label": lab,
+                      "nll": v + 0.1 * w, "tokens": 1000, "seconds": 1.0,
+                      "distant_pairs_kept": 0.5 if lab != "dense" else 1.0, "max_group_share": 0.3}
+                     for w in range(3) for lab, v in nll.items()]
+    cells = pd.DataFrame(rows).drop_duplicates(["table", "corpus", "seq_len", "window", "label"])
+    text = D.domain_table(cells)
+    lines = text.splitlines()
+    assert len(lines) == 2 + len(D.ROWS)
+    num = lambda x: f"{100 * (math.exp(x) - 1):+.1f}"  # noqa: E731
+    first = lines[2].split(" | ")
+    dense_ppl = math.exp(2.1)  # mean of 2.0, 2.1, 2.2 over equal tokens
+    assert first[3] == f"{dense_ppl:.2f}" and first[2] == "3"
+    assert first[5] == f"{num(0.02)}% [{num(0.02)}, {num(0.02)}] [0.50]"
+    assert first[7] == f"{num(0.05)}% [{num(0.05)}, {num(0.05)}]"
+    at8k = [l for l in lines if l.startswith("| man-pages, 8192")]
+    assert len(at8k) == 1 and at8k[0].endswith("| - | - |")
+    with pytest.raises(KeyError, match="shipped_heldout_8k"):
+        D.domain_table(cells[cells.table != "shipped_heldout_8k"])
