@@ -223,6 +223,10 @@ def train(
                                                "pairs kept by rule (e.g. '0,1'; the soft gate gives them bias "
                                                "0, docs/method.md §2.8); the file keeps them for its hard "
                                                "patterns; default: none"),
+    gradient_checkpointing: bool = typer.Option(False, "--gradient-checkpointing", help="lm objective: "
+                                                "recompute each decoder layer in the backward instead of "
+                                                "keeping its activations (the same gradients, about a third "
+                                                "more time, one layer's soft-gate graph in memory)"),
 ):
     """Train only the routers (frozen base model) on the corpus's training documents."""
     from focus_lab.method.config import TrainConfig, parse_match_shifts, parse_random_layers
@@ -245,7 +249,7 @@ def train(
                            checkpoint_every=checkpoint_every, seed=seed,
                            init_routers=str(init_routers) if init_routers else None,
                            distill_queries=distill_queries, distill_copy_share=distill_copy_share,
-                           stop_after=stop_after,
+                           stop_after=stop_after, gradient_checkpointing=gradient_checkpointing,
                            random_layers=random_list, **tchanges)
         dev = _device(device)
         m, tok, corp, seq_len = _load(model, corpus, seq_len)

@@ -1,5 +1,6 @@
 """Router recipes: sink tokens in the one mask rule, straight-through, schedules."""
 
+import contextlib
 import itertools
 
 import pytest
@@ -293,3 +294,49 @@ def test_stop_after_then_resume_equals_the_uninterrupted_run(tmp_path):
         assert torch.allclose(a[k], b[k], atol=1e-6), k
     with pytest.raises(focus_lab.method.config.ConfigError, match="stop_after"):
         TrainConfig(**sched, stop_after=7)
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_checkpointed_layers_give_the_plain_gradients_and_one_bias_update(family):
+    """LM objective through the soft gate: with every decoder layer recomputed in the backward
+    (hf.retrofit.checkpointed_layers) the routers' gradients equal those of the plain forward,
+    the group bias moves once (not again in the recompute), the model stays in eval mode (GPT-2's
+    dropout off) and the layers' forward is restored on exit, also after an error."""
+    from focus_lab.hf.retrofit import checkpointed_layers
+    from focus_lab.hf.tiny import tiny_gpt2
+    from focus_lab.train.loop import TrainConfig as TC
+
+    ids = torch.randint(3, 97, (2, 48))
+
+    def step(checkpointed: bool):
+        model = tiny_llama() if family == "llama" else tiny_gpt2()
+        model.eval()
+        focus_lab.attach(model, FocusConfig(mode="soft", window=4, sink_tokens=2, bias_momentum=0.5))
+        rs = focus_lab.routers(model)
+        for r in rs.values():
+            r.train()
+        layers = {id(m): m.forward for m in model.modules()}
+        ctx = checkpointed_layers(model) if checkpointed else contextlib.nullcontext()
+        with ctx:
+            loss = model(input_ids=ids, labels=ids, use_cache=False).loss
+            loss.backward()
+        assert {id(m): m.forward for m in model.modules()} == layers  # restored
+        return loss.detach(), {i: (r.centroids.grad.clone(), r.group_bias.clone()) for i, r in rs.items()}
+
+    loss0, plain = step(False)
+    loss1, ckpt = step(True)
+    assert torch.allclose(loss0, loss1, atol=1e-6)
+    for i, (g, b) in plain.items():
+        assert g.abs().sum() > 0
+        assert torch.allclose(ckpt[i][0], g, atol=1e-6, rtol=1e-4), f"layer {i}: gradients differ"
+        assert torch.allclose(ckpt[i][1], b, atol=1e-6), f"layer {i}: group bias updated twice"
+        assert b.abs().sum() > 0  # it did move once
+
+    model = tiny_llama()
+    forwards = {id(m): m.forward for m in model.modules()}
+    with pytest.raises(RuntimeError, match="boom"):
+        with checkpointed_layers(model):
+            raise RuntimeError("boom")
+    assert {id(m): m.forward for m in model.modules()} == forwards
+    with pytest.raises(focus_lab.method.config.ConfigError, match="only the 'lm' objective"):
+        TC(objective="distill", gradient_checkpointing=True)

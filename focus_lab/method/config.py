@@ -350,6 +350,10 @@ class TrainConfig:
         random_layers: layers given balanced random groups instead of their routers
             (``FocusConfig.random_layers``, docs/method.md §2.6); their routers are not trained.
             None: the init file's random layers with ``init_routers``, else the FocusConfig's.
+        gradient_checkpointing: "lm" objective only: recompute each decoder layer in the
+            backward instead of keeping its activations (``hf.retrofit.checkpointed_layers``),
+            so the soft gate's (batch, heads, seq, seq) graph is held for one layer at a time;
+            the same gradients, about a third more time [ours].
     """
 
     steps: int = 60
@@ -370,6 +374,7 @@ class TrainConfig:
     init_routers: str | None = None
     stop_after: int | None = None
     random_layers: list[int] | None = None
+    gradient_checkpointing: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -380,6 +385,10 @@ class TrainConfig:
             raise ConfigError(f"TrainConfig.distill_queries={self.distill_queries!r}: need an integer >= 1")
         if not (isinstance(self.distill_copy_share, (int, float)) and 0 <= self.distill_copy_share <= 1):
             raise ConfigError(f"TrainConfig.distill_copy_share={self.distill_copy_share!r}: need a number in [0, 1]")
+        if self.gradient_checkpointing and self.objective != "lm":
+            raise ConfigError(f"TrainConfig.gradient_checkpointing: only the 'lm' objective backpropagates "
+                              f"through the model; objective {self.objective!r} holds one layer's graph "
+                              "at a time already (drop --gradient-checkpointing)")
         self.distill_top_k = tuple(self.distill_top_k)  # a list after a JSON round trip
         if not all(isinstance(k, int) and k >= 1 for k in self.distill_top_k):
             raise ConfigError(f"TrainConfig.distill_top_k={self.distill_top_k!r}: need integers >= 1")

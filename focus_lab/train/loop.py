@@ -23,7 +23,7 @@ from focus_lab.method.core import hard_group_shares
 from focus_lab.method.config import FocusConfig, TrainConfig
 from focus_lab.io import atomic_path, write_json, write_parquet
 from focus_lab.hf.hooks import hooks
-from focus_lab.hf.retrofit import (FocusForward, attach, forward_state, is_attached, load_routers, router_tensors,
+from focus_lab.hf.retrofit import (FocusForward, attach, checkpointed_layers, forward_state, is_attached, load_routers, router_tensors,
                                   routers, save_routers)
 
 TRAIN_LOG_SCHEMA = 1
@@ -211,9 +211,10 @@ def train(model, windows: list, focus_cfg: FocusConfig, train_cfg: TrainConfig, 
                             dist.all_reduce(p.grad)
                             p.grad /= world
             else:
-                loss_t = forward(input_ids=ids, labels=ids, use_cache=False,
-                                 focus=FocusForward(step_cfg)).loss
-                loss_t.backward()
+                with checkpointed_layers(model) if train_cfg.gradient_checkpointing else contextlib.nullcontext():
+                    loss_t = forward(input_ids=ids, labels=ids, use_cache=False,
+                                     focus=FocusForward(step_cfg)).loss
+                    loss_t.backward()
                 loss_d = loss_t.detach().clone()
             if world > 1:
                 dist.all_reduce(loss_d)
