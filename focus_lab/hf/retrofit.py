@@ -542,7 +542,7 @@ def checkpointed_layers(model: nn.Module):
     from the forward and recomputes its activations during the backward
     (``torch.utils.checkpoint``, non-reentrant, RNG state preserved), so the LM objective's soft
     gate, a (batch, heads, seq, seq) float graph per routed layer, is held for one layer at a time:
-    at 2048 tokens SmolLM2-135M's LM step needs 15 GiB without it (docs/recipes.md). Gradients are
+    at 2048 tokens SmolLM2-135M's LM step holds 14 GiB without it (docs/recipes.md). Gradients are
     those of the plain forward. The recompute runs the layer again, its Focus routing included:
     the group bias is updated once (not in the recompute), while hook points (``hooks``) fire a
     second time. Works whatever the model's train / eval mode (unlike transformers' own switch).
