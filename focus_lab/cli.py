@@ -225,8 +225,8 @@ def train(
                                                "patterns; default: none"),
     gradient_checkpointing: bool = typer.Option(False, "--gradient-checkpointing", help="lm objective: "
                                                 "recompute each decoder layer in the backward instead of "
-                                                "keeping its activations (the same gradients, about a third "
-                                                "more time, one layer's soft-gate graph in memory)"),
+                                                "keeping its activations (the same gradients, for one more "
+                                                "forward of each layer; one layer's soft-gate graph in memory)"),
 ):
     """Train only the routers (frozen base model) on the corpus's training documents."""
     from focus_lab.method.config import TrainConfig, parse_match_shifts, parse_random_layers

@@ -353,7 +353,7 @@ class TrainConfig:
         gradient_checkpointing: "lm" objective only: recompute each decoder layer in the
             backward instead of keeping its activations (``hf.retrofit.checkpointed_layers``),
             so the soft gate's (batch, heads, seq, seq) graph is held for one layer at a time;
-            the same gradients, about a third more time [ours].
+            the same gradients, for one more forward of each layer [ours].
     """
 
     steps: int = 60
