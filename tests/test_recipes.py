@@ -304,7 +304,7 @@ def test_checkpointed_layers_give_the_plain_gradients_and_one_bias_update(family
     dropout off) and the layers' forward is restored on exit, also after an error."""
     from focus_lab.hf.retrofit import checkpointed_layers
     from focus_lab.hf.tiny import tiny_gpt2
-    from focus_lab.train.loop import TrainConfig as TC
+    from focus_lab.method.config import ConfigError
 
     ids = torch.randint(3, 97, (2, 48))
 
@@ -338,5 +338,5 @@ def test_checkpointed_layers_give_the_plain_gradients_and_one_bias_update(family
         with checkpointed_layers(model):
             raise RuntimeError("boom")
     assert {id(m): m.forward for m in model.modules()} == forwards
-    with pytest.raises(focus_lab.method.config.ConfigError, match="only the 'lm' objective"):
-        TC(objective="distill", gradient_checkpointing=True)
+    with pytest.raises(ConfigError, match="only the 'lm' objective"):
+        TrainConfig(objective="distill", gradient_checkpointing=True)

@@ -49,10 +49,10 @@ def domain_table(cells: pd.DataFrame | None = None) -> str:
 
     def row(table: str, corpus: str, tokens: int, label: str) -> pd.Series:
         if table not in summaries:
-            if not (cells["table"] == table).any():
+            part = cells[cells["table"] == table]
+            if not len(part):
                 raise KeyError(f"the committed cells have no table {table!r}")
-            summaries[table] = summarize(cells[cells["table"] == table].drop(columns="table")).set_index(
-                ["corpus", "seq_len", "label"])
+            summaries[table] = summarize(part.drop(columns="table")).set_index(["corpus", "seq_len", "label"])
         key = (corpus, tokens, label)
         if key not in summaries[table].index:
             raise KeyError(f"committed table {table!r} has no {label} at {tokens} tokens on {corpus}")

@@ -23,8 +23,8 @@ from focus_lab.method.core import hard_group_shares
 from focus_lab.method.config import FocusConfig, TrainConfig
 from focus_lab.io import atomic_path, write_json, write_parquet
 from focus_lab.hf.hooks import hooks
-from focus_lab.hf.retrofit import (FocusForward, attach, checkpointed_layers, forward_state, is_attached, load_routers, router_tensors,
-                                  routers, save_routers)
+from focus_lab.hf.retrofit import (FocusForward, attach, checkpointed_layers, forward_state, is_attached,
+                                  load_routers, router_tensors, routers, save_routers)
 
 TRAIN_LOG_SCHEMA = 1
 
