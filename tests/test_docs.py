@@ -1,6 +1,14 @@
-"""The documentation is self-contained: no file cites the method notes
-that used to live outside the repository, and every relative link of README.md, docs/ and
-figures/README.md points to a file of the repository, i.e. one a fresh clone has.
+"""The documentation stays a product. Checks, each reporting one ``file:line: rule broken: detail``
+line per problem, all problems at once:
+
+- no file cites the method notes that used to live outside the repository;
+- every relative link and ``#anchor`` of README.md, docs/**, figures/README.md and data/README.md
+  resolves: the file is in the repository and the anchor is a heading of it (GitHub's slugs);
+- README.md has at most 150 lines;
+- no tracked markdown page carries history words ("run A", "an earlier run", "this session", ...);
+- every study page (docs/studies/*.md but its README) has the sections Question, Setup, Result,
+  Verdict, Reproduce in that order;
+- every number in the README's tables is in the committed data the README links.
 
 "Of the repository" means tracked by git, or new and not git-ignored (so a page written but not
 yet committed counts, a generated, git-ignored file does not). The figures' PNGs are committed
@@ -88,12 +96,36 @@ def test_no_file_cites_notes_outside_the_repository():
 
 
 # ------------------------------------------------------------------------------------------
-# relative links
+# relative links and anchors
+#
+# Every check below returns ``file:line: rule broken: detail`` lines, one per problem, and each
+# test on the repository collects all of them before it fails.
 
 _FENCE = re.compile(r"^[ \t]*(```|~~~).*?^[ \t]*\1", re.S | re.M)
 _CODE_SPAN = re.compile(r"(`+)(?:(?!\1).)+?\1", re.S)
 _INLINE = re.compile(r"!?\[(?:[^\[\]]|\[[^\[\]]*\])*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
 _REFERENCE = re.compile(r"^\s{0,3}\[[^\]]+\]:\s*<?(\S+?)>?(?:\s|$)", re.M)
+_HEADING = re.compile(r"^ {0,3}#{1,6}[ \t]+(.*?)(?:[ \t]+#+)?[ \t]*$")
+_HTML_ANCHOR = re.compile(r"<a\s[^>]*?\b(?:id|name)\s*=\s*[\"']?([^\"'\s>]+)", re.I)
+
+
+def _blank(pattern: re.Pattern, text: str) -> str:
+    """``text`` with each match of ``pattern`` replaced by spaces, newlines kept (so that
+    offsets and line numbers stay those of the original)."""
+    return pattern.sub(lambda m: re.sub(r"[^\n]", " ", m.group(0)), text)
+
+
+def _line_of(text: str, offset: int) -> int:
+    return text.count("\n", 0, offset) + 1
+
+
+def markdown_links_with_lines(text: str) -> list[tuple[int, str]]:
+    """(line, target) of each link and image of a markdown text, outside code blocks and code
+    spans, in the order they appear."""
+    text = _blank(_CODE_SPAN, _blank(_FENCE, text))
+    found = [(m.start(), m.group(1)) for m in _INLINE.finditer(text)]
+    found += [(m.start(1), m.group(1)) for m in _REFERENCE.finditer(text)]
+    return [(_line_of(text, at), target) for at, target in sorted(found)]
 
 
 def markdown_links(text: str) -> list[str]:
@@ -102,38 +134,38 @@ def markdown_links(text: str) -> list[str]:
     return _INLINE.findall(text) + _REFERENCE.findall(text)
 
 
+def github_slug(title: str) -> str:
+    """GitHub's anchor of a heading's text: its rendered text (links and images by their text,
+    code spans without backticks, HTML tags dropped), lowercased, punctuation other than '-' and
+    '_' removed, each space a '-'."""
+    title = re.sub(r"!?\[((?:[^\[\]]|\[[^\[\]]*\])*)\]\([^)]*\)", r"\1", title)
+    title = re.sub(r"<[^>]+>", "", title).replace("`", "")
+    return re.sub(r"[^\w\- ]", "", title.strip().lower()).replace(" ", "-")
+
+
+def headings(text: str) -> list[tuple[int, str]]:
+    """(line, text) of each ATX heading of a markdown text, outside fenced code blocks."""
+    out = []
+    for n, line in enumerate(_blank(_FENCE, text).splitlines(), 1):
+        m = _HEADING.match(line)
+        if m and m.group(1).strip():
+            out.append((n, m.group(1).strip()))
+    return out
+
+
 def heading_slugs(text: str) -> set[str]:
-    """GitHub's anchors of the headings of a markdown text."""
-    slugs = set()
-    for line in _FENCE.sub("", text).splitlines():
-        m = re.match(r"^#{1,6}\s+(.*?)\s*#*\s*$", line)
-        if m:
-            title = re.sub(r"[^\w\- ]", "", m.group(1).replace("`", "").lower())
-            slugs.add(title.replace(" ", "-"))
+    """Every anchor a markdown page has on GitHub: its headings' slugs (a repeated slug gets
+    -1, -2, ...) and the explicit ``<a id=...>`` / ``<a name=...>`` outside code."""
+    slugs: set[str] = set()
+    for _, title in headings(text):
+        base = slug = github_slug(title)
+        n = 0
+        while slug in slugs:
+            n += 1
+            slug = f"{base}-{n}"
+        slugs.add(slug)
+    slugs.update(_HTML_ANCHOR.findall(_blank(_CODE_SPAN, _blank(_FENCE, text))))
     return slugs
-
-
-def test_markdown_helpers():
-    text = ("# A title: `x`\n\n[a](b.md) ![i](img/p.png \"t\") [c](#a-title-x) `[no](code.md)`\n"
-            "```\n[no](fenced.md)\n```\n[ref]: docs/r.md\n[web](https://example.org)\n")
-    assert markdown_links(text) == ["b.md", "img/p.png", "#a-title-x", "https://example.org", "docs/r.md"]
-    assert heading_slugs(text) == {"a-title-x"}
-    assert "5-results-to-compare-against" in heading_slugs("## 5. Results to compare against\n")
-
-
-def _link_cases() -> list:
-    files = repository_files()
-    if files is None:
-        return [pytest.param(None, None, marks=pytest.mark.skip(reason="not a git checkout"))]
-    pages = [p for p in LINKED_PAGES if p in files]
-    pages += sorted(p for p in files if p.startswith("docs/") and p.endswith(".md"))
-    cases = []
-    for page in pages:
-        for target in dict.fromkeys(markdown_links((REPO / page).read_text(encoding="utf-8"))):
-            if re.match(r"^[a-z][a-z0-9+.-]*:", target, re.I):  # http:, https:, mailto:
-                continue
-            cases.append(pytest.param(page, target, id=f"{page}->{target}"))
-    return cases
 
 
 def _resolve(page: str, path: str) -> str | None:
@@ -149,20 +181,209 @@ def _resolve(page: str, path: str) -> str | None:
     return "/".join(parts)
 
 
-@pytest.mark.parametrize("page,target", _link_cases())
-def test_relative_link_points_into_the_repository(page, target):
+def link_problems(page: str, text: str, files: set[str], read, ignored=lambda rel: False) -> list[str]:
+    """``page:line: broken link: ...`` / ``page:line: broken anchor: ...`` for each relative link
+    of ``text`` (the page ``page``) whose file is not in ``files`` or whose ``#anchor`` is no
+    heading of the markdown file it points to. ``read(rel)`` gives a file's text."""
+    problems = []
+    for line, target in markdown_links_with_lines(text):
+        if re.match(r"^[a-z][a-z0-9+.-]*:", target, re.I) or target.startswith("//"):  # http:, mailto:
+            continue
+        raw_path, _, anchor = target.partition("#")
+        path = urllib.parse.unquote(raw_path.split("?", 1)[0])
+        rel = _resolve(page, path) if path else page
+        if rel is None:
+            problems.append(f"{page}:{line}: broken link: {target!r} leaves the repository")
+            continue
+        if rel not in files and not any(f.startswith(rel + "/") for f in files):
+            why = "git-ignored: commit it or link something else" if ignored(rel) else "no such file"
+            problems.append(f"{page}:{line}: broken link: {target!r} points to {rel} ({why})")
+            continue
+        if anchor and rel.endswith(".md") and rel in files:
+            anchor = urllib.parse.unquote(anchor)
+            if anchor not in heading_slugs(text if rel == page else read(rel)):
+                problems.append(f"{page}:{line}: broken anchor: {target!r}: {rel} has no heading #{anchor}")
+    return problems
+
+
+def test_markdown_helpers():
+    text = ("# A title: `x`\n\n[a](b.md) ![i](img/p.png \"t\") [c](#a-title-x) `[no](code.md)`\n"
+            "```\n[no](fenced.md)\n# not a heading\n```\n[ref]: docs/r.md\n[web](https://example.org)\n")
+    assert markdown_links(text) == ["b.md", "img/p.png", "#a-title-x", "https://example.org", "docs/r.md"]
+    assert markdown_links_with_lines(text) == [(3, "b.md"), (3, "img/p.png"), (3, "#a-title-x"),
+                                               (8, "docs/r.md"), (9, "https://example.org")]
+    assert heading_slugs(text) == {"a-title-x"}
+    assert "5-results-to-compare-against" in heading_slugs("## 5. Results to compare against\n")
+    assert github_slug("1.7 Keys in their predecessor's group [ours]") == "17-keys-in-their-predecessors-group-ours"
+    assert github_slug("See [the API](api.md#x) and `focus_lab.attach`") == "see-the-api-and-focus_labattach"
+    assert github_slug("Speed: 2x -- A/B") == "speed-2x----ab"
+    assert heading_slugs("## Setup\ntext\n## Setup\n### Setup ##\n<a id=\"here\"></a>\n<a name='there'>") == \
+        {"setup", "setup-1", "setup-2", "here", "there"}
+
+
+def test_link_check_finds_broken_links_and_anchors():
+    files = {"README.md", "docs/a.md", "docs/b.md", "figures/x.png"}
+    pages = {"docs/b.md": "# B\n## Two words, here\n```\n## Fenced\n```\n## Dup\n## Dup\n"}
+    text = ("[ok](docs/b.md#two-words-here) [ok](docs/b.md#dup-1) [ok](figures/x.png) [ok](docs)\n"
+            "[web](https://x.org/y.md#z) [self](#top)\n"
+            "[gone](docs/c.md)\n"
+            "[anchor](docs/b.md#fenced) [anchor](docs/b.md#dup-2)\n"
+            "[out](../outside.md)\n"
+            "`[code](nothing.md)`\n"
+            "# Top\n")
+    problems = link_problems("README.md", text, files, pages.__getitem__)
+    assert problems == [
+        "README.md:3: broken link: 'docs/c.md' points to docs/c.md (no such file)",
+        "README.md:4: broken anchor: 'docs/b.md#fenced': docs/b.md has no heading #fenced",
+        "README.md:4: broken anchor: 'docs/b.md#dup-2': docs/b.md has no heading #dup-2",
+        "README.md:5: broken link: '../outside.md' leaves the repository",
+    ]
+    # relative to the page's folder; an anchor of the page itself
+    assert link_problems("docs/a.md", "[b](b.md#b) [r](../README.md) [s](#nope)\n# A\n", files,
+                         pages.__getitem__) == ["docs/a.md:1: broken anchor: '#nope': docs/a.md has no heading #nope"]
+
+
+def _linked_pages(files: set[str]) -> list[str]:
+    pages = [p for p in LINKED_PAGES if p in files]
+    return pages + sorted(p for p in files if p.startswith("docs/") and p.endswith(".md"))
+
+
+def test_every_relative_link_and_anchor_resolves():
     files = repository_files()
-    path, _, anchor = target.partition("#")
-    path = urllib.parse.unquote(path.split("?", 1)[0])
-    rel = _resolve(page, path) if path else page
-    assert rel is not None, f"{page}: link {target!r} leaves the repository"
-    is_dir = any(f.startswith(rel + "/") for f in files)
-    assert rel in files or is_dir, (
-        f"{page}: link {target!r} points to {rel}, which is not in the repository "
-        f"({'git-ignored: commit it or link something else' if is_ignored(rel) else 'no such file'})")
-    if anchor and rel.endswith(".md") and rel in files:
-        slugs = heading_slugs((REPO / rel).read_text(encoding="utf-8"))
-        assert anchor in slugs, f"{page}: link {target!r}: {rel} has no heading #{anchor} (it has {sorted(slugs)})"
+    if files is None:
+        pytest.skip("not a git checkout")
+    read = lambda rel: (REPO / rel).read_text(encoding="utf-8")
+    problems = []
+    for page in _linked_pages(files):
+        problems += link_problems(page, read(page), files, read, is_ignored)
+    assert not problems, f"{len(problems)} broken links or anchors:\n" + "\n".join(problems)
+
+
+# ------------------------------------------------------------------------------------------
+# the README stays short
+
+README_MAX_LINES = 150
+
+
+def readme_length_problems(text: str, rel: str = "README.md") -> list[str]:
+    n = len(text.splitlines())
+    if n <= README_MAX_LINES:
+        return []
+    return [f"{rel}:{README_MAX_LINES + 1}: README too long: {n} lines, at most {README_MAX_LINES} "
+            "(move detail into docs/ and link it)"]
+
+
+def test_readme_length_check():
+    assert readme_length_problems("line\n" * README_MAX_LINES) == []
+    assert readme_length_problems("line\n" * (README_MAX_LINES + 1)) == [
+        f"README.md:151: README too long: 151 lines, at most {README_MAX_LINES} (move detail into docs/ and link it)"]
+
+
+def test_readme_is_at_most_150_lines():
+    problems = readme_length_problems((REPO / "README.md").read_text(encoding="utf-8"))
+    assert not problems, "\n".join(problems)
+
+
+# ------------------------------------------------------------------------------------------
+# no history in the product: the docs say what the product does and what was measured
+
+HISTORY = re.compile(
+    r"(?i:goals\s+we\s+set|this\s+session|session\s+script|lent\s+machine|earlier\s+runs?\b"
+    r"|\bstop\s+\d+|\bfor\s+now\b|\bsession\b)"
+    r"|(?i:\bruns?)\s+[A-H]\b"           # "run A".."run H"; "run a command" is English, not history
+    r"|`previous[\w*-]*`")              # tables named by when they were made, not what they hold
+# the one meaning of "session" that is no history: Streamlit's per-browser-tab state
+HISTORY_ALLOWED = re.compile(r"(?i)\bsession[\s_]state\b")
+
+
+def history_problems(rel: str, text: str) -> list[str]:
+    """``rel:line: history word: ...`` for each history word or phrase of a markdown text."""
+    problems = []
+    for n, line in enumerate(text.splitlines(), 1):
+        for m in HISTORY.finditer(HISTORY_ALLOWED.sub(lambda a: "#" * len(a.group(0)), line)):
+            problems.append(f"{rel}:{n}: history word: {m.group(0)!r} in {line.strip()[:100]!r}")
+    return problems
+
+
+def test_history_check_finds_history_words():
+    bad = ("It misses the goals we set.\nIn this session, via the session script\n"
+           "on the lent machine; Run A and run H, runs A and B\nas an earlier run showed (Earlier runs: stop 12)\n"
+           "an option for now\ntable `previous_8k_budget_top2`\na session\n")
+    found = history_problems("docs/x.md", bad)
+    assert [p.split(": ")[0] for p in found] == ["docs/x.md:1"] + ["docs/x.md:2"] * 2 + ["docs/x.md:3"] * 4 + \
+        ["docs/x.md:4"] * 3 + ["docs/x.md:5", "docs/x.md:6", "docs/x.md:7"]
+    assert found[0] == "docs/x.md:1: history word: 'goals we set' in 'It misses the goals we set.'"
+    good = ("Run a command; the router runs each layer. Streamlit's session state (`st.session_state`)\n"
+            "keeps the page; the previous token; stops at 4096; a RUNTIME of 3 s\n")
+    assert history_problems("docs/x.md", good) == []
+
+
+def test_no_history_words_in_markdown():
+    files = repository_files()
+    if files is None:
+        pytest.skip("not a git checkout")
+    problems = []
+    for rel in sorted(f for f in files if f.endswith(".md")):
+        problems += history_problems(rel, (REPO / rel).read_text(encoding="utf-8"))
+    assert not problems, (f"{len(problems)} history words in the docs (write what the product does and "
+                          "what was measured, in the present tense):\n" + "\n".join(problems))
+
+
+# ------------------------------------------------------------------------------------------
+# one page per study, each with the same five sections
+
+STUDY_HEADINGS = ("Question", "Setup", "Result", "Verdict", "Reproduce")
+STUDIES = "docs/studies"
+
+
+def study_problems(rel: str, text: str) -> list[str]:
+    """``rel:line: study headings: ...`` unless the page has the level-2 headings
+    ``## Question``, ``## Setup``, ``## Result``, ``## Verdict``, ``## Reproduce`` in that order."""
+    at: dict[str, int] = {}
+    for n, line in enumerate(_blank(_FENCE, text).splitlines(), 1):
+        m = re.match(r"^## +(.+?)\s*$", line)
+        if m and m.group(1) in STUDY_HEADINGS:
+            at.setdefault(m.group(1), n)
+    order = ", ".join(f"## {h}" for h in STUDY_HEADINGS)
+    problems = [f"{rel}:1: study headings: no '## {h}' (a study page has {order}, in that order)"
+                for h in STUDY_HEADINGS if h not in at]
+    last = None
+    for h in STUDY_HEADINGS:
+        if h not in at:
+            continue
+        if last is not None and at[h] < at[last]:
+            problems.append(f"{rel}:{at[h]}: study headings: '## {h}' comes before '## {last}' "
+                            f"(the order is {order})")
+        else:
+            last = h
+    return problems
+
+
+def test_study_heading_check():
+    good = "# A study\n\n## Question\nq\n## Setup\n### detail\n## Result\n| a |\n## Verdict\nv\n## Reproduce\n"
+    assert study_problems("docs/studies/s.md", good) == []
+    missing = good.replace("## Verdict", "## Conclusion")
+    assert study_problems("docs/studies/s.md", missing) == [
+        "docs/studies/s.md:1: study headings: no '## Verdict' (a study page has ## Question, ## Setup, "
+        "## Result, ## Verdict, ## Reproduce, in that order)"]
+    swapped = "## Question\n## Result\n## Setup\n## Verdict\n```\n## Reproduce\n```\n"
+    problems = study_problems("docs/studies/s.md", swapped)
+    assert [p.split(": study")[0] for p in problems] == ["docs/studies/s.md:1", "docs/studies/s.md:2"]
+    assert "no '## Reproduce'" in problems[0] and "'## Result' comes before '## Setup'" in problems[1]
+    assert study_problems("docs/studies/s.md", "### Question\n## Setup\n")[0].startswith(
+        "docs/studies/s.md:1: study headings: no '## Question'")
+
+
+def test_every_study_page_has_its_five_sections():
+    files = repository_files()
+    if files is None:
+        pytest.skip("not a git checkout")
+    pages = sorted(f for f in files if PurePosixPath(f).parent == PurePosixPath(STUDIES)
+                   and f.endswith(".md") and PurePosixPath(f).name != "README.md")
+    problems = []
+    for rel in pages:  # none yet is no failure
+        problems += study_problems(rel, (REPO / rel).read_text(encoding="utf-8"))
+    assert not problems, "\n".join(problems)
 
 
 # ------------------------------------------------------------------------------------------
