@@ -195,7 +195,7 @@ def train(
     sinkhorn_iters: int = typer.Option(_F.sinkhorn_iters),
     router_dim: int = typer.Option(_F.router_dim), seed: int = typer.Option(_F.seed),
     resume: bool = typer.Option(False, help="continue from <out>/checkpoint"),
-    recipe: str = typer.Option(DEFAULT_RECIPE, help="training recipe (focus_lab/train/recipes.py; README "
+    recipe: str = typer.Option(DEFAULT_RECIPE, help="training recipe (focus_lab/train/recipes.py; docs/cli.md "
                                "'Router recipes'): sinks64 (default, best measured), paper, calibrated, "
                                "straight_through, anneal, hard_phase, sinks, coverage, ..."),
     sink_tokens: Optional[int] = typer.Option(None, help="first tokens always visible (attention sinks); "
