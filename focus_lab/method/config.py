@@ -91,9 +91,14 @@ def parse_int_list(spec: str) -> list[int]:
     return out
 
 
-@dataclass
+@dataclass(frozen=True)
 class FocusConfig:
     """Hyper-parameters of Focus attention (docs/method.md §1-§3).
+
+    Frozen: a config is never changed in place (assigning a field raises
+    ``dataclasses.FrozenInstanceError``); ``replace(**changes)`` (or ``dataclasses.replace``)
+    gives a validated copy. A router, a forward's state and a saved file may therefore share
+    one config without one of them changing it under the others.
 
     Attributes:
         num_groups: K, number of groups (centroids) per layer. >= 1.
@@ -232,7 +237,7 @@ class FocusConfig:
             if not (isinstance(self.match_shifts, (list, tuple))
                     and all(isinstance(x, int) and not isinstance(x, bool) for x in self.match_shifts)):
                 bad("match_shifts", "need a list of token shifts, e.g. [0, 1], or None")
-            self.match_shifts = sorted(set(self.match_shifts))
+            object.__setattr__(self, "match_shifts", sorted(set(self.match_shifts)))
             if not all(0 <= x < self.window for x in self.match_shifts):
                 bad("match_shifts", f"need shifts in 0..window-1={self.window - 1} (1: the induction pair)")
         if isinstance(self.match_latest, bool) or not isinstance(self.match_latest, int) or self.match_latest < 0:
@@ -242,12 +247,14 @@ class FocusConfig:
         if self.layers is not None:
             if not all(isinstance(i, int) and i >= 0 for i in self.layers):
                 bad("layers", "need a list of layer indices >= 0, or None for all layers")
+            object.__setattr__(self, "layers", list(self.layers))  # its own list: no caller's list aliased
         if self.random_layers is not None:
             if not all(isinstance(i, int) and i >= 0 for i in self.random_layers):
                 bad("random_layers", "need a list of layer indices >= 0 (e.g. [1, 2, ..., 9]), or None")
+            object.__setattr__(self, "random_layers", list(self.random_layers))
         if self.layer_top_k is not None:
             try:  # a JSON round trip turns the keys into strings
-                self.layer_top_k = {int(i): k for i, k in self.layer_top_k.items()}
+                object.__setattr__(self, "layer_top_k", {int(i): k for i, k in self.layer_top_k.items()})
             except (AttributeError, TypeError, ValueError):
                 bad("layer_top_k", "need a dict {layer_idx: k}, e.g. {1: 0, 10: 2}, or None")
             if not all(i >= 0 and isinstance(k, int) and 0 <= k <= self.num_groups
@@ -256,8 +263,8 @@ class FocusConfig:
                     "(0: window and sinks only)")
         if self.top_k_budgets is not None:
             try:  # JSON turns both levels of keys into strings
-                self.top_k_budgets = {int(t): {int(i): k for i, k in m.items()}
-                                      for t, m in self.top_k_budgets.items()}
+                object.__setattr__(self, "top_k_budgets", {int(t): {int(i): k for i, k in m.items()}
+                                                           for t, m in self.top_k_budgets.items()})
             except (AttributeError, TypeError, ValueError):
                 bad("top_k_budgets", "need a dict {top_k: {layer_idx: k}}, e.g. {2: {0: 1, 1: 3}}, or None")
             if not all(1 <= t <= self.num_groups and i >= 0 and isinstance(k, int) and 0 <= k <= self.num_groups
@@ -284,7 +291,8 @@ class FocusConfig:
         return "random" if self.random_layers and layer_idx in self.random_layers else self.assignment
 
     def replace(self, **changes: Any) -> "FocusConfig":
-        """A validated copy with ``changes`` applied."""
+        """A validated copy with ``changes`` applied (its own lists and dicts: nothing shared
+        with this config but immutable values)."""
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
