@@ -6,7 +6,7 @@ import torch
 
 import focus_lab
 from focus_lab import FocusConfig
-from focus_lab.hf.hooks import POINTS, HookError
+from focus_lab.hf.hooks import POINTS, HookError, HookWarning
 from focus_lab.hf.retrofit import attention_modules, forward_state
 from conftest import tiny_gemma2, tiny_gpt2, tiny_llama
 
@@ -36,7 +36,7 @@ def test_cached_points_match_independent_references():
         h = c[f"layers.{i}.router_in"]
         assert torch.allclose(h, layer.input_layernorm(out.hidden_states[i]), atol=1e-6)
         r = focus_lab.routers(model)[i]
-        assert torch.allclose(c[f"layers.{i}.scores"], r(h, forward_state(model).config), atol=1e-5)
+        assert torch.allclose(c[f"layers.{i}.router_logits"], r(h, forward_state(model).config), atol=1e-5)
         q, k, v = c[f"layers.{i}.query"], c[f"layers.{i}.key"], c[f"layers.{i}.value"]
         assert q.shape[:3] == (2, 4, T) and k.shape[2] == T and c[f"layers.{i}.key_group"].shape == (2, T)
         kept = c[f"layers.{i}.kept"]
@@ -68,10 +68,11 @@ def test_names_patterns_and_a_point_alone_select_the_same_hooks_and_bad_names_li
         model(input_ids=_ids(), use_cache=False)
     assert seen == [1]
     # dense mode: no routing, so the routing points do not fire; router_in does
-    with focus_lab.cache(model, ["scores", "key_group", "router_in"]) as c:
+    with pytest.warns(HookWarning, match="router_logits"), \
+            focus_lab.cache(model, ["router_logits", "key_group", "router_in"]) as c:
         model(input_ids=_ids(), use_cache=False)
     assert sorted(c) == ["layers.0.router_in", "layers.1.router_in", "layers.2.router_in"]
-    for bad in ("layers.9.attn_out", "attn", "layers.0.score"):
+    for bad in ("layers.9.attn_out", "attn", "layers.0.logits"):
         with pytest.raises(ValueError) as e:
             with focus_lab.hooks(model, {bad: lambda x, hook: None}):
                 pass
@@ -90,15 +91,15 @@ def test_a_raising_hook_names_point_and_layer_and_every_hook_is_removed():
     def boom(x, hook):
         if hook.layer_idx == 1:
             raise KeyError("nope")
-    with pytest.raises(HookError, match=r"layers\.1\.scores \(layer 1, point scores\) raised KeyError") as e:
-        with focus_lab.hooks(model, {"scores": boom, "attn_out": lambda x, hook: None}):
+    with pytest.raises(HookError, match=r"layers\.1\.router_logits \(layer 1, point router_logits\) raised KeyError") as e:
+        with focus_lab.hooks(model, {"router_logits": boom, "attn_out": lambda x, hook: None}):
             model(input_ids=_ids(), use_cache=False)
     assert isinstance(e.value.__cause__, KeyError)
     assert _registered(model) == 0
     assert [dict(m._forward_pre_hooks) for _, m in attention_modules(model)] == before
     # a read-only point may not return a tensor
-    with pytest.raises(HookError, match="only attn_out hooks may return"):
-        with focus_lab.hooks(model, {"layers.0.scores": lambda x, hook: x * 2}):
+    with pytest.raises(HookError, match="query is read-only"):
+        with focus_lab.hooks(model, {"layers.0.query": lambda x, hook: x * 2}):
             model(input_ids=_ids(), use_cache=False)
     assert _registered(model) == 0
 

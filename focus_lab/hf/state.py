@@ -1,0 +1,196 @@
+"""The state of a forward: ``FocusForward`` (the config in force, the router inputs in flight,
+the token ids for token-match pairs) and ``FocusCache`` (the key groups of every token seen, for
+hard-mode decoding through a KV cache).
+Source: docs/method.md §1-§4.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass, field
+
+import torch
+
+from focus_lab.method.config import FocusConfig
+from focus_lab.method.core import match_pairs
+from focus_lab.method.decomposition import GroupedKV
+
+
+def is_plain_causal(keep: torch.Tensor) -> bool:
+    """True when ``keep`` (B, Tq, Tk) bool, a mask that never keeps a future key, is plain
+    causality for queries at positions Tk-Tq..Tk-1 (no padding, no sliding window): query i
+    sees exactly its i + 1 first keys."""
+    Tq, Tk = keep.shape[-2:]
+    q_pos = torch.arange(Tk - Tq, Tk, device=keep.device)
+    return bool((torch.count_nonzero(keep, dim=-1) == q_pos + 1).all())
+
+
+@dataclass
+class FocusCache:
+    """Hard-mode KV-cache state: the key group of every token seen so far, per routed layer.
+
+    ``key_groups``: {layer_idx: (B, T_seen) int64}. A forward from position 0 (Tq == Tk) starts a
+    layer's entry over; a decode step (Tq < Tk) appends its tokens' groups, since the router needs
+    hidden states that the KV cache does not keep. ``grouped``: {layer_idx: GroupedKV}, the
+    layer's keys and values ordered by group, which one-token steps attend through
+    (``decomposition.GroupedKV``, built at the first step after a prefill).
+    Source: docs/method.md §4 (KV cache).
+    """
+
+    key_groups: dict[int, torch.Tensor] = field(default_factory=dict)
+    # {layer_idx: (B, 1)}: with key_shift, the key group of the next token (Routing.next_key_group)
+    next_key_group: dict[int, torch.Tensor] = field(default_factory=dict)
+    grouped: dict[int, GroupedKV] = field(default_factory=dict, repr=False)
+    token_ids: torch.Tensor | None = field(default=None, repr=False)  # (B, T_seen), with match_shifts
+
+    def seen(self, layer_idx: int) -> int:
+        """Number of tokens whose key groups layer ``layer_idx`` holds (0 before a prefill)."""
+        g = self.key_groups.get(layer_idx)
+        return 0 if g is None else int(g.shape[1])
+
+    def extend(self, layer_idx: int, key_group: torch.Tensor, Tq: int, Tk: int) -> torch.Tensor:
+        """Record this forward's key groups (B, Tq) of layer ``layer_idx``; return the groups of
+        every token seen so far, (B, T_seen), T_seen >= Tk (more under a sliding-window cache).
+
+        Raises:
+            RuntimeError: a decode step (Tq < Tk) whose earlier tokens' groups are unknown
+                (no prefill went through this cache)."""
+        past = self.key_groups.get(layer_idx) if Tq < Tk else None
+        B = key_group.shape[0]
+        if Tq < Tk and (past is None or past.shape[0] != B or past.shape[1] < Tk - Tq):
+            raise RuntimeError(
+                f"hard-mode KV-cache step with {Tk - Tq} cached tokens, but layer {layer_idx} saw "
+                f"{None if past is None else tuple(past.shape)} key groups: start generation "
+                "with a forward from position 0 through the same FocusCache (the model's default "
+                "one, or the FocusForward's cache)")
+        if past is None:
+            self.grouped.pop(layer_idx, None)  # a forward from position 0: the old store is stale
+        seen = key_group if past is None else torch.cat([past, key_group], 1)  # (B, T_seen)
+        self.key_groups[layer_idx] = seen
+        return seen
+
+    def reorder(self, beam_idx: torch.Tensor) -> None:
+        """Select batch rows ``beam_idx`` (B,) of every per-row state, as beam search does to
+        the KV cache (the model's ``_reorder_cache``, installed by ``attach``); the group-ordered
+        stores are dropped and rebuilt at the next step."""
+        for d in (self.key_groups, self.next_key_group):
+            for i, g in d.items():
+                d[i] = g.index_select(0, beam_idx.to(g.device))
+        if self.token_ids is not None:
+            self.token_ids = self.token_ids.index_select(0, beam_idx.to(self.token_ids.device))
+        self.grouped.clear()
+
+
+@dataclass
+class FocusForward:
+    """The Focus state of one forward, passed as ``model(input_ids, focus=FocusForward(cfg))``.
+
+    transformers hands the ``focus`` keyword to every attention module; the pre-hook that
+    ``attach`` installs stores each routed layer's router input in it, and ``focus_attention``
+    reads the config and the inputs from it. A forward without ``focus=`` (e.g. inside
+    ``model.generate``) uses the model's default state, the one ``attach`` / ``load_routers``
+    put on the model (its config is changed by ``set_config``), with the model's own FocusCache.
+
+    Attributes:
+        config: the FocusConfig in force for this forward (mode, top_k, assignment, window, ...).
+            Shape fields (``config.SHAPE_FIELDS``) must be the attached ones.
+        cache: a FocusCache for hard-mode decoding through a KV cache; None: no decode step
+            possible with this state (full forwards only).
+        inputs: {layer_idx: (B, T, d_model)} router inputs of the forward in flight (internal:
+            filled by the pre-hook, consumed by the attention function).
+        timings: None, or a dict into which every routed layer's attention function adds wall
+            seconds per phase (for benchmarks, ``analyses/bench_attention.py``): "route" (router
+            and groups), "mask" (transformers' mask read, path choice), "hooks" (the hook points), the
+            decomposition's "plan", "gather", "scatter", "attn_A", "attn_B", "attn_D" (token-match pairs), "merge"
+            (``decomposition.hard_focus_attention``), "attn_dense" (dense SDPA) or
+            "attn_reference" (the masked reference), and "attention_fn", the whole function.
+    Source: docs/method.md §1-§4.
+    """
+
+    config: FocusConfig
+    cache: FocusCache | None = None
+    inputs: dict[int, torch.Tensor] = field(default_factory=dict, repr=False)
+    timings: dict[str, float] | None = field(default=None, repr=False, compare=False)
+    token_ids: torch.Tensor | None = field(default=None, repr=False, compare=False)
+    _plain: "PlainCausalCheck" = field(default_factory=lambda: PlainCausalCheck(), repr=False, compare=False)
+    _match: tuple | None = field(default=None, repr=False, compare=False)
+
+    def match_pairs(self, Tq: int, Tk: int) -> torch.Tensor | None:
+        """The token-match pairs of this forward (``core.match_pairs`` with ``config.match_shifts``
+        and ``config.match_latest``) as a list (P, 3) long of (b, i, j), j indexing the layer's
+        Tk keys, built once per forward and shared by its layers; None when ``match_shifts`` is
+        off or the mode is neither hard nor soft. The keys' ids are this forward's ``token_ids`` (B, Tq),
+        after those of the cached tokens in a decode step.
+
+        Raises RuntimeError: no ``input_ids`` reached the forward (called with ``inputs_embeds``,
+        or through a submodule of the model that ``attach`` was given), or a decode step whose
+        earlier tokens' ids are unknown."""
+        cfg = self.config
+        if not cfg.match_shifts or cfg.mode not in ("hard", "soft"):
+            return None
+        if self._match is not None and self._match[0] == (Tq, Tk):
+            return self._match[1]
+        ids = self.token_ids
+        if ids is None or ids.shape[-1] != Tq:
+            raise RuntimeError(
+                "FocusConfig.match_shifts needs the token ids of each forward: call the model that "
+                "attach() was given (or its base_model) with input_ids= (not inputs_embeds), or set "
+                "match_shifts=None")
+        seen = ids
+        if Tq < Tk:
+            past = self.cache.token_ids if self.cache is not None else None
+            if past is None or past.shape[0] != ids.shape[0] or past.shape[1] < Tk - Tq:
+                raise RuntimeError(
+                    f"match_shifts in a KV-cache step with {Tk - Tq} cached tokens, but the FocusCache "
+                    f"holds {None if past is None else tuple(past.shape)} token ids: start generation "
+                    "with a forward from position 0 through the same FocusCache")
+            seen = torch.cat([past, ids], 1)  # (B, T_seen), T_seen >= Tk under a sliding-window cache
+        if self.cache is not None:
+            self.cache.token_ids = seen
+        T = seen.shape[1]
+        pos = torch.arange(T, device=ids.device)  # absolute positions of every token seen
+        pairs = match_pairs(ids, seen, cfg.match_shifts, pos[T - Tq:], pos, cfg.window, cfg.sink_tokens,
+                            cfg.match_latest)  # (P, 3) over every token seen
+        if T > Tk:  # a sliding-window cache: keep the keys the layer holds, index them from its first
+            pairs = pairs[pairs[:, 2] >= T - Tk]
+            pairs[:, 2] -= T - Tk
+        self._match = ((Tq, Tk), pairs)
+        return pairs
+
+    def is_plain_causal(self, attention_mask: torch.Tensor | None, keep: torch.Tensor) -> bool:
+        """``is_plain_causal(keep)`` for transformers' mask (None: plain causality), computed
+        once for the mask tensor of this forward (``PlainCausalCheck``)."""
+        return self._plain(attention_mask, keep)
+
+
+class PlainCausalCheck:
+    """``is_plain_causal(keep)`` computed once per transformers mask tensor, not once per layer:
+    every layer of a forward gets the same mask object (summing a (B, T, T) bool mask costs
+    35-60 ms a layer at 4K tokens). Used by ``FocusForward`` and by the recorder.
+
+    Call: ``check(attention_mask, keep)`` with transformers' 4-D mask (or None: plain causality)
+    and its (B, Tq, Tk) bool keep mask -> bool."""
+
+    def __init__(self) -> None:
+        self._entry: tuple | None = None  # (weakref to the mask, (version, shape), result)
+
+    def __call__(self, attention_mask: torch.Tensor | None, keep: torch.Tensor) -> bool:
+        if attention_mask is None:
+            return True
+        key = (attention_mask._version, tuple(keep.shape))
+        e = self._entry
+        if e is not None and e[0]() is attention_mask and e[1] == key:
+            return e[2]
+        ok = is_plain_causal(keep)
+        self._entry = (weakref.ref(attention_mask), key, ok)
+        return ok
+
+
+def state_of(focus) -> FocusForward | None:
+    """The ``focus`` keyword checked: a FocusForward or None. A bare FocusConfig is refused: one
+    state must serve every layer of a forward (the plain-causality check and the KV cache live in
+    it), so it is built once, by the caller."""
+    if focus is None or isinstance(focus, FocusForward):
+        return focus
+    raise TypeError(f"focus= takes a FocusForward, not {type(focus).__name__}: pass "
+                    "focus_lab.forward_state(model, **changes) or FocusForward(config)")
