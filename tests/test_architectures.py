@@ -195,7 +195,7 @@ def test_sliding_window_and_softcap_matter_in_the_tiny_models():
 
 @torch.no_grad()
 def test_softcap_forces_the_dense_reference(monkeypatch):
-    import focus_lab.hf.retrofit as rf
+    import focus_lab.hf.attention as rf  # where the attention function calls it
 
     def boom(*a, **k):
         raise AssertionError("the decomposition does not soft-cap; softcap must use the dense reference")

@@ -354,7 +354,7 @@ def _attached(family: str, **cfg):
 def _counting_decomposition():
     """Count the retrofit's calls of ``hard_focus_attention`` (yields the list of calls); the
     original function is always put back."""
-    import focus_lab.hf.retrofit as rf
+    import focus_lab.hf.attention as rf  # where the attention function calls it
     calls, orig = [], rf.hard_focus_attention
     rf.hard_focus_attention = lambda *a, **k: calls.append(1) or orig(*a, **k)
     try:

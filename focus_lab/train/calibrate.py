@@ -35,7 +35,7 @@ def calibrate_bias(model, windows: list, progress: bool = True) -> dict[int, tor
     sums: dict[int, torch.Tensor] = {}
     counts: dict[int, int] = {}
 
-    def potentials(scores, hook):  # the layer's Sinkhorn column potentials, (B, K)
+    def potentials(query_groups, hook):  # the layer's Sinkhorn column potentials, (B, K)
         col = hook.call.routing.col_potential
         if col is not None:
             i = hook.layer_idx
@@ -47,7 +47,7 @@ def calibrate_bias(model, windows: list, progress: bool = True) -> dict[int, tor
         for r in rs.values():
             r.train()  # a training router runs Sinkhorn (Router.assign) even in hard mode
         from tqdm.auto import tqdm
-        with hooks(model, {"scores": potentials}):
+        with hooks(model, {"query_groups": potentials}):  # fires after the routing
             for w in tqdm(windows, desc="calibrate bias", disable=not progress, dynamic_ncols=True):
                 model(input_ids=w.input_ids[None], use_cache=False, focus=state)
     finally:
