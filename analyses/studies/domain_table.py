@@ -5,7 +5,7 @@ For each named domain at 4096 tokens (and *Persuasion* and the held-out domains 
 perplexity; the shipped
 file's hard top-1, hard top-2 (its per-layer budget, docs/method.md §2.7) with the distant pairs
 kept, random top-2 under the same budget and the router's margin over it; then uniform top-2 of
-the same tensors without the budget and of the broad-mix file (docs/recipes.md), each as the
+the same tensors without the budget and of the broad-mix file (docs/studies/broad-mix.md), each as the
 change over dense with its 95% paired bootstrap interval over windows
 (``analyses.length_table.summarize``). A row without a uniform-top-2 or broad-mix table shows "-"
 there (the held-out domains at 8192 were measured with the shipped file only).

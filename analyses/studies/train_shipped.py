@@ -1,7 +1,7 @@
 """Train the shipped router file from scratch, end to end, and time every stage.
 
 The recipe of ``focus_lab/routers/MANIFEST.json`` as one resumable chain of ``focus-lab``
-commands (docs/recipes.md, "The shipped file from scratch"):
+commands (docs/recipes.md, "The recipe, and what it costs"):
 
 1. ``sinks64``: 60 steps x 2 windows x 512 tokens on Austen (Persuasion held out).
 2. ``distill64`` at 4096 tokens from (1): a 40-step schedule stopped after 30 steps, random
@@ -13,7 +13,7 @@ commands (docs/recipes.md, "The shipped file from scratch"):
 5. (with ``--mix broad``) ``distill64`` at 4096 tokens on a mix of domains, each without its
    held-out documents (``broad``: Austen, Shakespeare, kernel docs, Python source, the King
    James Bible): ``--runs`` runs of 30 steps from (4), seeds 0, 1, ..., each from the last.
-6. ``focus-lab soup`` of (4) and (5) with equal weights (not shipped: docs/recipes.md).
+6. ``focus-lab soup`` of (4) and (5) with equal weights (not shipped: docs/studies/broad-mix.md).
 
 ``--base FILE`` stands a finished two-domain file in for stages 1-4.
 
@@ -43,7 +43,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 # the training mixes: corpus names, each without its held-out documents (data/README.md);
 # stage 3 trains on "austen-shakespeare"; "broad" (five domains of different kinds) is the mix of
-# stages 5-6 (docs/recipes.md, "A broader training mix")
+# stages 5-6 (docs/studies/broad-mix.md)
 MIXES = {"austen-shakespeare": ("austen", "shakespeare"),
          "broad": ("austen", "shakespeare", "kernel-docs", "python-source", "bible-kjv")}
 MIX = "austen-shakespeare"  # stage 3's mix; another mix adds stages 5-6
