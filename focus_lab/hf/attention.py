@@ -234,43 +234,22 @@ def _patch_groups(call: LayerCall, routing: Routing | None, state: FocusForward,
 
 
 def _patched_mask(call: LayerCall, keep: torch.Tensor, path: str | None, mode: str):
-    """Fire ``kept`` when a hook sits there: None (no patch), ("add", pairs (P, 3)) for added
-    pairs only on the decomposition path, else the mask (bool) or soft bias (float) to attend
-    with, always within the model's own mask ``keep``."""
+    """Fire ``kept`` when a hook sits there: None (no patch), ("add", pairs (P, 3)) when the
+    hooks only added pairs on the decomposition path (they join its part D), else the mask
+    (bool) or soft bias (float) to attend with; always within the model's own mask ``keep``."""
     if not has_hooks(call.module, "kept"):
         return None
     x = call.kept
     y = fire(call, "kept", x, mode)
     if y is x:
         return None
-    if isinstance(y, Pairs):
-        if y.remove is None and y.add is not None and path == "decomposition":
-            add = y.add.to(keep.device)
-            add = add[keep[add[:, 0], add[:, 1], add[:, 2]]]  # the model's own mask still applies
-            call.set_kept(lambda: _with_pairs(x, keep, add, None))
-            return ("add", add)
-        y = _with_pairs(x, keep, y.add, y.remove)
-    elif y.dtype == torch.bool:
-        y = y & keep
-    else:
-        y = y.masked_fill(~keep, float("-inf"))
+    y = y & keep if y.dtype == torch.bool else y.masked_fill(~keep, float("-inf"))
     call.set_kept(y)
+    edits = call.kept_edits
+    if path == "decomposition" and all(isinstance(e, Pairs) and e.remove is None for e in edits):
+        add = torch.cat([e.add.to(keep.device) for e in edits if e.add is not None])
+        return ("add", add[keep[add[:, 0], add[:, 1], add[:, 2]]])  # the model's own mask still applies
     return y
-
-
-def _with_pairs(x: torch.Tensor, keep: torch.Tensor, add: torch.Tensor | None,
-                remove: torch.Tensor | None) -> torch.Tensor:
-    """The mask (bool) or soft bias (float) ``x`` (B, Tq, Tk) with the pairs ``add`` kept (bias
-    0) and ``remove`` dropped (bias -inf), (P, 3) long rows (b, i, j); within ``keep``."""
-    y = x.clone()
-    on, off = (True, False) if y.dtype == torch.bool else (0.0, float("-inf"))
-    if add is not None and add.numel():
-        add = add.to(y.device)
-        y[add[:, 0], add[:, 1], add[:, 2]] = on
-    if remove is not None and remove.numel():
-        remove = remove.to(y.device)
-        y[remove[:, 0], remove[:, 1], remove[:, 2]] = off
-    return y & keep if y.dtype == torch.bool else y.masked_fill(~keep, float("-inf"))
 
 
 def _merge_pairs(pairs: torch.Tensor | None, add: torch.Tensor, Tq: int, Tk: int) -> torch.Tensor:

@@ -142,6 +142,7 @@ class LayerCall:
     match_pairs: torch.Tensor | None = field(repr=False, default=None)
     scaling: float | None = field(repr=False, default=None)
     softcap: float | None = field(repr=False, default=None)
+    kept_edits: list = field(repr=False, default_factory=list)  # what the kept hooks returned, in order
 
     @functools.cached_property
     def kept(self) -> torch.Tensor:
@@ -222,8 +223,29 @@ def fire(call: LayerCall, point: str, x: torch.Tensor, mode: str | None = None):
                             f"point {point}) raised {type(e).__name__}: {e}") from e
         if y is None:
             continue
-        x = _check_patch(point, name, call, x, y, mode)
+        y = _check_patch(point, name, call, x, y, mode)
+        if point == "kept":  # the next hook sees the edited mask; the attention function reads the edits
+            call.kept_edits.append(y)
+            if isinstance(y, Pairs):
+                y = with_pairs(x, y.add, y.remove)
+            keep = call.model_mask  # the model's own mask (causality, padding) still applies
+            y = y & keep if y.dtype == torch.bool else y.masked_fill(~keep, float("-inf"))
+        x = y
     return x
+
+
+def with_pairs(x: torch.Tensor, add: torch.Tensor | None, remove: torch.Tensor | None) -> torch.Tensor:
+    """A copy of the mask (bool) or soft bias (float) ``x`` (B, Tq, Tk) with the pairs ``add``
+    kept (True, bias 0) and ``remove`` dropped (False, bias -inf); (P, 3) long rows (b, i, j)."""
+    y = x.clone()
+    on, off = (True, False) if y.dtype == torch.bool else (0.0, float("-inf"))
+    if add is not None and add.numel():
+        add = add.to(y.device)
+        y[add[:, 0], add[:, 1], add[:, 2]] = on
+    if remove is not None and remove.numel():
+        remove = remove.to(y.device)
+        y[remove[:, 0], remove[:, 1], remove[:, 2]] = off
+    return y
 
 
 def _desc(t) -> str:
