@@ -1,0 +1,209 @@
+"""Interventions on a recorded run: does a dropped edge cost what the audit says, and what does
+one group carry?
+
+``restored_drops_table``: for the costliest queries of a run's ``costly_drops`` table, restore
+the query's heaviest dropped edge alone (the pair added to that layer's mask through the
+``kept`` hook point, ``hooks.Pairs``) and measure the query's next-token loss again. The share
+of the query's loss delta (hard minus dense) that comes back says whether the edge the audit
+blames is the cause of the loss or only beside it. Also restored: every dropped edge recorded
+for the query at once, in every recorded layer.
+
+``group_ablation_table``: cut one group of one layer (the distant pairs its keys give its
+queries, through a ``kept`` patch) and measure every token's loss change, per part of speech
+of the query token.
+
+Both run hard-mode forwards of the model the run was recorded with (its routers loaded), on the
+run's own windows (``tokens`` table). A query's loss needs only the tokens up to it, so each
+restore runs on the window's prefix that ends at the query: the loss is that of the full
+window (a causal model), up to float rounding.
+Source: docs/method.md §6 (the question the audit answers); docs/studies/restored-drops.md.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+from tqdm.auto import tqdm
+
+from focus_lab.hf.attach import forward_state
+from focus_lab.hf.hooks import Pairs, hooks
+from focus_lab.runs import SCHEMA, Run, write_table
+
+#: columns of the ``restored_drops`` table (one row per restored edge)
+RESTORED_DROPS = ("window", "query_position", "query_rank", "layer_idx", "head", "key_position", "distance",
+                  "weight", "query_token", "key_token", "next_token", "relation", "edges_of_query", "nll_dense",
+                  "nll_hard", "nll_restored", "recovered", "nll_all_restored", "recovered_all")
+#: columns of the ``group_ablation`` table (one row per layer, group and part of speech)
+GROUP_ABLATION = ("window", "layer_idx", "group", "pos", "tokens", "tokens_in_group", "nll_hard", "nll_ablated",
+                  "delta", "delta_in_group")
+
+
+def _query_nll(model, ids: torch.Tensor, position: int, state, patch: dict | None = None) -> float:
+    """-log p(ids[position + 1] | ids[:position + 1]) in nats, one forward of the prefix
+    ``ids[:position + 1]`` with ``state`` and the hooks ``patch``."""
+    prefix = ids[None, :position + 1].long()
+    with torch.no_grad(), hooks(model, patch or {}):
+        logits = model(input_ids=prefix, use_cache=False, focus=state).logits[0, -1].float()
+    return float(torch.log_softmax(logits, -1)[int(ids[position + 1])].neg())
+
+
+def _add_pairs(pairs_by_layer: dict[int, list[tuple[int, int]]]) -> dict:
+    """``kept`` hooks that add (query, key) pairs per layer (``hooks.Pairs``, batch row 0)."""
+    out = {}
+    for layer, pairs in pairs_by_layer.items():
+        add = torch.tensor([[0, i, j] for i, j in pairs], dtype=torch.long)
+        out[f"layers.{layer}.kept"] = lambda kept, hook, add=add: Pairs(add=add)
+    return out
+
+
+def restored_drops_table(model, run: Run, top_n: int = 50, progress: bool = True) -> pd.DataFrame:
+    """The ``restored_drops`` table: the ``top_n`` costliest queries of ``run.costly_drops``,
+    each with its heaviest recorded dropped edge restored alone, and all its recorded dropped
+    edges restored together.
+
+    Args:
+        model: the run's model with its routers attached (the hard mode of its default config
+            is the mask the run's ``loss_delta`` measured).
+        run: a recorded run with ``tokens`` and ``costly_drops`` (``record_run`` with the
+            metrics ``dropped_edges`` and ``loss_delta``).
+        top_n: queries, by ``query_rank`` (1 = the largest loss delta).
+    Returns:
+        DataFrame with columns ``RESTORED_DROPS``, one row per query (rank order): the edge
+        (layer_idx, head, key_position, distance, dense weight, tokens, relation) is the
+        query's heaviest recorded dropped edge; restoring it adds the pair (query, key) to the
+        layer's mask for every head (the mask is shared by heads). ``nll_dense`` / ``nll_hard``
+        / ``nll_restored``: the query's next-token loss (nats) dense, under the mask, and with
+        the edge restored; ``recovered = (nll_hard - nll_restored) / (nll_hard - nll_dense)``
+        (1: the whole delta comes back; < 0: restoring it costs more); ``edges_of_query``,
+        ``nll_all_restored``, ``recovered_all``: the same with every dropped edge recorded for
+        the query restored at once.
+    Raises:
+        RunError: the run lacks ``tokens`` or ``costly_drops``. ValueError: top_n < 1.
+    """
+    if top_n < 1:
+        raise ValueError(f"top_n must be >= 1, got {top_n}")
+    costly = run.table("costly_drops")
+    costly = costly[costly["query_rank"] <= top_n]
+    ids_of = run.window_token_ids()
+    hard, dense = forward_state(model, mode="hard"), forward_state(model, mode="dense")
+    rows = []
+    groups = list(costly.groupby("query_rank", sort=True))
+    for rank, q in tqdm(groups, desc="restored drops", disable=not progress, dynamic_ncols=True):
+        q = q.sort_values(["weight", "layer_idx", "head", "key_position"], ascending=[False, True, True, True],
+                          kind="stable")
+        top = q.iloc[0]
+        w, i = int(top["window"]), int(top["query_position"])
+        ids = torch.from_numpy(np.array(ids_of[w]))
+        every: dict[int, list[tuple[int, int]]] = {}
+        for layer, j in q[["layer_idx", "key_position"]].drop_duplicates().itertuples(index=False):
+            every.setdefault(int(layer), []).append((i, int(j)))
+        nll_d = _query_nll(model, ids, i, dense)
+        nll_h = _query_nll(model, ids, i, hard)
+        nll_r = _query_nll(model, ids, i, hard, _add_pairs({int(top["layer_idx"]): [(i, int(top["key_position"]))]}))
+        nll_a = _query_nll(model, ids, i, hard, _add_pairs(every))
+        delta = nll_h - nll_d
+        rows.append({"window": w, "query_position": i, "query_rank": int(rank), "layer_idx": int(top["layer_idx"]),
+                     "head": int(top["head"]), "key_position": int(top["key_position"]),
+                     "distance": int(top["distance"]), "weight": float(top["weight"]),
+                     "query_token": top["query_token"], "key_token": top["key_token"],
+                     "next_token": top["next_token"], "relation": top["relation"],
+                     "edges_of_query": int(sum(len(v) for v in every.values())),
+                     "nll_dense": nll_d, "nll_hard": nll_h, "nll_restored": nll_r,
+                     "recovered": (nll_h - nll_r) / delta if delta else np.nan,
+                     "nll_all_restored": nll_a, "recovered_all": (nll_h - nll_a) / delta if delta else np.nan})
+    return pd.DataFrame(rows, columns=list(RESTORED_DROPS))
+
+
+def _cut_group(group: int, window: int, sinks: int):
+    """A ``kept`` hook that drops the distant pairs (beyond the window, not a sink) whose key
+    is in ``group``: what the layer's queries in that group read through it."""
+    def cut(kept: torch.Tensor, hook) -> torch.Tensor:
+        Tq, Tk = kept.shape[-2:]
+        kg = hook.call.routing.key_group  # (B, Tk)
+        q_pos = torch.arange(Tk - Tq, Tk, device=kept.device)[:, None]
+        k_pos = torch.arange(Tk, device=kept.device)[None, :]
+        distant = (q_pos - k_pos >= window) & (k_pos >= sinks)  # (Tq, Tk)
+        return kept & ~(distant[None] & (kg == group)[:, None, :])
+    return cut
+
+
+def group_ablation_table(model, run: Run, layers: Sequence[int], window_idx: int = 0,
+                         groups: Sequence[int] | None = None, progress: bool = True) -> pd.DataFrame:
+    """The ``group_ablation`` table: one group of one layer cut at a time (its distant pairs
+    dropped from the hard mask), the loss change of every token of one recorded window, per
+    part of speech of the query token.
+
+    Args:
+        model: the run's model with its routers attached (hard mode of its default config).
+        run: a recorded run with ``tokens`` and ``pos`` (spaCy labels).
+        layers: routed layers to ablate, one group at a time; groups: default every group.
+        window_idx: the recorded window to run.
+    Returns:
+        DataFrame with columns ``GROUP_ABLATION``: per (layer_idx, group, pos), the tokens of
+        that part of speech (``tokens``; ``tokens_in_group``: those whose query joins the
+        group), their mean next-token loss under the mask (``nll_hard``) and with the group cut
+        (``nll_ablated``), ``delta`` = their difference (nats, > 0: the group helped), and
+        ``delta_in_group`` the mean over the tokens in the group (NaN when none).
+    Raises:
+        RunError: the run lacks ``tokens`` or ``pos``. ValueError: a layer without a router.
+    """
+    from focus_lab.hf.attach import routers
+    from focus_lab.recording.recorder import next_token_nll
+    rs = routers(model)
+    bad = [layer for layer in layers if layer not in rs]
+    if bad:
+        raise ValueError(f"layers {bad} have no router (routed layers: {sorted(rs)})")
+    ids = torch.from_numpy(np.array(run.window_token_ids()[window_idx]))
+    pos = run.table("pos")
+    pos = pos[pos["window"] == window_idx].set_index("position")["pos"]
+    pos = pos.reindex(range(len(ids) - 1)).fillna("").to_numpy()  # the query token's part of speech
+    state = forward_state(model, mode="hard")
+    cfg = state.config
+    groups_in: dict[int, torch.Tensor] = {}
+
+    def keep_groups(qg, hook):  # (1, T, k): each query's groups
+        groups_in[hook.layer_idx] = qg[0, :-1].cpu()
+    with hooks(model, {f"layers.{layer}.query_groups": keep_groups for layer in layers}):
+        base = next_token_nll(model, ids, focus=state).numpy()  # (T - 1,)
+    frames = []
+    todo = [(layer, g) for layer in layers for g in (range(cfg.num_groups) if groups is None else groups)]
+    for layer, g in tqdm(todo, desc="group ablation", disable=not progress, dynamic_ncols=True):
+        with hooks(model, {f"layers.{layer}.kept": _cut_group(g, cfg.window, cfg.sink_tokens)}):
+            cut = next_token_nll(model, ids, focus=state).numpy()
+        in_group = (groups_in[layer] == g).any(-1).numpy()  # (T - 1,)
+        df = pd.DataFrame({"pos": pos, "nll_hard": base, "nll_ablated": cut, "in": in_group})
+        df["delta"] = df["nll_ablated"] - df["nll_hard"]
+        df["delta_in"] = df["delta"].where(df["in"])
+        agg = df.groupby("pos", sort=True).agg(tokens=("delta", "size"), tokens_in_group=("in", "sum"),
+                                               nll_hard=("nll_hard", "mean"), nll_ablated=("nll_ablated", "mean"),
+                                               delta=("delta", "mean"), delta_in_group=("delta_in", "mean"))
+        agg = agg.reset_index()
+        agg.insert(0, "group", g)
+        agg.insert(0, "layer_idx", layer)
+        agg.insert(0, "window", window_idx)
+        frames.append(agg)
+    out = pd.concat(frames, ignore_index=True)
+    out["tokens"] = out["tokens"].astype(np.int64)
+    out["tokens_in_group"] = out["tokens_in_group"].astype(np.int64)
+    return out[list(GROUP_ABLATION)]
+
+
+def write_intervention_table(run_dir: str | Path, name: str, df: pd.DataFrame, entry: dict) -> Path:
+    """Add ``restored_drops`` or ``group_ablation`` to a run directory (parquet, then the
+    manifest's ``tables`` list and its entry ``name``: how the table was made), atomically,
+    as ``runs.write_table`` does for the tables of ``runs.SCHEMA``."""
+    if name in SCHEMA:
+        return write_table(run_dir, name, df, entry)
+    from focus_lab.io import write_json, write_parquet
+    run_dir = Path(run_dir)
+    manifest = Run.read_manifest(run_dir)
+    target = run_dir / f"{name}.parquet"
+    write_parquet(target, df)
+    manifest["tables"] = sorted(set(manifest.get("tables", [])) | {name})
+    manifest[name] = entry
+    write_json(run_dir / "manifest.json", manifest)
+    return target
