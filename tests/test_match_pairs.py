@@ -274,7 +274,7 @@ def test_copy_pairs_hook_counts_the_induction_pairs_each_layer_keeps():
     assert copies.any()
     stats, kept = [], {}
     fn = _hook(torch.zeros_like(distant), None, distant, stats, seed=0, copies=copies)
-    with torch.no_grad(), focus_lab.hooks(m, {"attn_out": fn, "kept": lambda t, h: kept.__setitem__(h.layer_idx, t[0])}):
+    with torch.no_grad(), focus_lab.hooks(m, {"kept": [fn, lambda t, h: kept.__setitem__(h.layer_idx, t[0])]}):
         m(input_ids=ids, use_cache=False, focus=focus_lab.forward_state(m, mode="hard", top_k=1, match_shifts=None))
     assert [s[2] for s in stats] == sorted(kept)
     assert any(0 < own < 1 for *_, own in stats)  # the groups keep some copies, not all

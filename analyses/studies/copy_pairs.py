@@ -13,8 +13,8 @@ equal sparsity. In every routed layer it adds to the pattern's mask either
 * ``random``: as many distant pairs per query row as the last shift extra listed adds to that
   row, drawn uniformly from those the mask dropped,
 
-and recomputes the layer's attention under ``kept | extra`` (the dense masked reference,
-``core.masked_attention``, through the ``attn_out`` hook point). If the copies carry the loss,
+and the layer attends under ``kept | extra`` (a patch of the ``kept`` hook point: the dense
+masked reference, ``core.masked_attention``, attends with the edited mask). If the copies carry the loss,
 the token-match pairs recover it and the random pairs do not.
 
 Output: ``<out>/copy_pairs_cap<N>.parquet`` (tidy: one row per corpus, window, pattern and
@@ -83,28 +83,25 @@ def parse_extra(name: str) -> tuple[int, ...] | None:
 
 def _hook(extra: torch.Tensor | None, matched: torch.Tensor, distant: torch.Tensor, stats: list, seed: int,
           copies: torch.Tensor | None = None):
-    """attn_out hook of one forward: attention under ``kept | extra`` (extra None: random pairs,
-    per row as many as ``matched`` adds). Appends (pairs kept, extra pairs, layer index, share of
-    ``copies`` (T, T) bool the layer's own mask keeps) per routed layer."""
-    from focus_lab.method.core import masked_attention
-    from focus_lab.method.metrics import attention_scale
+    """``kept`` hook of one forward: the layer attends under ``kept | extra`` (a patch of the
+    mask, which the layer then attends with through the dense masked reference; extra None:
+    random pairs, per row as many as ``matched`` adds). Appends (pairs kept, extra pairs, layer
+    index, share of ``copies`` (T, T) bool the layer's own mask keeps) per routed layer."""
     gen = torch.Generator().manual_seed(seed)
     n_distant = distant.sum().item()
     n_copies = max(int(copies.sum()), 1) if copies is not None else 1
 
-    def fn(out: torch.Tensor, hook) -> torch.Tensor | None:
-        call = hook.call
-        if call.routing is None:  # dense / window pattern or an unrouted layer
+    def fn(kept_b: torch.Tensor, hook) -> torch.Tensor | None:
+        if hook.call.routing is None:  # dense / window pattern or an unrouted layer
             return None
-        kept = call.kept[0]  # (T, T) bool
+        kept = kept_b[0]  # (T, T) bool
         add = extra & ~kept if extra is not None else random_like(matched & ~kept, distant & ~kept, gen)
         own = (kept & copies).sum().item() / n_copies if copies is not None else float("nan")
         stats.append((((kept | add) & distant).sum().item() / n_distant, add.sum().item() / n_distant,
                       hook.layer_idx, own))
         if not add.any():
             return None
-        scale = attention_scale(call.module, call.query.shape[-1])
-        return masked_attention(call.query, call.key, call.value, (kept | add)[None], scale)
+        return (kept | add)[None]
 
     return fn
 
@@ -181,7 +178,7 @@ def main(argv=None) -> None:
                 stats: list = []
                 fn = _hook(masks.get(extra, torch.zeros_like(distant)) if shifts is not None else None,
                            matched, distant, stats, seed=w.index, copies=copies)
-                with focus_lab.hooks(model, {"attn_out": fn}):
+                with focus_lab.hooks(model, {"kept": fn}):
                     nll = next_token_nll(model, ids, focus=focus_lab.forward_state(model, **changes))
                 rows.append({**base, "pattern": label, "extra": extra, "nll": float(nll.sum()),
                              "pairs_kept": float(np.mean([x[0] for x in stats])),
