@@ -1,7 +1,10 @@
 """Dependency audit: the long-range dense-attention edges the hard Focus mask drops, drawn as
 arcs over the text, filtered by layer, head, distance, relation and weight; a table with CSV.
 Then the costly drops: the queries whose next-token loss rises most under the hard mask, with
-their heaviest dropped keys (tables loss_delta / costly_drops, docs/method.md §6)."""
+their heaviest dropped keys (tables loss_delta / costly_drops, docs/method.md §6), and, when the
+run has them, the share of each query's loss delta that restoring its heaviest dropped edge
+recovers (table restored_drops) and the loss change per part of speech when one group of one
+layer is cut (table group_ablation; both from ``python -m analyses.studies.restored_drops``)."""
 
 from __future__ import annotations
 
@@ -23,6 +26,9 @@ COSTLY_KEYS = 3  # dropped keys shown per query
 COSTLY_COLS = ("window", "query_position", "query_rank", "delta", "nll_dense", "nll_hard", "next_token",
                "layer_idx", "head", "key_position", "distance", "weight", "key_token", "relation")
 TOKEN_COLS = ("window", "position", "token", "char_start", "char_end")
+RESTORED_COLS = ("window", "query_position", "layer_idx", "key_position", "recovered", "recovered_all",
+                 "edges_of_query")
+HOW_TO_RESTORE = "`python -m analyses.studies.restored_drops --run <run>` (docs/studies/restored-drops.md)"
 HOW_TO_RECORD_COSTLY = ("`focus-lab record --metrics all` (the default), or name `loss_delta,dropped_edges` "
                         "in `--metrics`")
 
@@ -142,13 +148,28 @@ def costly_queries(drops: pd.DataFrame, n: int = COSTLY_QUERIES, keys: int = COS
                                        "nll_hard", "next_token", "edges", "keys"])
 
 
-def costly_html(queries: pd.DataFrame, tokens: pd.DataFrame, radius: int = 12) -> str:
+def restored_cell(r: dict | None) -> str:
+    """The restored-drops cell of a costly query: the share of its delta that its heaviest
+    dropped edge restored alone recovers, and (all) every recorded one at once; '-' when the
+    query was not restored."""
+    if r is None:
+        return "-"
+    return (f'<span title="layer {int(r["layer_idx"])}, key position {int(r["key_position"])}">'
+            f'<b>{r["recovered"]:+.0%}</b></span> <small>(all {int(r["edges_of_query"])}: '
+            f'{r["recovered_all"]:+.0%})</small>')
+
+
+def costly_html(queries: pd.DataFrame, tokens: pd.DataFrame, radius: int = 12,
+                restored: dict | None = None) -> str:
     """A compact HTML table (escaped), one short row per query of ``costly_queries``: rank, delta,
-    NLL dense → hard, the text before the query with the query token marked and the token it
-    predicts, the heaviest dropped keys (token, distance back in tokens, layer / head, weight)."""
+    NLL dense → hard, with ``restored`` ({(window, query_position): restored_drops row}) the share
+    of the delta that restoring its heaviest dropped edge recovers, the text before the query
+    with the query token marked and the token it predicts, the heaviest dropped keys (token,
+    distance back in tokens, layer / head, weight)."""
     cell = "padding:2px 6px;border-bottom:1px solid #eee;vertical-align:top"
+    restore_col = ["Δ recovered: heaviest edge restored (all edges)"] if restored is not None else []
     head = "".join(f'<th style="{cell};text-align:left">{h}</th>' for h in (
-        "#", "Δ nats", "dense → hard", "text up to the query → predicted token",
+        "#", "Δ nats", "dense → hard", *restore_col, "text up to the query → predicted token",
         "heaviest dropped keys: token, tokens back, layer/head, weight"))
     body = []
     for q in queries.itertuples(index=False):
@@ -162,9 +183,11 @@ def costly_html(queries: pd.DataFrame, tokens: pd.DataFrame, radius: int = 12) -
                         f"<code>{html.escape(lib.show_token(k['key_token']))}</code> −{int(k['distance']):,} "
                         f"L{int(k['layer_idx'])}/H{int(k['head'])} {float(k['weight']):.2f}{rel}</span>")
         more = f" <small>(of {q.edges})</small>" if q.edges > len(q.keys) else ""
+        rest = (f'<td style="{cell};white-space:nowrap">{restored_cell(restored.get((q.window, q.query_position)))}'
+                '</td>' if restored is not None else "")
         body.append(f'<tr><td style="{cell}">{q.query_rank}</td>'
                     f'<td style="{cell};white-space:nowrap"><b>Δ {q.delta:+.3f}</b></td>'
-                    f'<td style="{cell};white-space:nowrap">{q.nll_dense:.2f} → {q.nll_hard:.2f}</td>'
+                    f'<td style="{cell};white-space:nowrap">{q.nll_dense:.2f} → {q.nll_hard:.2f}</td>{rest}'
                     f'<td style="{cell};font-family:Georgia,serif" title="window {q.window}, position '
                     f'{q.query_position}">{ctx}</td>'
                     f'<td style="{cell}">{", ".join(keys)}{more}</td></tr>')
@@ -197,9 +220,55 @@ def costly_section(run) -> None:
     wanted = set(queries["window"])
     tokens = run.columns("tokens", TOKEN_COLS)
     tokens = tokens[tokens["window"].isin(wanted)]
-    st.html(costly_html(queries, tokens))
+    restored = None
+    if run.has("restored_drops"):
+        rd = run.columns("restored_drops", RESTORED_COLS)
+        restored = {(int(r["window"]), int(r["query_position"])): r for r in rd.to_dict("records")}
+        st.markdown(restored_summary(rd))
+    st.html(costly_html(queries, tokens, restored=restored))
     lib.download_csv(drops, f"{run.name}-costly-drops.csv",
                      label=f"Download the {len(drops):,} costly dropped edges as CSV")
+    if restored is None:
+        st.info(f"Restore the costly drops one by one to see the share of each query's loss delta an edge "
+                f"recovers: {HOW_TO_RESTORE}.")
+
+
+def restored_summary(rd: pd.DataFrame) -> str:
+    """One line: over the restored queries, the median and quartiles of the share of the loss
+    delta recovered by the heaviest dropped edge alone and by every recorded edge together."""
+    def q(col: str) -> str:
+        a, m, b = np.nanquantile(rd[col].to_numpy(dtype=float), [0.25, 0.5, 0.75])
+        return f"median **{m:+.1%}** (quartiles {a:+.1%} to {b:+.1%})"
+    return (f"**Restored drops** ({len(rd)} costliest queries): putting the query's heaviest dropped edge "
+            f"back into that layer's mask recovers a {q('recovered')} of its loss delta; every recorded "
+            f"dropped edge of the query at once: {q('recovered_all')}.")
+
+
+def ablation_section(run) -> None:
+    """group_ablation: per layer and group cut, the mean loss change per part of speech."""
+    st.subheader("Group ablation")
+    if not run.has("group_ablation"):
+        st.info(f"This run has no **group_ablation** table (one group of one layer cut, the loss change per "
+                f"part of speech): {HOW_TO_RESTORE}.")
+        return
+    ab = run.table("group_ablation")
+    layers = sorted(ab["layer_idx"].unique().tolist())
+    layer = st.selectbox("Layer", layers, key="ablation_layer") if len(layers) > 1 else layers[0]
+    min_tokens = st.number_input("Parts of speech with at least this many tokens", 1, 10_000, 20,
+                                 key="ablation_min_tokens")
+    d = ab[(ab["layer_idx"] == layer) & (ab["tokens"] >= min_tokens)].copy()
+    d["group"] = d["group"].astype(str)
+    order = d.groupby("pos")["delta"].max().sort_values(ascending=False).index.tolist()
+    window = int(ab["window"].iloc[0])
+    fig = px.bar(d, x="pos", y="delta", color="group", barmode="group", category_orders={"pos": order},
+                 hover_data=["tokens", "tokens_in_group", "nll_hard", "nll_ablated", "delta_in_group"],
+                 title=f"layer {layer}, window {window}: loss change when one group is cut, per part of speech",
+                 labels={"delta": "mean loss change, nats (> 0: the group helped)", "pos": "part of speech"})
+    st.plotly_chart(fig, width="stretch")
+    st.caption("Each group of the layer cut alone: its distant pairs (beyond the window, not sinks) dropped "
+               "from the hard mask. Bars: the mean change of the next-token loss over every token of that "
+               "part of speech (the query token's); hover for the tokens whose query joins the group "
+               "(tokens_in_group) and their own mean (delta_in_group).")
 
 
 # distance presets, tokens (inclusive bounds): the long-context buckets of the audit
@@ -212,6 +281,7 @@ def page() -> None:
     edges_section(run)
     far_section(run)
     costly_section(run)
+    ablation_section(run)
 
 
 def far_section(run, min_distance: int = 512) -> None:
