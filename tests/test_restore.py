@@ -33,7 +33,7 @@ def _nll(model, ids, i, state, hooks=None):
 
 def test_restored_drops_match_the_runs_losses_and_an_edited_mask(tiny):
     run, model = tiny
-    df = restored_drops_table(model, run, top_n=3, progress=False)
+    df = restored_drops_table(model, run, top_n=3, progress=False, measure_base=True)
     assert list(df.columns) == list(RESTORED_DROPS) and list(df["query_rank"]) == [1, 2, 3]
     costly = run.table("costly_drops")
     for r in df.itertuples():

@@ -14,8 +14,8 @@ That is a correlation. This study intervenes (``focus_lab.recording.restore``):
 
 Both tables are written into the run (``restored_drops.parquet``, ``group_ablation.parquet``, and
 the manifest) and copied to ``--out`` (``figures/results/``). The dashboard's audit page shows them.
-Cost: 4 prefix forwards per query (dense, hard, one edge, all edges) and one window forward per
-ablated group; 30-40 min on a shared 2-core CPU for 50 queries and 4 groups at 4096 tokens.
+Cost: 2 prefix forwards per query (one edge, all edges; the dense and hard losses are the run's)
+and one window forward per ablated group, plus one.
 Usage::
 
     python -m analyses.studies.restored_drops --run runs/smollm2-austen --top-n 50

@@ -60,7 +60,8 @@ def _add_pairs(pairs_by_layer: dict[int, list[tuple[int, int]]]) -> dict:
     return out
 
 
-def restored_drops_table(model, run: Run, top_n: int = 50, progress: bool = True) -> pd.DataFrame:
+def restored_drops_table(model, run: Run, top_n: int = 50, progress: bool = True,
+                         measure_base: bool = False) -> pd.DataFrame:
     """The ``restored_drops`` table: the ``top_n`` costliest queries of ``run.costly_drops``,
     each with its heaviest recorded dropped edge restored alone, and all its recorded dropped
     edges restored together.
@@ -71,6 +72,9 @@ def restored_drops_table(model, run: Run, top_n: int = 50, progress: bool = True
         run: a recorded run with ``tokens`` and ``costly_drops`` (``record_run`` with the
             metrics ``dropped_edges`` and ``loss_delta``).
         top_n: queries, by ``query_rank`` (1 = the largest loss delta).
+        measure_base: measure the query's dense and hard losses again on the prefix (two more
+            forwards per query); False: the run's own (``costly_drops``, full-window forwards;
+            the same up to float rounding, tests/test_restore.py).
     Returns:
         DataFrame with columns ``RESTORED_DROPS``, one row per query (rank order): the edge
         (layer_idx, head, key_position, distance, dense weight, tokens, relation) is the
@@ -101,8 +105,8 @@ def restored_drops_table(model, run: Run, top_n: int = 50, progress: bool = True
         every: dict[int, list[tuple[int, int]]] = {}
         for layer, j in q[["layer_idx", "key_position"]].drop_duplicates().itertuples(index=False):
             every.setdefault(int(layer), []).append((i, int(j)))
-        nll_d = _query_nll(model, ids, i, dense)
-        nll_h = _query_nll(model, ids, i, hard)
+        nll_d = _query_nll(model, ids, i, dense) if measure_base else float(top["nll_dense"])
+        nll_h = _query_nll(model, ids, i, hard) if measure_base else float(top["nll_hard"])
         nll_r = _query_nll(model, ids, i, hard, _add_pairs({int(top["layer_idx"]): [(i, int(top["key_position"]))]}))
         nll_a = _query_nll(model, ids, i, hard, _add_pairs(every))
         delta = nll_h - nll_d
