@@ -772,7 +772,8 @@ def figures(ctx: typer.Context):
 
 # ------------------------------------------------------------------------------------------
 probe_app = typer.Typer(add_completion=False, no_args_is_help=True,
-                        help="Probes of a Focus model: passkey retrieval (docs/passkey.md).")
+                        help="Probes of a Focus model: passkey retrieval (docs/passkey.md) and the retrieval suite "
+                        "(docs/retrieval.md).")
 app.add_typer(probe_app, name="probe")
 
 # literal copies of focus_lab.eval.passkey's defaults (importing it here would load torch for --help;
@@ -861,6 +862,128 @@ def probe_passkey(
             typer.secho(f"note: {res['png_note']}", fg=typer.colors.YELLOW, err=True)
         return res
     return guard(run)
+
+
+# literal copies of focus_lab.eval.retrieval's defaults (importing it here would load torch for --help;
+# tests/test_retrieval.py checks that they agree)
+RETRIEVAL_PATTERNS = ("dense,window,hard_top1,hard_top2,hard_top2_match,random_top2,random_top2_match,"
+                      "shuffled_top2,moba_matched")
+RETRIEVAL_TASKS = ("passkey,niah_single_1,niah_single_2,niah_single_3,niah_multikey_1,niah_multikey_2,"
+                   "niah_multikey_3,niah_multivalue,niah_multiquery,vt,cwe")
+
+
+@probe_app.command("retrieval")
+def probe_retrieval(
+    routers_opt: Optional[Path] = typer.Option(None, "--routers", help="router file; default: the routers shipped "
+                                               "with focus-lab for the model (focus_lab/routers/)"),
+    model: Optional[str] = typer.Option(None, help="gemma3-270m, an HF id or a local path; default: embedded SmolLM2-135M"),
+    corpus: str = typer.Option("austen", help="corpus whose held-out text is the haystack (austen: Persuasion)"),
+    tasks: str = typer.Option("all", help=f"comma list of {RETRIEVAL_TASKS}, or 'all' (RULER's families and passkey: "
+                              "docs/retrieval.md)"),
+    lengths: str = typer.Option("4096", help="RULER's max_seq_length per case in tokens (prompt + greedy budget; comma "
+                                "list); at most the model's positions"),
+    cases: int = typer.Option(4, help="cases (case seeds --seed .. --seed + cases - 1) per task and length"),
+    patterns: str = typer.Option(RETRIEVAL_PATTERNS, help="comma list of eval patterns (dense, window, hard_topK, "
+                                 "random_topK, shuffled_topK, suffixes _match, _uniform, _keyshift) and moba_matched; "
+                                 "name:N runs a pattern on the first N cases only; dense always runs"),
+    seed: int = typer.Option(0, help="first case seed (fixes keys, values, depths and haystack starts)"),
+    fmt: str = typer.Option("chat", "--format", help="chat (the question as the chat template's user turn, the "
+                            "answer prefix as the assistant's) or plain"),
+    out: Path = typer.Option(Path("runs") / "retrieval", help="output folder (resumable: finished cases are kept)"),
+    threads: int = typer.Option(1, help="torch threads (1 is polite on a shared CPU)"),
+    device: str = typer.Option("cpu", help="cpu | cuda | cuda:N (under torchrun: cuda:$LOCAL_RANK, one shard each)"),
+    random_layers: Optional[str] = RANDOM_LAYERS_OPTION,
+    layer_top_k: Optional[str] = LAYER_TOP_K_OPTION,
+    match_shifts: Optional[str] = MATCH_SHIFTS_OPTION,
+):
+    """RULER's retrieval families (and passkey) per pattern: score, answer log-prob, and each failure
+    traced to the layers and heads whose needle pairs the mask dropped. Shards under torchrun."""
+    lens = _number_list(lengths, "--lengths")
+    if cases < 1:
+        _fail(f"--cases {cases}: at least one case per task")
+
+    def run():
+        import torch
+        from focus_lab.eval import retrieval as rt
+        from focus_lab.eval.passkey import load_haystack
+        from focus_lab.io import file_sha256
+        from focus_lab.hf.retrofit import detach, is_attached, load_routers, model_identity, read_router_file
+        task_list = rt.parse_tasks(tasks)
+        routers = _routers(routers_opt, model)
+        pats = rt.parse_retrieval_patterns(patterns, read_router_file(routers)[0].num_groups, cases)
+        if fmt not in ("chat", "plain"):
+            _fail(f"--format {fmt!r}: choose chat or plain")
+        torch.set_num_threads(max(1, threads))
+        dev = _device(device)
+        overrides = _config_overrides(random_layers, layer_top_k, match_shifts)
+        m, tok, corp, _ = _load(model, corpus, 0)
+        n_pos = getattr(m.config, "max_position_embeddings", None)
+        for L in lens:  # before the haystack is tokenized
+            if n_pos and L > n_pos:
+                _fail(f"--lengths {L}: the model has {n_pos} positions (max_position_embeddings); the longest is {n_pos}")
+        cfg = load_routers(m, routers, config_overrides=overrides or None)
+        m.to(dev)
+        if note := _budget_note(cfg, [(lab, ch) for lab, ch, _ in pats if lab != rt.MOBA]):
+            typer.echo(note)
+
+        def restore():
+            if is_attached(m):
+                detach(m)
+            load_routers(m, routers, config_overrides=overrides or None)
+            m.to(dev)
+
+        hay = load_haystack(corp.heldout, tok, name=f"{corp.name} held-out ({', '.join(d.name for d in corp.heldout)})")
+        settings = {"model": model_identity(m), "routers": {"path": str(routers), "sha256": file_sha256(routers)},
+                    "corpus": corp.name, "heldout": [d.name for d in corp.heldout]}
+        if overrides:
+            settings["config_overrides"] = overrides
+        rank, world = rt.shard()
+        typer.echo(f"retrieval: {len(task_list)} tasks x {len(lens)} lengths x {cases} cases x {len(pats)} patterns "
+                   f"({', '.join(f'{lab}:{k}' if k < cases else lab for lab, _, k in pats)}); haystack {hay.name}, "
+                   f"{len(hay.ids)} tokens; device {dev}" + (f"; process {rank} of {world}" if world > 1 else "")
+                   + f"; out {out}")
+        res = rt.run_retrieval(m, tok, hay, out, task_list, lens, cases, pats, seed, fmt, settings,
+                               moba=rt.moba_patcher(m, restore), log=typer.echo)
+        if res["cases"] is None:
+            typer.echo(f"process {rank}: {res['computed']} cases in {res['seconds']:.0f} s; process 0 writes the tables")
+            return res
+        typer.echo(_retrieval_report(res, rt))
+        typer.echo(f"{res['cases'][['task', 'length', 'seed']].drop_duplicates().shape[0]} cases "
+                   f"({res['computed']} computed) in {res['seconds']:.0f} s; wrote {out / 'cases.parquet'}, "
+                   f"{out / 'trace.parquet'}, {out / 'retrieval.json'}")
+        return res
+    return guard(run)
+
+
+def _retrieval_report(res: dict, rt) -> str:
+    """The suite's printed summary: per task and length, each pattern's score relative to dense
+    (paired interval), the change of the answers' log-prob, pairs kept and cost per case in
+    bare forwards; the router against random groups; the retrieval heads; the failures' heads."""
+    s = rt.summary(res["cases"])
+    lines = []
+    for (task, L), g in s.groupby(["task", "length"], sort=False):
+        d = g["dense_score"].iloc[0]
+        lines.append(f"{task} @ {L}: dense {d:.2f}" + ("  (dense below 50%: the scores rank little here)"
+                                                        if d < 0.5 else ""))
+        for r in g.itertuples():
+            lines.append(f"  {r.pattern:<20} n={r.cases:<3} score {r.score:.2f}  vs dense {r.relative:.2f} "
+                         f"[{r.relative_lo:.2f}, {r.relative_hi:.2f}]  logprob {r.logprob_change:+.2f} nats "
+                         f"[{r.logprob_change_lo:+.2f}, {r.logprob_change_hi:+.2f}]  pairs kept "
+                         f"{r.distant_pairs_kept:.2f}  needle pairs {r.needle_pairs_kept:.2f}  "
+                         f"cost {r.cost_ratio:.2f}x bare forward")
+    pats = set(res["cases"]["pattern"])
+    if {"hard_top2", "random_top2"} <= pats:
+        for col in ("score", "answer_logprob"):
+            pdiff = rt.paired_difference(res["cases"], "hard_top2", "random_top2", col)
+            for r in pdiff.itertuples():
+                lines.append(f"router vs random groups, {r.task} @ {r.length} ({col}): {r.difference:+.3f} "
+                             f"[{r.lo:+.3f}, {r.hi:+.3f}] over {r.cases} cases: {r.verdict}")
+    heads = rt.retrieval_heads(res["trace"])
+    for (task, L), g in heads.groupby(["task", "length"], sort=False):
+        top = g[g["retrieval_head"]].head(5)
+        lines.append(f"retrieval heads, {task} @ {L}: " + (", ".join(
+            f"L{r.layer_idx}H{r.head} {r.retrieval_score:.2f}" for r in top.itertuples()) or "none >= 0.1"))
+    return "\n".join(lines)
 
 
 def main() -> None:
