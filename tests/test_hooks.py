@@ -161,32 +161,46 @@ def test_gpt2_and_an_unrouted_gemma_layer_fire_what_they_have():
 
 
 @torch.no_grad()
-def test_the_probe_how_to_computes_the_entropy_of_kept_attention():
+@pytest.mark.parametrize("mode", ["hard", "soft"])
+def test_the_probe_how_to_computes_the_entropy_of_kept_attention(mode):
     """docs/probe.md's example, run as written, against a brute-force entropy: softmax of
-    q.k * scale over the keys the hard rule keeps (same group, or within the window)."""
+    q.k * scale over the keys the hard rule keeps (same group, or within the window), or in
+    soft mode plus the gate's bias (the log agreement of the Sinkhorn probabilities)."""
     import re
     from pathlib import Path
+    from focus_lab.method.core import soft_gate_bias
     text = (Path(__file__).resolve().parent.parent / "docs" / "probe.md").read_text()
     code = re.findall(r"```python\n(.*?)```", text, re.S)[0]
-    assert len(code.strip().splitlines()) <= 25
+    assert len(code.strip().splitlines()) <= 25 and '"pattern"' in code
     ns: dict = {}
     exec(code, ns)
     model = tiny_llama(layers=2)
-    focus_lab.attach(model, FocusConfig(window=4, mode="hard", num_groups=3, top_k=1))
+    focus_lab.attach(model, FocusConfig(window=4, mode=mode, num_groups=3, top_k=1))
     ids = _ids(batch=1)
     got = ns["kept_attention_entropy"](model, ids, forward_state(model))
-    with focus_lab.cache(model, ["query", "key", "query_groups", "key_group"]) as c:
+    with focus_lab.cache(model, ["router_in", "query", "key", "query_groups", "key_group"]) as c:
         model(input_ids=ids, use_cache=False)
+    cfg = forward_state(model).config
     for i in (0, 1):
         q, k = c[f"layers.{i}.query"][0], c[f"layers.{i}.key"][0]
         qg, kg = c[f"layers.{i}.query_groups"][0], c[f"layers.{i}.key_group"][0]
+        bias = None
+        if mode == "soft":  # the gate, from the router's own Sinkhorn probabilities
+            from focus_lab.method.core import route
+            r = route(focus_lab.routers(model)[i], c[f"layers.{i}.router_in"], config=cfg)
+            pos = torch.arange(T)
+            bias = soft_gate_bias(r.log_p, r.log_p_keys, 4, pos, pos, cfg.eps)[0]  # (T, T)
         H = q.shape[0]
         scale = model.model.layers[i].self_attn.scaling
         ent = torch.zeros(H)
         for h in range(H):
             kh = k[h // (H // k.shape[0])]
             for a in range(T):
-                keys = [j for j in range(a + 1) if a - j < 4 or bool((qg[a] == kg[j]).any())]
-                p = torch.softmax(torch.stack([q[h, a] @ kh[j] * scale for j in keys]), 0)
-                ent[h] += -(p * p.log()).sum() / T
+                if mode == "hard":
+                    keys = [j for j in range(a + 1) if a - j < 4 or bool((qg[a] == kg[j]).any())]
+                    logits = torch.stack([q[h, a] @ kh[j] * scale for j in keys])
+                else:
+                    logits = torch.stack([q[h, a] @ kh[j] * scale + bias[a, j] for j in range(a + 1)])
+                p = torch.softmax(logits, 0)
+                ent[h] += -(p * p.clamp_min(1e-30).log()).sum() / T
         assert torch.allclose(got[i], ent, atol=1e-4)

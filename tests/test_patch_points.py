@@ -404,3 +404,16 @@ def test_no_import_circle_in_focus_lab():
     assert [c for c in cycles if set(c) not in known] == [], cycles
     assert not [c for c in cycles if any(m.startswith("focus_lab.hf.") for m in c)]
     assert "focus_lab.hf.retrofit" not in graph["focus_lab.hf.hooks"]
+
+
+def test_every_row_of_the_transformerlens_table_names_a_test_that_exists():
+    """docs/api.md "Against TransformerLens": each row names the test that checks it."""
+    import re
+    root = Path(__file__).resolve().parent
+    text = (root.parent / "docs" / "api.md").read_text()
+    section = text.split("### Against TransformerLens", 1)[1].split("\n## ", 1)[0]
+    named = re.findall(r"`(test_\w+\.py)::(test_\w+)`", section)
+    rows = [line for line in section.splitlines() if line.startswith("| ") and "---" not in line][1:]
+    assert len(named) == len(rows) >= 10
+    for file, test in named:
+        assert re.search(rf"^def {test}\(", (root / file).read_text(), re.M), f"{file}::{test}"
