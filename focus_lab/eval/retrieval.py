@@ -966,7 +966,8 @@ def run_retrieval(model, tokenizer, haystack, out_dir: str | os.PathLike, tasks:
             raise ConfigError(f"retrieval length {L} exceeds the model's {n_pos} positions "
                               f"(max_position_embeddings): the longest is {n_pos}")
     # every prompt first: a short haystack or an unsplittable answer fails before any forward pass
-    todo = [(t, int(L), seed + i) for L in lengths for t in tasks for i in range(cases)]
+    # case-major order: a run stopped early (or a shard) still covers every task
+    todo = [(t, int(L), seed + i) for L in lengths for i in range(cases) for t in tasks]
     built = {(t.name, L, s): make_case(t, haystack, tokenizer, L, s, fmt) for t, L, s in todo}
     fp_settings = {**(settings or {}), "patterns": [(lab, ch) for lab, ch, _ in patterns], "format": fmt,
                    "tasks": {t.name: t.__dict__ for t in tasks}, "needle": NEEDLE, "noise": NOISE,
