@@ -71,7 +71,7 @@ def main(argv=None) -> None:
     ap.add_argument("--top-n", type=int, default=50, help="costliest queries restored")
     ap.add_argument("--ablate-layers", default="auto",
                     help="routed layers whose groups are cut one at a time (comma list, 'none', or 'auto': the "
-                         "layer holding most of the restored edges)")
+                         "layer with groups of its router, not random ones, holding most of the restored edges)")
     ap.add_argument("--window", type=int, default=0, help="the recorded window the group ablation runs on")
     ap.add_argument("--out", type=Path, default=Path("figures/results"), help="folder for copies of the tables")
     ap.add_argument("--report", type=Path, default=None, help="print the summary of the tables in this folder")
@@ -97,8 +97,12 @@ def main(argv=None) -> None:
     entry = {"top_n": args.top_n, "routers_sha256": mf["routers"].get("sha256"), "mode": "hard",
              "command": "python -m analyses.studies.restored_drops"}
     write_intervention_table(args.run, "restored_drops", restored, entry)
-    layers = ([int(restored["layer_idx"].mode().iloc[0])] if args.ablate_layers == "auto" else
-              [] if args.ablate_layers == "none" else [int(x) for x in args.ablate_layers.split(",")])
+    if args.ablate_layers == "auto":  # the layer with a router of its own holding most restored edges
+        cfg = focus_lab.focus_config(model)
+        routed = restored[[cfg.assignment_at(int(x)) != "random" for x in restored["layer_idx"]]]
+        layers = [int((routed if len(routed) else restored)["layer_idx"].mode().iloc[0])]
+    else:
+        layers = [] if args.ablate_layers == "none" else [int(x) for x in args.ablate_layers.split(",")]
     ablation = None
     if layers:
         ablation = group_ablation_table(model, Run.open(args.run), layers, window_idx=args.window)
