@@ -175,7 +175,8 @@ def train(model, windows: list, focus_cfg: FocusConfig, train_cfg: TrainConfig, 
     def group_shares(key_group, hook):  # (B, T) -> the layer's (K,) hard top-1 shares
         shares[hook.layer_idx] = hard_group_shares(key_group, K)
     watch = contextlib.ExitStack()  # the hook lives until the finally below
-    watch.enter_context(hooks(model, {"key_group": group_shares}))
+    if train_cfg.objective == "lm":  # the layer-local objectives fill the shares themselves, from dense forwards
+        watch.enter_context(hooks(model, {"key_group": group_shares}))
     forward = model
     device = next(model.parameters()).device
     if world > 1:
