@@ -1,6 +1,6 @@
 """Attach Focus to a model and detach it: routers on the attention modules, the pre-hooks that
-hand each forward its state, the model's default forward state (``forward_state``,
-``set_config``), and activation checkpointing of the decoder layers.
+hand each forward its state, the model's default forward state and its per-forward copies
+(``forward_state``), and activation checkpointing of the decoder layers.
 Source: docs/method.md §1-§3.
 """
 

@@ -29,9 +29,4 @@ from focus_lab.hf.router_files import (ROUTER_FORMAT, ROUTER_FORMAT_VERSION, Rou
 
 _state_of = state_of  # the name before the split
 
-__all__ = ["ADAPTERS", "FamilyAdapter", "UnsupportedModelError", "attention_modules", "family_adapter", "focus_layers",
-           "is_attached", "sliding_layers", "FocusCache", "FocusForward", "PlainCausalCheck", "is_plain_causal",
-           "state_of", "ATTN_NAME", "focus_attention", "hard_focus_attention", "attach", "checkpointed_layers",
-           "detach", "focus_config", "forward_state", "routers", "set_config", "ROUTER_FORMAT",
-           "ROUTER_FORMAT_VERSION", "RouterMismatchError", "base_model_mismatch", "load_routers", "model_identity",
-           "read_router_file", "router_tensors", "save_routers", "soup_router_files", "write_router_file"]
+__all__ = sorted(n for n in dir() if not n.startswith("_") and n != "annotations")

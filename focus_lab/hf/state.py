@@ -89,7 +89,7 @@ class FocusForward:
     ``attach`` installs stores each routed layer's router input in it, and ``focus_attention``
     reads the config and the inputs from it. A forward without ``focus=`` (e.g. inside
     ``model.generate``) uses the model's default state, the one ``attach`` / ``load_routers``
-    put on the model (its config is changed by ``set_config``), with the model's own FocusCache.
+    put on the model (replaced when the default config changes), with the model's own FocusCache.
 
     Attributes:
         config: the FocusConfig in force for this forward (mode, top_k, assignment, window, ...).
