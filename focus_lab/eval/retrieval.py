@@ -209,6 +209,7 @@ class Unit:
     ids: list[int] | None = None
     spans: list[tuple[int, int]] = field(default_factory=list)
     needle: bool = False
+    idx: list[int] | None = None  # with ``ids``: the indices of its tokens that carry an answer
 
 
 @dataclass
@@ -337,7 +338,9 @@ def _tokens(tokenizer, units: list[Unit], C: int, strict: bool = True) -> tuple[
     hold fewer than ``C`` tokens, or when the needles alone exceed ``C``."""
     parts: list[tuple[list[int], list[int], bool]] = []
     for u in units:
-        if u.needle:
+        if u.needle and u.idx is not None:
+            uid, idx = u.ids, u.idx
+        elif u.needle:
             uid, idx = _span_tokens(tokenizer, u.text, u.spans)
         else:
             uid, idx = (u.ids if u.ids is not None else _encode(tokenizer, u.text)), []
@@ -429,7 +432,7 @@ def make_case(task: Task, haystack, tokenizer, length: int, seed: int, fmt: str 
         template, prefix = VT_TEMPLATE.replace("{query}", value), VT_PREFIX.format(num_v=5, query=value)
     elif task.family == "common_words":
         words = list(rng.choice(draw.cwe_words, size=len(draw.cwe_words), replace=False))
-        common = words[:10]
+        common = [str(w) for w in words[:10]]
         answers = common
         needles = []
         template, prefix = CWE_TEMPLATE, CWE_PREFIX
@@ -502,20 +505,31 @@ def _insert_in_order(filler: list[Unit], chain: list[Unit], rng: np.random.Gener
 def _cwe_units(tokenizer, common: list[str], others: list[str], C: int, length: int) -> list[Unit]:
     """RULER's CWE list ``1. w 2. w ...``: the ``common`` words 30 times each and other words 3
     times each (6 and 1 below 4096 tokens, as RULER), shuffled, as many other words as make the
-    list reach ``C`` tokens (the end is cut to ``C``); an item carrying a common word is a needle."""
+    list reach ``C`` tokens (the end is cut to ``C``); an item carrying a common word is a needle.
+    An item's tokens are those of its number (``" 12."``) then of its word (``" w"``), each
+    tokenized once."""
     reps = (30, 3) if length >= 4096 else (6, 1)
+    others = others[:C // (2 * reps[1]) + 1]  # an item is at least 2 tokens: more never fit
+    most = len(common) * reps[0] + len(others) * reps[1]
+    texts = [" " + w for w in common + others] + [("" if i == 0 else " ") + f"{i + 1}." for i in range(most)]
+    enc = dict(zip(texts, tokenizer(texts, add_special_tokens=False)["input_ids"]))  # one batch call
+
+    def ids(text: str) -> list[int]:
+        return list(enc[text])
 
     def units(n_other: int) -> list[Unit]:
         words = common * reps[0] + others[:n_other] * reps[1]
         order = np.random.default_rng([len(words), 5]).permutation(len(words))
         out = []
         for i, w in enumerate(words[j] for j in order):
-            t = ("" if i == 0 else " ") + f"{i + 1}. {w}"
-            out.append(Unit(t, spans=[(len(t) - len(w), len(t))], needle=True) if w in common else Unit(t))
+            num = ("" if i == 0 else " ") + f"{i + 1}."
+            a, b = ids(num), ids(" " + w)
+            out.append(Unit(f"{num} {w}", ids=a + b, needle=w in common,
+                            idx=list(range(len(a), len(a) + len(b))) if w in common else None))
         return out
 
     def size(us: list[Unit]) -> int:
-        return sum(len(_encode(tokenizer, u.text)) for u in us)
+        return sum(len(u.ids) for u in us)
 
     lo, hi = 0, len(others)
     if size(units(hi)) < C:
@@ -968,7 +982,9 @@ def run_retrieval(model, tokenizer, haystack, out_dir: str | os.PathLike, tasks:
     # every prompt first: a short haystack or an unsplittable answer fails before any forward pass
     # case-major order: a run stopped early (or a shard) still covers every task
     todo = [(t, int(L), seed + i) for L in lengths for i in range(cases) for t in tasks]
-    built = {(t.name, L, s): make_case(t, haystack, tokenizer, L, s, fmt) for t, L, s in todo}
+    for t in tasks:  # one prompt per task and length first: bad inputs fail before any forward pass
+        for L in lengths:
+            make_case(t, haystack, tokenizer, int(L), seed, fmt)
     fp_settings = {**(settings or {}), "patterns": [(lab, ch) for lab, ch, _ in patterns], "format": fmt,
                    "tasks": {t.name: t.__dict__ for t in tasks}, "needle": NEEDLE, "noise": NOISE,
                    "schema": RETRIEVAL_SCHEMA, "haystack": getattr(haystack, "name", "")}
@@ -986,7 +1002,7 @@ def run_retrieval(model, tokenizer, haystack, out_dir: str | os.PathLike, tasks:
         cpath, tpath = case_dir / f"{stem}.cases.parquet", case_dir / f"{stem}.trace.parquet"
         if cpath.is_file() and tpath.is_file():
             continue
-        case = built[(t.name, L, s)]
+        case = make_case(t, haystack, tokenizer, L, s, fmt)
         pats = [(lab, ch) for lab, ch, k in patterns if s - seed < k]
         t0 = time.perf_counter()
         rows, trows = run_case(model, tokenizer, case, pats, t, moba)
