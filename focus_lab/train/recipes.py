@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from focus_lab.method.config import ConfigError
 
-DEFAULT_RECIPE = "sinks64"  # best hard-mode recipe measured (README "Router recipes")
+DEFAULT_RECIPE = "sinks64"  # best hard-mode recipe measured (docs/cli.md "Router recipes")
 
 RECIPES: dict[str, tuple[dict, dict]] = {
     "paper": ({"bias_momentum": 0.0}, {}),
