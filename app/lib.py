@@ -354,9 +354,9 @@ def is_passkey_dir(path: Path) -> bool:
     return all((path / f).is_file() for f in PASSKEY_FILES) and not (path / MANIFEST).is_file()
 
 
-def passkey_dirs(root: Path) -> list[str]:
-    """Names (relative to ``root``, posix, sorted) of the passkey outputs directly or one level
-    below ``root``; hidden folders and folders resolving outside the root are skipped."""
+def probe_dirs(root: Path, is_output: Callable[[Path], bool]) -> list[str]:
+    """Names (relative to ``root``, posix, sorted) of the probe outputs (``is_output``) directly or
+    one level below ``root``; hidden folders and folders resolving outside the root are skipped."""
     root = Path(root).resolve()
     if not root.is_dir():
         return []
@@ -365,12 +365,17 @@ def passkey_dirs(root: Path) -> list[str]:
         if p.name.startswith(".") or not p.is_dir():
             continue
         for q in [p] + sorted(c for c in p.iterdir() if c.is_dir() and not c.name.startswith(".")):
-            if is_passkey_dir(q):
+            if is_output(q):
                 try:
                     found.append(q.resolve().relative_to(root).as_posix())
                 except ValueError:  # a symlink out of the root
                     continue
     return found
+
+
+def passkey_dirs(root: Path) -> list[str]:
+    """The passkey outputs below ``root`` (``probe_dirs``)."""
+    return probe_dirs(root, is_passkey_dir)
 
 
 def newest_passkey(root: Path, names: list[str]) -> str:
@@ -414,3 +419,57 @@ def open_passkey(name: str, root: Path | None = None) -> tuple[pd.DataFrame, pd.
         raise RunError(f"{name!r} is not a passkey output below the runs root {root} (it needs "
                        f"{' and '.join(PASSKEY_FILES)}): `{PASSKEY_HINT}`")
     return _read_passkey(str(p), tuple(stat_key(p / f) for f in (*PASSKEY_FILES, "passkey.json")))
+
+
+# ---------------------------------------------------------------------------------------------
+# retrieval suite outputs (``focus-lab probe retrieval``): not runs either
+
+RETRIEVAL_FILES = ("cases.parquet", "trace.parquet")
+RETRIEVAL_HINT = "focus-lab probe retrieval --out runs/retrieval"
+#: Columns the Retrieval page reads (a subset of ``focus_lab.eval.retrieval.CASES_COLUMNS`` /
+#: ``TRACE_COLUMNS``; listed here so the dashboard does not import torch through retrieval.py).
+RETRIEVAL_CASE_COLUMNS = ("task", "length", "seed", "pattern", "score", "answer_logprob", "distant_pairs_kept",
+                          "needle_pairs_kept", "continuation", "expected")
+RETRIEVAL_TRACE_COLUMNS = ("task", "length", "seed", "pattern", "layer_idx", "head", "dense_mass", "mass_kept",
+                           "copy_mass", "copy_mass_kept", "retrieval_score")
+
+
+def is_retrieval_dir(path: Path) -> bool:
+    """A retrieval suite output: ``cases.parquet`` and ``trace.parquet``, no run manifest."""
+    return all((path / f).is_file() for f in RETRIEVAL_FILES) and not (path / MANIFEST).is_file()
+
+
+def retrieval_dirs(root: Path) -> list[str]:
+    """The retrieval suite outputs below ``root`` (``probe_dirs``)."""
+    return probe_dirs(root, is_retrieval_dir)
+
+
+@st.cache_resource(show_spinner=False, max_entries=8)
+def _read_retrieval(path: str, key: tuple) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(cases, trace) of a retrieval output, read-only; RunError when a table is unreadable or
+    lacks a column the page needs."""
+    out = []
+    for name, cols in (("cases", RETRIEVAL_CASE_COLUMNS), ("trace", RETRIEVAL_TRACE_COLUMNS)):
+        p = Path(path) / f"{name}.parquet"
+        try:
+            df = pd.read_parquet(p)
+        except Exception as e:  # pyarrow raises several types for corrupted files
+            raise RunError(f"{p} cannot be read ({type(e).__name__}: {e}); run the suite again: "
+                           f"`{RETRIEVAL_HINT}`") from e
+        missing = [c for c in cols if c not in df.columns]
+        if missing:
+            raise RunError(f"{p} lacks the columns {missing}: not a retrieval table of this focus-lab; run the "
+                           f"suite again: `{RETRIEVAL_HINT}`")
+        out.append(df)
+    return out[0], out[1]
+
+
+def open_retrieval(name: str, root: Path | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The retrieval output ``name`` below the runs root: (cases, trace). RunError when it lies
+    outside the root or is no retrieval output."""
+    root = runs_root() if root is None else root
+    p = safe_run_path(root, name)
+    if not is_retrieval_dir(p):
+        raise RunError(f"{name!r} is not a retrieval suite output below the runs root {root} (it needs "
+                       f"{' and '.join(RETRIEVAL_FILES)}): `{RETRIEVAL_HINT}`")
+    return _read_retrieval(str(p), tuple(stat_key(p / f) for f in RETRIEVAL_FILES))

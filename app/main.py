@@ -4,7 +4,8 @@
 The dashboard is the package ``focus_lab.app`` (the folder ``app/`` of the repository, installed
 with focus_lab), so this script and the pages in ``app_pages/`` import ``focus_lab.app.lib`` like
 any installed module. The sidebar picks a run below the runs root; the pages read it through lib.
-The Passkey page picks its own folder (a ``focus-lab probe passkey`` output, not a recorder run).
+The Passkey and Retrieval pages pick their own folders (``focus-lab probe passkey`` / ``probe
+retrieval`` outputs, not recorder runs).
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ pages = [
     st.Page("app_pages/audit.py", title="Dependency audit", icon=":material/link_off:"),
     st.Page("app_pages/compare.py", title="Compare", icon=":material/compare_arrows:"),
     st.Page("app_pages/passkey.py", title="Passkey", icon=":material/key:"),
+    st.Page("app_pages/retrieval.py", title="Retrieval", icon=":material/manage_search:"),
     st.Page("app_pages/probe.py", title="Live probe", icon=":material/science:"),
 ]
 st.navigation(pages).run()

@@ -83,7 +83,6 @@ DEFAULT_PATTERNS = ("dense,window,hard_top1,hard_top2,hard_top2_match,random_top
                     "shuffled_top2,moba_matched")
 MOBA = "moba_matched"  # the MoBA block gate, its block top-k matched to hard_top2's distant pairs kept
 DEFAULT_LENGTHS = (4096,)
-RETRIEVAL_HEAD_THRESHOLD = 0.1  # Wu et al.: heads whose retrieval score is >= 0.1
 NOISE = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
 NEEDLE = "One of the special magic {type_v} for {key} is: {value}."
 NIAH_TEMPLATE = ("Some special magic {type_v} are hidden within the following text. Make sure to memorize it. "
@@ -102,7 +101,7 @@ _MARK = "\u2063CONTEXT\u2063"
 
 CASES_COLUMNS = ["schema_version", "task", "length", "seed", "pattern", "score", "answers_found", "answers",
                  "answer_logprob", "answer_tokens", "first_answer_token_rank", "distant_pairs_kept",
-                 "needle_pairs_kept", "needle_mass_kept", "prompt_tokens", "needles", "continuation",
+                 "needle_pairs_kept", "needle_mass_kept", "prompt_tokens", "needles", "needle_context", "continuation",
                  "expected", "mode", "top_k", "seconds", "prefill_seconds", "bare_forward_seconds"]
 TRACE_COLUMNS = ["schema_version", "task", "length", "seed", "pattern", "layer_idx", "head", "dense_mass",
                  "mass_kept", "copy_mass", "copy_mass_kept", "pairs_kept", "copy_pairs", "copy_pairs_kept",
@@ -737,6 +736,19 @@ def _greedy(model, state, past, ids: torch.Tensor, start: int, forced: list[int]
             res = _forward(model, seq, keep=1, use_cache=False, **fkw)
 
 
+def needle_context(tokenizer, case: RetrievalCase, radius: int = 40) -> str:
+    """The text around the case's first needle, its answer tokens between ``[[`` and ``]]``
+    (``radius`` tokens either side): what the Retrieval page shows of a haystack."""
+    pos = np.asarray(case.needle_positions)
+    if not len(pos):
+        return ""
+    a = int(pos[0])
+    b = int(pos[(pos <= a + radius)].max())
+    ids = case.input_ids.tolist()
+    return (tokenizer.decode(ids[max(0, a - radius):a]) + "[[" + tokenizer.decode(ids[a:b + 1]) + "]]"
+            + tokenizer.decode(ids[b + 1:b + 1 + radius]))
+
+
 def score(text: str, answers: Sequence[str]) -> tuple[float, int]:
     """RULER's ``string_match_all`` for one output: (share of ``answers`` found in ``text``,
     case-insensitive; how many)."""
@@ -769,6 +781,7 @@ def run_case(model, tokenizer, case: RetrievalCase, patterns: list[tuple[str, di
     eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
     eos = set(eos if isinstance(eos, (list, tuple)) else [eos]) - {None}
     answers = case.answers
+    context = needle_context(tokenizer, case)
     rows_out, traces = [], {}
     dense_probs = dense_argmax = None
     for label, changes in patterns:
@@ -832,6 +845,7 @@ def run_case(model, tokenizer, case: RetrievalCase, patterns: list[tuple[str, di
                          "answer_logprob": float(tok_lp[value_rows.to(dev)].sum()),
                          "answer_tokens": len(case.answer_index), "first_answer_token_rank": rank,
                          "distant_pairs_kept": frac, "prompt_tokens": P, "needles": case.needles,
+                         "needle_context": context,
                          "continuation": text, "expected": " | ".join(map(str, answers)), "mode": cfg.mode,
                          "top_k": cfg.top_k if cfg.mode == "hard" else None, "seconds": dt,
                          "prefill_seconds": t_pre})
@@ -1038,107 +1052,7 @@ def run_retrieval(model, tokenizer, haystack, out_dir: str | os.PathLike, tasks:
 
 
 # ------------------------------------------------------------------------------------------
-# reading the tables
+# reading the tables: focus_lab.eval.retrieval_tables (no torch, for the dashboard)
 
-def _bootstrap(x: np.ndarray, y: np.ndarray, reps: int = 2000, seed: int = 0) -> tuple[float, float, float]:
-    """(mean(x) / mean(y), 2.5%, 97.5%) over a paired bootstrap of the cases (nan where the
-    dense mean is 0)."""
-    if len(x) == 0 or y.mean() == 0:
-        return float("nan"), float("nan"), float("nan")
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, len(x), size=(reps, len(x)))
-    den = y[idx].mean(1)
-    ratio = np.where(den > 0, x[idx].mean(1) / np.where(den > 0, den, 1), np.nan)
-    return float(x.mean() / y.mean()), float(np.nanpercentile(ratio, 2.5)), float(np.nanpercentile(ratio, 97.5))
-
-
-def _diff_ci(x: np.ndarray, reps: int = 2000, seed: int = 0) -> tuple[float, float, float]:
-    """(mean(x), 2.5%, 97.5%) over a bootstrap of the cases."""
-    if len(x) == 0:
-        return float("nan"), float("nan"), float("nan")
-    rng = np.random.default_rng(seed)
-    m = x[rng.integers(0, len(x), size=(reps, len(x)))].mean(1)
-    return float(x.mean()), float(np.percentile(m, 2.5)), float(np.percentile(m, 97.5))
-
-
-def summary(cases: pd.DataFrame, against: str = "dense") -> pd.DataFrame:
-    """Per (task, length, pattern): cases, mean score, score relative to ``against`` (dense) with
-    a paired 95% bootstrap interval over the cases both ran, the mean change of the answers'
-    log-probability (nats) with its interval, distant pairs kept, needle pairs and attention mass
-    kept, and ``dense_below_half`` (dense's score under 50%: the task is reported, and marked,
-    but the ratio says little there)."""
-    out = []
-    for (task, L), g in cases.groupby(["task", "length"], sort=False):
-        ref = g[g["pattern"] == against].set_index("seed")
-        dense_score = float(ref["score"].mean()) if len(ref) else float("nan")
-        for pat, p in g.groupby("pattern", sort=False):
-            p = p.set_index("seed")
-            common = p.index.intersection(ref.index)
-            rel = _bootstrap(p.loc[common, "score"].to_numpy(float), ref.loc[common, "score"].to_numpy(float))
-            dlp = _diff_ci((p.loc[common, "answer_logprob"] - ref.loc[common, "answer_logprob"]).to_numpy(float))
-            out.append({"task": task, "length": L, "pattern": pat, "cases": len(p), "score": p["score"].mean(),
-                        "relative": rel[0], "relative_lo": rel[1], "relative_hi": rel[2],
-                        "logprob": p["answer_logprob"].mean(), "logprob_change": dlp[0], "logprob_change_lo": dlp[1],
-                        "logprob_change_hi": dlp[2], "distant_pairs_kept": p["distant_pairs_kept"].mean(),
-                        "needle_pairs_kept": p["needle_pairs_kept"].mean(),
-                        "needle_mass_kept": p["needle_mass_kept"].mean(),
-                        "seconds": p["seconds"].mean(),
-                        "cost_ratio": (p["seconds"] / p["bare_forward_seconds"]).mean(),
-                        "dense_score": dense_score, "dense_below_half": bool(dense_score < 0.5)})
-    return pd.DataFrame(out)
-
-
-def paired_difference(cases: pd.DataFrame, a: str, b: str, column: str = "score") -> pd.DataFrame:
-    """Per (task, length): mean of ``column`` under pattern ``a`` minus under ``b`` over the cases
-    both ran, with a 95% bootstrap interval (the router against random groups: a = hard_top2,
-    b = random_top2), and ``verdict``: ``a better`` / ``b better`` when the interval excludes 0."""
-    out = []
-    for (task, L), g in cases.groupby(["task", "length"], sort=False):
-        x = g[g["pattern"] == a].set_index("seed")[column]
-        y = g[g["pattern"] == b].set_index("seed")[column]
-        common = x.index.intersection(y.index)
-        if not len(common):
-            continue
-        d = _diff_ci((x.loc[common] - y.loc[common]).to_numpy(float))
-        verdict = f"{a} better" if d[1] > 0 else f"{b} better" if d[2] < 0 else "no difference"
-        out.append({"task": task, "length": L, "cases": len(common), "column": column, "difference": d[0],
-                    "lo": d[1], "hi": d[2], "verdict": verdict})
-    return pd.DataFrame(out)
-
-
-def retrieval_heads(trace: pd.DataFrame, threshold: float = RETRIEVAL_HEAD_THRESHOLD) -> pd.DataFrame:
-    """Per (task, length, layer, head): the mean retrieval score over the cases (dense
-    attention; Wu et al.) and the mean dense attention mass to the needle; ``retrieval_head``:
-    score >= ``threshold`` (0.1, theirs). Sorted by score, best first."""
-    d = trace[trace["pattern"] == "dense"]
-    g = d.groupby(["task", "length", "layer_idx", "head"], as_index=False).agg(
-        retrieval_score=("retrieval_score", "mean"), dense_mass=("dense_mass", "mean"))
-    g["retrieval_head"] = g["retrieval_score"] >= threshold
-    return g.sort_values(["task", "length", "retrieval_score"], ascending=[True, True, False]).reset_index(drop=True)
-
-
-def failures(cases: pd.DataFrame, trace: pd.DataFrame, top: int = 5) -> pd.DataFrame:
-    """For every case dense solves (score >= 0.5) and a pattern scores lower: the ``top`` layers
-    and heads whose needle attention that pattern dropped most (dense mass minus the mass on
-    the pairs it keeps), with the share of that dropped mass on copy pairs and whether the head
-    is a retrieval head of the task (``retrieval_heads``)."""
-    heads = retrieval_heads(trace)
-    is_rh = {(r.task, r.length, r.layer_idx, r.head) for r in heads.itertuples() if r.retrieval_head}
-    dense = cases[cases["pattern"] == "dense"].set_index(["task", "length", "seed"])["score"]
-    out = []
-    for r in cases[cases["pattern"] != "dense"].itertuples():
-        ds = dense.get((r.task, r.length, r.seed))
-        if ds is None or ds < 0.5 or r.score >= ds:
-            continue
-        t = trace[(trace["task"] == r.task) & (trace["length"] == r.length) & (trace["seed"] == r.seed)
-                  & (trace["pattern"] == r.pattern)]
-        dropped = (t["dense_mass"] - t["mass_kept"]).to_numpy()
-        copy_dropped = (t["copy_mass"] - t["copy_mass_kept"]).to_numpy()
-        for j in np.argsort(-dropped)[:top]:
-            row = t.iloc[j]
-            out.append({"task": r.task, "length": r.length, "seed": r.seed, "pattern": r.pattern,
-                        "dense_score": ds, "score": r.score, "layer_idx": int(row.layer_idx), "head": int(row.head),
-                        "mass_dropped": float(dropped[j]), "dense_mass": float(row.dense_mass),
-                        "copy_share_of_dropped": float(copy_dropped[j] / dropped[j]) if dropped[j] > 0 else float("nan"),
-                        "retrieval_head": (r.task, r.length, int(row.layer_idx), int(row.head)) in is_rh})
-    return pd.DataFrame(out)
+from focus_lab.eval.retrieval_tables import (  # noqa: E402,F401
+    RETRIEVAL_HEAD_THRESHOLD, failures, paired_difference, retrieval_heads, summary)

@@ -1,0 +1,118 @@
+"""The retrieval suite's tables read back (``focus_lab.eval.retrieval``): scores relative to
+dense with paired intervals, the router against random groups, retrieval heads, failures traced
+to layers and heads. pandas and numpy only, so the dashboard reads them without torch.
+
+Source: docs/retrieval.md; RULER (arXiv 2404.06654) for the score; Wu et al. (arXiv 2404.15574)
+for retrieval heads.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+RETRIEVAL_HEAD_THRESHOLD = 0.1  # Wu et al.: heads whose retrieval score is >= 0.1
+
+
+def _bootstrap(x: np.ndarray, y: np.ndarray, reps: int = 2000, seed: int = 0) -> tuple[float, float, float]:
+    """(mean(x) / mean(y), 2.5%, 97.5%) over a paired bootstrap of the cases (nan where the
+    dense mean is 0)."""
+    if len(x) == 0 or y.mean() == 0:
+        return float("nan"), float("nan"), float("nan")
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, len(x), size=(reps, len(x)))
+    den = y[idx].mean(1)
+    ratio = np.where(den > 0, x[idx].mean(1) / np.where(den > 0, den, 1), np.nan)
+    return float(x.mean() / y.mean()), float(np.nanpercentile(ratio, 2.5)), float(np.nanpercentile(ratio, 97.5))
+
+
+def _diff_ci(x: np.ndarray, reps: int = 2000, seed: int = 0) -> tuple[float, float, float]:
+    """(mean(x), 2.5%, 97.5%) over a bootstrap of the cases."""
+    if len(x) == 0:
+        return float("nan"), float("nan"), float("nan")
+    rng = np.random.default_rng(seed)
+    m = x[rng.integers(0, len(x), size=(reps, len(x)))].mean(1)
+    return float(x.mean()), float(np.percentile(m, 2.5)), float(np.percentile(m, 97.5))
+
+
+def summary(cases: pd.DataFrame, against: str = "dense") -> pd.DataFrame:
+    """Per (task, length, pattern): cases, mean score, score relative to ``against`` (dense) with
+    a paired 95% bootstrap interval over the cases both ran, the mean change of the answers'
+    log-probability (nats) with its interval, distant pairs kept, needle pairs and attention mass
+    kept, and ``dense_below_half`` (dense's score under 50%: the task is reported, and marked,
+    but the ratio says little there)."""
+    out = []
+    for (task, L), g in cases.groupby(["task", "length"], sort=False):
+        ref = g[g["pattern"] == against].set_index("seed")
+        dense_score = float(ref["score"].mean()) if len(ref) else float("nan")
+        for pat, p in g.groupby("pattern", sort=False):
+            p = p.set_index("seed")
+            common = p.index.intersection(ref.index)
+            rel = _bootstrap(p.loc[common, "score"].to_numpy(float), ref.loc[common, "score"].to_numpy(float))
+            dlp = _diff_ci((p.loc[common, "answer_logprob"] - ref.loc[common, "answer_logprob"]).to_numpy(float))
+            out.append({"task": task, "length": L, "pattern": pat, "cases": len(p), "score": p["score"].mean(),
+                        "relative": rel[0], "relative_lo": rel[1], "relative_hi": rel[2],
+                        "logprob": p["answer_logprob"].mean(), "logprob_change": dlp[0], "logprob_change_lo": dlp[1],
+                        "logprob_change_hi": dlp[2], "distant_pairs_kept": p["distant_pairs_kept"].mean(),
+                        "needle_pairs_kept": p["needle_pairs_kept"].mean(),
+                        "needle_mass_kept": p["needle_mass_kept"].mean(),
+                        "seconds": p["seconds"].mean(),
+                        "cost_ratio": (p["seconds"] / p["bare_forward_seconds"]).mean(),
+                        "dense_score": dense_score, "dense_below_half": bool(dense_score < 0.5)})
+    return pd.DataFrame(out)
+
+
+def paired_difference(cases: pd.DataFrame, a: str, b: str, column: str = "score") -> pd.DataFrame:
+    """Per (task, length): mean of ``column`` under pattern ``a`` minus under ``b`` over the cases
+    both ran, with a 95% bootstrap interval (the router against random groups: a = hard_top2,
+    b = random_top2), and ``verdict``: ``a better`` / ``b better`` when the interval excludes 0."""
+    out = []
+    for (task, L), g in cases.groupby(["task", "length"], sort=False):
+        x = g[g["pattern"] == a].set_index("seed")[column]
+        y = g[g["pattern"] == b].set_index("seed")[column]
+        common = x.index.intersection(y.index)
+        if not len(common):
+            continue
+        d = _diff_ci((x.loc[common] - y.loc[common]).to_numpy(float))
+        verdict = f"{a} better" if d[1] > 0 else f"{b} better" if d[2] < 0 else "no difference"
+        out.append({"task": task, "length": L, "cases": len(common), "column": column, "difference": d[0],
+                    "lo": d[1], "hi": d[2], "verdict": verdict})
+    return pd.DataFrame(out)
+
+
+def retrieval_heads(trace: pd.DataFrame, threshold: float = RETRIEVAL_HEAD_THRESHOLD) -> pd.DataFrame:
+    """Per (task, length, layer, head): the mean retrieval score over the cases (dense
+    attention; Wu et al.) and the mean dense attention mass to the needle; ``retrieval_head``:
+    score >= ``threshold`` (0.1, theirs). Sorted by score, best first."""
+    d = trace[trace["pattern"] == "dense"]
+    g = d.groupby(["task", "length", "layer_idx", "head"], as_index=False).agg(
+        retrieval_score=("retrieval_score", "mean"), dense_mass=("dense_mass", "mean"))
+    g["retrieval_head"] = g["retrieval_score"] >= threshold
+    return g.sort_values(["task", "length", "retrieval_score"], ascending=[True, True, False]).reset_index(drop=True)
+
+
+def failures(cases: pd.DataFrame, trace: pd.DataFrame, top: int = 5) -> pd.DataFrame:
+    """For every case dense solves (score >= 0.5) and a pattern scores lower: the ``top`` layers
+    and heads whose needle attention that pattern dropped most (dense mass minus the mass on
+    the pairs it keeps), with the share of that dropped mass on copy pairs and whether the head
+    is a retrieval head of the task (``retrieval_heads``)."""
+    heads = retrieval_heads(trace)
+    is_rh = {(r.task, r.length, r.layer_idx, r.head) for r in heads.itertuples() if r.retrieval_head}
+    dense = cases[cases["pattern"] == "dense"].set_index(["task", "length", "seed"])["score"]
+    out = []
+    for r in cases[cases["pattern"] != "dense"].itertuples():
+        ds = dense.get((r.task, r.length, r.seed))
+        if ds is None or ds < 0.5 or r.score >= ds:
+            continue
+        t = trace[(trace["task"] == r.task) & (trace["length"] == r.length) & (trace["seed"] == r.seed)
+                  & (trace["pattern"] == r.pattern)]
+        dropped = (t["dense_mass"] - t["mass_kept"]).to_numpy()
+        copy_dropped = (t["copy_mass"] - t["copy_mass_kept"]).to_numpy()
+        for j in np.argsort(-dropped)[:top]:
+            row = t.iloc[j]
+            out.append({"task": r.task, "length": r.length, "seed": r.seed, "pattern": r.pattern,
+                        "dense_score": ds, "score": r.score, "layer_idx": int(row.layer_idx), "head": int(row.head),
+                        "mass_dropped": float(dropped[j]), "dense_mass": float(row.dense_mass),
+                        "copy_share_of_dropped": float(copy_dropped[j] / dropped[j]) if dropped[j] > 0 else float("nan"),
+                        "retrieval_head": (r.task, r.length, int(row.layer_idx), int(row.head)) in is_rh})
+    return pd.DataFrame(out)
