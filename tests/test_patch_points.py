@@ -417,3 +417,12 @@ def test_every_row_of_the_transformerlens_table_names_a_test_that_exists():
     assert len(named) == len(rows) >= 10
     for file, test in named:
         assert re.search(rf"^def {test}\(", (root / file).read_text(), re.M), f"{file}::{test}"
+
+
+@torch.no_grad()
+def test_an_observer_can_turn_the_unfired_warning_off():
+    model = _model(mode="dense")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", HookWarning)
+        with focus_lab.hooks(model, {"key_group": lambda x, h: None}, warn_unfired=False):
+            model(input_ids=_ids(), use_cache=False)

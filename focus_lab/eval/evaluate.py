@@ -161,7 +161,7 @@ def evaluate(model, windows: list, patterns: list[tuple[str, dict]] | None = Non
                 shares.append(float(hard_group_shares(key_group, cfg.num_groups).max()))
 
     device = next(model.parameters()).device  # the windows go where the model is
-    with hooks(model, {"key_group": groups}):
+    with hooks(model, {"key_group": groups}, warn_unfired=False):  # dense / window patterns do not route
         for label, changes in patterns:
             state = forward_state(model, **changes)
             cfg = state.config

@@ -353,13 +353,15 @@ def _resolve(model: nn.Module, key) -> list[tuple[nn.Module, str]]:
 
 
 @contextmanager
-def hooks(model: nn.Module, fns: dict) -> Iterator[None]:
+def hooks(model: nn.Module, fns: dict, warn_unfired: bool = True) -> Iterator[None]:
     """Run ``fns`` at the named hook points of every forward inside the block.
 
     Args:
         model: a Focus-attached model.
         fns: {name, glob, point alone or callable ``name -> bool``: fn or [fn, ...]}; see the
             module docstring for the names, the tensors, ``fn(tensor, hook)`` and patches.
+        warn_unfired: warn about routing points that never fired (False: for observers that
+            watch every pattern and expect dense or window forwards, e.g. ``evaluate``).
     Raises:
         ValueError: Focus not attached, or a name that matches no hook point (the message
             lists the valid names); nothing is registered then.
@@ -382,7 +384,8 @@ def hooks(model: nn.Module, fns: dict) -> Iterator[None]:
                     module.__dict__.setdefault("_focus_hooks", []).append(entry)
                     added.append((module, entry))
         yield
-        block.warn()
+        if warn_unfired:
+            block.warn()
     finally:
         for module, entry in added:
             reg = module.__dict__.get("_focus_hooks", [])
