@@ -121,7 +121,7 @@ def page() -> None:
     by_lh = sel.groupby(["layer_idx", "head"]).apply(wmean, include_groups=False).rename("coverage").reset_index()
     piv = by_lh.pivot(index="layer_idx", columns="head", values="coverage")
     fig = lib.layer_heatmap(piv.to_numpy(), [str(h) for h in piv.columns], piv.index,
-                            title=f"coverage of dense attention, {pattern} mask (layer x head)", xaxis_title="head",
+                            title=f"coverage of dense attention (attention recall), {pattern} mask (layer x head)", xaxis_title="head",
                             hovertemplate="layer %{y}, head %{x}: %{z:.3f}<extra></extra>",
                             colorbar=dict(title="coverage"), base_px=180, colorscale="Viridis",
                             zmin=float(np.nanmin(piv.to_numpy())) if piv.size else 0, zmax=1.0)

@@ -111,8 +111,8 @@ def failures(cases: pd.DataFrame, trace: pd.DataFrame, top: int = 5) -> pd.DataF
         for j in np.argsort(-dropped)[:top]:
             row = t.iloc[j]
             out.append({"task": r.task, "length": r.length, "seed": r.seed, "pattern": r.pattern,
-                        "dense_score": ds, "score": r.score, "layer_idx": int(row.layer_idx), "head": int(row.head),
-                        "mass_dropped": float(dropped[j]), "dense_mass": float(row.dense_mass),
+                        "dense_score": ds, "score": r.score, "layer_idx": int(row["layer_idx"]), "head": int(row["head"]),
+                        "mass_dropped": float(dropped[j]), "dense_mass": float(row["dense_mass"]),
                         "copy_share_of_dropped": float(copy_dropped[j] / dropped[j]) if dropped[j] > 0 else float("nan"),
-                        "retrieval_head": (r.task, r.length, int(row.layer_idx), int(row.head)) in is_rh})
+                        "retrieval_head": (r.task, r.length, int(row["layer_idx"]), int(row["head"])) in is_rh})
     return pd.DataFrame(out)

@@ -1,0 +1,62 @@
+"""The retrieval suite's result table (docs/results.md, docs/studies/retrieval-suite.md) from a suite
+output: per task and length, dense's score and each pattern's score relative to dense with the
+paired 95% interval over cases, the change of the answers' log-prob (nats), distant pairs kept; then
+the router against random groups (paired over cases) and the heads a failing pattern dropped.
+
+    python -m analyses.studies.retrieval_table [--cases figures/results/retrieval_cases.parquet]
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import pandas as pd
+
+from focus_lab.eval.retrieval_tables import failures, paired_difference, retrieval_heads, summary
+
+
+def markdown(cases: pd.DataFrame) -> str:
+    """The table as markdown: one row per (task, length), one cell per pattern
+    ``ratio [lo, hi] / Δlogprob`` (ratio: mean score over dense's, on the cases both ran)."""
+    s = summary(cases)
+    pats = [p for p in dict.fromkeys(s["pattern"]) if p != "dense"]
+    lines = ["| task | tokens | cases | dense | " + " | ".join(pats) + " |",
+             "|---|---:|---:|---:|" + "---|" * len(pats)]
+    for (task, L), g in s.groupby(["task", "length"], sort=False):
+        g = g.set_index("pattern")
+        d = g.loc["dense"]
+        cells = []
+        for p in pats:
+            if p not in g.index:
+                cells.append("-")
+                continue
+            r = g.loc[p]
+            rel = "-" if d.dense_below_half else f"{r.relative:.2f} [{r.relative_lo:.2f}, {r.relative_hi:.2f}]"
+            cells.append(f"{rel}, {r.logprob_change:+.1f} nats [{r.distant_pairs_kept:.2f}]")
+        note = " (dense < 50%)" if d.dense_below_half else ""
+        lines.append(f"| {task}{note} | {L} | {int(d.cases)} | {d.score:.2f} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cases", default="figures/results/retrieval_cases.parquet")
+    ap.add_argument("--trace", default="figures/results/retrieval_trace.parquet")
+    a = ap.parse_args()
+    cases = pd.read_parquet(a.cases)
+    print(markdown(cases))
+    print()
+    for col in ("score", "answer_logprob"):
+        print(paired_difference(cases, "hard_top2", "random_top2", col).round(3).to_string(index=False))
+    trace = pd.read_parquet(a.trace)
+    f = failures(cases, trace)
+    if len(f):
+        print()
+        print(f.round(3).to_string(index=False))
+    h = retrieval_heads(trace)
+    print()
+    print(h[h.retrieval_head].groupby(["task", "length"]).size().to_string())
+
+
+if __name__ == "__main__":
+    main()
