@@ -455,7 +455,8 @@ def cache(model: nn.Module, names: str | Iterable[str] | Callable[[str], bool] =
             and of ``key`` / ``value`` the key-value heads they read (GQA); None: every head.
     Yields:
         an ``ActivationCache``: {``layers.{i}.{point}``: tensor} with ``stack(point)`` (L, ...).
-    Raises: as ``hooks``; ValueError when ``heads`` names a head the model lacks.
+    Raises: as ``hooks``; a HookError during the forward when ``heads`` names a head the layer
+        lacks.
     """
     store = ActivationCache()
     want = None if heads is None else ([heads] if isinstance(heads, int) else list(heads))
