@@ -319,23 +319,13 @@ def _forward(model, ids: torch.Tensor, keep: int | None = None, **kw):
 
 def answer_attention(query: torch.Tensor, key: torch.Tensor, scale: float, row: int,
                      softcap: float | None = None) -> torch.Tensor:
-    """Dense attention probabilities of one query row (docs/method.md §2.4 ``dense``).
-
-    query: (B, H, Tq, D) with queries at positions ``Tk - Tq .. Tk - 1``; key: (B, Hkv, Tk, D)
-    (GQA: query head h reads kv head h // (H / Hkv), ``metrics.expand_kv``); row: the query's
-    absolute position. Returns (B, H, Tk) float32, ``softmax(q k^T * scale + causal)``, each row
-    summing to 1 over keys ``j <= row``.
-    """
-    from focus_lab.method.metrics import expand_kv
-    B, H, Tq, _ = query.shape
-    Tk = key.shape[2]
-    q = query[:, :, row - (Tk - Tq)].float()  # (B, H, D)
-    k = expand_kv(key, H).float()  # (B, H, Tk, D)
-    logits = torch.einsum("bhd,bhtd->bht", q, k) * scale  # (B, H, Tk)
-    if softcap:
-        logits = softcap * torch.tanh(logits / softcap)
-    logits[..., row + 1:] = float("-inf")
-    return torch.softmax(logits, dim=-1)
+    """Dense attention probabilities of one query row (docs/method.md §2.4 ``dense``):
+    ``metrics.rows_attention`` of that row, the one computation the retrieval suite's trace
+    uses too. query: (B, H, Tq, D) with queries at positions ``Tk - Tq .. Tk - 1``; key:
+    (B, Hkv, Tk, D); row: the query's absolute position. Returns (B, H, Tk) float32, summing to 1
+    over keys ``j <= row``."""
+    from focus_lab.method.metrics import rows_attention
+    return rows_attention(query, key, scale, torch.tensor([row], device=query.device), softcap)[:, :, 0]
 
 
 def needle_edges_kept(query_groups: torch.Tensor, key_group: torch.Tensor, window: int, sinks: int,

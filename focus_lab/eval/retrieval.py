@@ -613,25 +613,6 @@ def _forward(model, ids: torch.Tensor, keep: int | None = None, **kw):
     return fwd(model, ids, keep, **kw)
 
 
-def rows_attention(query: torch.Tensor, key: torch.Tensor, scale: float, rows: torch.Tensor,
-                   softcap: float | None = None) -> torch.Tensor:
-    """Dense causal attention probabilities of some query rows (docs/method.md §2.4 ``dense``).
-
-    query: (B, H, Tq, D), its queries at positions ``Tk - Tq .. Tk - 1``; key: (B, Hkv, Tk, D)
-    (GQA through ``metrics.expand_kv``); rows: (r,) absolute query positions. Returns
-    (B, H, r, Tk) float32, each row summing to 1 over keys ``j <= row``."""
-    from focus_lab.method.metrics import expand_kv
-    H, Tq = query.shape[1], query.shape[2]
-    Tk = key.shape[2]
-    q = query[:, :, rows - (Tk - Tq)].float()  # (B, H, r, D)
-    k = expand_kv(key, H).float()  # (B, H, Tk, D)
-    logits = torch.einsum("bhrd,bhtd->bhrt", q, k) * scale  # (B, H, r, Tk)
-    if softcap:
-        logits = softcap * torch.tanh(logits / softcap)
-    future = torch.arange(Tk, device=key.device)[None, :] > rows.to(key.device)[:, None]  # (r, Tk)
-    return torch.softmax(logits.masked_fill(future, float("-inf")), dim=-1)
-
-
 def copy_pairs(ids: torch.Tensor, rows: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
     """(r, m) bool: pair (i, j) is a copy when key j follows an earlier occurrence of query i's
     token, ``ids[j - 1] == ids[i]`` (the induction pair; ``core.match_pairs`` shift 1).
@@ -699,8 +680,9 @@ class _Trace:
         rows_in = (rows - (Tk - Tq)).to(query.device)
         self.kept[layer] = self._kept_rows(call, rows_in).cpu()
         if self.dense:
+            from focus_lab.method import metrics as M
             from focus_lab.method.metrics import attention_scale
-            p = rows_attention(query, key, attention_scale(call.module, query.shape[-1]), rows.to(query.device),
+            p = M.rows_attention(query, key, attention_scale(call.module, query.shape[-1]), rows.to(query.device),
                                getattr(call.module, "attn_logit_softcapping", None))[0]  # (H, r, Tk)
             self.probs[layer] = p[:, :, self.needle.to(p.device)].cpu()
             self.argmax[layer] = p.argmax(-1).cpu()

@@ -170,6 +170,24 @@ def head_mean_attention(query: torch.Tensor, key: torch.Tensor, scale: float) ->
     return torch.softmax(logits, dim=-1).mean(1)  # (B, T, T)
 
 
+def rows_attention(query: torch.Tensor, key: torch.Tensor, scale: float, rows: torch.Tensor,
+                   softcap: float | None = None) -> torch.Tensor:
+    """Dense causal attention probabilities of some query rows (docs/method.md §2.4 ``dense``).
+
+    query: (B, H, Tq, D), its queries at positions ``Tk - Tq .. Tk - 1``; key: (B, Hkv, Tk, D)
+    (GQA through ``metrics.expand_kv``); rows: (r,) absolute query positions. Returns
+    (B, H, r, Tk) float32, each row summing to 1 over keys ``j <= row``."""
+    H, Tq = query.shape[1], query.shape[2]
+    Tk = key.shape[2]
+    q = query[:, :, rows - (Tk - Tq)].float()  # (B, H, r, D)
+    k = expand_kv(key, H).float()  # (B, H, Tk, D)
+    logits = torch.einsum("bhrd,bhtd->bhrt", q, k) * scale  # (B, H, r, Tk)
+    if softcap:
+        logits = softcap * torch.tanh(logits / softcap)
+    future = torch.arange(Tk, device=key.device)[None, :] > rows.to(key.device)[:, None]  # (r, Tk)
+    return torch.softmax(logits.masked_fill(future, float("-inf")), dim=-1)
+
+
 def kept_pairs(query_groups: torch.Tensor, key_group: torch.Tensor, window: int, sinks: int = 0) -> torch.Tensor:
     """``sum_{i,j} M_ij`` per batch element, ``M = core.hard_mask(..., sinks)``: the local pairs
     (``0 <= i - j < window``, ``window_pairs`` without sinks) plus the distant pairs kept
