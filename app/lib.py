@@ -383,24 +383,32 @@ def newest_passkey(root: Path, names: list[str]) -> str:
     return max(names, key=lambda n: stat_key(Path(root) / n / "cases.parquet")[0])
 
 
+def read_probe_tables(path: str, tables: tuple, what: str, hint: str) -> list[pd.DataFrame]:
+    """The parquet tables ``[(name, required columns), ...]`` of a probe output folder, in order.
+    RunError (naming the file, the problem and the command ``hint`` that remakes it) when one is
+    unreadable or lacks a column the page needs."""
+    out = []
+    for name, cols in tables:
+        p = Path(path) / f"{name}.parquet"
+        try:
+            df = pd.read_parquet(p)
+        except Exception as e:  # pyarrow raises several types for corrupted files
+            raise RunError(f"{p} cannot be read ({type(e).__name__}: {e}); run the probe again: `{hint}`") from e
+        missing = [c for c in cols if c not in df.columns]
+        if missing:
+            raise RunError(f"{p} lacks the columns {missing}: not a {what} table of this focus-lab; run the "
+                           f"probe again: `{hint}`")
+        out.append(df)
+    return out
+
+
 @st.cache_resource(show_spinner=False, max_entries=16)
 def _read_passkey(path: str, key: tuple) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
     """(cases, needle_layers, passkey.json as a dict or {}) of a passkey output, read-only.
     RunError when a table is unreadable or lacks a column the page needs."""
     import json
-    out = []
-    for name, cols in (("cases", PASSKEY_CASE_COLUMNS), ("needle_layers", PASSKEY_LAYER_COLUMNS)):
-        p = Path(path) / f"{name}.parquet"
-        try:
-            df = pd.read_parquet(p)
-        except Exception as e:  # pyarrow raises several types for corrupted files
-            raise RunError(f"{p} cannot be read ({type(e).__name__}: {e}); run the probe again: "
-                           f"`{PASSKEY_HINT}`") from e
-        missing = [c for c in cols if c not in df.columns]
-        if missing:
-            raise RunError(f"{p} lacks the columns {missing}: not a passkey table of this focus-lab; run the "
-                           f"probe again: `{PASSKEY_HINT}`")
-        out.append(df)
+    out = read_probe_tables(path, (("cases", PASSKEY_CASE_COLUMNS), ("needle_layers", PASSKEY_LAYER_COLUMNS)),
+                            "passkey", PASSKEY_HINT)
     info = {}
     try:
         info = json.loads((Path(path) / "passkey.json").read_text())
@@ -448,19 +456,8 @@ def retrieval_dirs(root: Path) -> list[str]:
 def _read_retrieval(path: str, key: tuple) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(cases, trace) of a retrieval output, read-only; RunError when a table is unreadable or
     lacks a column the page needs."""
-    out = []
-    for name, cols in (("cases", RETRIEVAL_CASE_COLUMNS), ("trace", RETRIEVAL_TRACE_COLUMNS)):
-        p = Path(path) / f"{name}.parquet"
-        try:
-            df = pd.read_parquet(p)
-        except Exception as e:  # pyarrow raises several types for corrupted files
-            raise RunError(f"{p} cannot be read ({type(e).__name__}: {e}); run the suite again: "
-                           f"`{RETRIEVAL_HINT}`") from e
-        missing = [c for c in cols if c not in df.columns]
-        if missing:
-            raise RunError(f"{p} lacks the columns {missing}: not a retrieval table of this focus-lab; run the "
-                           f"suite again: `{RETRIEVAL_HINT}`")
-        out.append(df)
+    out = read_probe_tables(path, (("cases", RETRIEVAL_CASE_COLUMNS), ("trace", RETRIEVAL_TRACE_COLUMNS)),
+                            "retrieval", RETRIEVAL_HINT)
     return out[0], out[1]
 
 
