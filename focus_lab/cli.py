@@ -510,10 +510,11 @@ def record(
     mode: str = typer.Option("dense", help="attention mode of the recorded forward: dense (the "
                              "pretrained model's own attention, audited against the Focus masks), "
                              "hard or soft (the Focus model's)"),
-    metrics: str = typer.Option("all", help="comma list of assignments, balance, coverage, crossing, "
+    metrics: str = typer.Option("default", help="comma list of assignments, balance, coverage, crossing, "
                                 "dropped_edges, linguistics, loss_delta (per-token loss dense vs hard: two "
                                 "extra forwards per window; with dropped_edges also the costly_drops "
-                                "table); or 'all'"),
+                                "table), output_error (each mask's relative attention-output error per layer "
+                                "and head); 'default': all but output_error; 'all'"),
     layers: Optional[str] = typer.Option(None, help="layers to record, e.g. '0,5,10-12' (default: all)"),
     heads: Optional[str] = typer.Option(None, help="query heads to record, e.g. '0-3' (default: all)"),
     pattern: Optional[list[str]] = typer.Option(None, help="LAYER:HEAD whose full T x T maps are "
@@ -541,13 +542,14 @@ def record(
         import pandas as pd
         from focus_lab.data import make_windows
         from focus_lab.io import file_sha256
-        from focus_lab.recording.recorder import ALL_METRICS, GiB, RecordMemoryError, record_run
+        from focus_lab.recording.recorder import ALL_METRICS, DEFAULT_METRICS, GiB, RecordMemoryError, record_run
         from focus_lab.hf.retrofit import load_routers
         routers = _routers(routers_opt, model)
-        chosen = ALL_METRICS if metrics.strip() == "all" else tuple(x.strip() for x in metrics.split(",") if x.strip())
+        named = {"all": ALL_METRICS, "default": DEFAULT_METRICS}
+        chosen = named.get(metrics.strip()) or tuple(x.strip() for x in metrics.split(",") if x.strip())
         bad = [x for x in chosen if x not in ALL_METRICS]
         if bad:
-            _fail(f"unknown metrics {bad}; choose from {', '.join(ALL_METRICS)} or 'all'")
+            _fail(f"unknown metrics {bad}; choose from {', '.join(ALL_METRICS)}, 'default' or 'all'")
         if mode not in ("dense", "hard", "soft"):
             _fail(f"--mode {mode!r}: choose dense, hard or soft")
         pats = []

@@ -49,6 +49,7 @@ SCHEMA: dict[str, tuple[str, ...]] = {
     "coverage": ("layer_idx", "head", "pattern", "coverage", "min_coverage", "p10_coverage",
                  "coverage_distant_queries", "density", "distant_density", "window_width", "queries"),
     "coverage_query": ("window", "layer_idx", "head", "position", "pattern", "coverage"),
+    "output_error": ("layer_idx", "head", "pattern", "output_error", "queries"),
     "coverage_distance": ("layer_idx", "head", "pattern", "distance_lo", "distance_hi", "coverage", "mass",
                           "kept_mass", "queries"),
     "crossing": ("layer_idx", "head", "dense_dropped", "dense_distant", "dense_sink_mass",

@@ -11,7 +11,7 @@ import focus_lab
 from focus_lab import FocusConfig
 from focus_lab.method import core
 from focus_lab.method import metrics as M
-from focus_lab.recording.recorder import ALL_METRICS, assignments_for_window, record, record_run
+from focus_lab.recording.recorder import ALL_METRICS, DEFAULT_METRICS, assignments_for_window, record, record_run
 from focus_lab.hf.retrofit import attention_modules
 from focus_lab.runs import SCHEMA, Run, RunError
 from conftest import ALL_FAMILIES, tiny_gemma2, tiny_gpt2, tiny_llama, tiny_mistral
@@ -194,10 +194,10 @@ def tiny_run(tmp_path_factory):
 def test_run_has_every_documented_table_and_column(tiny_run):
     run = Run.open(tiny_run)
     mf = run.manifest
-    assert mf["recorder"]["metrics"] == list(ALL_METRICS)
+    assert mf["recorder"]["metrics"] == list(DEFAULT_METRICS)  # output_error is opt-in (tests/test_output_error.py)
     with_pos = run.has("pos")
     for name, cols in SCHEMA.items():
-        optional = name in ("eval", "train_log", "patterns") or (
+        optional = name in ("eval", "train_log", "patterns", "output_error") or (
             not with_pos and name in ("pos", "pos_contingency", "linguistic_scores", "group_labels"))
         if not run.has(name):
             assert optional, f"table {name} missing"

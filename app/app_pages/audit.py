@@ -29,7 +29,7 @@ TOKEN_COLS = ("window", "position", "token", "char_start", "char_end")
 RESTORED_COLS = ("window", "query_position", "layer_idx", "key_position", "recovered", "recovered_all",
                  "edges_of_query")
 HOW_TO_RESTORE = "`python -m analyses.studies.restored_drops --run <run>` (docs/studies/restored-drops.md)"
-HOW_TO_RECORD_COSTLY = ("`focus-lab record --metrics all` (the default), or name `loss_delta,dropped_edges` "
+HOW_TO_RECORD_COSTLY = ("`focus-lab record --metrics all` (or the default metrics), or name `loss_delta,dropped_edges` "
                         "in `--metrics`")
 
 

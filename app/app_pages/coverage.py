@@ -126,7 +126,20 @@ def page() -> None:
                             colorbar=dict(title="coverage"), base_px=180, colorscale="Viridis",
                             zmin=float(np.nanmin(piv.to_numpy())) if piv.size else 0, zmax=1.0)
     fig.update_layout(xaxis_type="category")
-    st.plotly_chart(fig, width="stretch")
+    if "output_error" in run.tables():
+        err = run.table("output_error")
+        err = err[err["pattern"] == pattern].pivot(index="layer_idx", columns="head", values="output_error")
+        c1, c2 = st.columns(2)
+        c1.plotly_chart(fig, width="stretch")
+        efig = lib.layer_heatmap(err.to_numpy(), [str(h) for h in err.columns], err.index,
+                                 title=f"output error ||O - O_sparse|| / ||O||, {pattern} mask", xaxis_title="head",
+                                 hovertemplate="layer %{y}, head %{x}: %{z:.3f}<extra></extra>",
+                                 colorbar=dict(title="output error"), base_px=180, colorscale="Magma_r", zmin=0)
+        efig.update_layout(xaxis_type="category")
+        c2.plotly_chart(efig, width="stretch")
+    else:
+        st.plotly_chart(fig, width="stretch")
+        st.caption("Record with `--metrics default,output_error` to see each mask's output error beside it.")
 
     per_layer = cov.groupby(["layer_idx", "pattern"]).apply(wmean, include_groups=False).rename(
         "coverage").reset_index()

@@ -276,6 +276,7 @@ class AttentionMetrics:
     matched_window: torch.Tensor
     edges: dict[str, torch.Tensor] = field(default_factory=dict)
     patterns: dict[int, dict[str, torch.Tensor]] = field(default_factory=dict)
+    output_error: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 
@@ -371,7 +372,7 @@ def attention_metrics(query: torch.Tensor, key: torch.Tensor, scale: float,
                       edge_top_n: int = 0, edge_min_weight: float = 0.0,
                       pattern_heads: Sequence[int] = (), chunk_elements: int = 1 << 23,
                       model_mask: torch.Tensor | None = None, softcap: float | None = None,
-                      cache: dict | None = None) -> AttentionMetrics:
+                      cache: dict | None = None, value: torch.Tensor | None = None) -> AttentionMetrics:
     """All attention metrics of one layer, in chunks of queries (memory ``O(B Hs c T)``).
 
     Args:
@@ -393,6 +394,9 @@ def attention_metrics(query: torch.Tensor, key: torch.Tensor, scale: float,
             (density, the matched window) ignore it.
         softcap: the model's attention-logit soft-capping ``c tanh(x / c)`` (Gemma-2), or None.
         cache: a dict kept by the caller across calls of one layer (the random mask is reused).
+        value: (B, Hs, T, D) values of the recorded heads (kv heads expanded): the output error
+            of each mask is computed too (``AttentionMetrics.output_error``), per chunk of
+            queries, never a (T, T) map per head.
     Returns:
         AttentionMetrics (definitions there).
     """
@@ -434,6 +438,8 @@ def attention_metrics(query: torch.Tensor, key: torch.Tensor, scale: float,
     bucket_all = torch.zeros(B, H, len(_SELECT_NAMES), nb)
     soft_all = torch.zeros(B, H, T, 3) if with_soft else None
     edge_parts: list[tuple] = []
+    vf = value.float() if value is not None else None
+    oerr = {n: torch.zeros(B, H, 2) for n in pattern_names} if value is not None else {}
     pat = {h: {"dense": torch.zeros(B, T, T), "kept": torch.zeros(B, T, T, dtype=torch.bool),
                **({"soft": torch.zeros(B, T, T)} if with_soft else {})} for h in pattern_heads}
     c = max(1, min(T, chunk_elements // max(1, B * H * T)))
@@ -461,6 +467,12 @@ def attention_metrics(query: torch.Tensor, key: torch.Tensor, scale: float,
             rkeep = rkeep_all[:, a:b, :b] if whole else core.hard_mask(
                 random_query_groups[:, a:b], random_key_group[:, :b], window, q_pos, k_pos, sinks)
             code += rkeep * 2
+        if vf is not None:
+            causal_rows = ~st["noncausal"]
+            _output_error(P, vf[:, :, :b], oerr, {
+                "focus": keep, "window": (causal_rows & ~st["gated"]).expand(B, -1, -1),
+                "window_matched": ((st["dist"] < wm_t) | st["sinkrule"]) & causal_rows,
+                **({"random": rkeep} if with_random else {})})
         hist = torch.zeros(B, H, b - a, nb << 5).scatter_add_(
             -1, code[:, None].expand(B, H, b - a, b), P).view(B, H, b - a, nb, 32)
         sel = torch.matmul(hist, _SELECT.to(dev))  # (B, H, c, nb, n_sel)
@@ -508,7 +520,22 @@ def attention_metrics(query: torch.Tensor, key: torch.Tensor, scale: float,
             edges = {n: torch.zeros(0, dtype=torch.float32 if n.endswith("weight") else torch.long)
                      for n in cols}
     return AttentionMetrics(per_query, edges_d, bucket_mass, bucket_kept, pairs,
-                            torch.tensor(wm, dtype=torch.long), edges, pat)
+                            torch.tensor(wm, dtype=torch.long), edges, pat, oerr)
+
+
+def _output_error(P: torch.Tensor, V: torch.Tensor, acc: dict, masks: dict) -> None:
+    """Add one chunk's ``sum ||O - O^X||^2`` and ``sum ||O||^2`` per (B, H) into ``acc[name]``
+    (``AttentionMetrics.output_error``). P: (B, H, c, b) dense probabilities; V: (B, H, b, D);
+    masks: {name: (B, c, b) bool}, each row keeping at least one key of positive weight."""
+    O = torch.matmul(P, V)  # (B, H, c, D)
+    ref = O.pow(2).sum((-1, -2))  # (B, H)
+    for name, m in masks.items():
+        if name not in acc:
+            continue
+        PX = P * m[:, None]  # (B, H, c, b)
+        OX = torch.matmul(PX, V) / PX.sum(-1, keepdim=True).clamp(min=1e-30)  # softmax over the kept keys
+        acc[name][..., 0] += (O - OX).pow(2).sum((-1, -2))
+        acc[name][..., 1] += ref
 
 
 # ---------------------------------------------------------------------------------------------

@@ -13,7 +13,12 @@ from dataclasses import dataclass, field
 #: hard, and with ``dropped_edges`` the ``costly_drops`` join) is computed by ``record_run`` from
 #: the recorded forward's logits and one extra forward per window: ``record`` alone accepts it and
 #: records nothing for it.
-ALL_METRICS = ("assignments", "balance", "coverage", "crossing", "dropped_edges", "linguistics", "loss_delta")
+ALL_METRICS = ("assignments", "balance", "coverage", "crossing", "dropped_edges", "linguistics", "loss_delta",
+               "output_error")
+#: What a recording takes by default: all but ``output_error`` (the relative output error of each mask per
+#: layer and head, ``metrics.attention_metrics(value=...)``: one more matmul per mask and chunk; opt in by
+#: naming it, or ``--metrics all``).
+DEFAULT_METRICS = tuple(m for m in ALL_METRICS if m != "output_error")
 
 
 @dataclass
@@ -22,7 +27,7 @@ class RecordOptions:
     ``focus-lab record`` takes its defaults from these fields).
 
     Attributes:
-        metrics: subset of ``ALL_METRICS``.
+        metrics: subset of ``ALL_METRICS`` (default ``DEFAULT_METRICS``).
         layers: layer indices to record (default: every layer with a router).
         heads: query-head indices to record in the attention metrics (default: all).
         patterns: (layer, head) pairs whose full T x T dense / soft maps and hard mask are kept.
@@ -38,7 +43,7 @@ class RecordOptions:
             with a recorded dropped edge) whose loss delta is largest (``record_run`` only).
     """
 
-    metrics: tuple[str, ...] = ALL_METRICS
+    metrics: tuple[str, ...] = DEFAULT_METRICS
     layers: list[int] | None = None
     heads: list[int] | None = None
     patterns: list[tuple[int, int]] = field(default_factory=list)

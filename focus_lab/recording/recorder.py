@@ -45,11 +45,11 @@ from focus_lab.method.cpu import torch_threads
 from focus_lab.hf.hooks import hooks
 from focus_lab.hf.retrofit import attention_modules, forward_state, model_identity
 from focus_lab.runs import MANIFEST, SCHEMA, SCHEMA_VERSION
-from focus_lab.recording.options import ALL_METRICS, RecordOptions  # noqa: F401  (re-exported)
+from focus_lab.recording.options import ALL_METRICS, DEFAULT_METRICS, RecordOptions  # noqa: F401  (re-exported)
 
 PACKAGES = ("torch", "transformers", "spacy", "pandas", "pyarrow", "scikit-learn", "streamlit", "focus-lab")
 
-_ATTENTION_METRICS = {"coverage", "crossing", "dropped_edges"}
+_ATTENTION_METRICS = {"coverage", "crossing", "dropped_edges", "output_error"}
 
 
 def package_versions() -> dict[str, str]:
@@ -145,6 +145,7 @@ class Recording:
         if router is None or router.layer_idx not in self.modules:
             return
         layer, module, query, key, routing, h = router.layer_idx, call.module, call.query, call.key, call.routing, call.router_in
+        value = call.value
         B, H, T, D = query.shape
         if key.shape[2] != T:  # a decode step: nothing to audit
             return
@@ -172,7 +173,7 @@ class Recording:
                              else None, "cfg": cfg})
         if want & _ATTENTION_METRICS:
             self._attention(module, layer, base, query, key, routing, cfg, qg, kg,
-                            None if call.plain_causal else call.model_mask)
+                            None if call.plain_causal else call.model_mask, value)
 
     def _random_groups(self, B, T, cfg, layer):
         key = (B, T, layer, cfg.seed, cfg.num_groups, cfg.top_k_at(layer), cfg.tau)
@@ -180,15 +181,19 @@ class Recording:
             self._random[key] = M.random_groups(B, T, cfg, layer)
         return self._random[key]
 
-    def _attention(self, module, layer, base, query, key, routing, cfg, qg, kg, model_mask=None) -> None:
+    def _attention(self, module, layer, base, query, key, routing, cfg, qg, kg, model_mask=None,
+                   value=None) -> None:
         """The attention metrics of one layer call; ``model_mask``: (B, T, T) bool, the model's own
-        mask when it hides more than causality (sliding window, padding), else None."""
+        mask when it hides more than causality (sliding window, padding), else None; ``value``:
+        (B, Hkv, T, D), for the output error (metric ``output_error``)."""
         opts = self.options
         want = set(opts.metrics)
         B, H, T, D = query.shape
         heads = self.heads
         q = query.detach() if len(heads) == H else query[:, heads].detach()
         k = M.expand_kv(key.detach(), H, None if len(heads) == H else heads)
+        v = M.expand_kv(value.detach(), H, None if len(heads) == H else heads) \
+            if "output_error" in want and value is not None else None
         with torch_threads(1):
             rq, rk = self._random_groups(B, T, cfg, layer) if "coverage" in want else (None, None)
         log_p = log_p_k = None
@@ -207,7 +212,7 @@ class Recording:
             edge_top_n=opts.edge_top_n if edges_on else 0, edge_min_weight=opts.edge_min_weight,
             pattern_heads=ph, chunk_elements=opts.chunk_elements, model_mask=model_mask,
             softcap=getattr(module, "attn_logit_softcapping", None),
-            cache=self._layer_cache.setdefault(layer, {}))
+            cache=self._layer_cache.setdefault(layer, {}), value=v)
         for b in range(B):
             self.matched_windows[(base + b, layer)] = int(res.matched_window[b])
         self._att.append({"base": base, "layer": layer, "T": T, "window": cfg.window,
@@ -215,7 +220,8 @@ class Recording:
                           "edges_d": res.edges_distance, "bucket_mass": res.bucket_mass.numpy(),
                           "bucket_kept": {n: t.numpy() for n, t in res.bucket_kept.items()},
                           "pairs": {n: t.numpy() for n, t in res.pairs.items()},
-                          "matched": res.matched_window.numpy()})
+                          "matched": res.matched_window.numpy(),
+                          "output_error": {n: t.numpy() for n, t in res.output_error.items()}})
         if edges_on and len(res.edges["weight"]):
             self._edges.append(_edge_arrays(res.edges, base, layer, heads, qg, kg, opts.sink_positions))
         for hidx, maps in res.patterns.items():
@@ -249,6 +255,8 @@ class Recording:
             out.update(T.crossing_tables(self))
         if "dropped_edges" in want:
             out["dropped_edges"] = T.edges_table(self, tokens, pos)
+        if "output_error" in want and self._att:
+            out["output_error"] = T.output_error_table(self)
         if self._patterns:
             out["patterns"] = T.patterns_table(self)
         if "linguistics" in want and pos is not None and self._routes:
@@ -257,7 +265,7 @@ class Recording:
 
 
 @contextlib.contextmanager
-def record(model, metrics: Sequence[str] = ALL_METRICS, layers: Sequence[int] | None = None,
+def record(model, metrics: Sequence[str] = DEFAULT_METRICS, layers: Sequence[int] | None = None,
            heads: Sequence[int] | None = None, patterns: Sequence[tuple[int, int]] = (),
            **options) -> Iterator[Recording]:
     """Record Focus metrics of every forward run inside the block.
@@ -265,7 +273,7 @@ def record(model, metrics: Sequence[str] = ALL_METRICS, layers: Sequence[int] | 
     Args:
         model: a model with Focus attached (any mode: dense / window / soft / hard; in dense and
             window modes the routers are run by the recorder on the captured input).
-        metrics: subset of ``ALL_METRICS`` (default all).
+        metrics: subset of ``ALL_METRICS`` (default ``DEFAULT_METRICS``: all but output_error).
         layers: layers to record (default every routed layer); heads: query heads (default all).
         patterns: (layer, head) pairs whose full T x T maps are kept (``patterns`` table).
         **options: further ``RecordOptions`` fields (edge_threshold, edge_top_n, edge_min_weight,
@@ -489,7 +497,7 @@ class ModelShape:
 
 
 def memory_parts(shape: ModelShape, seq_len: int, windows: int, layers: int, heads: int, *,
-                 metrics: Sequence[str] = ALL_METRICS, patterns: int = 0, per_query: bool = True,
+                 metrics: Sequence[str] = DEFAULT_METRICS, patterns: int = 0, per_query: bool = True,
                  with_pos: bool = True, mode: str = "dense", num_groups: int = 4, top_k: int = 2,
                  chunk_elements: int = 1 << 23, edge_top_n: int = 1) -> dict[str, int]:
     """The terms of ``estimate_memory``, in bytes (``"peak"``: the estimate itself).
@@ -544,7 +552,7 @@ def memory_parts(shape: ModelShape, seq_len: int, windows: int, layers: int, hea
 
 
 def estimate_memory(shape: ModelShape, seq_len: int, windows: int, layers: int, heads: int, *,
-                    metrics: Sequence[str] = ALL_METRICS, patterns: int = 0, per_query: bool = True,
+                    metrics: Sequence[str] = DEFAULT_METRICS, patterns: int = 0, per_query: bool = True,
                     with_pos: bool = True, mode: str = "dense", num_groups: int = 4, top_k: int = 2,
                     chunk_elements: int = 1 << 23, edge_top_n: int = 1) -> int:
     """Estimated peak resident memory (bytes) of ``record_run`` / ``focus-lab record``.
@@ -644,7 +652,7 @@ def check_memory(estimate: int, limit: float | None = None, what: str = "") -> N
             estimate, int(limit))
 
 
-def memory_inputs(model, windows: Sequence, metrics: Sequence[str] = ALL_METRICS,
+def memory_inputs(model, windows: Sequence, metrics: Sequence[str] = DEFAULT_METRICS,
                   layers: Sequence[int] | None = None, heads: Sequence[int] | None = None,
                   patterns: Sequence = (), with_pos: bool = True, **options) -> dict:
     """The arguments of ``estimate_memory`` for ``record_run(model, ..., windows, ...)``:
@@ -663,7 +671,7 @@ def memory_inputs(model, windows: Sequence, metrics: Sequence[str] = ALL_METRICS
 
 def record_run(model, tokenizer, windows: list, texts: dict[str, str], out_dir: str | Path,
                meta: dict | None = None, with_pos: bool = True, extra_tables: dict | None = None,
-               progress: bool = True, metrics: Sequence[str] = ALL_METRICS,
+               progress: bool = True, metrics: Sequence[str] = DEFAULT_METRICS,
                layers: Sequence[int] | None = None, heads: Sequence[int] | None = None,
                patterns: Sequence[tuple[int, int]] = (), memory_limit: float | None = None,
                **options) -> Path:

@@ -144,6 +144,26 @@ def query_frame(rec, names: Sequence[str]) -> pd.DataFrame:
     df["_distant_query"] = df["position"].to_numpy() >= rec.config.window
     return df
 
+def output_error_table(rec) -> pd.DataFrame:
+    """``output_error``: per (layer_idx, head, pattern), ``sqrt(sum ||O - O^X||^2 / sum ||O||^2)``
+    over every query of every window (``metrics.AttentionMetrics.output_error``): how far each
+    mask's attention output is from the dense one, relative to its size (sparse-attention-hub)."""
+    acc: dict[tuple, np.ndarray] = {}
+    queries: dict[tuple, int] = {}
+    for r in rec._att:
+        for p, a in r.get("output_error", {}).items():  # a: (B, Hs, 2)
+            for hi_, h in enumerate(rec.heads):
+                key = (r["layer"], h, p)
+                acc[key] = acc.get(key, 0) + a[:, hi_].sum(0)
+                queries[key] = queries.get(key, 0) + a.shape[0] * r["T"]
+    rows = [{"layer_idx": l, "head": h, "pattern": p,
+             "output_error": float(np.sqrt(v[0] / v[1])) if v[1] > 0 else float("nan"), "queries": queries[(l, h, p)]}
+            for (l, h, p), v in sorted(acc.items())]
+    df = schema_frame("output_error", pd.DataFrame(rows, columns=list(SCHEMA["output_error"])))
+    df["pattern"] = df["pattern"].astype(str)
+    return _typed(df)
+
+
 def coverage_tables(rec) -> dict[str, pd.DataFrame]:
     pats = [p for p in M.COVERAGE_PATTERNS if f"coverage_{p}" in rec._att[0]["per_query"]]
     q = query_frame(rec, [f"coverage_{p}" for p in pats])
