@@ -14,8 +14,9 @@ That is a correlation. This study intervenes (``focus_lab.recording.restore``):
 
 Both tables are written into the run (``restored_drops.parquet``, ``group_ablation.parquet``, and
 the manifest) and copied to ``--out`` (``figures/results/``). The dashboard's audit page shows them.
-Cost: 2 prefix forwards per query (one edge, all edges; the dense and hard losses are the run's)
-and one window forward per ablated group, plus one.
+Cost: one hard forward per window (its KV cache kept), then per query three decode steps of the
+query token (no edge, one edge, all edges; the dense loss is the run's); one window forward per
+ablated group, plus one.
 Usage::
 
     python -m analyses.studies.restored_drops --run runs/smollm2-austen --top-n 50

@@ -13,9 +13,11 @@ queries, through a ``kept`` patch) and measure every token's loss change, per pa
 of the query token.
 
 Both run hard-mode forwards of the model the run was recorded with (its routers loaded), on the
-run's own windows (``tokens`` table). A query's loss needs only the tokens up to it, so each
-restore runs on the window's prefix that ends at the query: the loss is that of the full
-window (a causal model), up to float rounding.
+run's own windows (``tokens`` table). A restored edge changes only its query's own forward: the
+keys and values of the tokens before it stay those of the plain hard forward. So each window
+runs once through a KV cache (``FocusCache``), and each restore is one decode step of the query
+token on that cache cut at the query, with the edge added to the step's mask: the loss is that of
+a full forward with the edge restored, up to float rounding (tests/test_restore.py).
 Source: docs/method.md §6 (the question the audit answers); docs/studies/restored-drops.md.
 """
 
@@ -31,6 +33,7 @@ from tqdm.auto import tqdm
 
 from focus_lab.hf.attach import forward_state
 from focus_lab.hf.hooks import Pairs, hooks
+from focus_lab.hf.state import FocusCache, FocusForward
 from focus_lab.runs import SCHEMA, Run, write_table
 
 #: columns of the ``restored_drops`` table (one row per restored edge)
@@ -51,11 +54,44 @@ def _query_nll(model, ids: torch.Tensor, position: int, state, patch: dict | Non
     return float(torch.log_softmax(logits, -1)[int(ids[position + 1])].neg())
 
 
+class _WindowCache:
+    """One window's hard forward with its KV cache and key groups kept, so that the query at
+    position i can run again alone (a decode step on the cache cut at i, ``step_nll``)."""
+
+    @torch.no_grad()
+    def __init__(self, model, ids: torch.Tensor):
+        self.model, self.ids = model, ids.long()
+        self.state = forward_state(model, mode="hard", cache=True)
+        cfg = self.state.config
+        if cfg.key_shift or cfg.match_shifts:
+            raise ValueError("restoring drops by decode steps needs key_shift=0 and match_shifts=None (their "
+                             "state is not cut at a position); record the run without them")
+        out = model(input_ids=self.ids[None], use_cache=True, focus=self.state)
+        self.kv = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
+        del out
+
+    @torch.no_grad()
+    def step_nll(self, position: int, patch: dict | None = None) -> float:
+        """-log p(ids[position + 1] | ids[:position + 1]) in nats: the token at ``position`` as
+        one decode step on the window's cache cut before it, with the hooks ``patch``."""
+        from transformers import DynamicCache
+        cache = DynamicCache()
+        for layer, (k, v) in enumerate(self.kv):
+            cache.update(k[:, :, :position].clone(), v[:, :, :position].clone(), layer)
+        groups = {layer: g[:, :position].clone() for layer, g in self.state.cache.key_groups.items()}
+        state = FocusForward(self.state.config, FocusCache(key_groups=groups))
+        with hooks(self.model, patch or {}):
+            logits = self.model(input_ids=self.ids[None, position:position + 1], past_key_values=cache,
+                                use_cache=True, focus=state).logits[0, -1].float()
+        return float(torch.log_softmax(logits, -1)[int(self.ids[position + 1])].neg())
+
+
 def _add_pairs(pairs_by_layer: dict[int, list[tuple[int, int]]]) -> dict:
-    """``kept`` hooks that add (query, key) pairs per layer (``hooks.Pairs``, batch row 0)."""
+    """``kept`` hooks of a one-query decode step that add its (query, key) pairs per layer
+    (``hooks.Pairs``, batch row 0, query row 0)."""
     out = {}
     for layer, pairs in pairs_by_layer.items():
-        add = torch.tensor([[0, i, j] for i, j in pairs], dtype=torch.long)
+        add = torch.tensor([[0, 0, j] for _, j in pairs], dtype=torch.long)  # the step's one query
         out[f"layers.{layer}.kept"] = lambda kept, hook, add=add: Pairs(add=add)
     return out
 
@@ -72,9 +108,9 @@ def restored_drops_table(model, run: Run, top_n: int = 50, progress: bool = True
         run: a recorded run with ``tokens`` and ``costly_drops`` (``record_run`` with the
             metrics ``dropped_edges`` and ``loss_delta``).
         top_n: queries, by ``query_rank`` (1 = the largest loss delta).
-        measure_base: measure the query's dense and hard losses again on the prefix (two more
-            forwards per query); False: the run's own (``costly_drops``, full-window forwards;
-            the same up to float rounding, tests/test_restore.py).
+        measure_base: also measure the query's dense loss again (a forward of the prefix up to
+            it; False: the run's own, ``costly_drops``). The hard loss is always the decode
+            step's without the edge, the step the restored losses are measured by.
     Returns:
         DataFrame with columns ``RESTORED_DROPS``, one row per query (rank order): the edge
         (layer_idx, head, key_position, distance, dense weight, tokens, relation) is the
@@ -93,22 +129,26 @@ def restored_drops_table(model, run: Run, top_n: int = 50, progress: bool = True
     costly = run.table("costly_drops")
     costly = costly[costly["query_rank"] <= top_n]
     ids_of = run.window_token_ids()
-    hard, dense = forward_state(model, mode="hard"), forward_state(model, mode="dense")
+    dense = forward_state(model, mode="dense")
     rows = []
-    groups = list(costly.groupby("query_rank", sort=True))
+    groups = sorted(costly.groupby("query_rank", sort=True), key=lambda g: (int(g[1]["window"].iloc[0]), g[0]))
+    windows: dict[int, _WindowCache] = {}  # one window's cache at a time: the queries go window by window
     for rank, q in tqdm(groups, desc="restored drops", disable=not progress, dynamic_ncols=True):
         q = q.sort_values(["weight", "layer_idx", "head", "key_position"], ascending=[False, True, True, True],
                           kind="stable")
         top = q.iloc[0]
         w, i = int(top["window"]), int(top["query_position"])
-        ids = torch.from_numpy(np.array(ids_of[w]))
+        if w not in windows:
+            windows.clear()
+            windows[w] = _WindowCache(model, torch.from_numpy(np.array(ids_of[w])))
+        win = windows[w]
         every: dict[int, list[tuple[int, int]]] = {}
         for layer, j in q[["layer_idx", "key_position"]].drop_duplicates().itertuples(index=False):
             every.setdefault(int(layer), []).append((i, int(j)))
-        nll_d = _query_nll(model, ids, i, dense) if measure_base else float(top["nll_dense"])
-        nll_h = _query_nll(model, ids, i, hard) if measure_base else float(top["nll_hard"])
-        nll_r = _query_nll(model, ids, i, hard, _add_pairs({int(top["layer_idx"]): [(i, int(top["key_position"]))]}))
-        nll_a = _query_nll(model, ids, i, hard, _add_pairs(every))
+        nll_d = _query_nll(model, win.ids, i, dense) if measure_base else float(top["nll_dense"])
+        nll_h = win.step_nll(i)
+        nll_r = win.step_nll(i, _add_pairs({int(top["layer_idx"]): [(i, int(top["key_position"]))]}))
+        nll_a = win.step_nll(i, _add_pairs(every))
         delta = nll_h - nll_d
         rows.append({"window": w, "query_position": i, "query_rank": int(rank), "layer_idx": int(top["layer_idx"]),
                      "head": int(top["head"]), "key_position": int(top["key_position"]),
@@ -119,7 +159,8 @@ def restored_drops_table(model, run: Run, top_n: int = 50, progress: bool = True
                      "nll_dense": nll_d, "nll_hard": nll_h, "nll_restored": nll_r,
                      "recovered": (nll_h - nll_r) / delta if delta else np.nan,
                      "nll_all_restored": nll_a, "recovered_all": (nll_h - nll_a) / delta if delta else np.nan})
-    return pd.DataFrame(rows, columns=list(RESTORED_DROPS))
+    out = pd.DataFrame(rows, columns=list(RESTORED_DROPS))
+    return out.sort_values("query_rank", kind="stable").reset_index(drop=True)
 
 
 def _cut_group(group: int, window: int, sinks: int):
