@@ -12,8 +12,8 @@ Layout::
     <run>/train_log.parquet    optional: per-step training log
     (+ the recorder's tables: balance, balance_layer, coverage, coverage_query,
        coverage_distance, crossing, crossing_query, dropped_edges, patterns, pos_contingency,
-       linguistic_scores, group_labels, loss_delta, costly_drops; ``SCHEMA`` below lists every
-       column)
+       linguistic_scores, group_labels, loss_delta, costly_drops, output_error; the interventions
+       restored_drops and group_ablation; ``SCHEMA`` below lists every column)
 
 A run directory is written under a temporary name and renamed when complete, so a reader
 never sees half a run; a table added later (``write_table``) is written the same way, then the
@@ -50,6 +50,12 @@ SCHEMA: dict[str, tuple[str, ...]] = {
                  "coverage_distant_queries", "density", "distant_density", "window_width", "queries"),
     "coverage_query": ("window", "layer_idx", "head", "position", "pattern", "coverage"),
     "output_error": ("layer_idx", "head", "pattern", "output_error", "queries"),
+    # interventions on a recorded run (focus_lab.recording.restore, analyses/studies/restored_drops.py)
+    "restored_drops": ("window", "query_position", "query_rank", "layer_idx", "head", "key_position", "distance",
+                       "weight", "query_token", "key_token", "next_token", "relation", "edges_of_query", "nll_dense",
+                       "nll_hard", "nll_restored", "recovered", "nll_all_restored", "recovered_all"),
+    "group_ablation": ("window", "layer_idx", "group", "pos", "tokens", "tokens_in_group", "nll_hard", "nll_ablated",
+                       "delta", "delta_in_group"),
     "coverage_distance": ("layer_idx", "head", "pattern", "distance_lo", "distance_hi", "coverage", "mass",
                           "kept_mass", "queries"),
     "crossing": ("layer_idx", "head", "dense_dropped", "dense_distant", "dense_sink_mass",

@@ -153,17 +153,17 @@ def test_cli_defaults_are_the_dataclasses_defaults():
 
 def test_record_cli_defaults_are_the_record_options_defaults():
     """Every `focus-lab record` option named like a RecordOptions field defaults to that field's
-    default ('all' metrics: ALL_METRICS); layers / heads / pattern default to None: all layers and
+    default ('default' metrics: DEFAULT_METRICS); layers / heads / pattern default to None: all layers and
     heads, no pattern maps, as the dataclass's None / []."""
     import dataclasses
     import typer
     from focus_lab.cli import app
-    from focus_lab.recording.options import ALL_METRICS, RecordOptions
+    from focus_lab.recording.options import DEFAULT_METRICS, RecordOptions
     cmd = typer.main.get_command(app).commands["record"]
     fields = {f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()
               for f in dataclasses.fields(RecordOptions)}
     params = {p.name: p.default for p in cmd.params}
-    assert params["metrics"] == "all" and fields["metrics"] == ALL_METRICS
+    assert params["metrics"] == "default" and fields["metrics"] == DEFAULT_METRICS
     assert params["layers"] is None is fields["layers"] and params["heads"] is None is fields["heads"]
     assert params["pattern"] is None and fields["patterns"] == []
     checked = [n for n in params if n in fields and n not in ("metrics", "layers", "heads")]

@@ -197,7 +197,7 @@ def test_run_has_every_documented_table_and_column(tiny_run):
     assert mf["recorder"]["metrics"] == list(DEFAULT_METRICS)  # output_error is opt-in (tests/test_output_error.py)
     with_pos = run.has("pos")
     for name, cols in SCHEMA.items():
-        optional = name in ("eval", "train_log", "patterns", "output_error") or (
+        optional = name in ("eval", "train_log", "patterns", "output_error", "restored_drops", "group_ablation") or (
             not with_pos and name in ("pos", "pos_contingency", "linguistic_scores", "group_labels"))
         if not run.has(name):
             assert optional, f"table {name} missing"

@@ -126,7 +126,7 @@ def page() -> None:
                             colorbar=dict(title="coverage"), base_px=180, colorscale="Viridis",
                             zmin=float(np.nanmin(piv.to_numpy())) if piv.size else 0, zmax=1.0)
     fig.update_layout(xaxis_type="category")
-    if "output_error" in run.tables():
+    if "output_error" in run.tables:
         err = run.table("output_error")
         err = err[err["pattern"] == pattern].pivot(index="layer_idx", columns="head", values="output_error")
         c1, c2 = st.columns(2)

@@ -37,12 +37,9 @@ from focus_lab.hf.state import FocusCache, FocusForward
 from focus_lab.runs import SCHEMA, Run, write_table
 
 #: columns of the ``restored_drops`` table (one row per restored edge)
-RESTORED_DROPS = ("window", "query_position", "query_rank", "layer_idx", "head", "key_position", "distance",
-                  "weight", "query_token", "key_token", "next_token", "relation", "edges_of_query", "nll_dense",
-                  "nll_hard", "nll_restored", "recovered", "nll_all_restored", "recovered_all")
-#: columns of the ``group_ablation`` table (one row per layer, group and part of speech)
-GROUP_ABLATION = ("window", "layer_idx", "group", "pos", "tokens", "tokens_in_group", "nll_hard", "nll_ablated",
-                  "delta", "delta_in_group")
+RESTORED_DROPS = SCHEMA["restored_drops"]
+#: columns of the ``group_ablation`` table (one row per layer, group and part of speech): ``runs.SCHEMA``
+GROUP_ABLATION = SCHEMA["group_ablation"]
 
 
 def _query_nll(model, ids: torch.Tensor, position: int, state, patch: dict | None = None) -> float:
@@ -238,17 +235,7 @@ def group_ablation_table(model, run: Run, layers: Sequence[int], window_idx: int
 
 
 def write_intervention_table(run_dir: str | Path, name: str, df: pd.DataFrame, entry: dict) -> Path:
-    """Add ``restored_drops`` or ``group_ablation`` to a run directory (parquet, then the
-    manifest's ``tables`` list and its entry ``name``: how the table was made), atomically,
-    as ``runs.write_table`` does for the tables of ``runs.SCHEMA``."""
-    if name in SCHEMA:
-        return write_table(run_dir, name, df, entry)
-    from focus_lab.io import write_json, write_parquet
-    run_dir = Path(run_dir)
-    manifest = Run.read_manifest(run_dir)
-    target = run_dir / f"{name}.parquet"
-    write_parquet(target, df)
-    manifest["tables"] = sorted(set(manifest.get("tables", [])) | {name})
-    manifest[name] = entry
-    write_json(run_dir / "manifest.json", manifest)
-    return target
+    """Add ``restored_drops`` or ``group_ablation`` to a run directory (``runs.write_table``:
+    parquet, then the manifest's ``tables`` list and its entry ``name``, how the table was made,
+    each written atomically)."""
+    return write_table(run_dir, name, df, entry)
