@@ -13,6 +13,7 @@ import argparse
 import contextlib
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -32,7 +33,7 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networki
 PAGES = [("groups", "", "Groups", 3), ("overview", "overview", "Overview", 2), ("balance", "balance", "Balance", 2),
          ("coverage", "coverage", "Coverage", 2), ("audit", "audit", "Dependency audit", 2),
          ("compare", "compare", "Compare", 1), ("passkey", "passkey", "Passkey", 2),
-         ("probe", "probe", "Live probe", 1)]
+         ("retrieval", "retrieval", "Retrieval", 2), ("probe", "probe", "Live probe", 1)]
 
 
 def free_port() -> int:
@@ -168,6 +169,10 @@ def test_every_page_renders_in_chromium(tmp_path):
     make_tiny_run(runs / "tiny")
     make_tiny_run(runs / "tiny-k2", num_groups=2, top_k=1, seed=1)
     make_synthetic_passkey_dir(runs / "passkey")  # the Passkey page's folder (not a run)
+    retrieval = runs / "retrieval"  # the Retrieval page's folder: the committed suite output (not a run)
+    retrieval.mkdir()
+    for name in ("cases", "trace"):
+        shutil.copy(REPO / "figures" / "results" / f"retrieval_{name}.parquet", retrieval / f"{name}.parquet")
     shots = tmp_path / "screenshots"
     with dashboard(runs) as url:
         res = visit_all(url, "tiny", shots)

@@ -39,7 +39,8 @@ def grid_figure(s: pd.DataFrame, length: int) -> go.Figure:
                                colorscale="RdYlGn", colorbar=dict(title="score / dense"),
                                hovertemplate="%{y}<br>%{x}: %{text}<extra></extra>"))
     fig.update_layout(title=f"score relative to dense at {length} tokens (paired 95% interval over cases)",
-                      height=80 + 46 * len(tasks), margin=dict(l=10, r=10, t=50, b=10))
+                      height=110 + 46 * len(tasks), margin=dict(l=10, r=10, t=90, b=10))
+    fig.update_xaxes(side="top")
     fig.update_yaxes(autorange="reversed")
     return fig
 
