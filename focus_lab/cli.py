@@ -798,12 +798,20 @@ def _number_list(spec: str, option: str, cast=int) -> list:
     return out
 
 
+# the options the probes share
+PROBE_ROUTERS_OPTION = typer.Option(None, "--routers", help="router file; default: the routers shipped with "
+                                    "focus-lab for the model (focus_lab/routers/)")
+PROBE_MODEL_OPTION = typer.Option(None, "--model", help="gemma3-270m, an HF id or a local path; default: embedded "
+                                  "SmolLM2-135M")
+HAYSTACK_CORPUS_OPTION = typer.Option("austen", "--corpus", help="corpus whose held-out text is the haystack "
+                                      "(austen: Persuasion)")
+
+
 @probe_app.command("passkey")
 def probe_passkey(
-    routers_opt: Optional[Path] = typer.Option(None, "--routers", help="router file; default: the routers shipped "
-                                               "with focus-lab for the model (focus_lab/routers/)"),
-    model: Optional[str] = typer.Option(None, help="gemma3-270m, an HF id or a local path; default: embedded SmolLM2-135M"),
-    corpus: str = typer.Option("austen", help="corpus whose held-out text is the haystack (austen: Persuasion)"),
+    routers_opt: Optional[Path] = PROBE_ROUTERS_OPTION,
+    model: Optional[str] = PROBE_MODEL_OPTION,
+    corpus: str = HAYSTACK_CORPUS_OPTION,
     lengths: str = typer.Option(PASSKEY_LENGTHS, help="prompt lengths in tokens (comma list); prompt + answer "
                                 "must fit the model's positions"),
     depths: str = typer.Option(PASSKEY_DEPTHS, help="needle depths in percent of the haystack (comma list)"),
@@ -876,10 +884,9 @@ RETRIEVAL_TASKS = ("passkey,niah_single_1,niah_single_2,niah_single_3,niah_multi
 
 @probe_app.command("retrieval")
 def probe_retrieval(
-    routers_opt: Optional[Path] = typer.Option(None, "--routers", help="router file; default: the routers shipped "
-                                               "with focus-lab for the model (focus_lab/routers/)"),
-    model: Optional[str] = typer.Option(None, help="gemma3-270m, an HF id or a local path; default: embedded SmolLM2-135M"),
-    corpus: str = typer.Option("austen", help="corpus whose held-out text is the haystack (austen: Persuasion)"),
+    routers_opt: Optional[Path] = PROBE_ROUTERS_OPTION,
+    model: Optional[str] = PROBE_MODEL_OPTION,
+    corpus: str = HAYSTACK_CORPUS_OPTION,
     tasks: str = typer.Option("all", help=f"comma list of {RETRIEVAL_TASKS}, or 'all' (RULER's families and passkey: "
                               "docs/retrieval.md)"),
     lengths: str = typer.Option("4096", help="RULER's max_seq_length per case in tokens (prompt + greedy budget; comma "
