@@ -91,7 +91,8 @@ def keep_freed_memory(limit_bytes: int = 2**31 - 1) -> bool:
     tensors in every op (one MLP activation at 8192 tokens: 8192 x 1536 float32 = 50 MB), so each
     op first page-faults through fresh zeroed pages. Raising the mmap and trim thresholds to
     ``limit_bytes`` (via ``mallopt``) lets later allocations reuse the freed memory. Measured
-    (docs/results.md "Speed", runs D and E of figures/bench_attention): a bare forward of 8192
+    (figures/bench_attention/RUNS.md, "prefill at 8192 with glibc's default malloc thresholds"
+    against the prefill at 8192 with them raised): a bare forward of 8192
     tokens of SmolLM2-135M on a 2-core AMD EPYC, 1 torch thread, dense 88.7 -> 106.5 tokens/s,
     hard top-1 120.9 -> 151.6. Results do not change: only where memory comes from.
 
@@ -106,7 +107,7 @@ def keep_freed_memory(limit_bytes: int = 2**31 - 1) -> bool:
     Args:
         limit_bytes: the new thresholds, bytes (at most 2**31 - 1, mallopt's int).
     Returns:
-        True when the thresholds are set (now or by an earlier call).
+        True when the thresholds are set (by this call or a former one).
     """
     global _kept
     if _kept:

@@ -599,8 +599,7 @@ def estimate_memory(shape: ModelShape, seq_len: int, windows: int, layers: int, 
     0-3, every metric: 1.79 vs 1.76 GB (+2%); 1024, 30 layers: 1.97 vs 1.96 GB (+1%); 1024 x 4
     windows, 30 layers, no loss_delta: 2.26 vs 2.10 GB (+8%); 2048, layers 0-3, 2 patterns: 2.35
     vs 2.32 GB (+1%); 4096, layers 0-3: 2.63 vs 2.58 GB (+2%); 4096, 30 layers, no loss_delta:
-    2.56 vs 2.56 GB (0%; 2.89 GB in an earlier run); 4096, 30 layers, every metric: 2.76 vs 2.64
-    GB (+5%; 3.15-3.36 GB before loss_delta read the recorded forward's logits); 4096 x 4 windows,
+    2.56 vs 2.56 GB (0%); 4096, 30 layers, every metric: 2.76 vs 2.64 GB (+5%); 4096 x 4 windows,
     30 layers, every metric (the main job's recording): 5.04 vs 5.23 GB (-4%). The same command's
     peak varies by about 10% from run to run (the allocator's reuse of freed memory), and the
     dropped-edge count depends on the data: expect +-10%.
