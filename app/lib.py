@@ -378,8 +378,22 @@ def passkey_dirs(root: Path) -> list[str]:
     return probe_dirs(root, is_passkey_dir)
 
 
+def pick_probe_output(what: str, names: list[str], key: str, root: Path, files: tuple[str, ...], hint: str,
+                      doc: str) -> str | None:
+    """The sidebar-free picker of a probe page: the output folder chosen among ``names`` (the
+    newest by its cases table first), or None after saying, with the command ``hint`` that makes
+    one, that the runs root holds none. ``what``: e.g. "Passkey"; ``key``: the selectbox key."""
+    if not names:
+        st.info(f"No {what.lower()} output below the runs root `{root}`. Make one with `{hint}` ({doc}), then "
+                "reload this page.")
+        return None
+    if st.session_state.get(key) not in names:
+        st.session_state[key] = newest_passkey(root, names)
+    return st.selectbox(f"{what} output", names, key=key, help=f"folders below {root} holding {' and '.join(files)}")
+
+
 def newest_passkey(root: Path, names: list[str]) -> str:
-    """The passkey output whose cases table was written last (the default pick)."""
+    """The probe output (passkey or retrieval) whose cases table was written last (the default pick)."""
     return max(names, key=lambda n: stat_key(Path(root) / n / "cases.parquet")[0])
 
 

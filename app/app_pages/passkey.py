@@ -95,15 +95,10 @@ def settings_caption(name: str, info: dict) -> str:
 def page() -> None:
     st.title("Passkey")
     root = lib.runs_root()
-    names = lib.passkey_dirs(root)
-    if not names:
-        st.info(f"No passkey probe output below the runs root `{root}`. Run the probe with "
-                f"`{lib.PASSKEY_HINT}` (docs/passkey.md), then reload this page.")
+    name = lib.pick_probe_output("Passkey", lib.passkey_dirs(root), "passkey_dir", root, lib.PASSKEY_FILES,
+                                 lib.PASSKEY_HINT, "docs/passkey.md")
+    if name is None:
         return
-    if st.session_state.get("passkey_dir") not in names:
-        st.session_state["passkey_dir"] = lib.newest_passkey(root, names)
-    name = st.selectbox("Passkey output", names, key="passkey_dir",
-                        help=f"folders below {root} holding {' and '.join(lib.PASSKEY_FILES)}")
     cases, layers, info = lib.open_passkey(name, root)
     st.caption(settings_caption(name, info) + " · a 5-digit key hidden at a depth of held-out text; exact match: "
                "the key in the greedy answer; key log-prob: teacher forced, nats (0 = certain)")

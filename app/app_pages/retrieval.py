@@ -68,15 +68,10 @@ def dropped_figure(tr: pd.DataFrame, heads: pd.DataFrame, title: str) -> go.Figu
 def page() -> None:
     st.title("Retrieval")
     root = lib.runs_root()
-    names = lib.retrieval_dirs(root)
-    if not names:
-        st.info(f"No retrieval suite output below the runs root `{root}`. Run the suite with "
-                f"`{lib.RETRIEVAL_HINT}` (docs/retrieval.md), then reload this page.")
+    name = lib.pick_probe_output("Retrieval", lib.retrieval_dirs(root), "retrieval_dir", root, lib.RETRIEVAL_FILES,
+                                 lib.RETRIEVAL_HINT, "docs/retrieval.md")
+    if name is None:
         return
-    if st.session_state.get("retrieval_dir") not in names:
-        st.session_state["retrieval_dir"] = names[0]
-    name = st.selectbox("Retrieval output", names, key="retrieval_dir",
-                        help=f"folders below {root} holding {' and '.join(lib.RETRIEVAL_FILES)}")
     cases, trace = lib.open_retrieval(name, root)
     if cases.empty:
         st.info(f"The cases table of **{name}** is empty; run the suite again: `{lib.RETRIEVAL_HINT}`.")
