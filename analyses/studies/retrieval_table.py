@@ -4,6 +4,11 @@ paired 95% interval over cases, the change of the answers' log-prob (nats), dist
 the router against random groups (paired over cases) and the heads a failing pattern dropped.
 
     python -m analyses.studies.retrieval_table [--cases figures/results/retrieval_cases.parquet]
+    python -m analyses.studies.retrieval_table --add runs/retrieval --device "2-core AMD EPYC CPU (fp32)"
+
+``--add`` merges a suite output (also one stopped early: its per-case files) into the two
+tables first, labelled with ``--device``; a (task, length, seed, pattern) the tables already hold
+keeps its row (``retrieval_tables.merge_suites``).
 """
 
 from __future__ import annotations
@@ -12,7 +17,8 @@ import argparse
 
 import pandas as pd
 
-from focus_lab.eval.retrieval_tables import failures, paired_difference, retrieval_heads, summary
+from focus_lab.eval.retrieval_tables import (failures, merge_suites, paired_difference, read_suite, retrieval_heads,
+                                             summary)
 
 
 def markdown(cases: pd.DataFrame) -> str:
@@ -42,7 +48,19 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cases", default="figures/results/retrieval_cases.parquet")
     ap.add_argument("--trace", default="figures/results/retrieval_trace.parquet")
+    ap.add_argument("--add", action="append", default=[], metavar="DIR",
+                    help="a `focus-lab probe retrieval` --out folder to merge into --cases and --trace first")
+    ap.add_argument("--device", default="", help="the machine the --add runs ran on (the tables' device column)")
     a = ap.parse_args()
+    if a.add:
+        from focus_lab.io import write_parquet
+        if not a.device:
+            ap.error("--add needs --device (the machine the run ran on, e.g. '2-core AMD EPYC CPU (fp32)')")
+        for kind, path in (("cases", a.cases), ("trace", a.trace)):
+            new = [read_suite(d, kind).assign(device=a.device) for d in a.add]
+            merged = merge_suites([pd.read_parquet(path), *new], kind)
+            write_parquet(path, merged)
+            print(f"{path}: {len(merged)} rows")
     cases = pd.read_parquet(a.cases)
     print(markdown(cases))
     print()

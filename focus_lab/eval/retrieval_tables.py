@@ -116,3 +116,35 @@ def failures(cases: pd.DataFrame, trace: pd.DataFrame, top: int = 5) -> pd.DataF
                         "copy_share_of_dropped": float(copy_dropped[j] / dropped[j]) if dropped[j] > 0 else float("nan"),
                         "retrieval_head": (r.task, r.length, int(row["layer_idx"]), int(row["head"])) in is_rh})
     return pd.DataFrame(out)
+
+
+CASE_KEY = ["task", "length", "seed", "pattern"]  # one row of the cases table
+TRACE_KEY = CASE_KEY + ["layer_idx", "head"]  # one row of the trace table
+
+
+def read_suite(out_dir, kind: str = "cases") -> pd.DataFrame:
+    """One suite output's ``kind`` table (``cases`` or ``trace``), also from a run stopped early:
+    its per-case files ``out_dir/cases/<fingerprint>/*.<kind>.parquet`` (``run_retrieval``), else
+    ``out_dir/<kind>.parquet``. Raises FileNotFoundError naming the folder when it holds neither."""
+    from pathlib import Path
+    out_dir = Path(out_dir)
+    files = sorted(out_dir.glob(f"cases/*/*.{kind}.parquet"))
+    if kind == "trace":  # a case is done when its cases file exists (written last)
+        done = {f.name.removesuffix(".cases.parquet") for f in out_dir.glob("cases/*/*.cases.parquet")}
+        files = [f for f in files if f.name.removesuffix(".trace.parquet") in done]
+    if files:
+        return pd.concat([pd.read_parquet(f) for f in files], ignore_index=True)
+    if (out_dir / f"{kind}.parquet").is_file():
+        return pd.read_parquet(out_dir / f"{kind}.parquet")
+    raise FileNotFoundError(f"{out_dir} holds no retrieval {kind} table (cases/*/*.{kind}.parquet or {kind}.parquet): "
+                            "pass the --out folder of `focus-lab probe retrieval`")
+
+
+def merge_suites(tables: list[pd.DataFrame], kind: str = "cases") -> pd.DataFrame:
+    """Several suite tables as one (runs on other machines or seeds): rows keyed by
+    ``CASE_KEY`` (cases) or ``TRACE_KEY`` (trace); where two tables hold the same key the first
+    one's row is kept, so a committed table is never overwritten by a rerun. A table's extra
+    columns (e.g. ``device``) are kept, empty where another table lacks them."""
+    key = CASE_KEY if kind == "cases" else TRACE_KEY
+    df = pd.concat([t for t in tables if len(t)], ignore_index=True)
+    return df.drop_duplicates(subset=key, keep="first").reset_index(drop=True)

@@ -1,0 +1,44 @@
+"""Merging retrieval suite outputs (``eval.retrieval_tables.read_suite`` / ``merge_suites``):
+hand-made tables, checked row by row."""
+
+import pandas as pd
+import pytest
+
+from focus_lab.eval.retrieval_tables import merge_suites, read_suite
+
+
+def _cases(seeds, pattern="dense", score=1.0, **extra):
+    return pd.DataFrame([{"task": "passkey", "length": 4096, "seed": s, "pattern": pattern, "score": score, **extra}
+                         for s in seeds])
+
+
+def test_merge_keeps_the_first_tables_row_and_extra_columns():
+    old = _cases([0, 1], score=1.0, device="gpu")
+    new = _cases([1, 2], score=0.0)
+    m = merge_suites([old, new])
+    assert m[["seed", "score"]].values.tolist() == [[0, 1.0], [1, 1.0], [2, 0.0]]  # seed 1: the first table's
+    assert m["device"].tolist()[:2] == ["gpu", "gpu"] and pd.isna(m["device"].iloc[2])
+    other = _cases([1], pattern="hard_top2", score=0.5)  # same seed, other pattern: a row of its own
+    assert len(merge_suites([old, other])) == 3
+
+
+def test_merge_trace_keys_on_layer_and_head():
+    t = pd.DataFrame([{"task": "passkey", "length": 4096, "seed": 0, "pattern": "dense", "layer_idx": l, "head": h,
+                       "dense_mass": 0.1} for l in range(2) for h in range(3)])
+    assert len(merge_suites([t, t.assign(dense_mass=0.9)], "trace")) == 6
+    assert merge_suites([t, t.assign(dense_mass=0.9)], "trace")["dense_mass"].eq(0.1).all()
+
+
+def test_read_suite_reads_per_case_files_of_a_stopped_run(tmp_path):
+    d = tmp_path / "cases" / "abc123"
+    d.mkdir(parents=True)
+    _cases([0]).to_parquet(d / "passkey_L4096_s0.cases.parquet")
+    _cases([0]).to_parquet(d / "passkey_L4096_s0.trace.parquet")
+    _cases([1]).to_parquet(d / "passkey_L4096_s1.trace.parquet")  # in flight: no cases file yet
+    assert read_suite(tmp_path, "cases")["seed"].tolist() == [0]
+    assert read_suite(tmp_path, "trace")["seed"].tolist() == [0]
+
+
+def test_read_suite_names_the_folder_when_empty(tmp_path):
+    with pytest.raises(FileNotFoundError, match="holds no retrieval cases table"):
+        read_suite(tmp_path, "cases")
