@@ -987,6 +987,12 @@ def _retrieval_report(res: dict, rt) -> str:
             for r in pdiff.itertuples():
                 lines.append(f"router vs random groups, {r.task} @ {r.length} ({col}): {r.difference:+.3f} "
                              f"[{r.lo:+.3f}, {r.hi:+.3f}] over {r.cases} cases: {r.verdict}")
+    cost = rt.cost_summary(res["cases"])
+    if len(cost):
+        a = cost.iloc[-1]
+        lines.append(f"cost per case: median {a['median']:.2f}x one bare forward [quartiles {a['q25']:.2f}, {a['q75']:.2f}] "
+                     f"over {a['cases']} case-patterns, {a['within_goal']:.0%} within {rt.COST_GOAL}x; "
+                     + ", ".join(f"{r.pattern} {r.median:.2f}x" for r in cost.iloc[:-1].itertuples()))
     heads = rt.retrieval_heads(res["trace"])
     for (task, L), g in heads.groupby(["task", "length"], sort=False):
         top = g[g["retrieval_head"]].head(5)

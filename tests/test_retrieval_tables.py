@@ -42,3 +42,16 @@ def test_read_suite_reads_per_case_files_of_a_stopped_run(tmp_path):
 def test_read_suite_names_the_folder_when_empty(tmp_path):
     with pytest.raises(FileNotFoundError, match="holds no retrieval cases table"):
         read_suite(tmp_path, "cases")
+
+
+def test_cost_summary_hand_checked():
+    from focus_lab.eval.retrieval_tables import cost_summary
+    c = pd.DataFrame({"pattern": ["dense", "dense", "hard_top2", "hard_top2", "moba_matched"],
+                      "seconds": [11.0, 30.0, 12.0, 13.0, 50.0],
+                      "bare_forward_seconds": [10.0, 10.0, 10.0, 10.0, float("nan")]})
+    s = cost_summary(c).set_index("pattern")
+    assert list(s.index) == ["dense", "hard_top2", "all"]  # no bare forward: left out
+    assert s.loc["dense", "median"] == pytest.approx(2.05) and s.loc["dense", "within_goal"] == 0.5
+    assert s.loc["hard_top2", "median"] == pytest.approx(1.25) and s.loc["hard_top2", "within_goal"] == 1.0
+    assert s.loc["all", "cases"] == 4 and s.loc["all", "median"] == pytest.approx(1.25)
+    assert s.loc["all", "within_goal"] == 0.75

@@ -1037,4 +1037,4 @@ def run_retrieval(model, tokenizer, haystack, out_dir: str | os.PathLike, tasks:
 # reading the tables: focus_lab.eval.retrieval_tables (no torch, for the dashboard)
 
 from focus_lab.eval.retrieval_tables import (  # noqa: E402,F401
-    RETRIEVAL_HEAD_THRESHOLD, failures, paired_difference, retrieval_heads, summary)
+    COST_GOAL, RETRIEVAL_HEAD_THRESHOLD, cost_summary, failures, paired_difference, retrieval_heads, summary)

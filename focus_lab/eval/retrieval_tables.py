@@ -148,3 +148,22 @@ def merge_suites(tables: list[pd.DataFrame], kind: str = "cases") -> pd.DataFram
     key = CASE_KEY if kind == "cases" else TRACE_KEY
     df = pd.concat([t for t in tables if len(t)], ignore_index=True)
     return df.drop_duplicates(subset=key, keep="first").reset_index(drop=True)
+
+
+COST_GOAL = 1.3  # a case's seconds over one bare forward of its prompt (docs/retrieval.md, "Cost")
+
+
+def cost_summary(cases: pd.DataFrame) -> pd.DataFrame:
+    """Per pattern, then ``all``: case-patterns, the median and quartiles of a case's seconds
+    over one bare forward of its prompt under the same pattern (``seconds /
+    bare_forward_seconds``, both timed in the same run), and the share at most ``COST_GOAL``
+    (1.3x). Rows without a bare forward (the MoBA gate's) are left out."""
+    d = cases.assign(ratio=cases["seconds"] / cases["bare_forward_seconds"]).dropna(subset=["ratio"])
+    out = []
+    for pat, g in [*d.groupby("pattern", sort=False), ("all", d)]:
+        r = g["ratio"].to_numpy(float)
+        if not len(r):
+            continue
+        out.append({"pattern": pat, "cases": len(r), "median": float(np.median(r)), "q25": float(np.percentile(r, 25)),
+                    "q75": float(np.percentile(r, 75)), "within_goal": float((r <= COST_GOAL).mean())})
+    return pd.DataFrame(out)
