@@ -132,9 +132,9 @@ def test_write_table_adds_a_table_and_its_manifest_entry(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------
-# docs/run_schema.md states the same tables and columns as runs.SCHEMA (one column list)
+# docs/run_tables.md states the same tables and columns as runs.SCHEMA (one column list)
 
-SCHEMA_DOC = Path(__file__).resolve().parent.parent / "docs" / "run_schema.md"
+SCHEMA_DOC = Path(__file__).resolve().parent.parent / "docs" / "run_tables.md"
 
 
 def doc_tables(text: str) -> dict[str, list[str]]:
@@ -146,7 +146,7 @@ def doc_tables(text: str) -> dict[str, list[str]]:
     for sec in part.split("\n### ")[1:]:
         heading = sec.split("\n", 1)[0].strip()
         name = heading.strip("`") if re.fullmatch(r"`\w+`", heading) else heading  # else: no table
-        assert name not in out, f"docs/run_schema.md: two sections ### {heading}"
+        assert name not in out, f"docs/run_tables.md: two sections ### {heading}"
         out[name] = re.findall(r"^\|\s*`([^`]+)`\s*\|", sec, flags=re.M)
     return out
 
@@ -172,7 +172,7 @@ def test_docs_tables_are_the_schema():
     doc = doc_tables(SCHEMA_DOC.read_text())
     assert len(doc) == len(SCHEMA) >= 19
     problems = schema_mismatches(doc, SCHEMA)
-    assert not problems, "docs/run_schema.md disagrees with runs.SCHEMA:\n" + "\n".join(problems)
+    assert not problems, "docs/run_tables.md disagrees with runs.SCHEMA:\n" + "\n".join(problems)
 
 
 def test_docs_check_fails_on_each_kind_of_difference():
