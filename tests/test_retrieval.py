@@ -346,6 +346,34 @@ def test_moba_pattern_runs_and_restores_the_routers(tok, hay):
     assert moba["pattern"] == R.MOBA and moba["mode"] == "hard" and 0 < moba["distant_pairs_kept"] < 1
     assert focus_config(model).num_groups == 4
     assert all(torch.equal(r.proj, before[i]) for i, r in routers(model).items())
+    # the teacher-forced shortcut holds for the gate (prefix_stable): at every answer position the
+    # forward of prompt + answer gives the logits of the forward cut after that position
+    with R.moba_patcher(model, restore)(case, rows[:2]) as ch:
+        assert moba["continuation"] == brute_greedy(model, tok, case, ch, task.max_new_tokens)
+        assert prefix_logit_gap(model, case, ch) < 1e-4
+    shuffled = dict(pats("shuffled_top2"))["shuffled_top2"]
+    assert prefix_logit_gap(model, case, shuffled) > 1e-3  # not prefix-stable: the check can fail
+
+
+def prefix_logit_gap(model, case, changes) -> float:
+    """Largest |logit difference| between the full teacher-forced forward at each answer position
+    and the forward of the sequence cut right after that position."""
+    ids = torch.cat([case.input_ids, case.answer_ids])
+    P, n = len(case.input_ids), len(case.answer_ids)
+    with torch.no_grad():
+        full = model(input_ids=ids[None], use_cache=False, focus=forward_state(model, **changes)).logits[0]
+        gaps = [float((model(input_ids=ids[None, :P + t], use_cache=False, focus=forward_state(model, **changes))
+                       .logits[0, -1] - full[P - 1 + t]).abs().max()) for t in range(n)]
+    return max(gaps)
+
+
+def test_prefix_stable_patterns():
+    from focus_lab.hf.retrofit import focus_config
+    cfg = focus_config(focus_model())
+    for lab, ch in pats("dense,window,hard_top2,random_top2,hard_top2_match"):
+        assert R.prefix_stable(lab, cfg.replace(**ch)), lab
+    assert R.prefix_stable(R.MOBA, cfg.replace(mode="hard"))
+    assert not R.prefix_stable("shuffled_top2", cfg.replace(**dict(pats("shuffled_top2"))["shuffled_top2"]))
 
 
 # ------------------------------------------------------------------------------------------

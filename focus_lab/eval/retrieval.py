@@ -42,7 +42,8 @@ the answers' tokens), which still ranks patterns where a 135M model's greedy ans
 prefill serves both: the prompt but its last token goes through the KV cache once; the answers
 are teacher-forced as one chunk after it, and the greedy answer decodes from a copy of the
 prefill's cache (patterns that cannot decode through a cache, shuffled groups and the MoBA
-gate, use full forwards; ``CACHE_PATTERNS``).
+gate, use full forwards; ``cache_pattern``). Where greedy's choice is every answer token
+(the teacher-forced argmax), the answer is not decoded again (``prefix_stable``).
 
 The trace (``TRACE_COLUMNS``): for every layer and head, the dense attention of the answer's
 positions (the queries that predict an answer token) to the haystack tokens that carry an
@@ -575,6 +576,16 @@ def cache_pattern(label: str, config) -> bool:
     return label != MOBA and _cache_ok(config)
 
 
+def prefix_stable(label: str, config) -> bool:
+    """Whether a pattern's mask for query i depends only on tokens ``<= i`` (and the case's
+    length), so the teacher-forced forward's argmax at an answer position is what greedy decoding
+    picks there while greedy follows the answer: every pattern but shuffled groups, whose
+    permutation spans the whole sequence. The MoBA gate qualifies (its blocks are fixed by the
+    case's length and a query scores strictly past, complete blocks), though it cannot decode
+    through the cache (``cache_pattern``)."""
+    return label == MOBA or cache_pattern(label, config)
+
+
 def moba_patcher(model, restore: Callable[[], object], default_kept: float = 0.53) -> Callable:
     """The ``moba`` argument of ``run_case``: a context manager that attaches MoBA block-gate
     routers in every layer (``baselines.use_moba``: blocks of ``min(window, ceil(L / K))``
@@ -796,7 +807,7 @@ def run_case(model, tokenizer, case: RetrievalCase, patterns: list[tuple[str, di
             rank = int((logp[a0] > logp[a0, target[a0]]).sum())
             agree = (logits.argmax(-1) == target).tolist()
             m = agree.index(False) if False in agree else n
-            if not use_cache:  # its groups depend on the whole sequence: greedy from the prompt alone
+            if not prefix_stable(label, cfg):  # its groups depend on the whole sequence: greedy from the prompt
                 m = 0
             forced = case.answer_ids[:m].tolist()
 
