@@ -22,25 +22,30 @@ from focus_lab.eval.retrieval_tables import (failures, merge_suites, paired_diff
 
 
 def markdown(cases: pd.DataFrame) -> str:
-    """The table as markdown: one row per (task, length), one cell per pattern
-    ``ratio [lo, hi] / Δlogprob`` (ratio: mean score over dense's, on the cases both ran)."""
+    """The study's table as markdown (docs/studies/retrieval-suite.md): one row per (task, length),
+    per length the tasks dense scores at least 50% on first; one cell per pattern
+    ``ratio [lo, hi], Δlogprob [distant pairs kept]`` (ratio: mean score over dense's on the cases
+    both ran; ``-`` where dense is below 50%), with ``(n=N)`` where the pattern ran on fewer cases
+    than dense."""
     s = summary(cases)
     pats = [p for p in dict.fromkeys(s["pattern"]) if p != "dense"]
     lines = ["| task | tokens | cases | dense | " + " | ".join(pats) + " |",
              "|---|---:|---:|---:|" + "---|" * len(pats)]
-    for (task, L), g in s.groupby(["task", "length"], sort=False):
-        g = g.set_index("pattern")
-        d = g.loc["dense"]
+    groups = list(s.groupby(["task", "length"], sort=False))
+    dense = {k: g.set_index("pattern").loc["dense"] for k, g in groups}
+    for (task, L), g in sorted(groups, key=lambda kg: (kg[0][1], bool(dense[kg[0]].dense_below_half))):
+        g, d = g.set_index("pattern"), dense[(task, L)]
         cells = []
         for p in pats:
             if p not in g.index:
-                cells.append("-")
+                cells.append("")
                 continue
             r = g.loc[p]
-            rel = "-" if d.dense_below_half else f"{r.relative:.2f} [{r.relative_lo:.2f}, {r.relative_hi:.2f}]"
-            cells.append(f"{rel}, {r.logprob_change:+.1f} nats [{r.distant_pairs_kept:.2f}]")
-        note = " (dense < 50%)" if d.dense_below_half else ""
-        lines.append(f"| {task}{note} | {L} | {int(d.cases)} | {d.score:.2f} | " + " | ".join(cells) + " |")
+            rel = ("-" if d.dense_below_half else f"{r.relative:.2f} [{r.relative_lo:.2f}, {r.relative_hi:.2f}]"
+                   if r.cases > 1 else f"{r.relative:.2f}")
+            n = f" (n={int(r.cases)})" if r.cases != d.cases else ""
+            cells.append(f"{rel}, {r.logprob_change:+.1f} [{r.distant_pairs_kept:.2f}]{n}")
+        lines.append(f"| {task} | {L} | {int(d.cases)} | {d.score:.2f} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 

@@ -57,7 +57,7 @@ def summary(cases: pd.DataFrame, against: str = "dense") -> pd.DataFrame:
                         "needle_pairs_kept": p["needle_pairs_kept"].mean(),
                         "needle_mass_kept": p["needle_mass_kept"].mean(),
                         "seconds": p["seconds"].mean(),
-                        "cost_ratio": (p["seconds"] / p["bare_forward_seconds"]).mean(),
+                        "cost_ratio": cost_ratio(p).mean(),
                         "dense_score": dense_score, "dense_below_half": bool(dense_score < 0.5)})
     return pd.DataFrame(out)
 
@@ -153,12 +153,18 @@ def merge_suites(tables: list[pd.DataFrame], kind: str = "cases") -> pd.DataFram
 COST_GOAL = 1.3  # a case's seconds over one bare forward of its prompt (docs/retrieval.md, "Cost")
 
 
+def cost_ratio(cases: pd.DataFrame) -> pd.Series:
+    """Per row of the cases table: the case's seconds under its pattern over one bare forward of
+    its prompt under the same pattern (``seconds / bare_forward_seconds``; NaN without one)."""
+    return cases["seconds"] / cases["bare_forward_seconds"]
+
+
 def cost_summary(cases: pd.DataFrame) -> pd.DataFrame:
     """Per pattern, then ``all``: case-patterns, the median and quartiles of a case's seconds
     over one bare forward of its prompt under the same pattern (``seconds /
     bare_forward_seconds``, both timed in the same run), and the share at most ``COST_GOAL``
     (1.3x). Rows without a bare forward (the MoBA gate's) are left out."""
-    d = cases.assign(ratio=cases["seconds"] / cases["bare_forward_seconds"]).dropna(subset=["ratio"])
+    d = cases.assign(ratio=cost_ratio(cases)).dropna(subset=["ratio"])
     out = []
     for pat, g in [*d.groupby("pattern", sort=False), ("all", d)]:
         r = g["ratio"].to_numpy(float)
