@@ -285,6 +285,7 @@ def test_suite_resumes_case_by_case_and_shards(tok, hay, tmp_path, monkeypatch):
     df = res["cases"]
     assert res["computed"] == 4 and set(df.columns) == set(R.CASES_COLUMNS)
     assert df.groupby("pattern").size().to_dict() == {"dense": 4, "hard_top2": 2, "random_top2": 4}
+    assert (df.bare_forward_seconds > 0).all()
     assert set(pd.read_parquet(tmp_path / "trace.parquet").columns) == set(R.TRACE_COLUMNS)
     # a killed run: one case file missing -> only that case is computed again, same numbers
     files = sorted((tmp_path / "cases").rglob("vt_L700_s1.cases.parquet"))
@@ -328,6 +329,20 @@ def test_summary_intervals_and_router_against_random_by_hand():
     assert d.difference == 1.0 and d.lo == d.hi == 1.0
 
 
+@pytest.mark.parametrize("every,timings", [(1, 6), (8, 2)])
+def test_bare_forward_is_timed_again_every_few_cases(tok, hay, tmp_path, monkeypatch, every, timings):
+    """The cost unit follows the machine's load: 3 cases x 2 patterns, timed once per pattern on the
+    first case, then again once BARE_EVERY cases have passed (hand count)."""
+    calls = []
+    real = R.bare_forward_seconds
+    monkeypatch.setattr(R, "bare_forward_seconds", lambda *a, **k: calls.append(1) or real(*a, **k))
+    monkeypatch.setattr(R, "BARE_EVERY", every)
+    p = R.parse_retrieval_patterns("dense,random_top2", 4, 3)
+    res = R.run_retrieval(focus_model(), tok, hay, tmp_path, R.parse_tasks("niah_single_2"), [600], 3, p,
+                          log=lambda s: None)
+    assert len(calls) == timings and (res["cases"].bare_forward_seconds > 0).all()
+
+
 def test_moba_pattern_runs_and_restores_the_routers(tok, hay):
     from focus_lab.hf.retrofit import focus_config, routers
     model = focus_model(window=8, sinks=2)
@@ -341,9 +356,11 @@ def test_moba_pattern_runs_and_restores_the_routers(tok, hay):
 
     task = R.TASKS["niah_single_2"]
     case = R.make_case(task, hay, tok, 400, seed=0)
-    rows, _ = R.run_case(model, tok, case, pats("dense,hard_top2,moba_matched"), task, R.moba_patcher(model, restore))
+    rows, _ = R.run_case(model, tok, case, pats("dense,hard_top2,moba_matched"), task, R.moba_patcher(model, restore),
+                         time_bare=[R.MOBA])
     moba = rows[2]
     assert moba["pattern"] == R.MOBA and moba["mode"] == "hard" and 0 < moba["distant_pairs_kept"] < 1
+    assert moba["bare_forward_seconds"] > 0 and "bare_forward_seconds" not in rows[0]  # timed under the gate
     assert focus_config(model).num_groups == 4
     assert all(torch.equal(r.proj, before[i]) for i, r in routers(model).items())
     # the teacher-forced shortcut holds for the gate (prefix_stable): at every answer position the

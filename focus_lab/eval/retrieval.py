@@ -82,6 +82,7 @@ from focus_lab.method.config import ConfigError
 RETRIEVAL_SCHEMA = 1
 DEFAULT_PATTERNS = ("dense,window,hard_top1,hard_top2,hard_top2_match,random_top2,random_top2_match,"
                     "shuffled_top2,moba_matched")
+BARE_EVERY = 8  # cases of one process between two timings of the bare forward (retrieval cost)
 MOBA = "moba_matched"  # the MoBA block gate, its block top-k matched to hard_top2's distant pairs kept
 DEFAULT_LENGTHS = (4096,)
 NOISE = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
@@ -752,7 +753,7 @@ def score(text: str, answers: Sequence[str]) -> tuple[float, int]:
 
 @torch.no_grad()
 def run_case(model, tokenizer, case: RetrievalCase, patterns: list[tuple[str, dict]], task: Task,
-             moba: Callable | None = None) -> tuple[list[dict], list[dict]]:
+             moba: Callable | None = None, time_bare: Sequence[str] = ()) -> tuple[list[dict], list[dict]]:
     """Run one prompt under each pattern (``[(label, FocusConfig changes)]``, dense first; each
     with its own FocusForward, the model's config unchanged): one prefill, the answers
     teacher-forced, the greedy answer (module docstring); then the trace (``TRACE_COLUMNS``).
@@ -760,6 +761,9 @@ def run_case(model, tokenizer, case: RetrievalCase, patterns: list[tuple[str, di
     ``moba``: a context-manager factory ``moba(case, rows so far)`` yielding FocusConfig changes,
     that puts the MoBA routers in place for the ``moba_matched`` pattern and restores the model's
     routers on exit (``moba_patcher``).
+    ``time_bare``: the labels whose row gets ``bare_forward_seconds``, one bare forward of the
+    prompt under that pattern (``bare_forward_seconds``), timed inside the pattern's context
+    (so the MoBA gate's too); the other rows get none.
     Returns (case rows, trace rows) without ``schema_version``.
     """
     import contextlib
@@ -821,6 +825,7 @@ def run_case(model, tokenizer, case: RetrievalCase, patterns: list[tuple[str, di
                 past0, gstate = None, FocusForward(cfg)
             cont = _greedy(model, gstate, past0, ids, P, forced, task.max_new_tokens, done, eos, use_cache)
             dt = time.perf_counter() - t0
+            bare = bare_forward_seconds(model, case.input_ids.to(dev), ch) if label in time_bare else None
         text = tokenizer.decode(cont)
         sc, found = score(text, answers)
         if cfg.mode == "dense":
@@ -841,7 +846,7 @@ def run_case(model, tokenizer, case: RetrievalCase, patterns: list[tuple[str, di
                          "needle_context": context,
                          "continuation": text, "expected": " | ".join(map(str, answers)), "mode": cfg.mode,
                          "top_k": cfg.top_k if cfg.mode == "hard" else None, "seconds": dt,
-                         "prefill_seconds": t_pre})
+                         "prefill_seconds": t_pre, **({} if bare is None else {"bare_forward_seconds": bare})})
     trace_rows = _trace_rows(case, ids.cpu(), rows, needle, value_rows, dense_probs, dense_argmax, traces)
     by = {}
     for r in trace_rows:
@@ -999,7 +1004,7 @@ def run_retrieval(model, tokenizer, haystack, out_dir: str | os.PathLike, tasks:
     case_dir = out_dir / "cases" / fp
     rank, world = shard()
     dev = next(model.parameters()).device
-    bare: dict[tuple[int, str], float] = {}
+    bare: dict[tuple[int, str], tuple[float, int]] = {}  # (length, label) -> (seconds, case count then)
     t_all = time.perf_counter()
     computed = 0
     for i, (t, L, s) in enumerate(todo):
@@ -1012,12 +1017,15 @@ def run_retrieval(model, tokenizer, haystack, out_dir: str | os.PathLike, tasks:
         case = make_case(t, haystack, tokenizer, L, s, fmt)
         pats = [(lab, ch) for lab, ch, k in patterns if s - seed < k]
         t0 = time.perf_counter()
-        rows, trows = run_case(model, tokenizer, case, pats, t, moba)
-        for lab, ch in pats:  # the unit of cost: one bare forward of the prompt, once per length and pattern
-            if (L, lab) not in bare and lab != MOBA:
-                bare[(L, lab)] = bare_forward_seconds(model, case.input_ids.to(dev), ch)
+        # the unit of cost, one bare forward of the prompt per pattern, re-timed every BARE_EVERY
+        # cases of this process (and on a length's first), so it follows the machine's load
+        stale = [lab for lab, _ in pats if (L, lab) not in bare or computed - bare[(L, lab)][1] >= BARE_EVERY]
+        rows, trows = run_case(model, tokenizer, case, pats, t, moba, time_bare=stale)
         for r in rows:
-            r["bare_forward_seconds"] = bare.get((L, r["pattern"]), float("nan"))
+            if "bare_forward_seconds" in r:
+                bare[(L, r["pattern"])] = (r["bare_forward_seconds"], computed)
+            else:
+                r["bare_forward_seconds"] = bare.get((L, r["pattern"]), (float("nan"), 0))[0]
         write_parquet(tpath, trace_frame(trows))
         write_parquet(cpath, cases_frame(rows))  # written last: its presence marks the case done
         computed += 1
@@ -1027,7 +1035,7 @@ def run_retrieval(model, tokenizer, haystack, out_dir: str | os.PathLike, tasks:
         _barrier()
         if rank != 0:
             return {"cases": None, "trace": None, "seconds": time.perf_counter() - t_all, "computed": computed,
-                    "bare_forward_seconds": bare}
+                    "bare_forward_seconds": {k: v for k, (v, _) in bare.items()}}
     parts = [(case_dir / f"{t.name}_L{L}_s{s}.cases.parquet", case_dir / f"{t.name}_L{L}_s{s}.trace.parquet")
              for t, L, s in todo]
     cases_df = pd.concat([pd.read_parquet(c) for c, _ in parts if c.is_file()], ignore_index=True)
@@ -1041,7 +1049,7 @@ def run_retrieval(model, tokenizer, haystack, out_dir: str | os.PathLike, tasks:
                                              "world_size": world,
                                              "files": ["cases.parquet", "trace.parquet"]})
     return {"cases": cases_df, "trace": trace_df, "seconds": seconds, "computed": computed,
-            "bare_forward_seconds": bare}
+            "bare_forward_seconds": {k: v for k, (v, _) in bare.items()}}
 
 
 # ------------------------------------------------------------------------------------------
