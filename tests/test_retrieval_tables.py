@@ -33,8 +33,8 @@ def test_read_suite_reads_per_case_files_of_a_stopped_run(tmp_path):
     d = tmp_path / "cases" / "abc123"
     d.mkdir(parents=True)
     _cases([0]).to_parquet(d / "passkey_L4096_s0.cases.parquet")
-    _cases([0]).to_parquet(d / "passkey_L4096_s0.trace.parquet")
-    _cases([1]).to_parquet(d / "passkey_L4096_s1.trace.parquet")  # in flight: no cases file yet
+    _cases([0], layer_idx=0, head=0).to_parquet(d / "passkey_L4096_s0.trace.parquet")
+    _cases([1], layer_idx=0, head=0).to_parquet(d / "passkey_L4096_s1.trace.parquet")  # in flight: no cases file
     assert read_suite(tmp_path, "cases")["seed"].tolist() == [0]
     assert read_suite(tmp_path, "trace")["seed"].tolist() == [0]
 
@@ -55,3 +55,29 @@ def test_cost_summary_hand_checked():
     assert s.loc["hard_top2", "median"] == pytest.approx(1.25) and s.loc["hard_top2", "within_goal"] == 1.0
     assert s.loc["all", "cases"] == 4 and s.loc["all", "median"] == pytest.approx(1.25)
     assert s.loc["all", "within_goal"] == 0.75
+
+
+def test_read_suite_keeps_one_row_per_case_across_fingerprints(tmp_path):
+    for fp, score in (("aaa", 1.0), ("bbb", 0.0)):  # the same case under two settings' folders
+        d = tmp_path / "cases" / fp
+        d.mkdir(parents=True)
+        _cases([0], score=score).to_parquet(d / "passkey_L4096_s0.cases.parquet")
+    assert read_suite(tmp_path, "cases")[["seed", "score"]].values.tolist() == [[0, 1.0]]
+
+
+def test_summary_and_paired_difference_ignore_row_order():
+    import numpy as np
+    from focus_lab.eval.retrieval_tables import paired_difference, summary
+    rng = np.random.default_rng(1)
+    rows = [{"task": "t", "length": 100, "seed": s, "pattern": p, "score": float(rng.integers(0, 2)),
+             "answer_logprob": float(rng.normal()), "distant_pairs_kept": 0.5, "needle_pairs_kept": 0.5,
+             "needle_mass_kept": 0.5, "seconds": 1.0, "bare_forward_seconds": 1.0}
+            for s in range(12) for p in ("dense", "hard_top2", "random_top2")]
+    df = pd.DataFrame(rows)
+    shuffled = df.sample(frac=1.0, random_state=3)
+    cols = ["relative_lo", "relative_hi", "logprob_change_lo", "logprob_change_hi"]
+    pd.testing.assert_frame_equal(summary(df).sort_values("pattern")[cols].reset_index(drop=True),
+                                  summary(shuffled).sort_values("pattern")[cols].reset_index(drop=True))
+    a = paired_difference(df, "hard_top2", "random_top2", "answer_logprob")
+    b = paired_difference(shuffled, "hard_top2", "random_top2", "answer_logprob")
+    assert (a.lo.iloc[0], a.hi.iloc[0]) == (b.lo.iloc[0], b.hi.iloc[0])

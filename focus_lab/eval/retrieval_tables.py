@@ -47,7 +47,7 @@ def summary(cases: pd.DataFrame, against: str = "dense") -> pd.DataFrame:
         dense_score = float(ref["score"].mean()) if len(ref) else float("nan")
         for pat, p in g.groupby("pattern", sort=False):
             p = p.set_index("seed")
-            common = p.index.intersection(ref.index)
+            common = p.index.intersection(ref.index).sort_values()  # seed order: intervals ignore row order
             rel = _bootstrap(p.loc[common, "score"].to_numpy(float), ref.loc[common, "score"].to_numpy(float))
             dlp = _diff_ci((p.loc[common, "answer_logprob"] - ref.loc[common, "answer_logprob"]).to_numpy(float))
             out.append({"task": task, "length": L, "pattern": pat, "cases": len(p), "score": p["score"].mean(),
@@ -70,7 +70,7 @@ def paired_difference(cases: pd.DataFrame, a: str, b: str, column: str = "score"
     for (task, L), g in cases.groupby(["task", "length"], sort=False):
         x = g[g["pattern"] == a].set_index("seed")[column]
         y = g[g["pattern"] == b].set_index("seed")[column]
-        common = x.index.intersection(y.index)
+        common = x.index.intersection(y.index).sort_values()
         if not len(common):
             continue
         d = _diff_ci((x.loc[common] - y.loc[common]).to_numpy(float))
@@ -125,15 +125,16 @@ TRACE_KEY = CASE_KEY + ["layer_idx", "head"]  # one row of the trace table
 def read_suite(out_dir, kind: str = "cases") -> pd.DataFrame:
     """One suite output's ``kind`` table (``cases`` or ``trace``), also from a run stopped early:
     its per-case files ``out_dir/cases/<fingerprint>/*.<kind>.parquet`` (``run_retrieval``), else
-    ``out_dir/<kind>.parquet``. Raises FileNotFoundError naming the folder when it holds neither."""
+    ``out_dir/<kind>.parquet``; where several fingerprints hold one case, the first (in path
+    order) is kept. Raises FileNotFoundError naming the folder when it holds neither."""
     from pathlib import Path
     out_dir = Path(out_dir)
     files = sorted(out_dir.glob(f"cases/*/*.{kind}.parquet"))
     if kind == "trace":  # a case is done when its cases file exists (written last)
         done = {f.name.removesuffix(".cases.parquet") for f in out_dir.glob("cases/*/*.cases.parquet")}
         files = [f for f in files if f.name.removesuffix(".trace.parquet") in done]
-    if files:
-        return pd.concat([pd.read_parquet(f) for f in files], ignore_index=True)
+    if files:  # one row per key: runs of other settings (fingerprints) in the same folder may repeat a case
+        return merge_suites([pd.read_parquet(f) for f in files], kind)
     if (out_dir / f"{kind}.parquet").is_file():
         return pd.read_parquet(out_dir / f"{kind}.parquet")
     raise FileNotFoundError(f"{out_dir} holds no retrieval {kind} table (cases/*/*.{kind}.parquet or {kind}.parquet): "
