@@ -974,7 +974,7 @@ def run_retrieval(model, tokenizer, haystack, out_dir: str | os.PathLike, tasks:
             lengths: RULER's max_seq_length (prompt + budget), tokens; moba: see ``run_case``.
     Returns:
         {"cases": DataFrame, "trace": DataFrame, "seconds": float, "computed": int,
-        "bare_forward_seconds": {(length, pattern): seconds}} (on process 0; the others
+        "bare_forward_seconds": {(length, pattern): latest seconds}} (on process 0; the others
         return their own part).
     Raises:
         ConfigError: a length beyond the model's positions (one line naming the limit), a task
@@ -1021,21 +1021,21 @@ def run_retrieval(model, tokenizer, haystack, out_dir: str | os.PathLike, tasks:
         # cases of this process (and on a length's first), so it follows the machine's load
         stale = [lab for lab, _ in pats if (L, lab) not in bare or computed - bare[(L, lab)][1] >= BARE_EVERY]
         rows, trows = run_case(model, tokenizer, case, pats, t, moba, time_bare=stale)
-        for r in rows:
+        for r in rows:  # a stale label's row carries its new timing, every other row takes the last one
             if "bare_forward_seconds" in r:
                 bare[(L, r["pattern"])] = (r["bare_forward_seconds"], computed)
-            else:
-                r["bare_forward_seconds"] = bare.get((L, r["pattern"]), (float("nan"), 0))[0]
+            r["bare_forward_seconds"] = bare[(L, r["pattern"])][0]
         write_parquet(tpath, trace_frame(trows))
         write_parquet(cpath, cases_frame(rows))  # written last: its presence marks the case done
         computed += 1
         log(f"[retrieval] {stem} ({time.perf_counter() - t0:.0f} s): "
             + ", ".join(f"{r['pattern']} {r['score']:.2f} {r['answer_logprob']:.1f}" for r in rows))
+    bare_last = {k: v for k, (v, _) in bare.items()}
     if world > 1:
         _barrier()
         if rank != 0:
             return {"cases": None, "trace": None, "seconds": time.perf_counter() - t_all, "computed": computed,
-                    "bare_forward_seconds": {k: v for k, (v, _) in bare.items()}}
+                    "bare_forward_seconds": bare_last}
     parts = [(case_dir / f"{t.name}_L{L}_s{s}.cases.parquet", case_dir / f"{t.name}_L{L}_s{s}.trace.parquet")
              for t, L, s in todo]
     cases_df = pd.concat([pd.read_parquet(c) for c, _ in parts if c.is_file()], ignore_index=True)
@@ -1049,7 +1049,7 @@ def run_retrieval(model, tokenizer, haystack, out_dir: str | os.PathLike, tasks:
                                              "world_size": world,
                                              "files": ["cases.parquet", "trace.parquet"]})
     return {"cases": cases_df, "trace": trace_df, "seconds": seconds, "computed": computed,
-            "bare_forward_seconds": {k: v for k, (v, _) in bare.items()}}
+            "bare_forward_seconds": bare_last}
 
 
 # ------------------------------------------------------------------------------------------

@@ -164,7 +164,8 @@ def cost_summary(cases: pd.DataFrame) -> pd.DataFrame:
     """Per pattern, then ``all``: case-patterns, the median and quartiles of a case's seconds
     over one bare forward of its prompt under the same pattern (``seconds /
     bare_forward_seconds``, both timed in the same run), and the share at most ``COST_GOAL``
-    (1.3x). Rows without a bare forward (the MoBA gate's) are left out."""
+    (1.3x). Rows without a bare forward (the MoBA gate's, in tables written before it was timed)
+    are left out."""
     d = cases.assign(ratio=cost_ratio(cases)).dropna(subset=["ratio"])
     out = []
     for pat, g in [*d.groupby("pattern", sort=False), ("all", d)]:
