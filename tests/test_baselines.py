@@ -159,6 +159,36 @@ def test_moba_blocks_are_causal_and_exact():
     assert torch.allclose(out2[:, :20], out[:, :20], atol=1e-5)
 
 
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+@torch.no_grad()
+def test_moba_kv_cache_decode_equals_full_forward(family):
+    """Decoding through the KV cache with the MoBA gate (llama: the layer's q/k projections; GPT-2:
+    the normalized router inputs): every step's logits equal the full forward's at that position,
+    across block boundaries, and again when the decode restarts from a copy of the prefill's cache
+    after other tokens went through (the gate forgets what followed the restart position)."""
+    import copy
+    from transformers import DynamicCache
+    from focus_lab.hf.retrofit import forward_state
+    from conftest import tiny_gpt2
+    model = tiny_llama() if family == "llama" else tiny_gpt2()
+    BL.use_moba(model, FocusConfig(window=8, num_groups=4, top_k=1, sink_tokens=1), seq_len=48)
+    ids = torch.randint(3, 97, (1, 48), generator=torch.Generator().manual_seed(3))
+    full = model(ids, use_cache=False, focus=forward_state(model)).logits  # (1, 48, V)
+    state = forward_state(model, cache=True)
+    cache = DynamicCache(config=model.config)
+    model(ids[:, :13], past_key_values=cache, use_cache=True, focus=state)
+    snapshot = copy.deepcopy((cache, state.cache))
+    other = torch.randint(3, 97, (1, 20), generator=torch.Generator().manual_seed(4))
+    model(other, past_key_values=cache, use_cache=True, focus=state)  # 20 tokens the restart must forget
+    cache, fcache = snapshot
+    state = focus_lab.FocusForward(state.config, fcache)
+    steps = [model(ids[:, t:t + 1], past_key_values=cache, use_cache=True, focus=state).logits[:, -1]
+             for t in range(13, 48)]
+    torch.testing.assert_close(torch.stack(steps, 1), full[:, 13:48], atol=1e-4, rtol=1e-4)
+    with pytest.raises(RuntimeError, match="start with a forward from position 0"):
+        routers(model)[0](torch.randn(2, 1, model.config.hidden_size), start=5)
+
+
 @torch.no_grad()
 def test_moba_distant_kept_against_brute_force_masks():
     """The expected MoBA sparsity against masks built from MoBARouter.assign with random block

@@ -184,6 +184,11 @@ class MoBARouter(Router):
     projections; and keeps its ``top_k`` highest *strictly past* blocks. Its current block is
     kept through the local window (``block_size <= window`` is required). Blocks at or after
     the query's own only fill the top-k slots of early queries; the causal mask removes them.
+
+    KV-cache decoding: the router keeps the gate's keys (or normalized inputs) of every position
+    it has seen, ``(B, T_seen, Hkv, D)``; a forward from ``start`` keeps the first ``start`` of
+    them and appends its own, so a decode step scores the same block means as a full forward, and
+    a decode that restarts from an earlier position (a copied prefill cache) drops what followed.
     """
 
     key_router_allowed = False  # one projection for both roles
@@ -195,44 +200,62 @@ class MoBARouter(Router):
             raise ValueError(f"MoBA block_size={block_size} must be <= window={config.window}: the "
                              "current block is kept through the local window")
         self.block_size = int(block_size)
+        self._seen: torch.Tensor | None = None  # (B, T_seen, Hkv, D) or (B, T_seen, d_model): the gate's keys
+        self._start = 0  # absolute position of the last forward's first token, for assign
         self._qk = None
         if attention is not None and hasattr(attention, "q_proj") and hasattr(attention, "k_proj"):
             cfg = getattr(attention, "config", None)
             hd = getattr(attention, "head_dim", None) or (cfg.hidden_size // cfg.num_attention_heads)
             self._qk = (attention.q_proj, attention.k_proj, int(hd), float(getattr(attention, "scaling", hd ** -0.5)))
 
-    def _blocks(self, T: int, device) -> torch.Tensor:
-        blk = torch.arange(T, device=device) // self.block_size
+    def _blocks(self, T: int, device, start: int = 0) -> torch.Tensor:
+        """(T,) block of positions ``start .. start + T - 1``."""
+        blk = torch.arange(start, start + T, device=device) // self.block_size
         if int(blk[-1]) >= self.config.num_groups:
-            raise ValueError(f"MoBA: {T} tokens make {int(blk[-1]) + 1} blocks of {self.block_size}, more "
-                             f"than num_groups={self.config.num_groups}; use use_moba(..., seq_len={T})")
+            n = start + T
+            raise ValueError(f"MoBA: {n} tokens make {int(blk[-1]) + 1} blocks of {self.block_size}, more "
+                             f"than num_groups={self.config.num_groups}; use use_moba(..., seq_len={n})")
         return blk
+
+    def _remember(self, x: torch.Tensor, start: int) -> torch.Tensor:
+        """The gate's keys of positions ``0 .. start + T - 1``: the first ``start`` seen, then ``x``
+        (B, T, ...). Raises RuntimeError on a decode step with no history (no forward from 0)."""
+        old = self._seen
+        if start > 0 and (old is None or old.shape[0] != x.shape[0] or old.shape[1] < start):
+            raise RuntimeError(
+                f"MoBA gate of layer {self.layer_idx}: a decode step from position {start} but "
+                f"{0 if old is None else old.shape[1]} positions seen: start with a forward from position 0")
+        self._seen = x if start == 0 else torch.cat([old[:, :start], x], 1)
+        return self._seen
 
     def forward(self, h: torch.Tensor, config: FocusConfig | None = None, start: int = 0) -> torch.Tensor:
         B, T, _ = h.shape
         K = self.config.num_groups
-        blk = self._blocks(T, h.device)
+        self._start = int(start)
+        blk = self._blocks(start + T, h.device)  # (T_seen,) blocks of every position seen
         counts = torch.bincount(blk, minlength=K).clamp(min=1).float()  # (K,)
         if self._qk is not None:
             q_proj, k_proj, D, scale = self._qk
             with torch.no_grad():
                 q = q_proj(h).float().view(B, T, -1, D)  # (B, T, H, D)
-                k = k_proj(h).float().view(B, T, -1, D)  # (B, T, Hkv, D)
+                k = self._remember(k_proj(h).float().view(B, T, -1, D), start)  # (B, T_seen, Hkv, D)
             H, Hkv = q.shape[2], k.shape[2]
             kmean = torch.zeros(B, K, Hkv, D, device=h.device).index_add_(1, blk, k) / counts[None, :, None, None]
             kmean = kmean.repeat_interleave(H // Hkv, dim=2)  # (B, K, H, D)
             return torch.einsum("bthd,bkhd->btk", q, kmean) * scale / H  # (B, T, K)
-        x = _normalized(h, config or self.config)
-        xmean = torch.zeros(B, K, x.shape[-1], device=h.device).index_add_(1, blk, x) / counts[None, :, None]
+        x = _normalized(h, config or self.config)  # (B, T, d_model)
+        xs = self._remember(x, start)  # (B, T_seen, d_model)
+        xmean = torch.zeros(B, K, x.shape[-1], device=h.device).index_add_(1, blk, xs) / counts[None, :, None]
         return x @ xmean.transpose(1, 2) / math.sqrt(x.shape[-1])
 
     def assign(self, scores, config, token_mask=None):
         if config.mode == "soft" or self.training:
             raise ValueError("the MoBA baseline is training-free and hard only: use mode='hard'")
         B, T, K = scores.shape
+        start, self._start = self._start, 0  # the forward's first position (0 when called alone)
 
         def block_top_k(k: int):  # the layer's k past blocks by gate score; a key's group: its block
-            blk = self._blocks(T, scores.device)
+            blk = self._blocks(T, scores.device, start)  # (T,)
             past = torch.arange(K, device=scores.device)[None, :] < blk[:, None]  # (T, K)
             s = scores.float().masked_fill(~past, float("-inf"))
             # ties among -inf (no past block) resolve to any block: the causal mask removes them

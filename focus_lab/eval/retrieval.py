@@ -41,8 +41,8 @@ in the greedy output) and the teacher-forced log-probability of the answers (nat
 the answers' tokens), which still ranks patterns where a 135M model's greedy answer fails. One
 prefill serves both: the prompt but its last token goes through the KV cache once; the answers
 are teacher-forced as one chunk after it, and the greedy answer decodes from a copy of the
-prefill's cache (patterns that cannot decode through a cache, shuffled groups and the MoBA
-gate, use full forwards; ``cache_pattern``). Where greedy's choice is every answer token
+prefill's cache (shuffled groups, which cannot decode through a cache, use full forwards;
+``cache_pattern``). Where greedy's choice is every answer token
 (the teacher-forced argmax), the answer is not decoded again (``prefix_stable``).
 
 The trace (``TRACE_COLUMNS``): for every layer and head, the dense attention of the answer's
@@ -571,20 +571,20 @@ def parse_retrieval_patterns(spec: str, num_groups: int, cases: int) -> list[tup
 
 def cache_pattern(label: str, config) -> bool:
     """Whether a pattern decodes through the KV cache (``passkey._cache_ok``): all but shuffled
-    groups (a permutation of the whole sequence) and the MoBA gate (its block means need every
-    key's hidden state)."""
+    groups (a permutation of the whole sequence). The MoBA gate does: its router keeps the gate's
+    keys of the positions it has seen (``baselines.MoBARouter``)."""
     from focus_lab.eval.passkey import _cache_ok
-    return label != MOBA and _cache_ok(config)
+    return _cache_ok(config)
 
 
 def prefix_stable(label: str, config) -> bool:
     """Whether a pattern's mask for query i depends only on tokens ``<= i`` (and the case's
     length), so the teacher-forced forward's argmax at an answer position is what greedy decoding
     picks there while greedy follows the answer: every pattern but shuffled groups, whose
-    permutation spans the whole sequence. The MoBA gate qualifies (its blocks are fixed by the
-    case's length and a query scores strictly past, complete blocks), though it cannot decode
+    permutation spans the whole sequence (the MoBA gate qualifies: its blocks are fixed by the
+    case's length and a query scores strictly past, complete blocks). The same patterns decode
     through the cache (``cache_pattern``)."""
-    return label == MOBA or cache_pattern(label, config)
+    return cache_pattern(label, config)
 
 
 def moba_patcher(model, restore: Callable[[], object], default_kept: float = 0.53) -> Callable:
