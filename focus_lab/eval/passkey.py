@@ -62,6 +62,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from focus_lab.eval.needle_trace import NeedleTrace
 from focus_lab.method.config import ConfigError
 
 PASSKEY_SCHEMA = 1
@@ -317,17 +318,6 @@ def _forward(model, ids: torch.Tensor, keep: int | None = None, **kw):
     return model(input_ids=ids[None], **kw)
 
 
-def answer_attention(query: torch.Tensor, key: torch.Tensor, scale: float, row: int,
-                     softcap: float | None = None) -> torch.Tensor:
-    """Dense attention probabilities of one query row (docs/method.md §2.4 ``dense``):
-    ``metrics.rows_attention`` of that row, the one computation the retrieval suite's trace
-    uses too. query: (B, H, Tq, D) with queries at positions ``Tk - Tq .. Tk - 1``; key:
-    (B, Hkv, Tk, D); row: the query's absolute position. Returns (B, H, Tk) float32, summing to 1
-    over keys ``j <= row``."""
-    from focus_lab.method.metrics import rows_attention
-    return rows_attention(query, key, scale, torch.tensor([row], device=query.device), softcap)[:, :, 0]
-
-
 def needle_edges_kept(query_groups: torch.Tensor, key_group: torch.Tensor, window: int, sinks: int,
                       row: int, positions: np.ndarray) -> float:
     """Fraction of the (answer query, needle key) edges the hard mask keeps, by ``core.hard_mask``.
@@ -345,63 +335,40 @@ def needle_edges_kept(query_groups: torch.Tensor, key_group: torch.Tensor, windo
     return float(m[:, 0, torch.as_tensor(positions, device=dev)].float().mean())
 
 
-class _Probe:
-    """The ``attn_out`` hook of one teacher-forced forward (``hooks``): pairs kept, the needle's
-    edges kept at the answer row and, when auditing, the dense attention to the needle. A
-    context manager: ``with _Probe(...) as probe:`` registers the hook and always removes it."""
+class _Audit(NeedleTrace):
+    """The needle trace (``needle_trace.NeedleTrace``) of one teacher-forced forward at the answer
+    row (``length - 1``) and the needle's key tokens; with ``audit`` (a dense forward) it also
+    records, per routed layer, the dense attention mass to the needle and the share of the needle's
+    edges the uniform hard top-1 / top-2 masks keep, their groups routed from the same forward."""
 
     def __init__(self, model, case: PasskeyCase, audit: bool, config):
-        self.model, self.case, self.audit, self.config = model, case, audit, config
+        super().__init__(model, torch.tensor([case.length - 1]),
+                         torch.as_tensor(case.needle_key_positions, dtype=torch.long), config, dense=audit)
         self.row = case.length - 1
-        self.kept_pairs: list[float] = []
-        self.needle_kept: list[float] = []
         self.layers: dict[int, dict] = {}
 
-    def __enter__(self) -> "_Probe":
-        from focus_lab.hf.hooks import hooks
-        self._hooks = hooks(self.model, {"attn_out": self})
-        self._hooks.__enter__()
-        return self
+    @property
+    def needle_kept(self) -> float:
+        """The pattern's mask on the needle's edges at the answer row, mean over layers (nan: none)."""
+        return float(np.mean([float(k.mean()) for k in self.kept.values()])) if self.kept else float("nan")
 
-    def __exit__(self, *exc) -> None:
-        self._hooks.__exit__(*exc)
-
-    @torch.no_grad()
-    def __call__(self, out: torch.Tensor, hook) -> None:
-        call = hook.call
-        module, query, key, routing = call.module, call.query, call.key, call.routing
-        if key.shape[2] <= self.row or not hasattr(module, "focus_router"):
+    def recorded(self, call, layer: int) -> None:
+        if not self.dense:
             return
-        from focus_lab.method.core import distant_pairs_kept, route
-        from focus_lab.method.metrics import attention_scale
-        router = module.focus_router
+        from focus_lab.method.core import route
         cfg = self.config
-        pos = self.case.needle_key_positions
-        q_in = self.row - (key.shape[2] - query.shape[2])
-        if 0 <= q_in < query.shape[2]:  # the mask this pattern's forward used, at the answer row
-            edge = call.kept[:, q_in, torch.as_tensor(pos)]
-            # soft mode: the gate's factor on the pair's weight, exp(bias) (1 = kept, §2.3)
-            kept = edge.float() if edge.dtype == torch.bool else edge.float().exp().clamp(max=1.0)
-            self.needle_kept.append(float(kept.mean()))
-        if cfg.mode == "hard" and routing is not None:
-            square = query.shape[2] == key.shape[2]  # the prefill: its token-match pairs, if any, count too
-            self.kept_pairs.append(distant_pairs_kept(routing.query_groups, routing.key_group, cfg.window,
-                                                      cfg.sink_tokens, call.match_pairs if square else None))
-        if self.audit:
-            layer = router.layer_idx
-            att = answer_attention(query, key, attention_scale(module, query.shape[-1]), self.row,
-                                   getattr(module, "attn_logit_softcapping", None))  # (B, H, Tk)
-            mass = att[..., torch.as_tensor(pos)].sum(-1)  # (B, H)
-            # the uniform top-1 / top-2 masks, whatever per-layer k the run sets (layer_top_k cleared)
-            rt = route(router, call.router_in,
-                       config=cfg.replace(mode="hard", top_k=min(2, cfg.num_groups), layer_top_k={}))
-            qg, kg = rt.query_groups, rt.key_group
-            self.layers[layer] = {
-                "layer_idx": layer, "dense_mass_to_needle": float(mass.mean()),
-                "max_head_mass_to_needle": float(mass.max(-1).values.mean()),
-                "kept_top1": needle_edges_kept(qg[..., :1], kg, cfg.window, cfg.sink_tokens, self.row, pos),
-                "kept_top2": needle_edges_kept(qg[..., :2], kg, cfg.window, cfg.sink_tokens, self.row, pos)
-                if cfg.num_groups >= 2 else float("nan")}
+        pos = self.needle.numpy()
+        mass = self.probs[layer][:, 0].sum(-1)  # (H,) dense attention to the needle, answer row
+        # the uniform top-1 / top-2 masks, whatever per-layer k the run sets (layer_top_k cleared)
+        rt = route(call.module.focus_router, call.router_in,
+                   config=cfg.replace(mode="hard", top_k=min(2, cfg.num_groups), layer_top_k={}))
+        qg, kg = rt.query_groups, rt.key_group
+        self.layers[layer] = {
+            "layer_idx": layer, "dense_mass_to_needle": float(mass.mean()),
+            "max_head_mass_to_needle": float(mass.max()),
+            "kept_top1": needle_edges_kept(qg[..., :1], kg, cfg.window, cfg.sink_tokens, self.row, pos),
+            "kept_top2": needle_edges_kept(qg[..., :2], kg, cfg.window, cfg.sink_tokens, self.row, pos)
+            if cfg.num_groups >= 2 else float("nan")}
 
 
 def _number_ended(text: str) -> bool:
@@ -488,7 +455,7 @@ def run_case(model, tokenizer, case: PasskeyCase, patterns: list[tuple[str, dict
         cfg = state.config
         do_audit = audit and not audited and cfg.mode == "dense"
         t0 = time.perf_counter()
-        with _Probe(model, case, do_audit, cfg) as probe:
+        with _Audit(model, case, do_audit, cfg) as probe:
             logits = _forward(model, ids, keep=n + 1, use_cache=False,
                               focus=state).logits[0, -(n + 1):-1].float()  # (n, V)
         if do_audit:
@@ -517,13 +484,12 @@ def run_case(model, tokenizer, case: PasskeyCase, patterns: list[tuple[str, dict
         if cfg.mode == "window":
             frac = window_pairs_kept(L + n, cfg.window, cfg.sink_tokens)
         if cfg.mode == "hard":
-            frac = float(np.mean(probe.kept_pairs)) if probe.kept_pairs else float("nan")
+            frac = float(np.mean(probe.pairs_kept)) if probe.pairs_kept else float("nan")
         rows.append({"format": case.format, "length": L, "depth": case.depth, "pattern": label,
                      "seed": case.seed, "key": case.key, "exact_match": case.key in text,
                      "key_logprob": key_lp, "key_tokens": len(case.key_index),
                      "first_key_token_rank": rank, "distant_pairs_kept": frac,
-                     "needle_edges_kept": float(np.mean(probe.needle_kept)) if probe.needle_kept
-                     else float("nan"),
+                     "needle_edges_kept": probe.needle_kept,
                      "needle_depth": case.needle_depth, "needle_position": case.needle_position,
                      "continuation": text, "mode": cfg.mode,
                      "top_k": cfg.top_k if cfg.mode == "hard" else None, "seconds": dt})

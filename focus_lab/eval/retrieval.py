@@ -77,6 +77,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from focus_lab.eval.needle_trace import NeedleTrace
 from focus_lab.method.config import ConfigError
 
 RETRIEVAL_SCHEMA = 1
@@ -633,73 +634,6 @@ def copy_pairs(ids: torch.Tensor, rows: torch.Tensor, keys: torch.Tensor) -> tor
     return ids[rows][:, None] == prev[None, :]
 
 
-class _Trace:
-    """The ``attn_out`` hook of a pattern's forwards over one case: per layer, the pattern's mask
-    on the (answer query, needle key) pairs, and for the dense pattern the attention of those
-    queries (``rows_attention``); the distant pairs kept in the prefill. A context manager that
-    always removes its hook (``hooks``)."""
-
-    def __init__(self, model, rows: torch.Tensor, needle: torch.Tensor, config, dense: bool):
-        self.model, self.rows, self.needle, self.config, self.dense = model, rows, needle, config, dense
-        self.kept: dict[int, torch.Tensor] = {}  # layer -> (r, m) float in [0, 1]
-        self.probs: dict[int, torch.Tensor] = {}  # layer -> (H, r, m) dense attention to the needle
-        self.argmax: dict[int, torch.Tensor] = {}  # layer -> (H, r) each head's strongest key
-        self.pairs_kept: list[float] = []
-        self.enabled = True
-
-    def __enter__(self) -> "_Trace":
-        from focus_lab.hf.hooks import hooks
-        self._hooks = hooks(self.model, {"attn_out": self})
-        self._hooks.__enter__()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._hooks.__exit__(*exc)
-
-    def _kept_rows(self, call, rows_in: torch.Tensor) -> torch.Tensor:
-        """(r, m) float: the mask this layer attended with on the traced pairs (soft mode: the
-        gate's factor on the pair's weight, exp(bias) clamped to 1, docs/method.md §2.3)."""
-        Tq, Tk = call.query.shape[2], call.key.shape[2]
-        cfg = self.config
-        routing = call.routing
-        needle = self.needle.to(call.key.device)
-        if Tq > 256 and cfg.mode == "hard" and routing is not None and not cfg.match_shifts:
-            from focus_lab.method.core import hard_mask  # the mask rule on the rows only: no (T, T) mask
-            qg = routing.query_groups[:, rows_in]  # (B, r, k)
-            m = hard_mask(qg, routing.key_group[:, :Tk], cfg.window, self.rows.to(call.key.device),
-                          torch.arange(Tk, device=call.key.device), cfg.sink_tokens)  # (B, r, Tk)
-            return m[0][:, needle].float()
-        edge = call.kept[0, rows_in][:, needle]  # (r, m)
-        return edge.float() if edge.dtype == torch.bool else edge.float().exp().clamp(max=1.0)
-
-    @torch.no_grad()
-    def __call__(self, out: torch.Tensor, hook) -> None:
-        if not self.enabled:
-            return
-        call = hook.call
-        query, key = call.query, call.key
-        Tq, Tk = query.shape[2], key.shape[2]
-        cfg = self.config
-        if Tq == Tk and cfg.mode == "hard" and call.routing is not None:  # a forward from position 0
-            from focus_lab.method.core import distant_pairs_kept
-            r = call.routing
-            self.pairs_kept.append(distant_pairs_kept(r.query_groups, r.key_group, cfg.window, cfg.sink_tokens,
-                                                      call.match_pairs))
-        rows = self.rows
-        if int(rows[-1]) >= Tk or int(rows[0]) < Tk - Tq:  # the answer's queries are not in this call
-            return
-        layer = hook.layer_idx
-        rows_in = (rows - (Tk - Tq)).to(query.device)
-        self.kept[layer] = self._kept_rows(call, rows_in).cpu()
-        if self.dense:
-            from focus_lab.method import metrics as M
-            from focus_lab.method.metrics import attention_scale
-            p = M.rows_attention(query, key, attention_scale(call.module, query.shape[-1]), rows.to(query.device),
-                               getattr(call.module, "attn_logit_softcapping", None))[0]  # (H, r, Tk)
-            self.probs[layer] = p[:, :, self.needle.to(p.device)].cpu()
-            self.argmax[layer] = p.argmax(-1).cpu()
-
-
 def _greedy(model, state, past, ids: torch.Tensor, start: int, forced: list[int], steps: int,
             done: Callable[[list[int]], bool], eos: set[int], use_cache: bool) -> list[int]:
     """Greedy tokens after ``ids[:start] + forced`` (``forced``: the teacher-forced answer tokens
@@ -787,7 +721,7 @@ def run_case(model, tokenizer, case: RetrievalCase, patterns: list[tuple[str, di
             state = forward_state(model, cache=True, **ch)
             cfg = state.config
             use_cache = cache_pattern(label, cfg)
-            trace = _Trace(model, rows, needle, cfg, dense=cfg.mode == "dense")
+            trace = NeedleTrace(model, rows, needle, cfg, dense=cfg.mode == "dense")
             t0 = time.perf_counter()
             with trace:
                 if use_cache:
