@@ -186,8 +186,8 @@ class MoBARouter(Router):
     the query's own only fill the top-k slots of early queries; the causal mask removes them.
 
     KV-cache decoding: the router keeps the gate's keys (or normalized inputs) of every position
-    it has seen, ``(B, T_seen, Hkv, D)``; a forward from ``start`` keeps the first ``start`` of
-    them and appends its own, so a decode step scores the same block means as a full forward, and
+    it has seen, in a buffer of ``num_groups * block_size`` positions; a forward from ``start``
+    keeps the first ``start`` of them and writes its own after them, so a decode step scores the same block means as a full forward, and
     a decode that restarts from an earlier position (a copied prefill cache) drops what followed.
     """
 
@@ -200,7 +200,8 @@ class MoBARouter(Router):
             raise ValueError(f"MoBA block_size={block_size} must be <= window={config.window}: the "
                              "current block is kept through the local window")
         self.block_size = int(block_size)
-        self._seen: torch.Tensor | None = None  # (B, T_seen, Hkv, D) or (B, T_seen, d_model): the gate's keys
+        self._seen: torch.Tensor | None = None  # (B, K * block_size, Hkv, D) or (..., d_model): the gate's keys
+        self._n = 0  # positions written in _seen
         self._start = 0  # absolute position of the last forward's first token, for assign
         self._qk = None
         if attention is not None and hasattr(attention, "q_proj") and hasattr(attention, "k_proj"):
@@ -217,35 +218,44 @@ class MoBARouter(Router):
                              f"than num_groups={self.config.num_groups}; use use_moba(..., seq_len={n})")
         return blk
 
-    def _remember(self, x: torch.Tensor, start: int) -> torch.Tensor:
-        """The gate's keys of positions ``0 .. start + T - 1``: the first ``start`` seen, then ``x``
-        (B, T, ...). Raises RuntimeError on a decode step with no history (no forward from 0)."""
-        old = self._seen
-        if start > 0 and (old is None or old.shape[0] != x.shape[0] or old.shape[1] < start):
+    def _block_sums(self, x: torch.Tensor, start: int) -> torch.Tensor:
+        """(B, K, ...) per-block sums of the gate's keys of positions ``0 .. start + T - 1``: the
+        first ``start`` seen, then ``x`` (B, T, ...). The keys live in a buffer of ``num_groups *
+        block_size`` positions, written in place (no copy of the history per decode step); a
+        restart from an earlier position zeroes what followed it. Raises RuntimeError on a
+        decode step with no history (no forward from position 0)."""
+        B, T = x.shape[:2]
+        buf, n_old = self._seen, self._n
+        if start > 0 and (buf is None or buf.shape[0] != B or buf.shape[2:] != x.shape[2:] or n_old < start):
             raise RuntimeError(
                 f"MoBA gate of layer {self.layer_idx}: a decode step from position {start} but "
-                f"{0 if old is None else old.shape[1]} positions seen: start with a forward from position 0")
-        self._seen = x if start == 0 else torch.cat([old[:, :start], x], 1)
-        return self._seen
+                f"{0 if buf is None else n_old} positions seen: start with a forward from position 0")
+        K, bs = self.config.num_groups, self.block_size
+        if start == 0:
+            buf = self._seen = x.new_zeros(B, K * bs, *x.shape[2:])  # (B, K * bs, ...)
+        elif start + T < n_old:
+            buf[:, start + T:n_old] = 0  # a restart: forget the positions after this forward's
+        buf[:, start:start + T] = x
+        self._n = start + T
+        return buf.view(B, K, bs, *x.shape[2:]).sum(2)  # (B, K, ...)
 
     def forward(self, h: torch.Tensor, config: FocusConfig | None = None, start: int = 0) -> torch.Tensor:
         B, T, _ = h.shape
         K = self.config.num_groups
         self._start = int(start)
-        blk = self._blocks(start + T, h.device)  # (T_seen,) blocks of every position seen
-        counts = torch.bincount(blk, minlength=K).clamp(min=1).float()  # (K,)
+        self._blocks(start + T, h.device)  # raises when the positions outgrow num_groups blocks
+        first = torch.arange(K, device=h.device) * self.block_size  # (K,) each block's first position
+        counts = (start + T - first).clamp(1, self.block_size).float()  # (K,) its positions seen (>= 1)
         if self._qk is not None:
             q_proj, k_proj, D, scale = self._qk
             with torch.no_grad():
                 q = q_proj(h).float().view(B, T, -1, D)  # (B, T, H, D)
-                k = self._remember(k_proj(h).float().view(B, T, -1, D), start)  # (B, T_seen, Hkv, D)
-            H, Hkv = q.shape[2], k.shape[2]
-            kmean = torch.zeros(B, K, Hkv, D, device=h.device).index_add_(1, blk, k) / counts[None, :, None, None]
-            kmean = kmean.repeat_interleave(H // Hkv, dim=2)  # (B, K, H, D)
+                ksum = self._block_sums(k_proj(h).float().view(B, T, -1, D), start)  # (B, K, Hkv, D)
+            H, Hkv = q.shape[2], ksum.shape[2]
+            kmean = (ksum / counts[None, :, None, None]).repeat_interleave(H // Hkv, dim=2)  # (B, K, H, D)
             return torch.einsum("bthd,bkhd->btk", q, kmean) * scale / H  # (B, T, K)
         x = _normalized(h, config or self.config)  # (B, T, d_model)
-        xs = self._remember(x, start)  # (B, T_seen, d_model)
-        xmean = torch.zeros(B, K, x.shape[-1], device=h.device).index_add_(1, blk, xs) / counts[None, :, None]
+        xmean = self._block_sums(x, start) / counts[None, :, None]  # (B, K, d_model)
         return x @ xmean.transpose(1, 2) / math.sqrt(x.shape[-1])
 
     def assign(self, scores, config, token_mask=None):
