@@ -363,7 +363,7 @@ def test_moba_pattern_runs_and_restores_the_routers(tok, hay):
     assert moba["bare_forward_seconds"] > 0 and "bare_forward_seconds" not in rows[0]  # timed under the gate
     assert focus_config(model).num_groups == 4
     assert all(torch.equal(r.proj, before[i]) for i, r in routers(model).items())
-    # the teacher-forced shortcut holds for the gate (prefix_stable): at every answer position the
+    # the teacher-forced shortcut holds for the gate (cache_pattern): at every answer position the
     # forward of prompt + answer gives the logits of the forward cut after that position
     with R.moba_patcher(model, restore)(case, rows[:2]) as ch:
         assert moba["continuation"] == brute_greedy(model, tok, case, ch, task.max_new_tokens)
@@ -388,9 +388,9 @@ def test_prefix_stable_patterns():
     from focus_lab.hf.retrofit import focus_config
     cfg = focus_config(focus_model())
     for lab, ch in pats("dense,window,hard_top2,random_top2,hard_top2_match"):
-        assert R.prefix_stable(lab, cfg.replace(**ch)), lab
-    assert R.prefix_stable(R.MOBA, cfg.replace(mode="hard"))
-    assert not R.prefix_stable("shuffled_top2", cfg.replace(**dict(pats("shuffled_top2"))["shuffled_top2"]))
+        assert R.cache_pattern(cfg.replace(**ch)), lab
+    assert R.cache_pattern(cfg.replace(mode="hard"))  # the MoBA gate's pattern
+    assert not R.cache_pattern(cfg.replace(**dict(pats("shuffled_top2"))["shuffled_top2"]))
 
 
 # ------------------------------------------------------------------------------------------

@@ -43,7 +43,7 @@ prefill serves both: the prompt but its last token goes through the KV cache onc
 are teacher-forced as one chunk after it, and the greedy answer decodes from a copy of the
 prefill's cache (shuffled groups, which cannot decode through a cache, use full forwards;
 ``cache_pattern``). Where greedy's choice is every answer token
-(the teacher-forced argmax), the answer is not decoded again (``prefix_stable``).
+(the teacher-forced argmax), the answer is not decoded again (``cache_pattern``).
 
 The trace (``TRACE_COLUMNS``): for every layer and head, the dense attention of the answer's
 positions (the queries that predict an answer token) to the haystack tokens that carry an
@@ -570,22 +570,16 @@ def parse_retrieval_patterns(spec: str, num_groups: int, cases: int) -> list[tup
     return [(dense[0][0], dense[0][1], cases)] + [p for p in out if p[0] != "dense"]
 
 
-def cache_pattern(label: str, config) -> bool:
-    """Whether a pattern decodes through the KV cache (``passkey._cache_ok``): all but shuffled
-    groups (a permutation of the whole sequence). The MoBA gate does: its router keeps the gate's
-    keys of the positions it has seen (``baselines.MoBARouter``)."""
+def cache_pattern(config) -> bool:
+    """Whether a pattern decodes through the KV cache (``passkey._cache_ok``) and is prefix-stable:
+    its mask for query i depends only on tokens ``<= i`` (and the case's length), so the
+    teacher-forced forward's argmax at an answer position is what greedy decoding picks there
+    while greedy follows the answer. Every pattern but shuffled groups (a permutation of the whole
+    sequence); the MoBA gate qualifies (its blocks are fixed by the case's length, a query scores
+    strictly past, complete blocks, and its router keeps the gate's keys of the positions it has
+    seen: ``baselines.MoBARouter``)."""
     from focus_lab.eval.passkey import _cache_ok
     return _cache_ok(config)
-
-
-def prefix_stable(label: str, config) -> bool:
-    """Whether a pattern's mask for query i depends only on tokens ``<= i`` (and the case's
-    length), so the teacher-forced forward's argmax at an answer position is what greedy decoding
-    picks there while greedy follows the answer: every pattern but shuffled groups, whose
-    permutation spans the whole sequence (the MoBA gate qualifies: its blocks are fixed by the
-    case's length and a query scores strictly past, complete blocks). The same patterns decode
-    through the cache (``cache_pattern``)."""
-    return cache_pattern(label, config)
 
 
 def moba_patcher(model, restore: Callable[[], object], default_kept: float = 0.53) -> Callable:
@@ -720,7 +714,7 @@ def run_case(model, tokenizer, case: RetrievalCase, patterns: list[tuple[str, di
         with ctx as ch:
             state = forward_state(model, cache=True, **ch)
             cfg = state.config
-            use_cache = cache_pattern(label, cfg)
+            use_cache = cache_pattern(cfg)
             trace = NeedleTrace(model, rows, needle, cfg, dense=cfg.mode == "dense")
             t0 = time.perf_counter()
             with trace:
@@ -745,7 +739,7 @@ def run_case(model, tokenizer, case: RetrievalCase, patterns: list[tuple[str, di
             rank = int((logp[a0] > logp[a0, target[a0]]).sum())
             agree = (logits.argmax(-1) == target).tolist()
             m = agree.index(False) if False in agree else n
-            if not prefix_stable(label, cfg):  # its groups depend on the whole sequence: greedy from the prompt
+            if not use_cache:  # its groups depend on the whole sequence: greedy from the prompt
                 m = 0
             forced = case.answer_ids[:m].tolist()
 
