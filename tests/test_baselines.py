@@ -46,7 +46,7 @@ def test_default_assign_is_sinkhorn_and_hard_assign():
 
 
 class _OneGroup(Router):
-    def assign(self, scores, config, token_mask=None):
+    def assign(self, scores, config, token_mask=None, start=0):
         B, T, _ = scores.shape
         z = torch.zeros(B, T, dtype=torch.long)
         return None, None, z[..., None].expand(B, T, config.top_k), z

@@ -146,6 +146,45 @@ def test_shuffled_control_keeps_group_sizes_and_moves_members():
     assert torch.equal(b.query_groups[..., 0], b.key_group)  # a key still lives in its top-1 group
 
 
+def test_shuffled_control_decodes_from_the_prefill_groups():
+    """Through a KV cache the shuffled control permutes the first forward's groups (as a full
+    forward of that length does) and gives each later position the groups of a prefill position:
+    whatever the later tokens are, whether they come one at a time or as a chunk, and after a
+    restart from an earlier position."""
+    from focus_lab.method.core import Router, route
+    torch.manual_seed(0)
+    cfg = FocusConfig(num_groups=4, top_k=2, mode="hard", assignment="shuffled")
+    r = Router(32, cfg, layer_idx=5)
+    r.eval()
+    h = torch.randn(2, 90, 32)
+    P = 60
+    own = route(r, h, config=cfg.replace(assignment="router"))  # the router's groups, not moved
+    first = route(r, h[:, :P], config=cfg)
+    perm = torch.randperm(P, generator=torch.Generator().manual_seed(5))  # layer_seed(0, 5)
+    assert torch.equal(first.query_groups, own.query_groups[:, :P][:, perm])
+    assert torch.equal(first.key_group, own.key_group[:, :P][:, perm])
+    chunk = route(r, h[:, P:], config=cfg, start=P)
+    steps = [route(r, h[:, t:t + 1], config=cfg, start=t) for t in range(P, 90)]
+    assert torch.equal(chunk.query_groups, torch.cat([s.query_groups for s in steps], 1))
+    assert torch.equal(chunk.key_group, torch.cat([s.key_group for s in steps], 1))
+    other = route(r, torch.randn(2, 30, 32) * 5, config=cfg, start=P)  # other tokens, same groups
+    assert torch.equal(other.query_groups, chunk.query_groups)
+    restart = route(r, h[:, P + 10:], config=cfg, start=P + 10)
+    assert torch.equal(restart.query_groups, chunk.query_groups[:, 10:])
+    # every later position takes one prefill position's groups, query and key alike
+    pool = first.query_groups  # (B, P, k)
+    for t in range(30):
+        hits = [j for j in range(P) if torch.equal(pool[:, j], chunk.query_groups[:, t])]
+        assert hits and any(torch.equal(first.key_group[:, j], chunk.key_group[:, t]) for j in hits)
+    # the draws over many positions cover the prefill about uniformly (hand bound: 4000 draws of 60)
+    from focus_lab.method.core import shuffle_sources
+    src = shuffle_sources(7, P, P, 4000)
+    counts = torch.bincount(src, minlength=P)
+    assert src.min() >= 0 and src.max() < P and counts.min() > 30 and counts.max() < 110
+    with pytest.raises(RuntimeError, match="start with a forward from position 0"):
+        route(Router(32, cfg, layer_idx=5), h[:, P:], config=cfg, start=P)
+
+
 def test_random_control_ignores_the_router_bias():
     """Random groups stay the same (balanced) whatever bias a trained router carries."""
     from focus_lab.method.core import Router, route

@@ -141,7 +141,7 @@ def brute_answer_logprob(model, case, changes):
     return sum(float(logp[P - 1 + i, case.answer_ids[i]]) for i in case.answer_index)
 
 
-@pytest.mark.parametrize("pattern", ["window", "hard_top1", "hard_top2_match", "random_top2", "shuffled_top2"])
+@pytest.mark.parametrize("pattern", ["window", "hard_top1", "hard_top2_match", "random_top2"])
 def test_answer_logprob_equals_full_forward(tok, hay, pattern):
     model = focus_model()
     case = R.make_case(R.TASKS["niah_multivalue"], hay, tok, 900, seed=2)
@@ -165,7 +165,47 @@ def brute_greedy(model, tok, case, changes, steps):
     return tok.decode(out)
 
 
-@pytest.mark.parametrize("pattern", ["dense", "hard_top2", "random_top2", "shuffled_top2"])
+def step_logits(model, state, ids, P):
+    """Logits (len(ids) - P + 1, V) of positions P - 2 .. len(ids) - 1: the prompt but its last
+    token in one forward from position 0, then one token at a time through the KV cache."""
+    with torch.no_grad():
+        res = model(input_ids=ids[None, :P - 1], use_cache=True, focus=state)
+        past, out = res.past_key_values, [res.logits[0, -1]]
+        for t in range(P - 1, len(ids)):
+            res = model(input_ids=ids[None, t:t + 1], use_cache=True, past_key_values=past, focus=state)
+            past = res.past_key_values
+            out.append(res.logits[0, -1])
+    return torch.stack(out).float()
+
+
+def test_shuffled_groups_decode_through_the_prefill_cache(tok, hay):
+    """Shuffled groups permute the prefill's positions and draw the later ones' groups from it
+    (``core.Router._shuffle``): the suite's answer log-prob (the answer as one chunk) and its greedy
+    answer (from a copy of the prefill's cache) equal a prefill followed by one token at a time."""
+    model = focus_model()
+    task = R.TASKS["niah_single_2"]
+    case = R.make_case(task, hay, tok, 400, seed=4)
+    p = pats("dense,shuffled_top2")
+    rows, _ = R.run_case(model, tok, case, p, task)
+    ch = dict(p)["shuffled_top2"]
+    row = rows[1]
+    P = len(case.input_ids)
+    ids = torch.cat([case.input_ids, case.answer_ids])
+    logp = torch.log_softmax(step_logits(model, forward_state(model, cache=True, **ch), ids, P), -1)
+    ref = sum(float(logp[1 + i, case.answer_ids[i]]) for i in case.answer_index)  # row 1 + i: position P - 1 + i
+    assert row["answer_logprob"] == pytest.approx(ref, abs=2e-4)
+    assert row["answer_logprob"] != pytest.approx(brute_answer_logprob(model, case, ch), abs=1e-3)  # not the full forward's
+    out = []  # greedy: prefill, then the tokens it picks, one at a time
+    for _ in range(task.max_new_tokens):
+        seq = torch.cat([case.input_ids, torch.tensor(out, dtype=torch.long)])
+        nxt = int(step_logits(model, forward_state(model, cache=True, **ch), seq, P)[-1].argmax())
+        out.append(nxt)
+        if nxt == model.generation_config.eos_token_id or R.score(tok.decode(out), case.answers)[0] == 1:
+            break
+    assert row["continuation"] == tok.decode(out)
+
+
+@pytest.mark.parametrize("pattern", ["dense", "hard_top2", "random_top2"])
 def test_continuation_is_greedy_decoding(tok, hay, pattern):
     model = focus_model()
     task = R.TASKS["niah_single_2"]
@@ -390,7 +430,8 @@ def test_prefix_stable_patterns():
     for lab, ch in pats("dense,window,hard_top2,random_top2,hard_top2_match"):
         assert R.cache_pattern(cfg.replace(**ch)), lab
     assert R.cache_pattern(cfg.replace(mode="hard"))  # the MoBA gate's pattern
-    assert not R.cache_pattern(cfg.replace(**dict(pats("shuffled_top2"))["shuffled_top2"]))
+    assert R.cache_pattern(cfg.replace(**dict(pats("shuffled_top2"))["shuffled_top2"]))  # from the prefill's groups
+    assert not R.cache_pattern(cfg.replace(mode="soft"))
 
 
 # ------------------------------------------------------------------------------------------

@@ -70,7 +70,7 @@ class SoftmaxRouter(Router):
 
     key_router_allowed = False  # one projection for both roles
 
-    def assign(self, scores, config, token_mask=None):
+    def assign(self, scores, config, token_mask=None, start=0):
         log_p = None
         if config.mode == "soft" or self.training:
             log_p = torch.log_softmax(scores.float() / config.tau, dim=-1)  # (B, T, K)
@@ -111,7 +111,7 @@ class PrefixCausalRouter(Router):
 
     key_router_allowed = False  # one projection for both roles
 
-    def assign(self, scores, config, token_mask=None):
+    def assign(self, scores, config, token_mask=None, start=0):
         log_p = None
         if config.mode == "soft" or self.training:
             log_p = prefix_sinkhorn(scores, config.tau, config.sinkhorn_iters, token_mask)
@@ -202,7 +202,6 @@ class MoBARouter(Router):
         self.block_size = int(block_size)
         self._seen: torch.Tensor | None = None  # (B, K * block_size, Hkv, D) or (..., d_model): the gate's keys
         self._n = 0  # positions written in _seen
-        self._start = 0  # absolute position of the last forward's first token, for assign
         self._qk = None
         if attention is not None and hasattr(attention, "q_proj") and hasattr(attention, "k_proj"):
             cfg = getattr(attention, "config", None)
@@ -242,7 +241,6 @@ class MoBARouter(Router):
     def forward(self, h: torch.Tensor, config: FocusConfig | None = None, start: int = 0) -> torch.Tensor:
         B, T, _ = h.shape
         K = self.config.num_groups
-        self._start = int(start)
         self._blocks(start + T, h.device)  # raises when the positions outgrow num_groups blocks
         first = torch.arange(K, device=h.device) * self.block_size  # (K,) each block's first position
         counts = (start + T - first).clamp(1, self.block_size).float()  # (K,) its positions seen (>= 1)
@@ -258,11 +256,10 @@ class MoBARouter(Router):
         xmean = self._block_sums(x, start) / counts[None, :, None]  # (B, K, d_model)
         return x @ xmean.transpose(1, 2) / math.sqrt(x.shape[-1])
 
-    def assign(self, scores, config, token_mask=None):
+    def assign(self, scores, config, token_mask=None, start=0):
         if config.mode == "soft" or self.training:
             raise ValueError("the MoBA baseline is training-free and hard only: use mode='hard'")
         B, T, K = scores.shape
-        start, self._start = self._start, 0  # the forward's first position (0 when called alone)
 
         def block_top_k(k: int):  # the layer's k past blocks by gate score; a key's group: its block
             blk = self._blocks(T, scores.device, start)  # (T,)

@@ -36,10 +36,10 @@ every pattern: docs/passkey.md.
 
 Greedy decoding is read off the teacher-forced forward while the model's greedy choice agrees
 with the answer's tokens (then the continuation is the key: an exact match); from the first
-disagreement it continues for real, through the KV cache for dense, window and hard router
-patterns, by full forwards for the others (random groups are drawn by position within a
-forward call, so a one-token cache step would get position 0's; shuffled groups permute the
-whole window; soft mode has no cache). Decoding stops at EOS, after ``max_new_tokens`` tokens,
+disagreement it continues for real, through the KV cache for dense, window and every hard
+pattern (random groups are a function of the position; shuffled groups permute the prefill's
+positions, and each later position takes a seeded random prefill position's groups), by full
+forwards in soft mode (no cache). Decoding stops at EOS, after ``max_new_tokens`` tokens,
 once the key has appeared, or once the first number of the continuation has ended (a later
 number would be a second guess).
 
@@ -413,9 +413,10 @@ def greedy_continuation(model, prefix: torch.Tensor, steps: int, use_cache: bool
 
 
 def _cache_ok(cfg) -> bool:
-    """Patterns that decode through the KV cache: all but shuffled groups (their permutation
-    spans the whole sequence) and soft mode; random groups are a function of the position."""
-    return cfg.mode in ("dense", "window") or (cfg.mode == "hard" and cfg.assignment in ("router", "random"))
+    """Patterns that decode through the KV cache: every hard pattern (random groups are a function
+    of the position; shuffled groups permute the prefill and draw later positions' groups from it,
+    ``core.Router._shuffle``), dense and window; not soft mode."""
+    return cfg.mode in ("dense", "window", "hard")
 
 
 @torch.no_grad()

@@ -41,8 +41,9 @@ in the greedy output) and the teacher-forced log-probability of the answers (nat
 the answers' tokens), which still ranks patterns where a 135M model's greedy answer fails. One
 prefill serves both: the prompt but its last token goes through the KV cache once; the answers
 are teacher-forced as one chunk after it, and the greedy answer decodes from a copy of the
-prefill's cache (shuffled groups, which cannot decode through a cache, use full forwards;
-``cache_pattern``). Where greedy's choice is every answer token
+prefill's cache (soft mode, which has no cache, uses full forwards: ``cache_pattern``; shuffled
+groups permute the prefill's positions and give each later position a seeded random prefill
+position's groups, ``core.Router._shuffle``). Where greedy's choice is every answer token
 (the teacher-forced argmax), the answer is not decoded again (``cache_pattern``).
 
 The trace (``TRACE_COLUMNS``): for every layer and head, the dense attention of the answer's
@@ -574,8 +575,9 @@ def cache_pattern(config) -> bool:
     """Whether a pattern decodes through the KV cache (``passkey._cache_ok``) and is prefix-stable:
     its mask for query i depends only on tokens ``<= i`` (and the case's length), so the
     teacher-forced forward's argmax at an answer position is what greedy decoding picks there
-    while greedy follows the answer. Every pattern but shuffled groups (a permutation of the whole
-    sequence); the MoBA gate qualifies (its blocks are fixed by the case's length, a query scores
+    while greedy follows the answer. Every pattern but soft mode: shuffled groups qualify (the
+    prefill's positions are permuted, each later position draws a prefill position by its own
+    index, ``core.Router._shuffle``); the MoBA gate qualifies (its blocks are fixed by the case's length, a query scores
     strictly past, complete blocks, and its router keeps the gate's keys of the positions it has
     seen: ``baselines.MoBARouter``)."""
     from focus_lab.eval.passkey import _cache_ok
@@ -727,8 +729,7 @@ def run_case(model, tokenizer, case: RetrievalCase, patterns: list[tuple[str, di
                                       focus=state).logits[0, -n:].float()  # (n, V)
                 else:
                     snapshot = (None, None)
-                    # the whole prompt + answer, as the passkey probe: shuffled groups permute the
-                    # whole sequence, so its length is part of the pattern
+                    # soft mode (no cache): the whole prompt + answer in one forward
                     logits = _forward(model, ids, keep=n + 1, use_cache=False,
                                       focus=state).logits[0, -(n + 1):-1].float()  # (n, V)
                     t_pre = time.perf_counter() - t0
@@ -739,7 +740,7 @@ def run_case(model, tokenizer, case: RetrievalCase, patterns: list[tuple[str, di
             rank = int((logp[a0] > logp[a0, target[a0]]).sum())
             agree = (logits.argmax(-1) == target).tolist()
             m = agree.index(False) if False in agree else n
-            if not use_cache:  # its groups depend on the whole sequence: greedy from the prompt
+            if not use_cache:  # soft mode: Sinkhorn sees the whole sequence, so greedy from the prompt
                 m = 0
             forced = case.answer_ids[:m].tolist()
 

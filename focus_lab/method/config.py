@@ -118,7 +118,9 @@ class FocusConfig:
         assignment: "router" (learned), "random" (fixed random groups, balanced: a control
             baseline) or "shuffled" (the router's own hard groups moved to random positions by a
             fixed permutation of each window: the same group sizes, hence the same sparsity, with
-            random membership; a control for evaluation only, not causal across tokens).
+            random membership; a control for evaluation only, not causal across tokens; through a
+            KV cache the prefill's positions are permuted and every later position takes the
+            groups of a seeded random prefill position, ``core.Router._shuffle``).
         layers: attention layers (``layer_idx``) that get a router; None means every layer.
         layer_top_k: hard mode only, {layer_idx: k} overriding ``top_k`` in those layers; k = 0
             keeps only the window and sinks there (no distant group attention), k <= K. ``{}``:

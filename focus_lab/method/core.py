@@ -73,6 +73,8 @@ class Router(nn.Module):
         # init so that S / tau ~ N(0, 1): Sinkhorn starts soft and balanced, then sharpens
         self.centroids = nn.Parameter(torch.randn(K, dg, generator=g) * (config.tau / math.sqrt(dg)))
         self.register_buffer("group_bias", torch.zeros(K))
+        # the shuffled control's groups of the last forward from position 0, per role ({role: (B, T, ...)})
+        self._shuffle_pool: dict[str, torch.Tensor] = {}
         # the key role's own projection, started equal to proj: the shared router is its start
         self.key_proj = (nn.Parameter(self.proj.detach().clone())
                          if config.key_router and self.key_router_allowed else None)
@@ -111,8 +113,8 @@ class Router(nn.Module):
             return None
         return self._project(h, cfg, self.key_proj)
 
-    def assign(self, scores: torch.Tensor, config: FocusConfig, token_mask: torch.Tensor | None = None
-               ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor, torch.Tensor]:
+    def assign(self, scores: torch.Tensor, config: FocusConfig, token_mask: torch.Tensor | None = None,
+               start: int = 0) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor, torch.Tensor]:
         """Soft and hard assignments from the scores; ``route`` calls this after ``forward``.
 
         The one extension point for baselines (``focus_lab.eval.baselines``): a subclass may
@@ -120,6 +122,8 @@ class Router(nn.Module):
         while the mask rule, the gate and the attention path stay those of this module.
         Default: Sinkhorn in soft mode or training (docs/method.md §1), ``hard_assign`` always.
         A router with a ``key_proj`` assigns its keys in ``assign_keys`` afterwards.
+        ``start``: absolute position of the first token (> 0 in a KV-cache decode step; the
+        shuffled control and the MoBA gate need it).
 
         Returns: (log_p (B, T, K) or None, col_potential (B, K) or None,
         query_groups (B, T, k), key_group (B, T)).
@@ -129,20 +133,45 @@ class Router(nn.Module):
             log_p, col = sinkhorn(scores, config.tau, config.sinkhorn_iters, token_mask)
         qg, kg = hard_groups(scores, config, self.layer_idx, self._bias(config))
         if config.assignment_at(self.layer_idx) == "shuffled":  # control: same group sizes, random membership
-            qg, kg = self._shuffle(qg, config), self._shuffle(kg, config)
+            qg, kg = self._shuffle(qg, config, start, "query"), self._shuffle(kg, config, start, "key")
         return log_p, col, qg, kg
 
-    def _shuffle(self, groups: torch.Tensor, config: FocusConfig) -> torch.Tensor:
-        """groups (B, T, ...) moved to other positions by the layer's fixed permutation."""
-        g = torch.Generator().manual_seed(layer_seed(config.seed, self.layer_idx))
-        return groups[:, torch.randperm(groups.shape[1], generator=g).to(groups.device)]
+    def _shuffle(self, groups: torch.Tensor, config: FocusConfig, start: int = 0, role: str = "query"
+                 ) -> torch.Tensor:
+        """The shuffled control (``FocusConfig.assignment``): groups (B, T, ...) of positions
+        ``start .. start + T - 1`` -> the groups those positions take.
+
+        A forward from position 0 moves its groups by the layer's fixed permutation of its T
+        positions and keeps the result, per ``role``, as the pool. A later forward (a KV-cache
+        step, ``start`` > 0) gives a position the pool's groups there if the first forward covered
+        it, else those of pool position ``shuffle_sources(...)``: a seeded draw, a function of
+        (seed, layer, pool size, position) only, so one token at a time and a chunk agree, and a
+        restart from an earlier position (a copied cache) sees the same groups.
+        Raises RuntimeError on a step with no pool (no forward from position 0) or another batch.
+        Source: docs/method.md §7 (controls at equal sparsity)."""
+        seed = layer_seed(config.seed, self.layer_idx)
+        B, T = groups.shape[:2]
+        if start == 0:
+            g = torch.Generator().manual_seed(seed)
+            out = groups[:, torch.randperm(T, generator=g).to(groups.device)]  # (B, T, ...)
+            self._shuffle_pool[role] = out
+            return out
+        pool = self._shuffle_pool.get(role)
+        if pool is None or pool.shape[0] != B or pool.shape[2:] != groups.shape[2:]:
+            raise RuntimeError(
+                f"shuffled groups of layer {self.layer_idx}: a decode step from position {start} with no "
+                "groups of a first forward to draw from: start with a forward from position 0")
+        n0 = pool.shape[1]
+        pos = torch.arange(start, start + T)  # (T,)
+        src = torch.where(pos < n0, pos, shuffle_sources(seed, n0, start, T))  # (T,) pool positions
+        return pool[:, src.to(groups.device)]  # (B, T, ...)
 
     def _bias(self, config: FocusConfig) -> torch.Tensor | None:
         # random groups are a fixed, balanced control: the router's calibrated bias does not apply
         return None if config.assignment_at(self.layer_idx) == "random" else self.group_bias
 
     def assign_keys(self, key_scores: torch.Tensor, config: FocusConfig, key_group: torch.Tensor,
-                    token_mask: torch.Tensor | None = None
+                    token_mask: torch.Tensor | None = None, start: int = 0
                     ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor]:
         """The key role of a router with a ``key_proj`` (docs/method.md §1.6 [ours]).
 
@@ -151,7 +180,8 @@ class Router(nn.Module):
         cost. A layer at k = 0 (``hard_groups``) keeps ``key_group``; the shuffled control
         moves the keys' groups by the same permutation as ``assign``.
 
-        Args: key_scores (B, T, K); key_group (B, T) long, what ``assign`` gave.
+        Args: key_scores (B, T, K); key_group (B, T) long, what ``assign`` gave; start: absolute
+        position of the first token.
         Returns: (key_log_p (B, T, K) or None, key col_potential (B, K) or None, key_group (B, T)).
         """
         log_p = col = None
@@ -160,7 +190,7 @@ class Router(nn.Module):
         if config.top_k_at(self.layer_idx) > 0:
             key_group = hard_assign(key_scores, config.tau, 1, self._bias(config))[1]  # (B, T)
             if config.assignment_at(self.layer_idx) == "shuffled":
-                key_group = self._shuffle(key_group, config)
+                key_group = self._shuffle(key_group, config, start, "key_proj")
         return log_p, col, key_group
 
     @torch.no_grad()
@@ -206,6 +236,32 @@ def random_scores(batch: int, seq: int, num_groups: int, seed: int,
 
 
 _RANDOM_TABLES: dict[tuple[int, int], torch.Tensor] = {}  # (seed, K) -> the longest table drawn
+
+SHUFFLE_DRAW_ROWS = 4096  # shuffle_sources draws positions in blocks of this many
+
+
+def shuffle_sources(seed: int, pool: int, start: int, seq: int) -> torch.Tensor:
+    """(seq,) long in ``0 .. pool - 1``: the pool position whose shuffled groups position
+    ``start + t`` takes, past the first forward of the shuffled control (``Router._shuffle``).
+    Uniform draws, a function of (seed, pool, absolute position) only: block ``b`` of
+    ``SHUFFLE_DRAW_ROWS`` positions is one ``randint`` from a generator seeded by (seed, pool, b),
+    so any chunking of the positions gives the same draws."""
+    pos = torch.arange(start, start + seq)  # (seq,)
+    out = torch.empty(seq, dtype=torch.long)
+    for b in torch.unique(pos // SHUFFLE_DRAW_ROWS).tolist():
+        key = (seed, pool, b)
+        draw = _SHUFFLE_DRAWS.get(key)
+        if draw is None:
+            if len(_SHUFFLE_DRAWS) >= 4096:
+                _SHUFFLE_DRAWS.clear()
+            g = torch.Generator().manual_seed(((seed * 1_000_003 + pool) * 1_000_003 + b) % 2 ** 62)
+            draw = _SHUFFLE_DRAWS[key] = torch.randint(pool, (SHUFFLE_DRAW_ROWS,), generator=g)
+        sel = pos // SHUFFLE_DRAW_ROWS == b
+        out[sel] = draw[pos[sel] % SHUFFLE_DRAW_ROWS]
+    return out
+
+
+_SHUFFLE_DRAWS: dict[tuple[int, int, int], torch.Tensor] = {}  # (seed, pool, block) -> the block's draws
 
 
 def sinkhorn(scores: torch.Tensor, tau: float, iters: int,
@@ -580,10 +636,10 @@ def route(router: Router, h: torch.Tensor, token_mask: torch.Tensor | None = Non
     if router.training and cfg.gumbel_noise > 0:  # Gumbel top-k: sample hard assignments
         scores = _gumbel(scores, cfg)
         key_scores = None if key_scores is None else _gumbel(key_scores, cfg)
-    log_p, col, qg, kg = router.assign(scores, cfg, token_mask)
+    log_p, col, qg, kg = router.assign(scores, cfg, token_mask, start)
     key_log_p = None
     if key_scores is not None:
-        key_log_p, col, kg = router.assign_keys(key_scores, cfg, kg, token_mask)
+        key_log_p, col, kg = router.assign_keys(key_scores, cfg, kg, token_mask, start)
     if not cfg.key_shift:
         return Routing(scores, log_p, col, qg, kg, key_scores=key_scores, key_log_p=key_log_p)
     lpk = key_log_p if key_log_p is not None else log_p  # (B, T, K) or None
