@@ -22,6 +22,17 @@ def test_merge_keeps_the_first_tables_row_and_extra_columns():
     assert len(merge_suites([old, other])) == 3
 
 
+def test_merge_drops_a_patterns_old_rows():
+    """``drop``: the first table's rows of that pattern go, the later tables' take their place;
+    other patterns' rows stay the first table's."""
+    old = pd.concat([_cases([0, 1], score=1.0), _cases([0, 1], pattern="shuffled_top2", score=0.0)])
+    new = pd.concat([_cases([0], score=0.5), _cases([1, 2], pattern="shuffled_top2", score=0.5)])
+    m = merge_suites([old, new], drop=["shuffled_top2"])
+    got = {(p, s): v for p, s, v in m[["pattern", "seed", "score"]].itertuples(index=False)}
+    assert got == {("dense", 0): 1.0, ("dense", 1): 1.0, ("shuffled_top2", 1): 0.5, ("shuffled_top2", 2): 0.5}
+    assert len(merge_suites([old, new])) == 5  # without it, seeds 0-1 keep the old rows
+
+
 def test_merge_trace_keys_on_layer_and_head():
     t = pd.DataFrame([{"task": "passkey", "length": 4096, "seed": 0, "pattern": "dense", "layer_idx": l, "head": h,
                        "dense_mass": 0.1} for l in range(2) for h in range(3)])

@@ -8,7 +8,10 @@ the router against random groups (paired over cases) and the heads a failing pat
 
 ``--add`` merges a suite output (also one stopped early: its per-case files) into the two
 tables first, labelled with ``--device``; a (task, length, seed, pattern) the tables already hold
-keeps its row (``retrieval_tables.merge_suites``).
+keeps its row (``retrieval_tables.merge_suites``). ``--drop PATTERN`` first removes a pattern's rows
+from both tables (rows measured by an earlier protocol), so the ``--add`` runs give them anew:
+
+    python -m analyses.studies.retrieval_table --drop shuffled_top2 --add runs/retrieval_cpu4k_s --device "..."
 """
 
 from __future__ import annotations
@@ -56,14 +59,18 @@ def main() -> None:
     ap.add_argument("--add", action="append", default=[], metavar="DIR",
                     help="a `focus-lab probe retrieval` --out folder to merge into --cases and --trace first")
     ap.add_argument("--device", default="", help="the machine the --add runs ran on (the tables' device column)")
+    ap.add_argument("--drop", action="append", default=[], metavar="PATTERN",
+                    help="remove this pattern's rows from --cases and --trace before merging (needs --add)")
     a = ap.parse_args()
+    if a.drop and not a.add:
+        ap.error("--drop needs --add: the runs that give the dropped pattern's rows anew")
     if a.add:
         from focus_lab.io import write_parquet
         if not a.device:
             ap.error("--add needs --device (the machine the run ran on, e.g. '2-core AMD EPYC CPU (fp32)')")
         for kind, path in (("cases", a.cases), ("trace", a.trace)):
             new = [read_suite(d, kind).assign(device=a.device) for d in a.add]
-            merged = merge_suites([pd.read_parquet(path), *new], kind)
+            merged = merge_suites([pd.read_parquet(path), *new], kind, drop=a.drop)
             write_parquet(path, merged)
             print(f"{path}: {len(merged)} rows")
     cases = pd.read_parquet(a.cases)

@@ -8,6 +8,8 @@ for retrieval heads.
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import numpy as np
 import pandas as pd
 
@@ -141,12 +143,16 @@ def read_suite(out_dir, kind: str = "cases") -> pd.DataFrame:
                             "pass the --out folder of `focus-lab probe retrieval`")
 
 
-def merge_suites(tables: list[pd.DataFrame], kind: str = "cases") -> pd.DataFrame:
+def merge_suites(tables: list[pd.DataFrame], kind: str = "cases", drop: Sequence[str] = ()) -> pd.DataFrame:
     """Several suite tables as one (runs on other machines or seeds): rows keyed by
     ``CASE_KEY`` (cases) or ``TRACE_KEY`` (trace); where two tables hold the same key the first
     one's row is kept, so a committed table is never overwritten by a rerun. A table's extra
-    columns (e.g. ``device``) are kept, empty where another table lacks them."""
+    columns (e.g. ``device``) are kept, empty where another table lacks them. ``drop``: patterns
+    whose rows in the first table are removed first (measured by an earlier protocol), so the
+    later tables give them anew."""
     key = CASE_KEY if kind == "cases" else TRACE_KEY
+    if drop and len(tables):
+        tables = [tables[0][~tables[0]["pattern"].isin(list(drop))], *tables[1:]]
     df = pd.concat([t for t in tables if len(t)], ignore_index=True)
     return df.drop_duplicates(subset=key, keep="first").reset_index(drop=True)
 
