@@ -577,9 +577,9 @@ def cache_pattern(config) -> bool:
     teacher-forced forward's argmax at an answer position is what greedy decoding picks there
     while greedy follows the answer. Every pattern but soft mode: shuffled groups qualify (the
     prefill's positions are permuted, each later position draws a prefill position by its own
-    index, ``core.Router._shuffle``); the MoBA gate qualifies (its blocks are fixed by the case's length, a query scores
-    strictly past, complete blocks, and its router keeps the gate's keys of the positions it has
-    seen: ``baselines.MoBARouter``)."""
+    index, ``core.Router._shuffle``); the MoBA gate qualifies (its blocks are fixed by the case's
+    length, a query scores strictly past, complete blocks, and its router keeps the gate's keys of
+    the positions it has seen: ``baselines.MoBARouter``)."""
     from focus_lab.eval.passkey import _cache_ok
     return _cache_ok(config)
 
