@@ -187,8 +187,9 @@ class MoBARouter(Router):
 
     KV-cache decoding: the router keeps the gate's keys (or normalized inputs) of every position
     it has seen, in a buffer of ``num_groups * block_size`` positions; a forward from ``start``
-    keeps the first ``start`` of them and writes its own after them, so a decode step scores the same block means as a full forward, and
-    a decode that restarts from an earlier position (a copied prefill cache) drops what followed.
+    keeps the first ``start`` of them and writes its own after them, so a decode step scores the
+    same block means as a full forward, and a decode that restarts from an earlier position (a
+    copied prefill cache) drops what followed.
     """
 
     key_router_allowed = False  # one projection for both roles
