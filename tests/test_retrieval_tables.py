@@ -92,3 +92,20 @@ def test_summary_and_paired_difference_ignore_row_order():
     a = paired_difference(df, "hard_top2", "random_top2", "answer_logprob")
     b = paired_difference(shuffled, "hard_top2", "random_top2", "answer_logprob")
     assert (a.lo.iloc[0], a.hi.iloc[0]) == (b.lo.iloc[0], b.hi.iloc[0])
+
+
+def test_versus_pairs_another_router_files_cases_with_the_committed_ones():
+    """analyses/studies/retrieval_versus: the run's patterns are renamed, its dense stays dense, and
+    only committed cases of the run's (task, length, seed) join; the paired difference is counted
+    by hand."""
+    from analyses.studies.retrieval_versus import versus
+    from focus_lab.eval.retrieval_tables import paired_difference
+    run = pd.concat([_cases([0, 1], score=1.0), _cases([0, 1], pattern="hard_top2", score=1.0)])
+    committed = pd.concat([_cases([0, 1, 2], pattern="hard_top2", score=0.0),
+                           _cases([0, 1], pattern="random_top2", score=0.5), _cases([0, 1], score=0.25)])
+    both = versus(run, committed, "new", ["hard_top2"])
+    got = sorted((p, s, v) for p, s, v in both[["pattern", "seed", "score"]].itertuples(index=False))
+    assert got == [("dense", 0, 1.0), ("dense", 1, 1.0), ("hard_top2", 0, 0.0), ("hard_top2", 1, 0.0),
+                   ("hard_top2@new", 0, 1.0), ("hard_top2@new", 1, 1.0)]
+    d = paired_difference(both, "hard_top2@new", "hard_top2")
+    assert d["cases"].tolist() == [2] and d["difference"].tolist() == [1.0]
