@@ -109,3 +109,15 @@ def test_versus_pairs_another_router_files_cases_with_the_committed_ones():
                    ("hard_top2@new", 0, 1.0), ("hard_top2@new", 1, 1.0)]
     d = paired_difference(both, "hard_top2@new", "hard_top2")
     assert d["cases"].tolist() == [2] and d["difference"].tolist() == [1.0]
+
+
+def test_versus_save_replaces_a_cases_rows_and_keeps_the_others(tmp_path):
+    """retrieval_versus.save: a second save of the same routers' case replaces its row; another
+    routers' rows and other cases stay (counted by hand)."""
+    from analyses.studies.retrieval_versus import save
+    f = tmp_path / "cases.parquet"
+    save(_cases([0, 1], pattern="hard_top2", score=0.0), "a", f)
+    save(_cases([0], pattern="hard_top2", score=0.5), "b", f)
+    t = save(_cases([1, 2], pattern="hard_top2", score=1.0), "a", f)
+    got = sorted((r, s, v) for r, s, v in pd.read_parquet(f)[["routers", "seed", "score"]].itertuples(index=False))
+    assert got == [("a", 0, 0.0), ("a", 1, 1.0), ("a", 2, 1.0), ("b", 0, 0.5)] and len(t) == 4

@@ -9,6 +9,10 @@ pattern minus the committed one, paired over the cases both ran (``paired_differ
 answers' log-prob in nats, distant pairs kept).
 
     python -m analyses.studies.retrieval_versus runs/needle_mix_r4k --name needle_mix
+
+``--save FILE`` also keeps the run's cases (every pattern, a ``routers`` column holding ``--name``)
+in FILE, a parquet shared by several runs: rows of the same (routers, task, length, seed, pattern)
+are replaced, and the file is written atomically (``io.write_parquet``).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from pathlib import Path
 import pandas as pd
 
 from focus_lab.eval.retrieval_tables import paired_difference, read_suite, summary
+from focus_lab.io import write_parquet
 
 COMMITTED = Path(__file__).resolve().parents[2] / "figures" / "results" / "retrieval_cases.parquet"
 
@@ -33,14 +38,30 @@ def versus(run: pd.DataFrame, committed: pd.DataFrame, name: str, patterns: list
     return pd.concat([new, old[new.columns.intersection(old.columns)]], ignore_index=True)
 
 
+def save(run: pd.DataFrame, name: str, path: Path) -> pd.DataFrame:
+    """``path``'s table (if any) with ``run``'s rows, labelled ``routers = name``, in place of the
+    rows of the same (routers, task, length, seed, pattern). Writes it atomically; returns it."""
+    new = run.assign(routers=name)
+    old = pd.read_parquet(path) if path.is_file() else new.iloc[:0]
+    keys = ["routers", "task", "length", "seed", "pattern"]
+    kept = old.merge(new[keys], on=keys, how="left", indicator=True)
+    table = pd.concat([new, kept[kept["_merge"] == "left_only"].drop(columns="_merge")], ignore_index=True)
+    write_parquet(path, table)
+    return table
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("run", type=Path, help="the --out folder of the other routers' run")
     ap.add_argument("--name", required=True, help="label of the other routers")
     ap.add_argument("--patterns", default="hard_top2", help="comma list of patterns to compare")
+    ap.add_argument("--save", type=Path, default=None, help="keep the run's cases in this parquet")
     a = ap.parse_args(argv)
     pats = [p for p in a.patterns.split(",") if p]
-    both = versus(read_suite(a.run), pd.read_parquet(COMMITTED), a.name, pats)
+    run = read_suite(a.run)
+    if a.save is not None:
+        print(f"{a.save}: {len(save(run, a.name, a.save))} rows")
+    both = versus(run, pd.read_parquet(COMMITTED), a.name, pats)
     s = summary(both)
     cols = ["task", "length", "pattern", "cases", "score", "relative", "relative_lo", "relative_hi",
             "logprob_change", "logprob_change_lo", "logprob_change_hi", "distant_pairs_kept", "needle_mass_kept"]
