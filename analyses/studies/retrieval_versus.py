@@ -9,6 +9,7 @@ pattern minus the committed one, paired over the cases both ran (``paired_differ
 answers' log-prob in nats, distant pairs kept).
 
     python -m analyses.studies.retrieval_versus runs/needle_mix_r4k --name needle_mix
+    python -m analyses.studies.retrieval_versus runs/nm_8k runs/nm_8k0 --name needle_mix   # two runs as one
 
 ``--save FILE`` also keeps the run's cases (every pattern, a ``routers`` column holding ``--name``)
 in FILE, a parquet shared by several runs: rows of the same (routers, task, length, seed, pattern)
@@ -22,7 +23,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from focus_lab.eval.retrieval_tables import paired_difference, read_suite, summary
+from focus_lab.eval.retrieval_tables import CASE_KEY, merge_suites, paired_difference, read_suite, summary
 from focus_lab.io import write_parquet
 
 COMMITTED = Path(__file__).resolve().parents[2] / "figures" / "results" / "retrieval_cases.parquet"
@@ -43,22 +44,21 @@ def save(run: pd.DataFrame, name: str, path: Path) -> pd.DataFrame:
     rows of the same (routers, task, length, seed, pattern). Writes it atomically; returns it."""
     new = run.assign(routers=name)
     old = pd.read_parquet(path) if path.is_file() else new.iloc[:0]
-    keys = ["routers", "task", "length", "seed", "pattern"]
-    kept = old.merge(new[keys], on=keys, how="left", indicator=True)
-    table = pd.concat([new, kept[kept["_merge"] == "left_only"].drop(columns="_merge")], ignore_index=True)
+    table = pd.concat([new, old], ignore_index=True).drop_duplicates(["routers", *CASE_KEY], keep="first")
     write_parquet(path, table)
     return table
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("run", type=Path, help="the --out folder of the other routers' run")
+    ap.add_argument("run", type=Path, nargs="+", help="the --out folder(s) of the other routers' runs "
+                    "(several: merged, ``merge_suites``)")
     ap.add_argument("--name", required=True, help="label of the other routers")
     ap.add_argument("--patterns", default="hard_top2", help="comma list of patterns to compare")
     ap.add_argument("--save", type=Path, default=None, help="keep the run's cases in this parquet")
     a = ap.parse_args(argv)
     pats = [p for p in a.patterns.split(",") if p]
-    run = read_suite(a.run)
+    run = merge_suites([read_suite(r) for r in a.run])
     if a.save is not None:
         print(f"{a.save}: {len(save(run, a.name, a.save))} rows")
     both = versus(run, pd.read_parquet(COMMITTED), a.name, pats)
