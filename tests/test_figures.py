@@ -526,27 +526,29 @@ def test_committed_length_cells_round_trip(tmp_path, monkeypatch):
 
 
 def test_committed_results_hold_the_shipped_routers_tables():
-    """figures/results/: the length table of the shipped file (table 'shipped': both corpora,
-    512-8192 tokens, every pattern) and its passkey tables are committed, made with the file the
-    manifest ships, so that `focus-lab-figures` reuses them."""
+    """figures/results/: a length table of the shipped file (both corpora, 512-8192 tokens, every
+    pattern but shuffled top-2, made with the file the manifest ships, whatever its name) and its
+    passkey tables (60 keys at 4096 tokens, 12 at 8184, hard top-2) are committed, so that
+    `focus-lab-figures` reuses them."""
     import json
     from analyses.length_table import COMMITTED, PATTERNS
     from focus_lab.hf import shipped
     sha = shipped.manifest()["smollm2-135m-instruct"]["sha256"]
     cells = pd.read_parquet(COMMITTED)
-    mine = cells[cells.table == "shipped"]
-    assert set(mine.routers_sha256) == {sha}
-    assert set(zip(mine.corpus, mine.seq_len)) == {(c, t) for c in ("austen", "shakespeare")
-                                                   for t in (512, 1024, 2048, 4096, 8192)}
-    assert set(mine.label) >= set(PATTERNS.split(",")) - {"shuffled_top2"}
+    grid = {(c, t) for c in ("austen", "shakespeare") for t in (512, 1024, 2048, 4096, 8192)}
+    full = [name for name, g in cells.groupby("table")
+            if set(g[~g.label.isin(["dense", "window"]) & ~g.label.str.startswith("random")].routers_sha256) == {sha}
+            and set(zip(g.corpus, g.seq_len)) == grid and set(g.label) >= set(PATTERNS.split(",")) - {"shuffled_top2"}]
+    assert full, "no committed length table of the shipped file"
     assert not cells.duplicated(["table", "corpus", "seq_len", "window", "label"]).any()
     meta = json.loads((COMMITTED.parent / "passkey_tables.json").read_text())
     cases = pd.read_parquet(COMMITTED.parent / "passkey_cases.parquet")
     assert set(cases.table) == set(meta)
-    # the probe tables of its top-2 budget, made with the same tensors before the budget was saved
+    # the probe tables of its top-2 budget: the file itself, or the same tensors before the budget was saved
     shas = {sha} | shipped.same_router_shas(sha)
-    budget = {n for n, m in meta.items() if m["settings"]["routers"]["sha256"] in shas}
-    assert budget >= {"shipped_4k_budget_top2", "shipped_4k_budget_top2_seeds6-11", "shipped_8k_budget_top2"}
+    mine = cases[cases.table.isin([n for n, m in meta.items() if m["settings"]["routers"]["sha256"] in shas])
+                 & (cases.pattern == "hard_top2")].drop_duplicates(["length", "depth", "seed"])
+    assert (mine.length == 4096).sum() == 60 and (mine.length == 8184).sum() == 12
 
 
 def test_length_table_reuses_rows_window_by_window_from_several_tables(tmp_path):
@@ -642,20 +644,20 @@ def test_copy_classes_by_hand():
     assert repeat_distance([1]).tolist() == []
 
 
-def test_domain_table_prints_hand_set_cells_and_dashes_where_a_row_has_no_table():
+def test_domain_table_prints_hand_set_cells_and_the_paired_change_over_the_previous_file():
     """analyses/studies/domain_table on hand-set cells: dense perplexity is exp(mean NLL), top-2's
     change over dense is exp(0.02) - 1 on every window (interval collapsed onto it), the router's
-    margin over random groups exp(0.05) - 1; a row without uniform / broad-mix tables prints '-'
-    there; a missing table is a KeyError naming it."""
+    margin over random groups exp(0.05) - 1, and top-2 over the previous file's, whose top-2 NLL is
+    0.01 higher on every window, exp(-0.01) - 1; a missing table is a KeyError naming it."""
     import math
     from analyses.studies import domain_table as D
 
     nll = {"dense": 2.0, "hard_top1": 2.04, "hard_top2": 2.02, "random_top2": 2.07}
     rows = []
-    for _name, _kind, tokens, corpus, *tables in D.ROWS:
-        for table in {t for t in tables if t is not None}:
-            rows += [{"table": table, "corpus": corpus, "seq_len": tokens, "window": w, "label": lab,
-                      "nll": v + 0.1 * w, "tokens": 1000, "seconds": 1.0,
+    for _name, _kind, tokens, corpus, table, before in D.ROWS:
+        for t, shift in ((table, 0.0), (before, 0.01)):
+            rows += [{"table": t, "corpus": corpus, "seq_len": tokens, "window": w, "label": lab,
+                      "nll": v + 0.1 * w + (shift if lab == "hard_top2" else 0.0), "tokens": 1000, "seconds": 1.0,
                       "distant_pairs_kept": 0.5 if lab != "dense" else 1.0, "max_group_share": 0.3}
                      for w in range(3) for lab, v in nll.items()]
     cells = pd.DataFrame(rows).drop_duplicates(["table", "corpus", "seq_len", "window", "label"])
@@ -668,7 +670,9 @@ def test_domain_table_prints_hand_set_cells_and_dashes_where_a_row_has_no_table(
     assert first[3] == f"{dense_ppl:.2f}" and first[2] == "3"
     assert first[5] == f"{num(0.02)}% [{num(0.02)}, {num(0.02)}] [0.50]"
     assert first[7] == f"{num(0.05)}% [{num(0.05)}, {num(0.05)}]"
-    at8k = [l for l in lines if l.startswith("| man-pages, 8192")]
-    assert len(at8k) == 1 and at8k[0].endswith("| - | - |")
+    prev = f"{100 * (math.exp(-0.01) - 1):+.2f}"
+    assert all(line.endswith(f"| {prev}% [{prev}, {prev}] |") for line in lines[2:])
+    with pytest.raises(KeyError, match="needle_mix_heldout_8k"):
+        D.domain_table(cells[cells.table != "needle_mix_heldout_8k"])
     with pytest.raises(KeyError, match="shipped_heldout_8k"):
         D.domain_table(cells[cells.table != "shipped_heldout_8k"])
