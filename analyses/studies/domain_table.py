@@ -2,13 +2,12 @@
 markdown from the committed length-table cells (``figures/results/length_cells.parquet``).
 
 For each named domain at 4096 tokens (and *Persuasion* and the held-out domains at 8192): dense
-perplexity; the shipped
-file's hard top-1, hard top-2 (its per-layer budget, docs/method.md §2.7) with the distant pairs
-kept, random top-2 under the same budget and the router's margin over it; then uniform top-2 of
-the same tensors without the budget and of the broad-mix file (docs/studies/broad-mix.md), each as the
-change over dense with its 95% paired bootstrap interval over windows
-(``analyses.length_table.summarize``). A row without a uniform-top-2 or broad-mix table shows "-"
-there (the held-out domains at 8192 were measured with the shipped file only).
+perplexity; the shipped file's hard top-1, hard top-2 (its per-layer budget, docs/method.md §2.7)
+with the distant pairs kept, random top-2 under the same budget and the router's margin over it,
+each as the change over dense with its 95% paired bootstrap interval over windows
+(``analyses.length_table.summarize``); then the shipped file's hard top-2 against the previous
+shipped file's on the same windows (paired change, %, < 0: the shipped file is better;
+``evaluate.paired_change``).
 
 Usage::
 
@@ -19,25 +18,24 @@ from __future__ import annotations
 
 import pandas as pd
 
-# (row name, kind, tokens, corpus, table of the shipped file, table of uniform top-2 or None,
-#  table of the broad mix or None)
+# (row name, kind, tokens, corpus, table of the shipped file, table of the previous shipped file)
 ROWS = [
-    ("austen (Persuasion)", "trained", 4096, "austen", "shipped", "shipped_uniform", "broad_mix_persuasion"),
-    ("austen (Persuasion), 8192", "trained", 8192, "austen", "shipped", "shipped_uniform", "broad_mix_persuasion"),
-    ("shakespeare (Hamlet)", "trained", 4096, "shakespeare", "shipped", "shipped_uniform", "broad_mix_train_domains"),
-    ("kernel-docs", "broad mix only", 4096, "kernel-docs", "shipped_per_domain", "shipped_train_domains", "broad_mix_train_domains"),
-    ("python-source", "broad mix only", 4096, "python-source", "shipped_per_domain", "shipped_train_domains", "broad_mix_train_domains"),
-    ("bible-kjv", "broad mix only", 4096, "bible-kjv", "shipped_per_domain", "shipped_train_domains", "broad_mix_train_domains"),
-    ("python-docs", "held out", 4096, "python-docs", "shipped_per_domain", "shipped_domains", "broad_mix_domains"),
-    ("man-pages", "held out", 4096, "man-pages", "shipped_per_domain", "shipped_domains", "broad_mix_domains"),
-    ("debian-reference", "held out", 4096, "debian-reference", "shipped_per_domain", "shipped_domains", "broad_mix_domains"),
-    ("python-docs, 8192", "held out", 8192, "python-docs", "shipped_heldout_8k", None, None),
-    ("man-pages, 8192", "held out", 8192, "man-pages", "shipped_heldout_8k", None, None),
-    ("debian-reference, 8192", "held out", 8192, "debian-reference", "shipped_heldout_8k", None, None),
+    ("austen (Persuasion)", "trained", 4096, "austen", "needle_mix_length", "shipped"),
+    ("austen (Persuasion), 8192", "trained", 8192, "austen", "needle_mix_length", "shipped"),
+    ("shakespeare (Hamlet)", "trained", 4096, "shakespeare", "needle_mix_length", "shipped"),
+    ("kernel-docs", "held out", 4096, "kernel-docs", "needle_mix_per_domain", "shipped_per_domain"),
+    ("python-source", "held out", 4096, "python-source", "needle_mix_per_domain", "shipped_per_domain"),
+    ("bible-kjv", "held out", 4096, "bible-kjv", "needle_mix_per_domain", "shipped_per_domain"),
+    ("python-docs", "held out", 4096, "python-docs", "needle_mix_per_domain", "shipped_per_domain"),
+    ("man-pages", "held out", 4096, "man-pages", "needle_mix_per_domain", "shipped_per_domain"),
+    ("debian-reference", "held out", 4096, "debian-reference", "needle_mix_per_domain", "shipped_per_domain"),
+    ("python-docs, 8192", "held out", 8192, "python-docs", "needle_mix_heldout_8k", "shipped_heldout_8k"),
+    ("man-pages, 8192", "held out", 8192, "man-pages", "needle_mix_heldout_8k", "shipped_heldout_8k"),
+    ("debian-reference, 8192", "held out", 8192, "debian-reference", "needle_mix_heldout_8k", "shipped_heldout_8k"),
 ]
 HEADER = ("| domain | kind | windows | dense | hard top-1 | hard top-2 [pairs kept] | random top-2 | "
-          "router over random, top-2 | uniform top-2 | uniform top-2, broad mix |\n"
-          "|---|---|---:|---:|---|---|---|---|---|---|")
+          "router over random, top-2 | hard top-2 over the previous file's |\n"
+          "|---|---|---:|---:|---|---|---|---|---|")
 
 
 def domain_table(cells: pd.DataFrame | None = None) -> str:
@@ -65,15 +63,24 @@ def domain_table(cells: pd.DataFrame | None = None) -> str:
         return f"{r.delta_vs_dense_pct:+.1f}% [{r.ci_lo:+.1f}, {r.ci_hi:+.1f}]" + (
             f" [{r.distant_pairs_kept:.2f}]" if pairs else "")
 
+    def previous(table, previous_table, corpus, tokens) -> str:
+        from focus_lab.eval.evaluate import paired_change
+        a, b = (cells[(cells["table"] == t) & (cells["corpus"] == corpus) & (cells["seq_len"] == tokens)
+                      & (cells["label"] == "hard_top2")] for t in (table, previous_table))
+        if not len(b):
+            raise KeyError(f"committed table {previous_table!r} has no hard_top2 at {tokens} tokens on {corpus}")
+        m, lo, hi = paired_change(a, b)
+        return f"{m:+.2f}% [{lo:+.2f}, {hi:+.2f}]"
+
     lines = [HEADER]
-    for name, kind, tokens, corpus, shipped, uniform, broad in ROWS:
+    for name, kind, tokens, corpus, shipped, before in ROWS:
         dense, rnd = row(shipped, corpus, tokens, "dense"), row(shipped, corpus, tokens, "random_top2")
         lines.append(" | ".join([
             f"| {name}", kind, str(int(dense.windows)), f"{dense.perplexity:.2f}",
             change(shipped, corpus, tokens, "hard_top1"), change(shipped, corpus, tokens, "hard_top2", True),
             change(shipped, corpus, tokens, "random_top2"),
             f"{rnd.control_vs_router_pct:+.1f}% [{rnd.control_ci_lo:+.1f}, {rnd.control_ci_hi:+.1f}]",
-            change(uniform, corpus, tokens, "hard_top2"), change(broad, corpus, tokens, "hard_top2")]) + " |")
+            previous(shipped, before, corpus, tokens)]) + " |")
     return "\n".join(lines)
 
 
