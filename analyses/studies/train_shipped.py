@@ -10,12 +10,20 @@ commands (docs/recipes.md, "The recipe, and what it costs"):
 3. ``distill64`` at 4096 tokens on Austen + Shakespeare (Persuasion and Hamlet held out):
    3 runs of 30 steps from (2), seeds 0, 1, 2, each from the last.
 4. ``focus-lab soup`` of (2) and (3) with equal weights: the two-domain file.
-5. (with ``--mix broad``) ``distill64`` at 4096 tokens on a mix of domains, each without its
-   held-out documents (``broad``: Austen, Shakespeare, kernel docs, Python source, the King
-   James Bible): ``--runs`` runs of 30 steps from (4), seeds 0, 1, ..., each from the last.
-6. ``focus-lab soup`` of (4) and (5) with equal weights (not shipped: docs/studies/broad-mix.md).
+5. the top-2 budget: ``analyses.studies.layer_budget --base-k 2 --save-budget`` writes the
+   committed per-layer k into (4) (same tensors).
+6. the needle corpus (``analyses.studies.needle_corpus``, ``<out>/needle_mix``): 64 windows of
+   4096 tokens of Austen's training novels with 12 facts each, restated far back.
+7. ``distill64`` at 4096 tokens on (6), 30 steps from (5), seed 0.
+8. the top-2 budget again, written into (7): the shipped file, ``<out>/routers.safetensors``.
 
-``--base FILE`` stands a finished two-domain file in for stages 1-4.
+With ``--mix broad`` stages 5-8 are replaced by the broad mix (not shipped,
+docs/studies/broad-mix.md): ``distill64`` at 4096 tokens on a mix of domains, each without its
+held-out documents (Austen, Shakespeare, kernel docs, Python source, the King James Bible),
+``--runs`` runs of 30 steps from (4), seeds 0, 1, ..., each from the last, then ``focus-lab soup``
+of (4) and that with equal weights.
+
+``--base FILE`` stands a finished file in for stages 1-4 (e.g. the earlier shipped file).
 
 Writes ``<out>/chain.json`` (per stage: command, seconds, peak RSS in GiB, sha256; the total)
 after every stage, so a stopped chain resumes where it was (a stage whose file exists is not
@@ -23,8 +31,9 @@ re-run). With ``--reference`` (default: the shipped file) it says how far the re
 are from the reference's on the layers that route (random layers' routers are not used).
 
     python -m analyses.studies.train_shipped --out checkpoints/shipped_chain        # the shipped file
+    python -m analyses.studies.train_shipped --out checkpoints/needle_chain --base <two-domain file>  # stages 5-8
     python -m analyses.studies.train_shipped --out checkpoints/broad_chain --mix broad \
-        --base focus_lab/routers/smollm2-135m-instruct.safetensors --runs 1             # stages 5-6
+        --base <two-domain file> --runs 1                                           # the broad mix
 """
 
 from __future__ import annotations
@@ -84,13 +93,16 @@ def mix_folder(data: Path, mix: str = MIX) -> Path:
 
 def stages(out: Path, data: Path, mix: str = MIX, base: Path | None = None,
            runs: int = 2) -> list[tuple[str, list[str], Path]]:
-    """(name, focus-lab arguments, routers file) of every stage, in order.
+    """(name, arguments, output file) of every stage, in order: arguments of ``focus-lab``, or of
+    ``python`` when they start with ``-m`` (the analyses' scripts).
 
-    Stages 1-4 make the two-domain file (Austen, then Austen + Shakespeare): the shipped file,
-    ``<out>/routers.safetensors`` when ``mix`` is ``austen-shakespeare``. With another ``mix``,
-    stages 5-6 continue it on that mix (``runs`` distill runs of 30 steps, seeds 0, 1, ..., each
-    from the last) and average the result with it. ``base``: an existing file standing for
-    stage 4 (e.g. the shipped file): stages 1-4 are not run."""
+    Stages 1-4 make the two-domain file (Austen, then Austen + Shakespeare),
+    ``<out>/s4_two_domains.safetensors``. With the default ``mix`` stages 5-8 give it the top-2
+    budget, distill it 30 steps on the needle corpus and give the result the budget again: the
+    shipped file, ``<out>/routers.safetensors``. With another ``mix``, stages 5-6 continue the
+    two-domain file on that mix (``runs`` distill runs of 30 steps, seeds 0, 1, ..., each from the
+    last) and average the result with it. ``base``: an existing file standing for stage 4 (e.g.
+    the earlier shipped file): stages 1-4 are not run."""
     s1, s2 = out / "s1_sinks64_512", out / "s2_distill64_4096"
     todo = [("s1_sinks64_512", ["train", "--out", str(s1), "--steps", "60"], s1 / "routers.safetensors"),
             ("s2_distill64_4096", ["train", "--recipe", "distill64", "--seq-len", "4096", "--batch-size", "1",
@@ -98,36 +110,45 @@ def stages(out: Path, data: Path, mix: str = MIX, base: Path | None = None,
                                    "--random-layers", "1-9", "--init-routers", str(s1 / "routers.safetensors"),
                                    "--out", str(s2)], s2 / "routers.safetensors")]
 
-    def distill_runs(prefix: str, mix_name: str, n: int, prev: Path) -> Path:
-        mix_dir = data / f"mix_{mix_name.replace('-', '_')}"
+    def distill_runs(prefix: str, corpus: Path, n: int, prev: Path) -> Path:
         for i in range(n):
             folder = out / f"{prefix}_seed{i}"
-            todo.append((f"{prefix}_seed{i}", ["train", "--recipe", "distill64", "--corpus", str(mix_dir),
+            todo.append((f"{prefix}_seed{i}", ["train", "--recipe", "distill64", "--corpus", str(corpus),
                                                "--seq-len", "4096", "--batch-size", "1", "--steps", "30",
                                                "--lr", "1e-3", "--seed", str(i), "--init-routers", str(prev),
                                                "--out", str(folder)], folder / "routers.safetensors"))
             prev = folder / "routers.safetensors"
         return prev
 
-    final = out / "routers.safetensors"
-    two = final if mix == "austen-shakespeare" else out / "s4_two_domains.safetensors"
-    last = distill_runs("s3_mix", "austen-shakespeare", 3, s2 / "routers.safetensors")
+    def budget(name: str, src: Path, dst: Path) -> None:
+        todo.append((name, ["-m", "analyses.studies.layer_budget", "--routers", str(src), "--base-k", "2",
+                            "--save-budget", str(dst)], dst))
+
+    final, two = out / "routers.safetensors", out / "s4_two_domains.safetensors"
+    last = distill_runs("s3_mix", data / "mix_austen_shakespeare", 3, s2 / "routers.safetensors")
     todo.append(("s4_soup", ["soup", str(s2 / "routers.safetensors"), str(last), "--out", str(two)], two))
-    if mix == "austen-shakespeare":
-        return todo
     if base is not None:
         todo, two = [], base
-    last = distill_runs(f"s5_{mix.replace('-', '_')}", mix, runs, two)
+    if mix == "austen-shakespeare":
+        needles = out / "needle_mix"
+        budget("s5_budget", two, out / "s5_budget.safetensors")
+        todo.append(("s6_needle_corpus", ["-m", "analyses.studies.needle_corpus", "--out", str(needles),
+                                          "--docs", "64"], needles / "MANIFEST.json"))
+        last = distill_runs("s7_needle_mix", needles, 1, out / "s5_budget.safetensors")
+        budget("s8_budget", last, final)
+        return todo
+    last = distill_runs(f"s5_{mix.replace('-', '_')}", data / f"mix_{mix.replace('-', '_')}", runs, two)
     todo.append(("s6_soup", ["soup", str(two), str(last), "--out", str(final)], final))
     return todo
 
 
 def run_stage(args: list[str], log: Path) -> tuple[float, float, int]:
-    """Run ``focus-lab <args>`` with output to ``log``; (seconds, peak RSS in GiB, exit code)."""
+    """Run ``focus-lab <args>`` (``python <args>`` when ``args`` starts with ``-m``) with output to
+    ``log``; (seconds, peak RSS in GiB, exit code)."""
     t0 = time.perf_counter()
+    cmd = [sys.executable, *args] if args[0] == "-m" else [sys.executable, "-m", "focus_lab", *args]
     with open(log, "w") as fh:
-        proc = subprocess.Popen([sys.executable, "-m", "focus_lab", *args], stdout=fh, stderr=subprocess.STDOUT,
-                                cwd=ROOT)
+        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, cwd=ROOT)
         _, status, usage = os.wait4(proc.pid, 0)
     proc.returncode = os.waitstatus_to_exitcode(status)
     return time.perf_counter() - t0, usage.ru_maxrss / 2**20, proc.returncode
@@ -182,12 +203,12 @@ def main(argv: list[str] | None = None) -> int:
         if done and routers_file.is_file() and done.get("sha256") == file_sha256(routers_file):
             print(f"{name}: done before ({done['seconds']:.0f} s)")
             continue
-        print(f"{name}: focus-lab {' '.join(args)}", flush=True)
+        print(f"{name}: {'python' if args[0] == '-m' else 'focus-lab'} {' '.join(args)}", flush=True)
         seconds, rss, code = run_stage(args, out / f"{name}.log")
         if code != 0 or not routers_file.is_file():
             print(f"error: {name} failed (exit {code}); see {out / (name + '.log')}", file=sys.stderr)
             return 1
-        record["stages"][name] = {"command": "focus-lab " + " ".join(args), "seconds": round(seconds, 1),
+        record["stages"][name] = {"command": ("python " if args[0] == "-m" else "focus-lab ") + " ".join(args), "seconds": round(seconds, 1),
                                   "peak_rss_gb": round(rss, 2), "sha256": file_sha256(routers_file)}
         record["total_seconds"] = round(sum(s["seconds"] for s in record["stages"].values()), 1)
         write_json(record_path, record)
