@@ -11,6 +11,9 @@ answers' log-prob in nats, distant pairs kept).
     python -m analyses.studies.retrieval_versus runs/needle_mix_r4k --name needle_mix
     python -m analyses.studies.retrieval_versus runs/nm_8k runs/nm_8k0 --name needle_mix   # two runs as one
 
+``--committed FILE`` pairs with another committed suite instead (e.g. the previous shipped file's,
+``figures/results/retrieval_cases_5710775e.parquet``).
+
 ``--save FILE`` also keeps the run's cases (every pattern, a ``routers`` column holding ``--name``)
 in FILE, a parquet shared by several runs: rows of the same (routers, task, length, seed, pattern)
 are replaced, and the file is written atomically (``io.write_parquet``).
@@ -56,12 +59,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--name", required=True, help="label of the other routers")
     ap.add_argument("--patterns", default="hard_top2", help="comma list of patterns to compare")
     ap.add_argument("--save", type=Path, default=None, help="keep the run's cases in this parquet")
+    ap.add_argument("--committed", type=Path, default=COMMITTED,
+                    help="the cases to pair with (default: the shipped file's, %(default)s; the file shipped "
+                    "before 2026-11-28: figures/results/retrieval_cases_5710775e.parquet)")
     a = ap.parse_args(argv)
     pats = [p for p in a.patterns.split(",") if p]
     run = merge_suites([read_suite(r) for r in a.run])
     if a.save is not None:
         print(f"{a.save}: {len(save(run, a.name, a.save))} rows")
-    both = versus(run, pd.read_parquet(COMMITTED), a.name, pats)
+    both = versus(run, pd.read_parquet(a.committed), a.name, pats)
     s = summary(both)
     cols = ["task", "length", "pattern", "cases", "score", "relative", "relative_lo", "relative_hi",
             "logprob_change", "logprob_change_lo", "logprob_change_hi", "distant_pairs_kept", "needle_mass_kept"]
