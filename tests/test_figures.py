@@ -531,13 +531,13 @@ def test_committed_results_hold_the_shipped_routers_tables():
     passkey tables (60 keys at 4096 tokens, 12 at 8184, hard top-2) are committed, so that
     `focus-lab-figures` reuses them."""
     import json
-    from analyses.length_table import COMMITTED, PATTERNS
+    from analyses.length_table import COMMITTED, PATTERNS, router_free
     from focus_lab.hf import shipped
     sha = shipped.manifest()["smollm2-135m-instruct"]["sha256"]
     cells = pd.read_parquet(COMMITTED)
     grid = {(c, t) for c in ("austen", "shakespeare") for t in (512, 1024, 2048, 4096, 8192)}
     full = [name for name, g in cells.groupby("table")
-            if set(g[~g.label.isin(["dense", "window"]) & ~g.label.str.startswith("random")].routers_sha256) == {sha}
+            if set(g[~g.label.map(router_free)].routers_sha256) == {sha}
             and set(zip(g.corpus, g.seq_len)) == grid and set(g.label) >= set(PATTERNS.split(",")) - {"shuffled_top2"}]
     assert full, "no committed length table of the shipped file"
     assert not cells.duplicated(["table", "corpus", "seq_len", "window", "label"]).any()
