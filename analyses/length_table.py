@@ -12,8 +12,8 @@ Every table measured for the docs is committed as one tidy file,
 window and pattern; ``table`` names the table, ``routers_sha256`` / ``random_layers`` /
 ``layer_top_k`` (the per-layer k the row's pattern ran with, ``spec_in_force``; older tables: the
 ``--layer-top-k`` given) / ``seed`` say what made it). ``--reuse`` and ``--against`` take a folder of
-this script's output or the name of a committed table; ``--commit NAME`` adds a run's cells to
-the committed file; ``--table NAME --report`` writes a committed table's markdown.
+this script's output or the name of a committed table; ``--commit NAME`` adds the cells already
+under ``--out`` to the committed file (it computes nothing: run first); ``--table NAME --report`` writes a committed table's markdown.
 
 Usage (background; ~25 min per corpus on 2 CPU cores at the default windows)::
 
@@ -527,12 +527,17 @@ def main(argv=None) -> None:
     ap.add_argument("--report", action="store_true", help="only write the tables from the cells")
     ap.add_argument("--table", default=None, help="with --report: a committed table's name (e.g. shipped): "
                     "write its markdown into --out")
-    ap.add_argument("--commit", default=None, metavar="NAME", help="add this run's cells to the committed "
-                    f"file ({COMMITTED.parent.name}/{COMMITTED.name}) as table NAME")
+    ap.add_argument("--commit", default=None, metavar="NAME", help="add the cells already under --out to the "
+                    f"committed file ({COMMITTED.parent.name}/{COMMITTED.name}) as table NAME; computes nothing "
+                    "(run first without it), so it implies --report")
     args = ap.parse_args(argv)
     if args.table is not None and not args.report:
         ap.error("--table reports a committed table: add --report")
-    if not args.report:
+    if args.commit and not args.report:
+        # a commit never computes: with the run's options left out, run_cells would compute the
+        # default corpora's cells into --out and commit them with the run's
+        print(f"--commit: committing the cells already under {args.out / 'cells'} (computing nothing)")
+    elif not args.report:
         run_cells(args)
     pairs = parse_pairs(args.against_pairs)
     if pairs and args.against is None:

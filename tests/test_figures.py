@@ -525,6 +525,27 @@ def test_committed_length_cells_round_trip(tmp_path, monkeypatch):
     assert LT.split_cell("python-docs_4096.parquet") == ("python-docs", 4096)
 
 
+def test_length_table_commit_computes_nothing(tmp_path, monkeypatch, capsys):
+    """``--out DIR --commit NAME`` without ``--report`` commits the cells already under DIR and
+    runs nothing: before, it first computed the default corpora's cells into DIR (a run made with
+    other ``--corpora`` then committed a stray cell with it)."""
+    from analyses import length_table as LT
+    committed = tmp_path / "length_cells.parquet"
+    run = tmp_path / "run"
+    (run / "cells").mkdir(parents=True)
+    pd.DataFrame({"label": ["dense", "hard_top2"], "window": [0, 0], "nll": [1.0, 1.1], "tokens": [63, 63],
+                  "routers_sha256": "own"}).assign(corpus="austen", seq_len=64).to_parquet(
+        run / "cells" / "austen_64.parquet")
+    monkeypatch.setattr(LT, "COMMITTED", committed)
+    monkeypatch.setattr(LT, "run_cells", lambda args: (_ for _ in ()).throw(AssertionError("computed")))
+    monkeypatch.setattr(LT, "report", lambda *a, **k: "report")
+    LT.main(["--out", str(run), "--commit", "mine"])
+    assert "committed 2 rows as table 'mine'" in capsys.readouterr().out
+    assert sorted(pd.read_parquet(committed).label) == ["dense", "hard_top2"]
+    with pytest.raises(SystemExit, match="nothing to commit"):
+        LT.main(["--out", str(tmp_path / "empty"), "--commit", "mine"])
+
+
 def test_committed_results_hold_the_shipped_routers_tables():
     """figures/results/: a length table of the shipped file (both corpora, 512-8192 tokens, every
     pattern but shuffled top-2, made with the file the manifest ships, whatever its name) and its
