@@ -472,3 +472,27 @@ def test_cli_defaults_agree_with_the_library():
     from focus_lab import cli
     assert cli.RETRIEVAL_PATTERNS == R.DEFAULT_PATTERNS
     assert cli.RETRIEVAL_TASKS == ",".join(R.TASKS)
+
+
+def test_restored_rows_every_pair_back_is_dense(tok, hay):
+    """analyses/studies/restored_rows: with every row's pairs put back in every layer the hard
+    pattern's answer log-prob is dense's (an independent full forward), with none put back it is
+    the hard pattern's own; the row sets are where the module docstring puts them."""
+    from analyses.studies import restored_rows as RR
+    model = focus_model()
+    case = R.make_case(R.TASKS["niah_single_2"], hay, tok, 900, seed=1)
+    (_, dense_changes), (_, hard) = pats("dense,hard_top1")  # dense always comes first
+    dense = brute_answer_logprob(model, case, dense_changes)
+    plain = brute_answer_logprob(model, case, hard)
+    assert dense != pytest.approx(plain, abs=1e-3)  # the mask changes this case's answer
+    every = torch.arange(len(case.input_ids) + len(case.answer_ids))
+    assert RR.answer_logprob(model, case, hard, RR.restore_patch(every, range(2))) == pytest.approx(dense, abs=2e-4)
+    assert RR.answer_logprob(model, case, hard) == pytest.approx(plain, abs=2e-4)
+    sets = RR.row_sets(case, question_tokens=16, radius=4)
+    assert sets["question"][-1] == len(case.input_ids) + len(case.answer_ids) - 2
+    assert set(sets["needle"].tolist()) <= set(sets["sentence"].tolist())
+    # only the needle sentence's keys for the question rows: a subset of the pairs every row adds
+    some = RR.restore_patch(sets["question"], range(2), sets["sentence"])
+    assert len(some) == 2
+    with pytest.raises(ValueError, match="fewer than question_tokens"):
+        RR.row_sets(case, question_tokens=10 ** 6)
