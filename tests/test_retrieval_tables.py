@@ -121,3 +121,23 @@ def test_versus_save_replaces_a_cases_rows_and_keeps_the_others(tmp_path):
     t = save(_cases([1, 2], pattern="hard_top2", score=1.0), "a", f)
     got = sorted((r, s, v) for r, s, v in pd.read_parquet(f)[["routers", "seed", "score"]].itertuples(index=False))
     assert got == [("a", 0, 0.0), ("a", 1, 1.0), ("a", 2, 1.0), ("b", 0, 0.5)] and len(t) == 4
+
+
+def test_results_page_retrieval_table_is_the_committed_suites():
+    """docs/results.md's retrieval table is what ``retrieval_table --results`` prints from the
+    committed suite (figures/results/retrieval_cases.parquet): a merge that changes a number
+    without the page changing, or a hand edit, fails here. Rows of tasks dense scores under 50% on
+    are left out; a hand-made suite checks that and the column format."""
+    from pathlib import Path
+    from analyses.studies.retrieval_table import results_markdown
+    root = Path(__file__).resolve().parents[1]
+    page = (root / "docs" / "results.md").read_text()
+    table = results_markdown(pd.read_parquet(root / "figures" / "results" / "retrieval_cases.parquet"))
+    assert table in page
+    rows = [{"task": t, "length": 4096, "seed": s, "pattern": p, "score": sc, "answer_logprob": lp,
+             "distant_pairs_kept": 0.5, "needle_pairs_kept": 1.0, "needle_mass_kept": 1.0, "seconds": 1.0,
+             "bare_forward_seconds": 1.0}
+            for t, dense in (("passkey", 1.0), ("vt", 0.0)) for s in (0, 1)
+            for p, sc, lp in (("dense", dense, -1.0), ("hard_top2", 0.5 * dense, -2.0 - s))]
+    got = results_markdown(pd.DataFrame(rows)).splitlines()
+    assert len(got) == 3 and got[2].startswith("| passkey | 4096 | 2 | 1.00 | 0.50 [0.50, 0.50], -1.5 |")

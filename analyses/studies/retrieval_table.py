@@ -5,6 +5,7 @@ the router against random groups (paired over cases) and the heads a failing pat
 
     python -m analyses.studies.retrieval_table [--cases figures/results/retrieval_cases.parquet]
     python -m analyses.studies.retrieval_table --add runs/retrieval --device "2-core AMD EPYC CPU (fp32)"
+    python -m analyses.studies.retrieval_table --results     # docs/results.md's table
 
 ``--add`` merges a suite output (also one stopped early: its per-case files) into the two
 tables first, labelled with ``--device``; a (task, length, seed, pattern) the tables already hold
@@ -52,6 +53,40 @@ def markdown(cases: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
+#: the results page's columns (docs/results.md, "Retrieval beyond passkey"): (pattern, header)
+RESULTS_PATTERNS = (("hard_top2", "hard top-2"), ("random_top2", "random top-2"), ("shuffled_top2", "shuffled top-2"),
+                    ("hard_top1", "hard top-1"), ("hard_top2_match", "hard top-2 + token-match pairs"))
+
+
+def results_markdown(cases: pd.DataFrame) -> str:
+    """The results page's table (docs/results.md): one row per (task, length) where dense scores at
+    least 50%, by length then the suite's task order; per pattern of ``RESULTS_PATTERNS``
+    ``ratio [lo, hi], Δlogprob`` (score relative to dense with its paired interval over cases,
+    the mean change of the answers' log-prob in nats), ``(N cases)`` where the pattern ran on
+    fewer cases than dense."""
+    from focus_lab.eval.retrieval import TASKS
+    s = summary(cases)
+    order = {t: i for i, t in enumerate(TASKS)}
+    lines = ["| task | tokens | cases | dense score | " + " | ".join(h for _, h in RESULTS_PATTERNS) + " |",
+             "|---|---:|---:|---:|" + "---|" * len(RESULTS_PATTERNS)]
+    keys = sorted({(int(L), t) for t, L in zip(s["task"], s["length"])}, key=lambda k: (k[0], order.get(k[1], 99)))
+    for L, task in keys:
+        g = s[(s["task"] == task) & (s["length"] == L)].set_index("pattern")
+        if "dense" not in g.index or g.loc["dense"].dense_below_half:
+            continue
+        d, cells = g.loc["dense"], []
+        for p, _ in RESULTS_PATTERNS:
+            if p not in g.index:
+                cells.append("")
+                continue
+            r = g.loc[p]
+            rel = f"{r.relative:.2f} [{r.relative_lo:.2f}, {r.relative_hi:.2f}]" if r.cases > 1 else f"{r.relative:.2f}"
+            n = f" ({int(r.cases)} cases)" if r.cases != d.cases else ""
+            cells.append(f"{rel}, {r.logprob_change:+.1f}{n}")
+        lines.append(f"| {task} | {L} | {int(d.cases)} | {d.score:.2f} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cases", default="figures/results/retrieval_cases.parquet")
@@ -61,6 +96,7 @@ def main() -> None:
     ap.add_argument("--device", default="", help="the machine the --add runs ran on (the tables' device column)")
     ap.add_argument("--drop", action="append", default=[], metavar="PATTERN",
                     help="remove this pattern's rows from --cases and --trace before merging (needs --add)")
+    ap.add_argument("--results", action="store_true", help="print only the results page's table (docs/results.md)")
     a = ap.parse_args()
     if a.drop and not a.add:
         ap.error("--drop needs --add: the runs that give the dropped pattern's rows anew")
@@ -74,6 +110,9 @@ def main() -> None:
             write_parquet(path, merged)
             print(f"{path}: {len(merged)} rows")
     cases = pd.read_parquet(a.cases)
+    if a.results:
+        print(results_markdown(cases))
+        return
     print(markdown(cases))
     print()
     for col in ("score", "answer_logprob"):
