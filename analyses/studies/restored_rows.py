@@ -75,15 +75,16 @@ def restore_patch(rows: torch.Tensor, layers: Sequence[int], keys: torch.Tensor 
 def answer_logprob(model, case, changes: dict, patch: dict | None = None) -> float:
     """The answer's teacher-forced log-prob (nats; the tokens ``case.answer_index``) under the
     FocusConfig ``changes`` with the hooks ``patch``: one forward of prompt + answer, no cache."""
+    from focus_lab.eval.retrieval import _forward
     from focus_lab.hf.hooks import hooks
     from focus_lab.hf.retrofit import forward_state
-    P, n = len(case.input_ids), len(case.answer_ids)
+    n = len(case.answer_ids)
     dev = next(model.parameters()).device
-    ids = torch.cat([case.input_ids, case.answer_ids]).to(dev)[None]  # (1, P + n)
-    with hooks(model, patch or {}):
-        logits = model(input_ids=ids, use_cache=False, focus=forward_state(model, **changes)).logits
-    logp = torch.log_softmax(logits[0, P - 1:P - 1 + n].float(), -1)  # (n, V)
-    tok = logp.gather(1, ids[0, P:P + n, None])[:, 0]  # (n,)
+    ids = torch.cat([case.input_ids, case.answer_ids]).to(dev)  # (P + n,)
+    with hooks(model, patch or {}):  # logits of the answer's rows only (logits_to_keep), not (P + n, V)
+        logits = _forward(model, ids, keep=n + 1, use_cache=False, focus=forward_state(model, **changes)).logits
+    logp = torch.log_softmax(logits[0, -(n + 1):-1].float(), -1)  # (n, V)
+    tok = logp.gather(1, ids[-n:, None])[:, 0]  # (n,)
     return float(tok[torch.as_tensor(case.answer_index, device=dev)].sum())
 
 
