@@ -25,6 +25,11 @@ from focus_lab.eval.retrieval_tables import (failures, merge_suites, paired_diff
                                              summary)
 
 
+def _relative(r) -> str:
+    """A summary row's score relative to dense, ``ratio [lo, hi]`` (the ratio alone on one case)."""
+    return f"{r.relative:.2f} [{r.relative_lo:.2f}, {r.relative_hi:.2f}]" if r.cases > 1 else f"{r.relative:.2f}"
+
+
 def markdown(cases: pd.DataFrame) -> str:
     """The study's table as markdown (docs/studies/retrieval-suite.md): one row per (task, length),
     per length the tasks dense scores at least 50% on first; one cell per pattern
@@ -45,8 +50,7 @@ def markdown(cases: pd.DataFrame) -> str:
                 cells.append("")
                 continue
             r = g.loc[p]
-            rel = ("-" if d.dense_below_half else f"{r.relative:.2f} [{r.relative_lo:.2f}, {r.relative_hi:.2f}]"
-                   if r.cases > 1 else f"{r.relative:.2f}")
+            rel = "-" if d.dense_below_half else _relative(r)
             n = f" (n={int(r.cases)})" if r.cases != d.cases else ""
             cells.append(f"{rel}, {r.logprob_change:+.1f} [{r.distant_pairs_kept:.2f}]{n}")
         lines.append(f"| {task} | {L} | {int(d.cases)} | {d.score:.2f} | " + " | ".join(cells) + " |")
@@ -80,9 +84,8 @@ def results_markdown(cases: pd.DataFrame) -> str:
                 cells.append("")
                 continue
             r = g.loc[p]
-            rel = f"{r.relative:.2f} [{r.relative_lo:.2f}, {r.relative_hi:.2f}]" if r.cases > 1 else f"{r.relative:.2f}"
             n = f" ({int(r.cases)} cases)" if r.cases != d.cases else ""
-            cells.append(f"{rel}, {r.logprob_change:+.1f}{n}")
+            cells.append(f"{_relative(r)}, {r.logprob_change:+.1f}{n}")
         lines.append(f"| {task} | {L} | {int(d.cases)} | {d.score:.2f} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
