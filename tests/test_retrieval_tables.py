@@ -141,3 +141,18 @@ def test_results_page_retrieval_table_is_the_committed_suites():
             for p, sc, lp in (("dense", dense, -1.0), ("hard_top2", 0.5 * dense, -2.0 - s))]
     got = results_markdown(pd.DataFrame(rows)).splitlines()
     assert len(got) == 3 and got[2].startswith("| passkey | 4096 | 2 | 1.00 | 0.50 [0.50, 0.50], -1.5 |")
+
+
+def test_replace_results_table_swaps_only_the_table():
+    """``--results --write`` replaces the block from the table's header to the next blank line and
+    nothing else; a page with no such table, or two, is refused rather than guessed at."""
+    import pytest
+    from analyses.studies.retrieval_table import RESULTS_HEADER, replace_results_table
+    old = RESULTS_HEADER + "hard top-2 |\n|---|\n| passkey | 4096 | 20 | 1.00 | 0.95 |"
+    page = "# Results\n\nBefore.\n\n" + old + "\n\nAfter.\n"
+    new = RESULTS_HEADER + "hard top-2 |\n|---|\n| passkey | 4096 | 33 | 1.00 | 0.93 |"
+    assert replace_results_table(page, new) == "# Results\n\nBefore.\n\n" + new + "\n\nAfter.\n"
+    assert replace_results_table("x\n\n" + old, new) == "x\n\n" + new + "\n"  # the table ends the page
+    for bad in ("# Results\n\nno table\n", page + "\n" + old + "\n"):
+        with pytest.raises(ValueError, match="not one"):
+            replace_results_table(bad, new)

@@ -6,6 +6,7 @@ the router against random groups (paired over cases) and the heads a failing pat
     python -m analyses.studies.retrieval_table [--cases figures/results/retrieval_cases.parquet]
     python -m analyses.studies.retrieval_table --add runs/retrieval --device "2-core AMD EPYC CPU (fp32)"
     python -m analyses.studies.retrieval_table --results     # docs/results.md's table
+    python -m analyses.studies.retrieval_table --results --write   # ... written into the page
 
 ``--add`` merges a suite output (also one stopped early: its per-case files) into the two
 tables first, labelled with ``--device``; a (task, length, seed, pattern) the tables already hold
@@ -90,6 +91,25 @@ def results_markdown(cases: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
+#: the first line of the results page's retrieval table (its header), which ``replace_results_table`` finds
+RESULTS_HEADER = "| task | tokens | cases | dense score | "
+
+
+def replace_results_table(page: str, table: str) -> str:
+    """``page`` (docs/results.md's text) with its retrieval table, the block of lines from the one
+    starting with ``RESULTS_HEADER`` to the next blank line, replaced by ``table``.
+
+    Raises:
+        ValueError: the page holds no such table, or more than one.
+    """
+    if page.count(RESULTS_HEADER) != 1:
+        raise ValueError(f"docs/results.md holds {page.count(RESULTS_HEADER)} tables starting with "
+                         f"{RESULTS_HEADER.strip()!r}, not one: put the table back by hand, then rerun")
+    i = page.index(RESULTS_HEADER)
+    j = page.find("\n\n", i)
+    return page[:i] + table + (page[j:] if j >= 0 else "\n")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cases", default="figures/results/retrieval_cases.parquet")
@@ -100,7 +120,10 @@ def main() -> None:
     ap.add_argument("--drop", action="append", default=[], metavar="PATTERN",
                     help="remove this pattern's rows from --cases and --trace before merging (needs --add)")
     ap.add_argument("--results", action="store_true", help="print only the results page's table (docs/results.md)")
+    ap.add_argument("--write", action="store_true", help="with --results: write the table into docs/results.md")
     a = ap.parse_args()
+    if a.write and not a.results:
+        ap.error("--write needs --results (it writes the results page's table)")
     if a.drop and not a.add:
         ap.error("--drop needs --add: the runs that give the dropped pattern's rows anew")
     if a.add:
@@ -114,7 +137,19 @@ def main() -> None:
             print(f"{path}: {len(merged)} rows")
     cases = pd.read_parquet(a.cases)
     if a.results:
-        print(results_markdown(cases))
+        table = results_markdown(cases)
+        print(table)
+        if a.write:
+            from pathlib import Path
+            from focus_lab.io import atomic_path
+            page = Path(__file__).resolve().parents[2] / "docs" / "results.md"
+            try:
+                text = replace_results_table(page.read_text(), table)
+            except ValueError as e:
+                raise SystemExit(str(e))
+            with atomic_path(page) as tmp:
+                tmp.write_text(text)
+            print(f"written into {page}")
         return
     print(markdown(cases))
     print()
