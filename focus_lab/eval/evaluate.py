@@ -25,6 +25,9 @@ NO_MATCH = "_nomatch"  # pattern-name suffix: no token-match pairs, whatever the
 MATCH_SHIFTS = [0, 1]  # the shifts of the _match suffix: the earlier occurrence and the key after it
 KEY_SHIFT = "_keyshift"  # pattern-name suffix: each key in its predecessor's group (docs/method.md §1.7)
 NO_KEY_SHIFT = "_nokeyshift"  # pattern-name suffix: each key in its own group, whatever the file says
+CAP = "_cap"  # pattern-name suffix: the group capacity CAPACITY (docs/method.md §2.9)
+NO_CAP = "_nocap"  # pattern-name suffix: no group capacity, whatever the router file says
+CAPACITY = 0.5  # the group capacity of the _cap suffix: a group past half of the first choices overflows
 
 
 def standard_patterns(num_groups: int) -> list[tuple[str, dict]]:
@@ -47,7 +50,8 @@ def split_suffixes(name: str) -> tuple[str, dict]:
     the order ``pattern_changes`` documents: ``hard_top2_uniform_match`` -> ``("hard_top2",
     {"match_shifts": [0, 1], "layer_top_k": {}})``; a name without suffixes comes back as is."""
     base, extra = name, {}
-    for pair in (((NO_KEY_SHIFT, {"key_shift": 0}), (KEY_SHIFT, {"key_shift": 1})),
+    for pair in (((NO_CAP, {"group_capacity": 0.0}), (CAP, {"group_capacity": CAPACITY})),
+                 ((NO_KEY_SHIFT, {"key_shift": 0}), (KEY_SHIFT, {"key_shift": 1})),
                  ((NO_MATCH, {"match_shifts": None}), (MATCH, {"match_shifts": list(MATCH_SHIFTS)})),
                  ((UNIFORM, {"layer_top_k": {}}),)):
         for suffix, change in pair:
@@ -69,7 +73,9 @@ def pattern_changes(name: str, num_groups: int) -> dict:
     in ``_match`` adds the token-match pairs of ``MATCH_SHIFTS`` (``match_shifts``, docs/method.md
     §2.8), one ending in ``_nomatch`` drops any; a name ending in ``_keyshift`` puts each key in
     its predecessor's group (``key_shift = 1``, docs/method.md §1.7), ``_nokeyshift`` in its own;
-    the suffixes combine in this order (``hard_top2_uniform_match_keyshift``).
+    ``_cap`` caps each group at ``CAPACITY`` of the keys so far (``group_capacity``, docs/method.md
+    §2.9), ``_nocap`` drops any cap; the suffixes combine in this order
+    (``hard_top2_uniform_match_keyshift_cap``).
     Raises ConfigError naming the valid names.
     """
     from focus_lab.method.config import ConfigError
@@ -82,7 +88,8 @@ def pattern_changes(name: str, num_groups: int) -> dict:
         raise ConfigError(f"unknown pattern {name!r}; choose from {', '.join(pattern_names(num_groups))} "
                           f"(a top-k name + '{UNIFORM}': k in every layer, no per-layer budget; + '{MATCH}' / "
                           f"'{NO_MATCH}': with / without token-match pairs; + '{KEY_SHIFT}' / '{NO_KEY_SHIFT}': "
-                          "keys in their predecessor's / own group)")
+                          f"keys in their predecessor's / own group; + '{CAP}' / '{NO_CAP}': with / without the "
+                          "group capacity)")
     return {"mode": "hard", "top_k": int(k), "assignment": assignment, **extra}
 
 

@@ -165,6 +165,14 @@ class FocusConfig:
         match_latest: with ``match_shifts``, a query keeps only its ``match_latest`` matching
             keys nearest to it (0: every one). Frequent tokens (punctuation, newlines) match
             hundreds of earlier keys; the cap bounds the pairs per query and the work.
+        group_capacity: [ours] hard mode, routed layers (docs/method.md §2.9): a key at position
+            i >= ``window`` whose top-1 group is the first choice of more than
+            ``group_capacity * (i + 1)`` of positions 0..i moves to its second group. Causal and
+            parallel over positions (it counts first choices, not final groups, so when nearly
+            every token picks one group, nearly every later key of it moves). On repetitive text
+            the router sends most tokens to one group, whose queries then keep most distant
+            pairs; the rule splits that group. 0: off (the paper's rule); else
+            1/num_groups < group_capacity <= 1.
         backend: how hard mode computes attention (docs/method.md §4): "auto" (the two-call
             decomposition of focus_lab.method.decomposition with the best kernel present: on a
             GPU in fp16/bf16 FlexAttention's block-sparse kernel for top_k >= 2 and a varlen
@@ -197,6 +205,7 @@ class FocusConfig:
     key_shift: int = 0
     match_shifts: list[int] | None = None
     match_latest: int = 0
+    group_capacity: float = 0.0
     backend: str = "auto"
 
     def __post_init__(self) -> None:
@@ -244,6 +253,10 @@ class FocusConfig:
                 bad("match_shifts", f"need shifts in 0..window-1={self.window - 1} (1: the induction pair)")
         if isinstance(self.match_latest, bool) or not isinstance(self.match_latest, int) or self.match_latest < 0:
             bad("match_latest", "need an integer >= 0 (0: every matching key)")
+        if (isinstance(self.group_capacity, bool) or not isinstance(self.group_capacity, (int, float))
+                or not (self.group_capacity == 0 or 1 / self.num_groups < self.group_capacity <= 1)):
+            bad("group_capacity", f"need 0 (no cap) or a share in (1/num_groups, 1] = "
+                f"({1 / self.num_groups:.3g}, 1], e.g. 0.5")
         if self.backend not in ("auto", "dense", "torch", "flash", "flex"):
             bad("backend", "choose one of auto, dense, torch, flash, flex")
         if self.layers is not None:

@@ -357,6 +357,45 @@ def hard_assign(scores: torch.Tensor, tau: float, top_k: int,
     return query_groups, query_groups[..., 0]
 
 
+def capacity_key_group(logits: torch.Tensor, key_group: torch.Tensor, capacity: float, start: int,
+                       warmup: int, prev_counts: torch.Tensor | None = None
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The group capacity rule (``FocusConfig.group_capacity``, docs/method.md §2.9 [ours]).
+
+    Position ``p = start + t``'s first choice is ``key_group[:, t]`` (the top-1 of ``logits``);
+    ``n_g(p)`` counts the first choices equal to g among positions 0..p. When ``p >= warmup``
+    and ``n_{key_group}(p) > capacity * (p + 1)``, the key moves to its second-best group of
+    ``logits``. Counting first choices, not final groups, keeps the rule causal and parallel over
+    positions: a KV-cache step continues from ``prev_counts``.
+
+    Args:
+        logits: (B, T, K) the key role's ``S / tau + group_bias``; key_group: (B, T) long, its
+            top-1; capacity: share in (1/K, 1]; start: absolute position of the first token;
+            warmup: positions below it never move (tokens; the local window); prev_counts: (B, K)
+            first-choice counts of positions 0..start-1 (None: zeros, only when ``start == 0``).
+    Returns:
+        key_group: (B, T) long; counts: (B, K) long, the first-choice counts of 0..start+T-1.
+    Raises:
+        RuntimeError: ``start > 0`` without ``prev_counts`` (a decode step whose earlier first
+            choices are unknown).
+    """
+    B, T, K = logits.shape
+    if prev_counts is None:
+        if start > 0:
+            raise RuntimeError(f"group capacity: a forward from position {start} without the first-choice "
+                               "counts of the positions before it: start with a forward from position 0 "
+                               "through the same FocusCache")
+        prev_counts = torch.zeros(B, K, dtype=torch.long, device=logits.device)
+    counts = prev_counts.to(logits.device)[:, None] + F.one_hot(key_group, K).cumsum(1)  # (B, T, K)
+    pos = torch.arange(start, start + T, device=logits.device)  # (T,) absolute positions
+    held = counts.gather(2, key_group[..., None])[..., 0]  # (B, T) first choices of this key's group so far
+    over = (held > capacity * (pos + 1)) & (pos >= warmup)  # (B, T)
+    if K > 1 and bool(over.any()):
+        second = logits.topk(2, dim=-1).indices[..., 1]  # (B, T)
+        key_group = torch.where(over, second, key_group)
+    return key_group, counts[:, -1]
+
+
 def local_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int, sinks: int = 0) -> torch.Tensor:
     """(Tq, Tk) bool, the always-kept causal pairs: ``0 <= i - j < window`` (docs/method.md §2), or
     ``j < sinks`` and ``j <= i`` (attention sinks, docs/method.md §6 [ours])."""
@@ -587,6 +626,9 @@ class Routing:
         next_key_group: (B, 1) long with ``FocusConfig.key_shift``: the key group of the token
             after this forward's last one (that token's own top-1 group), which a KV-cache step
             hands to ``route`` as ``prev_key_group``; else None.
+        first_counts: (B, K) long with ``FocusConfig.group_capacity`` on a routed layer: the keys'
+            first-choice counts up to this forward's last token, which a KV-cache step hands
+            to ``route`` as ``prev_counts``; else None.
     """
 
     scores: torch.Tensor
@@ -597,6 +639,7 @@ class Routing:
     key_scores: torch.Tensor | None = None
     key_log_p: torch.Tensor | None = None
     next_key_group: torch.Tensor | None = None
+    first_counts: torch.Tensor | None = None
 
     @property
     def log_p_keys(self) -> torch.Tensor | None:
@@ -606,7 +649,7 @@ class Routing:
 
 def route(router: Router, h: torch.Tensor, token_mask: torch.Tensor | None = None,
           config: FocusConfig | None = None, start: int = 0,
-          prev_key_group: torch.Tensor | None = None) -> Routing:
+          prev_key_group: torch.Tensor | None = None, prev_counts: torch.Tensor | None = None) -> Routing:
     """Run a router and derive both its soft and hard assignments.
 
     Args:
@@ -615,7 +658,9 @@ def route(router: Router, h: torch.Tensor, token_mask: torch.Tensor | None = Non
             (``retrofit.FocusForward.config``); default ``router.config``, the one it was built with;
         start: absolute position of h's first token (> 0 in a KV-cache decode step);
         prev_key_group: (B, 1) long, with ``key_shift``: the group the first token's key takes
-            (``next_key_group`` of the forward before, in a KV-cache step), or None.
+            (``next_key_group`` of the forward before, in a KV-cache step), or None;
+        prev_counts: (B, K) long, with ``group_capacity``: the keys' first-choice counts before
+            ``start`` (``first_counts`` of the forward before, in a KV-cache step), or None.
     Returns:
         Routing: scores (B, T, K) fp32; log_p (B, T, K) and col_potential (B, K) when Sinkhorn
         ran (soft mode or training), else None; query_groups (B, T, k); key_group (B, T)
@@ -640,11 +685,19 @@ def route(router: Router, h: torch.Tensor, token_mask: torch.Tensor | None = Non
     key_log_p = None
     if key_scores is not None:
         key_log_p, col, kg = router.assign_keys(key_scores, cfg, kg, token_mask, start)
+    counts = None
+    if (cfg.group_capacity and cfg.mode == "hard" and cfg.assignment_at(router.layer_idx) == "router"
+            and cfg.top_k_at(router.layer_idx) > 0):  # docs/method.md §2.9
+        logits = (key_scores if key_scores is not None else scores).float() / cfg.tau  # (B, T, K)
+        bias = router._bias(cfg)
+        logits = logits if bias is None else logits + bias.to(logits.device)
+        kg, counts = capacity_key_group(logits, kg, cfg.group_capacity, start, cfg.window, prev_counts)
     if not cfg.key_shift:
-        return Routing(scores, log_p, col, qg, kg, key_scores=key_scores, key_log_p=key_log_p)
+        return Routing(scores, log_p, col, qg, kg, key_scores=key_scores, key_log_p=key_log_p, first_counts=counts)
     lpk = key_log_p if key_log_p is not None else log_p  # (B, T, K) or None
     return Routing(scores, log_p, col, qg, shift_keys(kg, prev_key_group), key_scores=key_scores,
-                   key_log_p=None if lpk is None else shift_keys(lpk), next_key_group=kg[:, -1:])
+                   key_log_p=None if lpk is None else shift_keys(lpk), next_key_group=kg[:, -1:],
+                   first_counts=counts)
 
 
 def _gumbel(scores: torch.Tensor, cfg: FocusConfig) -> torch.Tensor:

@@ -1,0 +1,106 @@
+"""FocusConfig.group_capacity: a key whose first-choice group is the first choice of more than
+``capacity * (p + 1)`` of positions 0..p moves to its second group (docs/method.md §2.9).
+
+Checked against a position-by-position loop written from the definition, the groups a hooked
+forward shows against those recomputed from ``h @ W @ C.T``, and the KV-cache decode and the
+two-call decomposition against the full forward through the masked reference."""
+
+import pytest
+import torch
+
+import focus_lab
+from focus_lab import FocusConfig
+from focus_lab.eval.evaluate import CAPACITY, pattern_changes
+from focus_lab.method.config import ConfigError
+from focus_lab.method.core import capacity_key_group, distant_pairs_kept, rms_normalize
+from conftest import cached_logits, random_ids, tiny_llama
+
+W = 4  # window (tokens), also the positions that never move
+
+
+def _loop(logits, capacity, warmup, start=0, counts=None):
+    """The rule one position at a time, from its definition."""
+    B, T, K = logits.shape
+    out = torch.empty(B, T, dtype=torch.long)
+    for b in range(B):
+        n = [0] * K if counts is None else counts[b].tolist()
+        for t in range(T):
+            order = logits[b, t].argsort(descending=True).tolist()
+            first, p = order[0], start + t
+            n[first] += 1
+            out[b, t] = order[1] if p >= warmup and n[first] > capacity * (p + 1) else first
+    return out
+
+
+@pytest.mark.parametrize("capacity", [0.3, 0.5, 0.9])
+def test_rule_equals_the_loop_in_one_forward_and_in_two(capacity):
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(2, 90, 3, generator=g)
+    logits[:, 20:70, 0] += 3.0  # a stretch where most tokens pick group 0
+    first = logits.argmax(-1)
+    want = _loop(logits, capacity, W)
+    got, counts = capacity_key_group(logits, first, capacity, 0, W)
+    assert torch.equal(got, want)
+    assert torch.equal(counts, torch.stack([torch.bincount(f, minlength=3) for f in first]))
+    moved = (got != first).sum().item()
+    assert moved > 0 if capacity < 0.9 else True  # the test sees the rule at work
+    a, ca = capacity_key_group(logits[:, :50], first[:, :50], capacity, 0, W)  # a prefill, then the rest
+    b, _ = capacity_key_group(logits[:, 50:], first[:, 50:], capacity, 50, W, ca)
+    assert torch.equal(torch.cat([a, b], 1), want)
+    with pytest.raises(RuntimeError, match="position 50"):
+        capacity_key_group(logits[:, 50:], first[:, 50:], capacity, 50, W)
+
+
+def _model(top_k=1, **changes):
+    model = tiny_llama(layers=2)
+    cfg = FocusConfig(**{"mode": "hard", "window": W, "num_groups": 3, "top_k": top_k, "group_capacity": 0.5,
+                         **changes})
+    focus_lab.attach(model, cfg)
+    with torch.no_grad():  # group 0 the first choice of most tokens: the cap has work to do
+        for r in focus_lab.routers(model).values():
+            r.group_bias.copy_(torch.tensor([4.0, 0.0, 0.0]))
+    return model
+
+
+@torch.no_grad()
+def test_the_forward_moves_the_keys_the_rule_names_and_keeps_fewer_pairs():
+    model = _model(top_k=1)
+    cfg = focus_lab.focus_config(model)
+    ids = random_ids(3, batch=1, T=60)
+    with focus_lab.cache(model, ["router_in", "query_groups", "key_group"]) as c:
+        model(input_ids=ids, use_cache=False)
+    with focus_lab.cache(model, ["query_groups", "key_group"]) as free:
+        model(input_ids=ids, use_cache=False, focus=focus_lab.forward_state(model, group_capacity=0.0))
+    for i, r in focus_lab.routers(model).items():
+        h = rms_normalize(c[f"layers.{i}.router_in"])  # (B, T, d)
+        a = (h @ r.proj @ r.centroids.T) / cfg.tau + r.group_bias  # (B, T, K)
+        qg, kg = c[f"layers.{i}.query_groups"], c[f"layers.{i}.key_group"]
+        assert torch.equal(qg, a.topk(1, -1).indices)  # queries keep their groups
+        assert torch.equal(kg, _loop(a, 0.5, W))
+        assert torch.equal(free[f"layers.{i}.key_group"], a.argmax(-1))
+        assert (kg != a.argmax(-1)).any()
+        kept = distant_pairs_kept(qg, kg, W)
+        assert kept < distant_pairs_kept(free[f"layers.{i}.query_groups"], free[f"layers.{i}.key_group"], W)
+
+
+@pytest.mark.parametrize("top_k,key_shift", [(1, 0), (2, 1)])
+@torch.no_grad()
+def test_two_call_path_and_kv_cache_decode_equal_the_masked_reference(top_k, key_shift):
+    model = _model(top_k=top_k, key_shift=key_shift, sink_tokens=2)
+    ids = random_ids(4, batch=1, T=48)
+    ref = model(ids, focus=focus_lab.forward_state(model, backend="dense")).logits
+    assert (model(ids).logits - ref).abs().max().item() <= 1e-5
+    # without the cap the outputs differ: the test sees the rule
+    free = model(ids, focus=focus_lab.forward_state(model, group_capacity=0.0)).logits
+    assert (free - ref).abs().max().item() > 1e-3
+    assert (cached_logits(model, ids, [30, 37]) - ref).abs().max().item() <= 1e-5
+
+
+def test_bad_capacity_and_the_pattern_suffix():
+    for bad in (0.25, 1.5, -0.1, True):
+        with pytest.raises(ConfigError, match="group_capacity"):
+            FocusConfig(num_groups=4, group_capacity=bad)
+    assert FocusConfig(num_groups=4, group_capacity=0.26).group_capacity == 0.26
+    assert pattern_changes("hard_top2_cap", 4) == {"mode": "hard", "top_k": 2, "assignment": "router",
+                                                   "group_capacity": CAPACITY}
+    assert pattern_changes("hard_top2_match_nocap", 4)["group_capacity"] == 0.0
