@@ -104,3 +104,31 @@ def test_bad_capacity_and_the_pattern_suffix():
     assert pattern_changes("hard_top2_cap", 4) == {"mode": "hard", "top_k": 2, "assignment": "router",
                                                    "group_capacity": CAPACITY}
     assert pattern_changes("hard_top2_match_nocap", 4)["group_capacity"] == 0.0
+
+
+def test_study_tables_from_hand_made_rows():
+    """analyses.studies.group_capacity: scores relative to dense, pairs kept and the paired
+    log-prob change on three cases; perplexity changes over dense and the cap's over hard top-2
+    on two windows, checked by hand."""
+    import math
+    import pandas as pd
+    from analyses.studies.group_capacity import perplexity_rows, retrieval_rows
+    rows = []
+    for seed in range(3):
+        for p, score, lp, pairs in (("dense", 1.0, -1.0, 1.0), ("hard_top2", 1.0, -1.5, 0.65),
+                                    ("hard_top2_cap", 1.0 if seed else 0.0, -2.0 - seed, 0.55)):
+            rows.append({"task": "niah_single_1", "length": 4096, "seed": seed, "pattern": p, "score": score,
+                         "answer_logprob": lp, "distant_pairs_kept": pairs, "needle_pairs_kept": 1.0,
+                         "needle_mass_kept": 1.0, "seconds": 1.0, "bare_forward_seconds": 1.0})
+    rows.append({**rows[0], "task": "passkey"})  # a task without the cap: left out
+    r = retrieval_rows(pd.DataFrame(rows))
+    assert list(r.task) == ["niah_single_1"] and r.cases[0] == 3
+    assert r["hard_top2_cap vs dense"][0].startswith("0.67 [") and r["hard_top2 vs dense"][0] == "1.00 [1.00, 1.00]"
+    assert math.isclose(r["hard_top2_cap pairs"][0], 0.55) and r["cap - hard_top2 (nats)"][0].startswith("-1.50 [")
+    cells = pd.DataFrame([{"corpus": "austen", "seq_len": 4096, "window": w, "label": p, "nll": nll, "tokens": 100,
+                           "distant_pairs_kept": 0.5, "max_group_share": 0.3}
+                          for w in (0, 1) for p, nll in (("dense", 2.0), ("hard_top2", 2.01), ("hard_top2_cap", 2.03))])
+    p = perplexity_rows(cells)
+    assert math.isclose(p["hard_top2 vs dense %"][0], 100 * (math.exp(0.01) - 1), rel_tol=1e-9)
+    assert p["cap - hard_top2 (%)"][0] == f"{100 * (math.exp(0.02) - 1):+.2f} [{100 * (math.exp(0.02) - 1):+.2f}, " \
+                                          f"{100 * (math.exp(0.02) - 1):+.2f}]"

@@ -1,0 +1,138 @@
+"""The group capacity study's tables (docs/studies/group-capacity.md): hard top-2 with the cap
+(``hard_top2_cap``, ``FocusConfig.group_capacity`` = 0.5, docs/method.md §2.9) against the shipped
+hard top-2, on the retrieval suite and on perplexity, from the committed data.
+
+    python -m analyses.studies.group_capacity
+    python -m analyses.studies.group_capacity --layers     # per layer, one case per task (a model forward each)
+
+Retrieval (``figures/results/retrieval_cases.parquet``): per task and length where both patterns
+ran, dense's score, each pattern's score relative to dense with the paired 95% interval over cases
+and its distant pairs kept, then the cap minus hard top-2 in answer log-prob (nats), paired over
+cases. Perplexity (``figures/results/length_cells.parquet``, table ``capacity``): per corpus and
+length, each pattern's change over dense (%), the cap's paired change over hard top-2 with its
+95% bootstrap interval over windows (> 0: the cap is worse), distant pairs kept and the largest
+group's share of the keys (mean over layers and windows).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import pandas as pd
+
+from analyses.bench_attention import to_markdown
+
+PATTERNS = ("hard_top2", "hard_top2_cap")
+
+
+def retrieval_rows(cases: pd.DataFrame) -> pd.DataFrame:
+    """One row per (task, length) holding both ``PATTERNS``: dense score, cases, each pattern's
+    score relative to dense (ratio [lo, hi]) and distant pairs kept, and the cap's answer
+    log-prob minus hard top-2's, paired over cases (nats, [lo, hi])."""
+    from focus_lab.eval.retrieval_tables import paired_difference, summary
+    a, b = PATTERNS
+    have = cases.groupby(["task", "length", "seed"]).pattern.agg(set)
+    keep = have[have.map(lambda s: {"dense", a, b} <= s)].index
+    c = cases.set_index(["task", "length", "seed"]).loc[keep].reset_index()
+    c = c[c.pattern.isin(["dense", a, b])]
+    s = summary(c).set_index(["task", "length", "pattern"])
+    lp = paired_difference(c, b, a, "answer_logprob").set_index(["task", "length"])
+    rows = []
+    for (task, L), g in c.groupby(["task", "length"], sort=True):
+        d = s.loc[(task, L, "dense")]
+        row = {"task": task, "tokens": L, "cases": int(d.cases), "dense score": d.score}
+        for p in PATTERNS:
+            r = s.loc[(task, L, p)]
+            row[f"{p} vs dense"] = f"{r.relative:.2f} [{r.relative_lo:.2f}, {r.relative_hi:.2f}]"
+            row[f"{p} pairs"] = r.distant_pairs_kept
+        m = lp.loc[(task, L)]
+        row["cap - hard_top2 (nats)"] = f"{m.difference:+.2f} [{m.lo:+.2f}, {m.hi:+.2f}]"
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def perplexity_rows(cells: pd.DataFrame) -> pd.DataFrame:
+    """One row per (corpus, seq_len) of the length cells holding dense and both ``PATTERNS``."""
+    from analyses.length_table import paired_delta
+    rows = []
+    for (corpus, L), g in cells.groupby(["corpus", "seq_len"], sort=True):
+        if not {"dense", *PATTERNS} <= set(g.label):
+            continue
+        ppl = {p: g[g.label == p] for p in ("dense", *PATTERNS)}
+        row = {"corpus": corpus, "tokens": L, "windows": g[g.label == PATTERNS[1]].window.nunique()}
+        for p in PATTERNS:
+            row[f"{p} vs dense %"] = paired_delta(g, p, "dense")[0]
+        m, lo, hi = paired_delta(g, PATTERNS[1], PATTERNS[0])
+        row["cap - hard_top2 (%)"] = f"{m:+.2f} [{lo:+.2f}, {hi:+.2f}]"
+        for p in PATTERNS:
+            row[f"{p} pairs"] = ppl[p].distant_pairs_kept.mean()
+            row[f"{p} largest group"] = ppl[p].max_group_share.mean()
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def layer_rows(tasks=("niah_single_1", "passkey"), length: int = 4096, seed: int = 0,
+               patterns=PATTERNS, threads: int = 2) -> pd.DataFrame:
+    """Per routed layer, one forward of each task's case (seed ``seed``, ``length`` tokens) under each
+    pattern with the shipped routers: the layer's k, the distant pairs its groups keep
+    (``core.distant_pairs_kept``) and the largest group's share of the keys, read at the
+    ``attn_out`` hook point. About 20 s a forward on 2 CPU cores at 4096 tokens."""
+    import torch
+    from focus_lab.cli import _load, _routers
+    from focus_lab.eval import retrieval as rt
+    from focus_lab.eval.evaluate import pattern_changes
+    from focus_lab.eval.passkey import load_haystack
+    from focus_lab.hf.hooks import hooks
+    from focus_lab.hf.retrofit import forward_state, load_routers
+    from focus_lab.method.core import distant_pairs_kept
+    torch.set_num_threads(threads)
+    model, tok, corp, _ = _load(None, "austen", 0)
+    load_routers(model, _routers(None, None))
+    hay = load_haystack(corp.heldout, tok, name="persuasion")
+    rows = []
+    for task in tasks:
+        case = rt.make_case(rt.parse_tasks(task)[0], hay, tok, length, seed)
+        for pattern in patterns:
+            state = forward_state(model, cache=False, **pattern_changes(pattern, forward_state(model).config.num_groups))
+
+            def seen(out, hook) -> None:
+                r, cfg = hook.call.routing, state.config
+                if r is None:
+                    return
+                kg = r.key_group[0]  # (T,)
+                rows.append({"task": task, "pattern": pattern, "layer_idx": hook.layer_idx,
+                             "k": cfg.top_k_at(hook.layer_idx), "assignment": cfg.assignment_at(hook.layer_idx),
+                             "pairs": distant_pairs_kept(r.query_groups, r.key_group, cfg.window, cfg.sink_tokens),
+                             "largest_group": float(torch.bincount(kg).max()) / kg.numel()})
+
+            with torch.no_grad(), hooks(model, {"attn_out": seen}):
+                model(case.input_ids[None], focus=state)
+    return pd.DataFrame(rows)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cases", default="figures/results/retrieval_cases.parquet")
+    ap.add_argument("--cells", default="figures/results/length_cells.parquet")
+    ap.add_argument("--table", default="capacity", help="the length cells' table")
+    ap.add_argument("--layers", action="store_true", help="per routed layer, one case per task (runs the model)")
+    a = ap.parse_args(argv)
+    if a.layers:
+        d = layer_rows()
+        w = d.pivot_table(index=["layer_idx", "k", "assignment"], columns=["task", "pattern"],
+                          values=["pairs", "largest_group"]).round(2)
+        print(w.to_string())
+        print(d.groupby(["task", "pattern"])[["pairs", "largest_group"]].mean().round(3).to_string())
+        return
+    r = retrieval_rows(pd.read_parquet(a.cases))
+    print(to_markdown(r, list(r.columns), {c: "{:.2f}" for c in r.columns if c.endswith("pairs") or c == "dense score"}))
+    cells = pd.read_parquet(a.cells)
+    p = perplexity_rows(cells[cells.table == a.table])
+    if len(p):
+        print()
+        print(to_markdown(p, list(p.columns), {c: ("{:+.2f}" if c.endswith("%") else "{:.2f}")
+                                                for c in p.columns if c.endswith(("%", "pairs", "group"))}))
+
+
+if __name__ == "__main__":
+    main()
