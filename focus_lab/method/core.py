@@ -350,11 +350,16 @@ def hard_assign(scores: torch.Tensor, tau: float, top_k: int,
     Returns:
         query_groups: (B, T, top_k) long, best first; key_group: (B, T) long.
     """
-    a = scores.float() / tau  # (B, T, K)
-    if group_bias is not None:
-        a = a + group_bias.to(a.device)
+    a = hard_logits(scores, tau, group_bias)  # (B, T, K)
     query_groups = a.topk(top_k, dim=-1).indices  # (B, T, k)
     return query_groups, query_groups[..., 0]
+
+
+def hard_logits(scores: torch.Tensor, tau: float, group_bias: torch.Tensor | None = None) -> torch.Tensor:
+    """The logits hard assignment ranks groups by: ``S / tau + group_bias``, (B, T, K) fp32
+    (docs/method.md §1.3); ``hard_assign`` and the group capacity (§2.9) both rank by them."""
+    a = scores.float() / tau  # (B, T, K)
+    return a if group_bias is None else a + group_bias.to(a.device)
 
 
 def capacity_key_group(logits: torch.Tensor, key_group: torch.Tensor, capacity: float, start: int,
@@ -390,7 +395,7 @@ def capacity_key_group(logits: torch.Tensor, key_group: torch.Tensor, capacity: 
     pos = torch.arange(start, start + T, device=logits.device)  # (T,) absolute positions
     held = counts.gather(2, key_group[..., None])[..., 0]  # (B, T) first choices of this key's group so far
     over = (held > capacity * (pos + 1)) & (pos >= warmup)  # (B, T)
-    if K > 1 and bool(over.any()):
+    if K > 1:  # no host sync on whether any key moves: a decode step stays on the device
         second = logits.topk(2, dim=-1).indices[..., 1]  # (B, T)
         key_group = torch.where(over, second, key_group)
     return key_group, counts[:, -1]
@@ -688,9 +693,7 @@ def route(router: Router, h: torch.Tensor, token_mask: torch.Tensor | None = Non
     counts = None
     if (cfg.group_capacity and cfg.mode == "hard" and cfg.assignment_at(router.layer_idx) == "router"
             and cfg.top_k_at(router.layer_idx) > 0):  # docs/method.md §2.9
-        logits = (key_scores if key_scores is not None else scores).float() / cfg.tau  # (B, T, K)
-        bias = router._bias(cfg)
-        logits = logits if bias is None else logits + bias.to(logits.device)
+        logits = hard_logits(key_scores if key_scores is not None else scores, cfg.tau, router._bias(cfg))
         kg, counts = capacity_key_group(logits, kg, cfg.group_capacity, start, cfg.window, prev_counts)
     if not cfg.key_shift:
         return Routing(scores, log_p, col, qg, kg, key_scores=key_scores, key_log_p=key_log_p, first_counts=counts)
