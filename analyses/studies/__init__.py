@@ -41,6 +41,22 @@ def load_study(args):
     return model, tok, routers, file_sha256(routers), cfg, parse_patterns(args.patterns, cfg.num_groups)
 
 
+def retrieval_setup(routers=None, threads: int = 2):
+    """The embedded model with ``routers`` (default: the shipped file) and *Persuasion*'s held-out
+    text as a haystack, as ``focus-lab probe retrieval`` builds them by default, on ``threads``
+    torch threads: for the studies that rerun single retrieval cases (``restored_rows``,
+    ``group_capacity``). Returns (model, tokenizer, haystack)."""
+    import torch
+
+    from focus_lab.cli import _load, _routers
+    from focus_lab.eval.passkey import load_haystack
+    from focus_lab.hf.retrofit import load_routers
+    torch.set_num_threads(threads)
+    model, tok, corp, _ = _load(None, "austen", 0)
+    load_routers(model, _routers(routers, None))
+    return model, tok, load_haystack(corp.heldout, tok, name="persuasion")
+
+
 def pending_windows(args, tok, suffix: str = ""):
     """Yield (corpus, window, cell path) for each held-out window of ``args.corpora`` (the first
     ``args.windows`` of ``args.seq_len`` tokens per corpus) whose cell

@@ -78,22 +78,19 @@ def layer_rows(tasks=("niah_single_1", "passkey"), length: int = 4096, seed: int
     (``core.distant_pairs_kept``) and the largest group's share of the keys, read at the
     ``attn_out`` hook point. About 20 s a forward on 2 CPU cores at 4096 tokens."""
     import torch
-    from focus_lab.cli import _load, _routers
+    from analyses.studies import retrieval_setup
     from focus_lab.eval import retrieval as rt
     from focus_lab.eval.evaluate import pattern_changes
-    from focus_lab.eval.passkey import load_haystack
     from focus_lab.hf.hooks import hooks
-    from focus_lab.hf.retrofit import forward_state, load_routers
+    from focus_lab.hf.retrofit import forward_state
     from focus_lab.method.core import distant_pairs_kept
-    torch.set_num_threads(threads)
-    model, tok, corp, _ = _load(None, "austen", 0)
-    load_routers(model, _routers(None, None))
-    hay = load_haystack(corp.heldout, tok, name="persuasion")
+    model, tok, hay = retrieval_setup(threads=threads)
+    num_groups = forward_state(model).config.num_groups
     rows = []
     for task in tasks:
         case = rt.make_case(rt.parse_tasks(task)[0], hay, tok, length, seed)
         for pattern in patterns:
-            state = forward_state(model, cache=False, **pattern_changes(pattern, forward_state(model).config.num_groups))
+            state = forward_state(model, cache=False, **pattern_changes(pattern, num_groups))
 
             def seen(out, hook) -> None:
                 r, cfg = hook.call.routing, state.config

@@ -122,15 +122,10 @@ def main(argv=None) -> None:
     ap.add_argument("--save", default=None, help="write the table as parquet here")
     args = ap.parse_args(argv)
     from analyses.bench_attention import to_markdown
-    from focus_lab.cli import _load, _routers
+    from analyses.studies import retrieval_setup
     from focus_lab.eval import retrieval as rt
-    from focus_lab.eval.passkey import load_haystack
-    from focus_lab.hf.retrofit import load_routers
-    torch.set_num_threads(args.threads)
     task = rt.parse_tasks(args.task)[0]
-    model, tok, corp, _ = _load(None, "austen", 0)
-    load_routers(model, _routers(args.routers, None))
-    hay = load_haystack(corp.heldout, tok, name="persuasion")
+    model, tok, hay = retrieval_setup(args.routers, args.threads)
     frames = []
     for seed in (int(s) for s in args.seeds.split(",")):
         frames.append(restored_rows_table(model, rt.make_case(task, hay, tok, args.length, seed), args.pattern))
