@@ -104,6 +104,13 @@ def test_bad_capacity_and_the_pattern_suffix():
     assert pattern_changes("hard_top2_cap", 4) == {"mode": "hard", "top_k": 2, "assignment": "router",
                                                    "group_capacity": CAPACITY}
     assert pattern_changes("hard_top2_match_nocap", 4)["group_capacity"] == 0.0
+    # _capNN: the capacity NN / 100, after the other suffixes
+    assert pattern_changes("hard_top2_match_cap70", 4) == {"mode": "hard", "top_k": 2, "assignment": "router",
+                                                           "match_shifts": [0, 1], "group_capacity": 0.7}
+    with pytest.raises(ConfigError, match="unknown pattern"):
+        pattern_changes("hard_top2_cap7", 4)
+    with pytest.raises(ConfigError, match="group_capacity"):  # 0.05 <= 1 / num_groups
+        FocusConfig(num_groups=4, **pattern_changes("hard_top2_cap05", 4))
 
 
 def test_study_tables_from_hand_made_rows():
