@@ -494,5 +494,10 @@ def test_restored_rows_every_pair_back_is_dense(tok, hay):
     # only the needle sentence's keys for the question rows: a subset of the pairs every row adds
     some = RR.restore_patch(sets["question"], range(2), sets["sentence"])
     assert len(some) == 2
+    # the pairs, against a loop over the rows written from the definition
+    for rows, keys in ((torch.tensor([3, 5]), None), (sets["question"], sets["sentence"])):
+        want = {(0, i, j) for i in rows.tolist() for j in range(i + 1) if keys is None or j in keys.tolist()}
+        add = RR.restore_patch(rows, [0], keys)["layers.0.kept"](None, None).add
+        assert len(add) == len(want) and set(map(tuple, add.tolist())) == want
     with pytest.raises(ValueError, match="fewer than question_tokens"):
         RR.row_sets(case, question_tokens=10 ** 6)

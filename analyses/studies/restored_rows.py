@@ -31,12 +31,14 @@ from typing import Sequence
 import pandas as pd
 import torch
 
-#: (label, row set, layers ("all" or (first, last)), key set or None) of the default study
+#: (label, row set, layers ("all" or (first, last)), key set or None) of the default study; a set
+#: named ``a+b`` is the union of the row sets a and b
 DEFAULT_SPECS: tuple[tuple[str, str, object, str | None], ...] = (
     ("answer rows", "answer", "all", None),
     ("needle sentence rows", "sentence", "all", None),
     ("question rows", "question", "all", None),
     ("question rows -> needle sentence", "question", "all", "sentence"),
+    ("question and needle sentence rows", "question+sentence", "all", None),
     ("question rows, layers 0-9", "question", (0, 9), None),
     ("question rows -> needle sentence, layers 1-9", "question", (1, 9), "sentence"),
     ("question rows, layers 10-19", "question", (10, 19), None),
@@ -61,13 +63,15 @@ def row_sets(case, question_tokens: int = 64, radius: int = 24) -> dict[str, tor
 
 def restore_patch(rows: torch.Tensor, layers: Sequence[int], keys: torch.Tensor | None = None) -> dict:
     """``kept`` hooks (``hooks.hooks``) that add, in each of ``layers``, every causal pair (row i,
-    key j <= i) of the query ``rows`` (batch row 0; keys restricted to ``keys`` when given)."""
+    key j <= i) of the query ``rows`` (batch row 0; keys restricted to ``keys`` when given).
+
+    Args:
+        rows: (m,) long query positions; keys: (n,) long key positions, or None for every key.
+    """
     from focus_lab.hf.hooks import Pairs
-    parts = []
-    for i in rows.tolist():
-        j = torch.arange(i + 1) if keys is None else keys[keys <= i]  # (k,)
-        parts.append(torch.stack([torch.zeros_like(j), torch.full_like(j, i), j], 1))  # (k, 3): (b, i, j)
-    add = torch.cat(parts)  # (P, 3)
+    keys = torch.arange(int(rows.max()) + 1) if keys is None else keys  # (n,)
+    r, c = (keys[None, :] <= rows[:, None]).nonzero(as_tuple=True)  # (P,) each: the causal (row, key) cells
+    add = torch.stack([torch.zeros_like(r), rows[r], keys[c]], 1)  # (P, 3): (b, i, j)
     return {f"layers.{layer}.kept": (lambda kept, hook, add=add: Pairs(add=add)) for layer in layers}
 
 
@@ -99,11 +103,12 @@ def restored_rows_table(model, case, pattern: str = "hard_top2",
     n_layers = model.config.num_hidden_layers
     hard = pattern_changes(pattern, K)
     sets = row_sets(case)
+    union = lambda name: torch.cat([sets[n] for n in name.split("+")]).unique()  # (m,) sorted  # noqa: E731
     out = [("dense", answer_logprob(model, case, pattern_changes("dense", K))),
            (pattern, answer_logprob(model, case, hard))]
     for label, rows, layers, keys in specs:
         layer_ids = range(n_layers) if layers == "all" else range(layers[0], min(layers[1], n_layers - 1) + 1)
-        patch = restore_patch(sets[rows], layer_ids, None if keys is None else sets[keys])
+        patch = restore_patch(union(rows), layer_ids, None if keys is None else union(keys))
         out.append((f"{pattern} + {label}", answer_logprob(model, case, hard, patch)))
     dense, plain = out[0][1], out[1][1]
     return pd.DataFrame([{"task": case.task, "length": case.length, "seed": case.seed, "restored": lab,
