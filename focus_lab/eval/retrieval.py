@@ -697,6 +697,7 @@ def run_case(model, tokenizer, case: RetrievalCase, patterns: list[tuple[str, di
     Returns (case rows, trace rows) without ``schema_version``.
     """
     import contextlib
+    from transformers.cache_utils import DynamicLayer
     from focus_lab.eval.evaluate import window_pairs_kept
     from focus_lab.hf.retrofit import FocusCache, FocusForward, forward_state
     dev = next(model.parameters()).device
@@ -724,9 +725,15 @@ def run_case(model, tokenizer, case: RetrievalCase, patterns: list[tuple[str, di
                     res = _forward(model, ids[:P - 1], keep=1, use_cache=True, focus=state)
                     t_pre = time.perf_counter() - t0
                     past = res.past_key_values
-                    snapshot = copy.deepcopy((past, state.cache))  # the greedy answer decodes from here
+                    # the greedy answer decodes from here: the KV cache is cropped back to it after the
+                    # answer, the Focus cache (groups and counts, no keys or values) copied
+                    crop = all(type(layer) is DynamicLayer for layer in getattr(past, "layers", [None]))
+                    snapshot = copy.deepcopy((None, state.cache) if crop else (past, state.cache))
                     logits = _forward(model, ids[P - 1:P - 1 + n], keep=n, use_cache=True, past_key_values=past,
                                       focus=state).logits[0, -n:].float()  # (n, V)
+                    if crop:
+                        past.crop(-n)  # (.., P - 1, head_dim) again
+                        snapshot = (past, snapshot[1])
                 else:
                     snapshot = (None, None)
                     # soft mode (no cache): the whole prompt + answer in one forward
