@@ -51,3 +51,25 @@ def test_output_error_is_opt_in():
     from focus_lab.recording.options import ALL_METRICS, DEFAULT_METRICS, RecordOptions
     assert "output_error" in ALL_METRICS and "output_error" not in DEFAULT_METRICS
     assert RecordOptions().metrics == DEFAULT_METRICS
+
+
+def test_results_table_from_hand_made_heads(tmp_path):
+    """analyses.output_error_table: per mask the mean recall, the error's median and quartiles,
+    the worst head and the correlation over heads, on four hand-made heads; a run without the
+    tables stops with one line naming the option."""
+    import pandas as pd
+    from analyses.output_error_table import head_rows, mask_rows
+    errs = {"focus": [0.1, 0.2, 0.3, 0.9], "window": [1.0, 1.0, 2.0, 3.0]}
+    covs = {"focus": [0.9, 0.8, 0.7, 0.2], "window": [0.5, 0.6, 0.4, 0.1]}
+    rows = [{"layer_idx": i // 2, "head": i % 2, "pattern": p, "output_error": errs[p][i], "queries": 10,
+             "coverage": covs[p][i]} for p in errs for i in range(4)]
+    pd.DataFrame(rows).drop(columns="coverage").to_parquet(tmp_path / "output_error.parquet")
+    with pytest.raises(SystemExit, match="no coverage table"):
+        head_rows(tmp_path)
+    pd.DataFrame(rows).drop(columns=["output_error"]).to_parquet(tmp_path / "coverage.parquet")
+    t = mask_rows(head_rows(tmp_path)).set_index("mask")
+    assert list(t.index) == ["Focus hard top-k", "window + sinks"]  # MASKS order, only those recorded
+    f = t.loc["Focus hard top-k"]
+    assert f.recall == pytest.approx(0.65) and f.error == "0.250 [0.175, 0.450]" and f["worst head"] == "0.90 (L1H1)"
+    assert f.correlation == pytest.approx(pd.Series(covs["focus"]).corr(pd.Series(errs["focus"])))
+    assert t.loc["window + sinks", "worst head"] == "3.00 (L1H1)"
