@@ -139,3 +139,14 @@ def test_study_tables_from_hand_made_rows():
     assert math.isclose(p["hard_top2 vs dense %"][0], 100 * (math.exp(0.01) - 1), rel_tol=1e-9)
     assert p["cap - hard_top2 (%)"][0] == f"{100 * (math.exp(0.02) - 1):+.2f} [{100 * (math.exp(0.02) - 1):+.2f}, " \
                                           f"{100 * (math.exp(0.02) - 1):+.2f}]"
+    # the sweep: two tables sharing their dense and hard top-2 windows, each capacity against hard top-2
+    from analyses.studies.group_capacity import sweep_rows
+    sweep = pd.DataFrame([{"corpus": "man-pages", "seq_len": 4096, "window": w, "label": p, "nll": nll, "tokens": 100}
+                          for w in (0, 1) for p, nll in (("dense", 2.0), ("hard_top2", 2.01), ("hard_top2_cap", 2.05),
+                                                         ("hard_top2_cap70", 2.02))])
+    both = pd.concat([sweep[sweep.label != "hard_top2_cap70"], sweep[sweep.label != "hard_top2_cap"]])
+    s = sweep_rows(both, patterns=("hard_top2_cap", "hard_top2_cap70"))
+    assert len(s) == 1 and s.windows[0] == 2
+    for p, d in (("hard_top2_cap", 0.04), ("hard_top2_cap70", 0.01)):
+        assert s[f"{p} - hard_top2 (%)"][0].startswith(f"{100 * (math.exp(d) - 1):+.2f} [")
+    assert sweep_rows(both, patterns=("hard_top2_cap60",)).empty  # a capacity no table holds: no row

@@ -4,6 +4,9 @@ hard top-2, on the retrieval suite and on perplexity, from the committed data.
 
     python -m analyses.studies.group_capacity
     python -m analyses.studies.group_capacity --layers     # per layer, one case per task (a model forward each)
+    python -m analyses.studies.group_capacity --sweep      # the capacities 0.5-0.8 on technical text
+    python -m analyses.studies.group_capacity --layers --tasks niah_single_1 \
+        --patterns hard_top2,hard_top2_cap,hard_top2_cap60,hard_top2_cap70,hard_top2_cap80   # ... and their pairs
 
 Retrieval (``figures/results/retrieval_cases.parquet``): per task and length where both patterns
 ran, dense's score, each pattern's score relative to dense with the paired 95% interval over cases
@@ -11,7 +14,8 @@ and its distant pairs kept, then the cap minus hard top-2 in answer log-prob (na
 cases. Perplexity (``figures/results/length_cells.parquet``, table ``capacity``): per corpus and
 length, each pattern's change over dense (%), the cap's paired change over hard top-2 with its
 95% bootstrap interval over windows (> 0: the cap is worse), distant pairs kept and the largest
-group's share of the keys (mean over layers and windows).
+group's share of the keys (mean over layers and windows). The sweep (tables ``capacity`` and
+``capacity_sweep``): per corpus, each capacity's paired change over hard top-2 (%, 95% interval).
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ import pandas as pd
 from analyses.bench_attention import to_markdown
 
 PATTERNS = ("hard_top2", "hard_top2_cap")
+SWEEP = ("hard_top2_cap", "hard_top2_cap60", "hard_top2_cap70", "hard_top2_cap80")  # c = 0.5 .. 0.8
+SWEEP_TABLES = ("capacity", "capacity_sweep")
 
 
 def retrieval_rows(cases: pd.DataFrame) -> pd.DataFrame:
@@ -71,14 +77,38 @@ def perplexity_rows(cells: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def sweep_rows(cells: pd.DataFrame, patterns=SWEEP) -> pd.DataFrame:
+    """One row per (corpus, seq_len) holding hard top-2 and every pattern of ``patterns`` (the
+    cells of ``SWEEP_TABLES`` together, a window's duplicate rows dropped): windows, hard top-2's
+    change over dense (%), and each pattern's paired change over hard top-2 (%, [lo, hi]; > 0:
+    the cap is worse)."""
+    from analyses.length_table import paired_delta
+    cells = cells.drop_duplicates(["corpus", "seq_len", "window", "label"])
+    rows = []
+    for (corpus, L), g in cells.groupby(["corpus", "seq_len"], sort=True):
+        if not {"dense", "hard_top2", *patterns} <= set(g.label):
+            continue
+        row = {"corpus": corpus, "tokens": L, "windows": g[g.label == "hard_top2"].window.nunique(),
+               "hard_top2 vs dense %": paired_delta(g, "hard_top2", "dense")[0]}
+        for p in patterns:
+            m, lo, hi = paired_delta(g, p, "hard_top2")
+            row[f"{p} - hard_top2 (%)"] = f"{m:+.2f} [{lo:+.2f}, {hi:+.2f}]"
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
 def layer_rows(tasks=("niah_single_1", "passkey"), length: int = 4096, seed: int = 0,
-               patterns=PATTERNS, threads: int = 2) -> pd.DataFrame:
-    """Per routed layer, one forward of each task's case (seed ``seed``, ``length`` tokens) under each
-    pattern with the shipped routers: the layer's k, the distant pairs its groups keep
-    (``core.distant_pairs_kept``) and the largest group's share of the keys, read at the
-    ``attn_out`` hook point. About 20 s a forward on 2 CPU cores at 4096 tokens."""
+               patterns=PATTERNS, threads: int = 2, late: int = 1024) -> pd.DataFrame:
+    """Per routed layer, one forward of each input under each pattern with the shipped routers:
+    the layer's k, the distant pairs its groups keep (``core.distant_pairs_kept``), the largest
+    group's share of the keys, and ``moved``: the share of the keys at positions >= ``late``
+    whose group differs from the first pattern's (the keys a capacity moves), read at the
+    ``attn_out`` hook point. An input is a task's case (seed ``seed``, ``length`` tokens) or
+    ``CORPUS:INDEX``, that held-out window of ``length`` tokens (``data.make_windows``). About
+    20 s a forward on 2 CPU cores at 4096 tokens."""
     import torch
     from analyses.studies import retrieval_setup
+    from focus_lab.data import load_corpus, make_windows
     from focus_lab.eval import retrieval as rt
     from focus_lab.eval.evaluate import pattern_changes
     from focus_lab.hf.hooks import hooks
@@ -88,7 +118,13 @@ def layer_rows(tasks=("niah_single_1", "passkey"), length: int = 4096, seed: int
     num_groups = forward_state(model).config.num_groups
     rows = []
     for task in tasks:
-        case = rt.make_case(rt.parse_tasks(task)[0], hay, tok, length, seed)
+        if ":" in task:
+            corpus, index = task.split(":")
+            win = {w.index: w for w in make_windows(load_corpus(corpus).heldout, tok, length)}[int(index)]
+            ids = torch.as_tensor(win.input_ids)  # (T,)
+        else:
+            ids = rt.make_case(rt.parse_tasks(task)[0], hay, tok, length, seed).input_ids  # (T,)
+        first = {}  # {layer_idx: (T,) the first pattern's key groups}
         for pattern in patterns:
             state = forward_state(model, cache=False, **pattern_changes(pattern, num_groups))
 
@@ -97,13 +133,15 @@ def layer_rows(tasks=("niah_single_1", "passkey"), length: int = 4096, seed: int
                 if r is None:
                     return
                 kg = r.key_group[0]  # (T,)
+                ref = first.setdefault(hook.layer_idx, kg.clone())
                 rows.append({"task": task, "pattern": pattern, "layer_idx": hook.layer_idx,
                              "k": cfg.top_k_at(hook.layer_idx), "assignment": cfg.assignment_at(hook.layer_idx),
                              "pairs": distant_pairs_kept(r.query_groups, r.key_group, cfg.window, cfg.sink_tokens),
-                             "largest_group": float(torch.bincount(kg).max()) / kg.numel()})
+                             "largest_group": float(torch.bincount(kg).max()) / kg.numel(),
+                             "moved": float((kg[late:] != ref[late:]).float().mean())})
 
             with torch.no_grad(), hooks(model, {"attn_out": seen}):
-                model(case.input_ids[None], focus=state)
+                model(ids[None], focus=state)
     return pd.DataFrame(rows)
 
 
@@ -113,11 +151,20 @@ def main(argv=None) -> None:
     ap.add_argument("--cells", default="figures/results/length_cells.parquet")
     ap.add_argument("--table", default="capacity", help="the length cells' table")
     ap.add_argument("--layers", action="store_true", help="per routed layer, one case per task (runs the model)")
+    ap.add_argument("--tasks", default="niah_single_1,passkey",
+                    help="with --layers: tasks, or CORPUS:INDEX for a held-out window (man-pages:167)")
+    ap.add_argument("--patterns", default=",".join(PATTERNS), help="with --layers")
+    ap.add_argument("--sweep", action="store_true", help="each capacity of SWEEP against hard top-2, perplexity")
     a = ap.parse_args(argv)
+    if a.sweep:
+        cells = pd.read_parquet(a.cells)
+        p = sweep_rows(cells[cells.table.isin(SWEEP_TABLES)])
+        print(to_markdown(p, list(p.columns), {"hard_top2 vs dense %": "{:+.2f}"}))
+        return
     if a.layers:
-        d = layer_rows()
+        d = layer_rows(tuple(a.tasks.split(",")), patterns=tuple(a.patterns.split(",")))
         w = d.pivot_table(index=["layer_idx", "k", "assignment"], columns=["task", "pattern"],
-                          values=["pairs", "largest_group"]).round(2)
+                          values=["pairs", "largest_group", "moved"]).round(2)
         print(w.to_string())
         print(d.groupby(["task", "pattern"])[["pairs", "largest_group"]].mean().round(3).to_string())
         return
