@@ -501,3 +501,11 @@ def test_restored_rows_every_pair_back_is_dense(tok, hay):
         assert len(add) == len(want) and set(map(tuple, add.tolist())) == want
     with pytest.raises(ValueError, match="fewer than question_tokens"):
         RR.row_sets(case, question_tokens=10 ** 6)
+    # the table: a row set named a+b restores both sets' rows; recovered = share of the loss back
+    t = RR.restored_rows_table(model, case, "hard_top1", specs=(("both", "question+sentence", "all", None),))
+    full = RR.row_sets(case)
+    both = torch.tensor(sorted(set(full["question"].tolist()) | set(full["sentence"].tolist())))
+    want = RR.answer_logprob(model, case, hard, RR.restore_patch(both, range(model.config.num_hidden_layers)))
+    assert list(t.restored) == ["dense", "hard_top1", "hard_top1 + both"]
+    assert t.answer_logprob[2] == pytest.approx(want, abs=1e-5)
+    assert t.recovered[2] == pytest.approx((want - plain) / (dense - plain), abs=1e-3)

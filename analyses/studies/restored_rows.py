@@ -103,7 +103,11 @@ def restored_rows_table(model, case, pattern: str = "hard_top2",
     n_layers = model.config.num_hidden_layers
     hard = pattern_changes(pattern, K)
     sets = row_sets(case)
-    union = lambda name: torch.cat([sets[n] for n in name.split("+")]).unique()  # (m,) sorted  # noqa: E731
+
+    def union(name: str) -> torch.Tensor:
+        """(m,) sorted positions of the row sets named ``a+b+...``."""
+        return torch.cat([sets[n] for n in name.split("+")]).unique()
+
     out = [("dense", answer_logprob(model, case, pattern_changes("dense", K))),
            (pattern, answer_logprob(model, case, hard))]
     for label, rows, layers, keys in specs:
