@@ -28,15 +28,20 @@ MASKS = {"focus": "Focus hard top-k", "random": "random groups, same sparsity",
 
 
 def head_rows(run: Path) -> pd.DataFrame:
-    """One row per (layer_idx, head, pattern): output_error, queries and coverage of ``run``.
-    Raises SystemExit naming the missing table and the option that records it."""
-    paths = {t: run / f"{t}.parquet" for t in ("output_error", "coverage")}
-    for t, p in paths.items():
-        if not p.is_file():
+    """One row per (layer_idx, head, pattern): output_error, queries and coverage of ``run``
+    (opened as ``focus_lab.runs.Run``). Raises SystemExit (one line) when ``run`` is not a run or
+    lacks either table, naming the option that records it."""
+    from focus_lab.runs import Run, RunError
+    try:
+        r = Run.open(run)
+    except RunError as e:
+        raise SystemExit(str(e)) from None
+    for t in ("output_error", "coverage"):
+        if not r.has(t):
             raise SystemExit(f"{run} has no {t} table: record it with --metrics coverage,output_error")
-    err, cov = (pd.read_parquet(p) for p in paths.values())
     keys = ["layer_idx", "head", "pattern"]
-    return err[keys + ["output_error", "queries"]].merge(cov[keys + ["coverage"]], on=keys)
+    return r.columns("output_error", keys + ["output_error", "queries"]).merge(
+        r.columns("coverage", keys + ["coverage"]), on=keys)
 
 
 def mask_rows(heads: pd.DataFrame) -> pd.DataFrame:

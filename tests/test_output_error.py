@@ -63,6 +63,9 @@ def test_results_table_from_hand_made_heads(tmp_path):
     covs = {"focus": [0.9, 0.8, 0.7, 0.2], "window": [0.5, 0.6, 0.4, 0.1]}
     rows = [{"layer_idx": i // 2, "head": i % 2, "pattern": p, "output_error": errs[p][i], "queries": 10,
              "coverage": covs[p][i]} for p in errs for i in range(4)]
+    import json
+    from focus_lab.runs import MANIFEST, SCHEMA_VERSION
+    (tmp_path / MANIFEST).write_text(json.dumps({"schema_version": SCHEMA_VERSION}))
     pd.DataFrame(rows).drop(columns="coverage").to_parquet(tmp_path / "output_error.parquet")
     with pytest.raises(SystemExit, match="no coverage table"):
         head_rows(tmp_path)
