@@ -57,6 +57,14 @@ def retrieval_rows(cases: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def change_over(cells: pd.DataFrame, a: str, b: str) -> str:
+    """Pattern ``a``'s paired perplexity change over ``b`` on ``cells``' windows, written
+    ``+m [+lo, +hi]`` (%, 95% interval; ``length_table.paired_delta``)."""
+    from analyses.length_table import paired_delta
+    m, lo, hi = paired_delta(cells, a, b)
+    return f"{m:+.2f} [{lo:+.2f}, {hi:+.2f}]"
+
+
 def perplexity_rows(cells: pd.DataFrame) -> pd.DataFrame:
     """One row per (corpus, seq_len) of the length cells holding dense and both ``PATTERNS``."""
     from analyses.length_table import paired_delta
@@ -68,8 +76,7 @@ def perplexity_rows(cells: pd.DataFrame) -> pd.DataFrame:
         row = {"corpus": corpus, "tokens": L, "windows": g[g.label == PATTERNS[1]].window.nunique()}
         for p in PATTERNS:
             row[f"{p} vs dense %"] = paired_delta(g, p, "dense")[0]
-        m, lo, hi = paired_delta(g, PATTERNS[1], PATTERNS[0])
-        row["cap - hard_top2 (%)"] = f"{m:+.2f} [{lo:+.2f}, {hi:+.2f}]"
+        row["cap - hard_top2 (%)"] = change_over(g, PATTERNS[1], PATTERNS[0])
         for p in PATTERNS:
             row[f"{p} pairs"] = ppl[p].distant_pairs_kept.mean()
             row[f"{p} largest group"] = ppl[p].max_group_share.mean()
@@ -91,8 +98,7 @@ def sweep_rows(cells: pd.DataFrame, patterns=SWEEP) -> pd.DataFrame:
         row = {"corpus": corpus, "tokens": L, "windows": g[g.label == "hard_top2"].window.nunique(),
                "hard_top2 vs dense %": paired_delta(g, "hard_top2", "dense")[0]}
         for p in patterns:
-            m, lo, hi = paired_delta(g, p, "hard_top2")
-            row[f"{p} - hard_top2 (%)"] = f"{m:+.2f} [{lo:+.2f}, {hi:+.2f}]"
+            row[f"{p} - hard_top2 (%)"] = change_over(g, p, "hard_top2")
         rows.append(row)
     return pd.DataFrame(rows)
 
