@@ -83,6 +83,29 @@ def test_the_forward_moves_the_keys_the_rule_names_and_keeps_fewer_pairs():
         assert kept < distant_pairs_kept(free[f"layers.{i}.query_groups"], free[f"layers.{i}.key_group"], W)
 
 
+@torch.no_grad()
+def test_capacity_layers_cap_only_the_layers_named():
+    """``capacity_layers=[1]``: layer 1's keys follow the rule, layer 0's stay at their top-1,
+    and the cached decode still equals the full forward."""
+    model = _model(top_k=1, capacity_layers=[1])
+    cfg = focus_lab.focus_config(model)
+    assert (cfg.capacity_at(0), cfg.capacity_at(1)) == (0.0, 0.5)
+    ids = random_ids(5, batch=1, T=60)
+    with focus_lab.cache(model, ["router_in", "key_group"]) as c:
+        model(input_ids=ids, use_cache=False)
+    for i, r in focus_lab.routers(model).items():
+        h = rms_normalize(c[f"layers.{i}.router_in"])  # (B, T, d)
+        a = (h @ r.proj @ r.centroids.T) / cfg.tau + r.group_bias  # (B, T, K)
+        want = _loop(a, 0.5, W) if i == 1 else a.argmax(-1)
+        assert torch.equal(c[f"layers.{i}.key_group"], want)
+    assert not torch.equal(_loop(a, 0.5, W), a.argmax(-1))  # layer 1's rule moved keys
+    ref = model(ids, focus=focus_lab.forward_state(model, backend="dense")).logits
+    assert (cached_logits(model, ids, [30, 37]) - ref).abs().max().item() <= 1e-5
+    with pytest.raises(ConfigError, match="capacity_layers"):
+        FocusConfig(num_groups=4, group_capacity=0.5, capacity_layers=[-1])
+    assert FocusConfig(num_groups=4, group_capacity=0.5, capacity_layers=(3, 1, 3)).capacity_layers == [1, 3]
+
+
 @pytest.mark.parametrize("top_k,key_shift", [(1, 0), (2, 1)])
 @torch.no_grad()
 def test_two_call_path_and_kv_cache_decode_equal_the_masked_reference(top_k, key_shift):
@@ -102,11 +125,19 @@ def test_bad_capacity_and_the_pattern_suffix():
             FocusConfig(num_groups=4, group_capacity=bad)
     assert FocusConfig(num_groups=4, group_capacity=0.26).group_capacity == 0.26
     assert pattern_changes("hard_top2_cap", 4) == {"mode": "hard", "top_k": 2, "assignment": "router",
-                                                   "group_capacity": CAPACITY}
+                                                   "group_capacity": CAPACITY, "capacity_layers": None}
+    # @LAYERS: the cap in those layers only
+    assert pattern_changes("hard_top2_match_cap60@0+13-15", 4) == {
+        "mode": "hard", "top_k": 2, "assignment": "router", "match_shifts": [0, 1], "group_capacity": 0.6,
+        "capacity_layers": [0, 13, 14, 15]}
+    assert pattern_changes("hard_top2_cap@2", 4)["capacity_layers"] == [2]
+    with pytest.raises(ConfigError, match="capacity layers"):
+        pattern_changes("hard_top2_cap@-3", 4)
     assert pattern_changes("hard_top2_match_nocap", 4)["group_capacity"] == 0.0
     # _capNN: the capacity NN / 100, after the other suffixes
     assert pattern_changes("hard_top2_match_cap70", 4) == {"mode": "hard", "top_k": 2, "assignment": "router",
-                                                           "match_shifts": [0, 1], "group_capacity": 0.7}
+                                                           "match_shifts": [0, 1], "group_capacity": 0.7,
+                                                           "capacity_layers": None}
     with pytest.raises(ConfigError, match="unknown pattern"):
         pattern_changes("hard_top2_cap7", 4)
     with pytest.raises(ConfigError, match="group_capacity"):  # 0.05 <= 1 / num_groups

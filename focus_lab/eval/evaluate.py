@@ -29,7 +29,9 @@ NO_KEY_SHIFT = "_nokeyshift"  # pattern-name suffix: each key in its own group, 
 CAP = "_cap"  # pattern-name suffix: the group capacity CAPACITY (docs/method.md §2.9)
 NO_CAP = "_nocap"  # pattern-name suffix: no group capacity, whatever the router file says
 CAPACITY = 0.5  # the group capacity of the _cap suffix: a group past half of the first choices overflows
-CAP_SHARE = re.compile(r"_cap(\d{2})$")  # _capNN: the group capacity NN / 100 (e.g. _cap70 = 0.7)
+# _cap, _capNN (the capacity NN / 100, _cap70 = 0.7), either + @LAYERS (only those layers, parts
+# joined by '+': _cap@0+13-16 caps layers 0 and 13 to 16; capacity_layers)
+CAP_SHARE = re.compile(r"_cap(\d{2})?(?:@([0-9+\-]+))?$")
 
 
 def standard_patterns(num_groups: int) -> list[tuple[str, dict]]:
@@ -53,8 +55,15 @@ def split_suffixes(name: str) -> tuple[str, dict]:
     {"match_shifts": [0, 1], "layer_top_k": {}})``; a name without suffixes comes back as is."""
     base, extra = name, {}
     if m := CAP_SHARE.search(base):
-        base, extra = base[:m.start()], {"group_capacity": int(m.group(1)) / 100}
-    for pair in ((() if extra else ((NO_CAP, {"group_capacity": 0.0}), (CAP, {"group_capacity": CAPACITY}))),
+        from focus_lab.method.config import ConfigError, parse_int_list
+        try:
+            layers = parse_int_list(m.group(2).replace("+", ",")) if m.group(2) else None
+        except ValueError:
+            raise ConfigError(f"pattern {name!r}: cannot read the capacity layers {m.group(2)!r}; write "
+                              f"layer indices and ranges joined by '+', e.g. {CAP}@0+13-16") from None
+        base, extra = base[:m.start()], {"group_capacity": int(m.group(1)) / 100 if m.group(1) else CAPACITY,
+                                         "capacity_layers": layers}
+    for pair in ((() if extra else ((NO_CAP, {"group_capacity": 0.0}),)),
                  ((NO_KEY_SHIFT, {"key_shift": 0}), (KEY_SHIFT, {"key_shift": 1})),
                  ((NO_MATCH, {"match_shifts": None}), (MATCH, {"match_shifts": list(MATCH_SHIFTS)})),
                  ((UNIFORM, {"layer_top_k": {}}),)):
@@ -78,7 +87,8 @@ def pattern_changes(name: str, num_groups: int) -> dict:
     §2.8), one ending in ``_nomatch`` drops any; a name ending in ``_keyshift`` puts each key in
     its predecessor's group (``key_shift = 1``, docs/method.md §1.7), ``_nokeyshift`` in its own;
     ``_cap`` caps each group at ``CAPACITY`` of the keys so far (``group_capacity``, docs/method.md
-    §2.9), ``_capNN`` at NN / 100 (``_cap70``: 0.7), ``_nocap`` drops any cap; the suffixes combine in this order
+    §2.9), ``_capNN`` at NN / 100 (``_cap70``: 0.7), in every routed layer unless ``@LAYERS``
+    follows (``_cap@0+13-16``: layers 0 and 13-16 only, ``capacity_layers``); ``_nocap`` drops any cap; the suffixes combine in this order
     (``hard_top2_uniform_match_keyshift_cap``).
     Raises ConfigError naming the valid names.
     """
@@ -93,7 +103,7 @@ def pattern_changes(name: str, num_groups: int) -> dict:
                           f"(a top-k name + '{UNIFORM}': k in every layer, no per-layer budget; + '{MATCH}' / "
                           f"'{NO_MATCH}': with / without token-match pairs; + '{KEY_SHIFT}' / '{NO_KEY_SHIFT}': "
                           f"keys in their predecessor's / own group; + '{CAP}' / '{NO_CAP}': with / without the "
-                          f"group capacity, '{CAP}NN': capacity NN / 100)")
+                          f"group capacity, '{CAP}NN': capacity NN / 100, '{CAP}@0+13-16': in those layers only)")
     return {"mode": "hard", "top_k": int(k), "assignment": assignment, **extra}
 
 

@@ -173,6 +173,8 @@ class FocusConfig:
             the router sends most tokens to one group, whose queries then keep most distant
             pairs; the rule splits that group. 0: off (the paper's rule); else
             1/num_groups < group_capacity <= 1.
+        capacity_layers: [ours] the routed layers ``group_capacity`` applies to; None: every
+            routed layer (docs/method.md §2.9). ``capacity_at`` gives a layer's capacity.
         backend: how hard mode computes attention (docs/method.md §4): "auto" (the two-call
             decomposition of focus_lab.method.decomposition with the best kernel present: on a
             GPU in fp16/bf16 FlexAttention's block-sparse kernel for top_k >= 2 and a varlen
@@ -206,6 +208,7 @@ class FocusConfig:
     match_shifts: list[int] | None = None
     match_latest: int = 0
     group_capacity: float = 0.0
+    capacity_layers: list[int] | None = None
     backend: str = "auto"
 
     def __post_init__(self) -> None:
@@ -257,6 +260,11 @@ class FocusConfig:
                 or not (self.group_capacity == 0 or 1 / self.num_groups < self.group_capacity <= 1)):
             bad("group_capacity", f"need 0 (no cap) or a share in (1/num_groups, 1] = "
                 f"({1 / self.num_groups:.3g}, 1], e.g. 0.5")
+        if self.capacity_layers is not None:
+            if not (isinstance(self.capacity_layers, (list, tuple))
+                    and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in self.capacity_layers)):
+                bad("capacity_layers", "need a list of layer indices >= 0 (e.g. [13, 14, 15]), or None for every layer")
+            object.__setattr__(self, "capacity_layers", sorted(set(self.capacity_layers)))
         if self.backend not in ("auto", "dense", "torch", "flash", "flex"):
             bad("backend", "choose one of auto, dense, torch, flash, flex")
         if self.layers is not None:
@@ -304,6 +312,13 @@ class FocusConfig:
         """The assignment in force at layer ``layer_idx``: "random" in ``random_layers``, else
         ``assignment`` (docs/method.md §7)."""
         return "random" if self.random_layers and layer_idx in self.random_layers else self.assignment
+
+    def capacity_at(self, layer_idx: int) -> float:
+        """The group capacity in force at layer ``layer_idx``: ``group_capacity`` where
+        ``capacity_layers`` is None or holds the layer, else 0.0 (no cap; docs/method.md §2.9)."""
+        if self.capacity_layers is not None and layer_idx not in self.capacity_layers:
+            return 0.0
+        return self.group_capacity
 
     def replace(self, **changes: Any) -> "FocusConfig":
         """A validated copy with ``changes`` applied (its own lists and dicts: nothing shared

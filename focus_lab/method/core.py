@@ -691,10 +691,11 @@ def route(router: Router, h: torch.Tensor, token_mask: torch.Tensor | None = Non
     if key_scores is not None:
         key_log_p, col, kg = router.assign_keys(key_scores, cfg, kg, token_mask, start)
     counts = None
-    if (cfg.group_capacity and cfg.mode == "hard" and cfg.assignment_at(router.layer_idx) == "router"
+    capacity = cfg.capacity_at(router.layer_idx)
+    if (capacity and cfg.mode == "hard" and cfg.assignment_at(router.layer_idx) == "router"
             and cfg.top_k_at(router.layer_idx) > 0):  # docs/method.md §2.9
         logits = hard_logits(key_scores if key_scores is not None else scores, cfg.tau, router._bias(cfg))
-        kg, counts = capacity_key_group(logits, kg, cfg.group_capacity, start, cfg.window, prev_counts)
+        kg, counts = capacity_key_group(logits, kg, capacity, start, cfg.window, prev_counts)
     if not cfg.key_shift:
         return Routing(scores, log_p, col, qg, kg, key_scores=key_scores, key_log_p=key_log_p, first_counts=counts)
     lpk = key_log_p if key_log_p is not None else log_p  # (B, T, K) or None
