@@ -181,3 +181,44 @@ def test_study_tables_from_hand_made_rows():
     for p, d in (("hard_top2_cap", 0.04), ("hard_top2_cap70", 0.01)):
         assert s[f"{p} - hard_top2 (%)"][0].startswith(f"{100 * (math.exp(d) - 1):+.2f} [")
     assert sweep_rows(both, patterns=("hard_top2_cap60",)).empty  # a capacity no table holds: no row
+
+
+@torch.no_grad()
+def test_rewind_point_gives_back_the_prefill_caches():
+    """``state.rewind_point``: after a prefill of 30 tokens and 6 more through its caches,
+    ``restore()`` gives caches that decode exactly as a fresh prefill's (KV cache cropped, the
+    FocusCache's key groups, first-choice counts and next key groups as they were); a cache of
+    other layer types is copied instead of cropped."""
+    from transformers.cache_utils import DynamicLayer
+    from focus_lab.hf.retrofit import FocusForward
+    from focus_lab.hf.state import rewind_point
+    model = _model(top_k=2, key_shift=1)
+    ids = random_ids(6, batch=1, T=40)
+
+    def prefill():
+        state = focus_lab.forward_state(model, cache=True)
+        return model(ids[:, :30], use_cache=True, focus=state).past_key_values, state
+
+    past, state = prefill()
+    restore = rewind_point(past, state.cache)
+    model(ids[:, 30:36], past_key_values=past, use_cache=True, focus=state)  # e.g. a teacher-forced answer
+    assert past.get_seq_length() == 36 and state.cache.seen(0) == 36
+    past2, fcache = restore()
+    assert past2 is past and past2.get_seq_length() == 30 and fcache.seen(0) == 30  # cropped, not copied
+    got = model(ids[:, 30:34], past_key_values=past2, use_cache=True, focus=FocusForward(state.config, fcache)).logits
+    fresh, fstate = prefill()
+    want = model(ids[:, 30:34], past_key_values=fresh, use_cache=True, focus=fstate).logits
+    assert torch.equal(got, want)
+    assert fstate.cache.first_counts and fstate.cache.next_key_group  # the test sees both restored
+
+    class OtherLayer(DynamicLayer):  # not a plain DynamicLayer: copied, and the copy is the prefill's
+        pass
+    past, state = prefill()
+    for layer in past.layers:
+        layer.__class__ = OtherLayer
+    restore = rewind_point(past, state.cache)
+    model(ids[:, 30:36], past_key_values=past, use_cache=True, focus=state)
+    past2, fcache = restore()
+    assert past2 is not past and past2.get_seq_length() == 30 and past.get_seq_length() == 36
+    got = model(ids[:, 30:34], past_key_values=past2, use_cache=True, focus=FocusForward(state.config, fcache)).logits
+    assert torch.equal(got, want)

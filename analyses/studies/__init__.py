@@ -48,13 +48,15 @@ def retrieval_setup(routers=None, threads: int = 2):
     ``group_capacity``). Returns (model, tokenizer, haystack)."""
     import torch
 
-    from focus_lab.cli import _load, _routers
+    from focus_lab.data import load_corpus
     from focus_lab.eval.passkey import load_haystack
+    from focus_lab.hf.models import load_model
     from focus_lab.hf.retrofit import load_routers
+    from focus_lab.hf.shipped import resolve_routers
     torch.set_num_threads(threads)
-    model, tok, corp, _ = _load(None, "austen", 0)
-    load_routers(model, _routers(routers, None))
-    return model, tok, load_haystack(corp.heldout, tok, name="persuasion")
+    model, tok = load_model(None)
+    load_routers(model, resolve_routers(routers, None))
+    return model, tok, load_haystack(load_corpus("austen").heldout, tok, name="persuasion")
 
 
 def pending_windows(args, tok, suffix: str = ""):

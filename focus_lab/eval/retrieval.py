@@ -61,7 +61,6 @@ Source: docs/method.md §2 (patterns), §7 (controls at equal sparsity); docs/re
 
 from __future__ import annotations
 
-import copy
 import functools
 import hashlib
 import json
@@ -697,9 +696,9 @@ def run_case(model, tokenizer, case: RetrievalCase, patterns: list[tuple[str, di
     Returns (case rows, trace rows) without ``schema_version``.
     """
     import contextlib
-    from transformers.cache_utils import DynamicLayer
     from focus_lab.eval.evaluate import window_pairs_kept
     from focus_lab.hf.retrofit import FocusCache, FocusForward, forward_state
+    from focus_lab.hf.state import rewind_point
     dev = next(model.parameters()).device
     P, n = len(case.input_ids), len(case.answer_ids)
     ids = torch.cat([case.input_ids, case.answer_ids]).to(dev)  # (P + n,)
@@ -725,17 +724,11 @@ def run_case(model, tokenizer, case: RetrievalCase, patterns: list[tuple[str, di
                     res = _forward(model, ids[:P - 1], keep=1, use_cache=True, focus=state)
                     t_pre = time.perf_counter() - t0
                     past = res.past_key_values
-                    # the greedy answer decodes from here: the KV cache is cropped back to it after the
-                    # answer, the Focus cache (groups and counts, no keys or values) copied
-                    crop = all(type(layer) is DynamicLayer for layer in getattr(past, "layers", [None]))
-                    snapshot = copy.deepcopy((None, state.cache) if crop else (past, state.cache))
+                    rewind = rewind_point(past, state.cache)  # the greedy answer decodes from here
                     logits = _forward(model, ids[P - 1:P - 1 + n], keep=n, use_cache=True, past_key_values=past,
                                       focus=state).logits[0, -n:].float()  # (n, V)
-                    if crop:
-                        past.crop(-n)  # (.., P - 1, head_dim) again
-                        snapshot = (past, snapshot[1])
                 else:
-                    snapshot = (None, None)
+                    rewind = None
                     # soft mode (no cache): the whole prompt + answer in one forward
                     logits = _forward(model, ids, keep=n + 1, use_cache=False,
                                       focus=state).logits[0, -(n + 1):-1].float()  # (n, V)
@@ -755,7 +748,7 @@ def run_case(model, tokenizer, case: RetrievalCase, patterns: list[tuple[str, di
                 return score(tokenizer.decode(toks), answers)[1] == len(answers)
 
             if use_cache:
-                past0, fcache = snapshot if m < n else (None, None)
+                past0, fcache = rewind() if m < n else (None, None)
                 gstate = FocusForward(cfg, fcache if fcache is not None else FocusCache())
             else:
                 past0, gstate = None, FocusForward(cfg)
