@@ -181,6 +181,18 @@ def test_study_tables_from_hand_made_rows():
     for p, d in (("hard_top2_cap", 0.04), ("hard_top2_cap70", 0.01)):
         assert s[f"{p} - hard_top2 (%)"][0].startswith(f"{100 * (math.exp(d) - 1):+.2f} [")
     assert sweep_rows(both, patterns=("hard_top2_cap60",)).empty  # a capacity no table holds: no row
+    # per-layer caps: each pattern's change over hard top-2 per corpus, a corpus without it left blank
+    from analyses.studies.group_capacity import over_hard_top2
+    other = sweep.assign(corpus="python-docs")
+    other = other[other.label != "hard_top2_cap70"]
+    o = over_hard_top2(pd.concat([sweep, other]), ("hard_top2_cap70", "hard_top2_cap"))
+    assert list(o.pattern) == ["hard_top2_cap70", "hard_top2_cap"]
+    assert o["man-pages 4096"][0].startswith(f"{100 * (math.exp(0.01) - 1):+.2f} [") and pd.isna(o["python-docs 4096"][0])
+    assert o["python-docs 4096"][1] == o["man-pages 4096"][1]
+    # the pattern pair is a parameter: the same rows under another cap's name
+    renamed = cells.replace({"label": {"hard_top2_cap": "hard_top2_cap@14"}})
+    q = perplexity_rows(renamed, ("hard_top2", "hard_top2_cap@14"))
+    assert q["cap - hard_top2 (%)"][0] == perplexity_rows(cells)["cap - hard_top2 (%)"][0]
 
 
 @torch.no_grad()

@@ -5,6 +5,7 @@ hard top-2, on the retrieval suite and on perplexity, from the committed data.
     python -m analyses.studies.group_capacity
     python -m analyses.studies.group_capacity --layers     # per layer, one case per task (a model forward each)
     python -m analyses.studies.group_capacity --sweep      # the capacities 0.5-0.8 on technical text
+    python -m analyses.studies.group_capacity --by-layer   # the cap in some layers only
     python -m analyses.studies.group_capacity --layers --tasks niah_single_1 \
         --patterns hard_top2,hard_top2_cap,hard_top2_cap60,hard_top2_cap70,hard_top2_cap80   # ... and their pairs
 
@@ -29,14 +30,21 @@ from analyses.bench_attention import to_markdown
 PATTERNS = ("hard_top2", "hard_top2_cap")
 SWEEP = ("hard_top2_cap", "hard_top2_cap60", "hard_top2_cap70", "hard_top2_cap80")  # c = 0.5 .. 0.8
 SWEEP_TABLES = ("capacity", "capacity_sweep")
+LAYER_TABLE = "capacity_layers"  # the per-layer caps' length cells
+# c = 0.5 in one layer or a few (a layer diagnosis on the man pages and Debian Reference), and at 0.7 in layer 14
+LAYER_PROBES = ("hard_top2_cap@14", "hard_top2_cap70@14", "hard_top2_cap@15", "hard_top2_cap@18", "hard_top2_cap@20",
+                "hard_top2_cap@24", "hard_top2_cap@29", "hard_top2_cap@0+13+16+21+25+28")
+# the layer sets tried in full: the layers niah_single_1's noise sentences collapse in, then those
+# without layer 14 (which costs technical text) and with 24 and 29 (which do not)
+LAYER_SETS = ("hard_top2_cap@0+13-16+21+25+28", "hard_top2_cap@0+13+15-16+21+24-25+28-29")
 
 
-def retrieval_rows(cases: pd.DataFrame) -> pd.DataFrame:
-    """One row per (task, length) holding both ``PATTERNS``: dense score, cases, each pattern's
-    score relative to dense (ratio [lo, hi]) and distant pairs kept, and the cap's answer
-    log-prob minus hard top-2's, paired over cases (nats, [lo, hi])."""
+def retrieval_rows(cases: pd.DataFrame, patterns=PATTERNS) -> pd.DataFrame:
+    """One row per (task, length) holding both ``patterns`` (hard top-2, a cap): dense score,
+    cases, each pattern's score relative to dense (ratio [lo, hi]) and distant pairs kept, and
+    the cap's answer log-prob minus hard top-2's, paired over cases (nats, [lo, hi])."""
     from focus_lab.eval.retrieval_tables import paired_difference, summary
-    a, b = PATTERNS
+    a, b = patterns
     have = cases.groupby(["task", "length", "seed"]).pattern.agg(set)
     keep = have[have.map(lambda s: {"dense", a, b} <= s)].index
     c = cases.set_index(["task", "length", "seed"]).loc[keep].reset_index()
@@ -47,7 +55,7 @@ def retrieval_rows(cases: pd.DataFrame) -> pd.DataFrame:
     for (task, L), g in c.groupby(["task", "length"], sort=True):
         d = s.loc[(task, L, "dense")]
         row = {"task": task, "tokens": L, "cases": int(d.cases), "dense score": d.score}
-        for p in PATTERNS:
+        for p in patterns:
             r = s.loc[(task, L, p)]
             row[f"{p} vs dense"] = f"{r.relative:.2f} [{r.relative_lo:.2f}, {r.relative_hi:.2f}]"
             row[f"{p} pairs"] = r.distant_pairs_kept
@@ -65,19 +73,20 @@ def change_over(cells: pd.DataFrame, a: str, b: str) -> str:
     return f"{m:+.2f} [{lo:+.2f}, {hi:+.2f}]"
 
 
-def perplexity_rows(cells: pd.DataFrame) -> pd.DataFrame:
-    """One row per (corpus, seq_len) of the length cells holding dense and both ``PATTERNS``."""
+def perplexity_rows(cells: pd.DataFrame, patterns=PATTERNS) -> pd.DataFrame:
+    """One row per (corpus, seq_len) of the length cells holding dense and both ``patterns``
+    (hard top-2, a cap)."""
     from analyses.length_table import paired_delta
     rows = []
     for (corpus, L), g in cells.groupby(["corpus", "seq_len"], sort=True):
-        if not {"dense", *PATTERNS} <= set(g.label):
+        if not {"dense", *patterns} <= set(g.label):
             continue
-        ppl = {p: g[g.label == p] for p in ("dense", *PATTERNS)}
-        row = {"corpus": corpus, "tokens": L, "windows": g[g.label == PATTERNS[1]].window.nunique()}
-        for p in PATTERNS:
+        ppl = {p: g[g.label == p] for p in ("dense", *patterns)}
+        row = {"corpus": corpus, "tokens": L, "windows": g[g.label == patterns[1]].window.nunique()}
+        for p in patterns:
             row[f"{p} vs dense %"] = paired_delta(g, p, "dense")[0]
-        row["cap - hard_top2 (%)"] = change_over(g, PATTERNS[1], PATTERNS[0])
-        for p in PATTERNS:
+        row["cap - hard_top2 (%)"] = change_over(g, patterns[1], patterns[0])
+        for p in patterns:
             row[f"{p} pairs"] = ppl[p].distant_pairs_kept.mean()
             row[f"{p} largest group"] = ppl[p].max_group_share.mean()
         rows.append(row)
@@ -99,6 +108,21 @@ def sweep_rows(cells: pd.DataFrame, patterns=SWEEP) -> pd.DataFrame:
                "hard_top2 vs dense %": paired_delta(g, "hard_top2", "dense")[0]}
         for p in patterns:
             row[f"{p} - hard_top2 (%)"] = change_over(g, p, "hard_top2")
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def over_hard_top2(cells: pd.DataFrame, patterns=LAYER_PROBES) -> pd.DataFrame:
+    """One row per pattern of ``patterns``, one column per corpus (at its length) where the
+    cells hold both it and hard top-2: the pattern's paired perplexity change over hard top-2
+    (``change_over``: %, 95% interval over windows; > 0: the cap is worse)."""
+    cells = cells.drop_duplicates(["corpus", "seq_len", "window", "label"])
+    rows = []
+    for p in patterns:
+        row = {"pattern": p}
+        for (corpus, L), g in cells.groupby(["corpus", "seq_len"], sort=True):
+            if {"hard_top2", p} <= set(g.label):
+                row[f"{corpus} {L}"] = change_over(g, p, "hard_top2")
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -161,7 +185,24 @@ def main(argv=None) -> None:
                     help="with --layers: tasks, or CORPUS:INDEX for a held-out window (man-pages:167)")
     ap.add_argument("--patterns", default=",".join(PATTERNS), help="with --layers")
     ap.add_argument("--sweep", action="store_true", help="each capacity of SWEEP against hard top-2, perplexity")
+    ap.add_argument("--by-layer", action="store_true",
+                    help="the cap in some layers only: LAYER_PROBES and LAYER_SETS against hard top-2")
     a = ap.parse_args(argv)
+    if a.by_layer:
+        cells = pd.read_parquet(a.cells)
+        cells = cells[cells.table == LAYER_TABLE]
+        p = over_hard_top2(cells, LAYER_PROBES)
+        print(to_markdown(p, list(p.columns), {}))
+        cases = pd.read_parquet(a.cases)
+        for pattern in LAYER_SETS:
+            print(f"\n{pattern}\n")
+            r = retrieval_rows(cases, ("hard_top2", pattern))
+            print(to_markdown(r, list(r.columns), {c: "{:.2f}" for c in r.columns if c.endswith("pairs") or c == "dense score"}))
+            q = perplexity_rows(cells, ("hard_top2", pattern))
+            print()
+            print(to_markdown(q, list(q.columns), {c: ("{:+.2f}" if c.endswith("%") else "{:.2f}")
+                                                    for c in q.columns if c.endswith(("%", "pairs", "group"))}))
+        return
     if a.sweep:
         cells = pd.read_parquet(a.cells)
         p = sweep_rows(cells[cells.table.isin(SWEEP_TABLES)])
