@@ -65,6 +65,16 @@ def retrieval_rows(cases: pd.DataFrame, patterns=PATTERNS) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def cells_with(cells: pd.DataFrame, labels):
+    """Yield (corpus, seq_len, its cells) for each (corpus, seq_len) of the length cells whose
+    rows hold every pattern of ``labels``; a window's duplicate rows (tables sharing their dense
+    and hard top-2 windows) dropped."""
+    cells = cells.drop_duplicates(["corpus", "seq_len", "window", "label"])
+    for (corpus, L), g in cells.groupby(["corpus", "seq_len"], sort=True):
+        if set(labels) <= set(g.label):
+            yield corpus, L, g
+
+
 def change_over(cells: pd.DataFrame, a: str, b: str) -> str:
     """Pattern ``a``'s paired perplexity change over ``b`` on ``cells``' windows, written
     ``+m [+lo, +hi]`` (%, 95% interval; ``length_table.paired_delta``)."""
@@ -78,9 +88,7 @@ def perplexity_rows(cells: pd.DataFrame, patterns=PATTERNS) -> pd.DataFrame:
     (hard top-2, a cap)."""
     from analyses.length_table import paired_delta
     rows = []
-    for (corpus, L), g in cells.groupby(["corpus", "seq_len"], sort=True):
-        if not {"dense", *patterns} <= set(g.label):
-            continue
+    for corpus, L, g in cells_with(cells, ("dense", *patterns)):
         ppl = {p: g[g.label == p] for p in ("dense", *patterns)}
         row = {"corpus": corpus, "tokens": L, "windows": g[g.label == patterns[1]].window.nunique()}
         for p in patterns:
@@ -99,11 +107,8 @@ def sweep_rows(cells: pd.DataFrame, patterns=SWEEP) -> pd.DataFrame:
     change over dense (%), and each pattern's paired change over hard top-2 (%, [lo, hi]; > 0:
     the cap is worse)."""
     from analyses.length_table import paired_delta
-    cells = cells.drop_duplicates(["corpus", "seq_len", "window", "label"])
     rows = []
-    for (corpus, L), g in cells.groupby(["corpus", "seq_len"], sort=True):
-        if not {"dense", "hard_top2", *patterns} <= set(g.label):
-            continue
+    for corpus, L, g in cells_with(cells, ("dense", "hard_top2", *patterns)):
         row = {"corpus": corpus, "tokens": L, "windows": g[g.label == "hard_top2"].window.nunique(),
                "hard_top2 vs dense %": paired_delta(g, "hard_top2", "dense")[0]}
         for p in patterns:
@@ -116,15 +121,9 @@ def over_hard_top2(cells: pd.DataFrame, patterns=LAYER_PROBES) -> pd.DataFrame:
     """One row per pattern of ``patterns``, one column per corpus (at its length) where the
     cells hold both it and hard top-2: the pattern's paired perplexity change over hard top-2
     (``change_over``: %, 95% interval over windows; > 0: the cap is worse)."""
-    cells = cells.drop_duplicates(["corpus", "seq_len", "window", "label"])
-    rows = []
-    for p in patterns:
-        row = {"pattern": p}
-        for (corpus, L), g in cells.groupby(["corpus", "seq_len"], sort=True):
-            if {"hard_top2", p} <= set(g.label):
-                row[f"{corpus} {L}"] = change_over(g, p, "hard_top2")
-        rows.append(row)
-    return pd.DataFrame(rows)
+    return pd.DataFrame([{"pattern": p, **{f"{corpus} {L}": change_over(g, p, "hard_top2")
+                                           for corpus, L, g in cells_with(cells, ("hard_top2", p))}}
+                         for p in patterns])
 
 
 def layer_rows(tasks=("niah_single_1", "passkey"), length: int = 4096, seed: int = 0,
