@@ -31,7 +31,7 @@ NO_CAP = "_nocap"  # pattern-name suffix: no group capacity, whatever the router
 CAPACITY = 0.5  # the group capacity of the _cap suffix: a group past half of the first choices overflows
 # _cap, _capNN (the capacity NN / 100, _cap70 = 0.7), either + @LAYERS (only those layers, parts
 # joined by '+': _cap@0+13-16 caps layers 0 and 13 to 16; capacity_layers)
-CAP_SHARE = re.compile(r"_cap(\d{2})?(?:@([0-9+\-]+))?$")
+CAP_SUFFIX = re.compile(r"_cap(\d{2})?(?:@([0-9+\-]+))?$")
 
 
 def standard_patterns(num_groups: int) -> list[tuple[str, dict]]:
@@ -54,7 +54,7 @@ def split_suffixes(name: str) -> tuple[str, dict]:
     the order ``pattern_changes`` documents: ``hard_top2_uniform_match`` -> ``("hard_top2",
     {"match_shifts": [0, 1], "layer_top_k": {}})``; a name without suffixes comes back as is."""
     base, extra = name, {}
-    if m := CAP_SHARE.search(base):
+    if m := CAP_SUFFIX.search(base):
         from focus_lab.method.config import ConfigError, parse_int_list
         try:
             layers = parse_int_list(m.group(2).replace("+", ",")) if m.group(2) else None
