@@ -149,8 +149,11 @@ def layer_rows(tasks=("niah_single_1", "passkey"), length: int = 4096, seed: int
     for task in tasks:
         if ":" in task:
             corpus, index = task.split(":")
-            win = {w.index: w for w in make_windows(load_corpus(corpus).heldout, tok, length)}[int(index)]
-            ids = torch.as_tensor(win.input_ids)  # (T,)
+            wins = {w.index: w for w in make_windows(load_corpus(corpus).heldout, tok, length)}
+            if not index.isdigit() or int(index) not in wins:
+                raise SystemExit(f"--tasks {task}: {corpus}'s held-out text has windows 0..{max(wins)} "
+                                 f"of {length} tokens")
+            ids = torch.as_tensor(wins[int(index)].input_ids)  # (T,)
         else:
             ids = rt.make_case(rt.parse_tasks(task)[0], hay, tok, length, seed).input_ids  # (T,)
         first = {}  # {layer_idx: (T,) the first pattern's key groups}
