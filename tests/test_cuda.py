@@ -66,8 +66,11 @@ def test_cuda_equals_dense_reference(c, chunk):
 @pytest.mark.parametrize("Tq", [1, 3, 16, 700])
 def test_cuda_model_shapes_and_kv_cache_steps(Tq):
     """SmolLM2-135M's heads (9 query, 3 KV, head_dim 64), K = 4, k = 2, w = 128, 64 sinks, 2000
-    tokens: the prefill (Tq = 700: the decomposition) and decode steps (few queries: the kept keys
-    gathered), with NaN values on the keys the mask drops, which must not leak."""
+    tokens: the prefill (Tq = 700: the decomposition) and decode steps (Tq = 1: one attention
+    call under the step's mask row, ``_one_query``; 3 and 16: the kept keys gathered), with NaN
+    values on the keys the mask drops, which must not leak; the one-token step reads every cached
+    value (weight exactly 0 where dropped, as in dense attention), so there they are large and
+    finite instead of NaN."""
     gen = torch.Generator().manual_seed(Tq)
     B, H, Hkv, T, D, K, k, w, sinks = 2, 9, 3, 2000, 64, 4, 2, 128, 64
     qg, kg = make_groups(gen, B, T, K, k, "router")
@@ -82,7 +85,7 @@ def test_cuda_model_shapes_and_kv_cache_steps(Tq):
     _check(out01, q, key, v, qg01, kg, w, sinks, f" (Tq={Tq}, groups 0 and 1)")
     dropped = ~hard_mask(qg01, kg, w, torch.arange(T - Tq, T), torch.arange(T), sinks).any(1)  # (B, T)
     assert dropped.sum() > T // 4
-    v2 = v.masked_fill(dropped[:, None, :, None], float("nan"))
+    v2 = v.masked_fill(dropped[:, None, :, None], 1e4 if Tq == 1 else float("nan"))
     out2 = hard_focus_attention(*_on_cuda(q, key, v2, qg01, kg), w, sinks=sinks)
     assert torch.equal(out2, out01)
 

@@ -124,11 +124,16 @@ def test_equals_dense_reference(backend, c):
     assert (lse - ref_lse).abs().max().item() <= 1e-4
 
 
-@pytest.mark.parametrize("Tq", [1, 3, 16])
-def test_kv_cache_step_equals_reference_and_ignores_dropped_keys(Tq):
-    """A decode step against a long cache (Tq <= FEW_QUERIES < Tk, gathered kept keys) equals the
-    dense masked reference, batch rows with different groups; and changing the keys and values
-    the mask drops (other groups, far, not sinks) does not change it."""
+@pytest.mark.parametrize("Tq,gpu_path", [(1, False), (3, False), (16, False), (1, True)])
+def test_kv_cache_step_equals_reference_and_ignores_dropped_keys(Tq, gpu_path, monkeypatch):
+    """A decode step against a long cache (Tq <= FEW_QUERIES < Tk, gathered kept keys; with
+    ``gpu_path`` the one-token step a GPU takes, one call under the mask row, ``_one_query``)
+    equals the dense masked reference, batch rows with different groups; and changing the keys
+    and values the mask drops (other groups, far, not sinks) does not change it: NaN values
+    where the keys are gathered, large finite ones where the step reads the whole cache."""
+    if gpu_path:
+        from focus_lab.method import core
+        monkeypatch.setattr(core, "HOST_DEVICES", ())
     gen = torch.Generator().manual_seed(Tq)
     B, H, Hkv, T, D, K, k, w, sinks = 2, 4, 2, 700, 16, 4, 2, 128, 64
     qg, kg = make_groups(gen, B, T, K, k, "router")
@@ -148,7 +153,7 @@ def test_kv_cache_step_equals_reference_and_ignores_dropped_keys(Tq):
     assert dropped.sum() > T // 4
     key2, v2 = key.clone(), v.clone()
     key2.masked_fill_(dropped[:, None, :, None], 1e3)
-    v2.masked_fill_(dropped[:, None, :, None], float("nan"))
+    v2.masked_fill_(dropped[:, None, :, None], 1e4 if gpu_path else float("nan"))
     assert torch.equal(hard_focus_attention(q, key2, v2, qg01, kg, w, sinks=sinks), out01)
 
 
@@ -664,6 +669,45 @@ def test_hard_kv_cache_decode_equals_full_forward(assignment):
     torch.testing.assert_close(torch.stack(steps, 1), full[:, 21:37], atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("changes", [{"assignment": "router"}, {"assignment": "router", "random_layers": [0]},
+                                     {"assignment": "router", "match_shifts": [0, 1]},
+                                     {"assignment": "router", "group_capacity": 0.5, "key_shift": 1}])
+def test_gpu_decode_step_equals_full_forward_without_host_syncs(changes, monkeypatch):
+    """The one-token decode step a GPU runs (``core.HOST_DEVICES`` emptied, so the CPU takes it:
+    ``decomposition._one_query``, one attention call under the step's mask row, and no check of
+    the router scores) gives the full forward's logits at every step: random-group layers, the
+    token-match pairs (its LSE merged with their part) and the group capacity with the key shift
+    included. Without the pairs, a step makes no host sync in focus_lab's code but the one
+    dense makes too (``is_plain_causal``, counted by ``analyses.decode_ops``); the CPU's path,
+    counted the same way, makes some (so the count sees them)."""
+    from transformers import DynamicCache
+    from analyses.decode_ops import count_step
+    from focus_lab.hf.retrofit import forward_state
+    from focus_lab.method import core
+    m = _attached("llama", mode="soft", sink_tokens=1)
+    ids = torch.randint(3, 97, (1, 40))
+
+    def decode(host_devices):
+        monkeypatch.setattr(core, "HOST_DEVICES", host_devices)
+        state = forward_state(m, cache=True, mode="hard", **changes)
+        cache = DynamicCache(config=m.config)
+        with torch.no_grad():
+            m(ids[:, :21], past_key_values=cache, use_cache=True, focus=state)
+            steps = [m(ids[:, t:t + 1], past_key_values=cache, use_cache=True, focus=state).logits[:, -1]
+                     for t in range(21, 39)]
+        return torch.stack(steps, 1), count_step(m, state, cache, ids[:, 39:40]).syncs
+
+    with torch.no_grad():
+        full = m(ids, use_cache=False, focus=forward_state(m, mode="hard", **changes)).logits
+    gpu, gpu_syncs = decode(())
+    torch.testing.assert_close(gpu, full[:, 21:39], atol=1e-4, rtol=1e-4)
+    cpu, cpu_syncs = decode(("cpu",))
+    torch.testing.assert_close(gpu, cpu, atol=1e-5, rtol=1e-5)
+    if "match_shifts" not in changes:
+        assert set(gpu_syncs) == {"hf/state.py:is_plain_causal (_local_scalar_dense)"}, gpu_syncs
+        assert sum(cpu_syncs.values()) > sum(gpu_syncs.values()), cpu_syncs
+
+
 def test_top_k_budgets_apply_to_their_top_k_only():
     """FocusConfig.top_k_budgets {top_k: {layer_idx: k}}: asking for that top_k gives the same
     logits as the explicit layer_top_k of that map; another top_k, or layer_top_k = {} ('none'),
@@ -869,3 +913,15 @@ def test_flex_layout_is_part_a_and_its_tiles_cover_it(B, T, Tq, K, k, pattern):
     real = lay["q_id"] >= 0
     assert lay["dst"][real].unique().numel() == int(real.sum())
     assert (lay["dst"][~real] == B * Tq).all()
+
+
+@pytest.mark.parametrize("argv,words", [(["--patterns", "dense,hard_top9"], "unknown pattern 'hard_top9'"),
+                                        (["--length", "8190"], "the model's 8192 positions")])
+def test_decode_ops_bad_options_exit_2_with_one_line(argv, words, capsys):
+    """``analyses.decode_ops`` (the embedded model): an unknown pattern or a context past the
+    model's positions is one line on stderr (after the loader's progress) and exit code 2."""
+    from analyses.decode_ops import main
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    last = capsys.readouterr().err.strip().splitlines()[-1]  # after the loader's progress bar
+    assert e.value.code == 2 and last.startswith("error: ") and words in last, last

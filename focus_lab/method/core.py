@@ -18,6 +18,13 @@ import torch.nn.functional as F
 
 from focus_lab.method.config import FocusConfig
 
+#: devices whose results the host reads without waiting: the CPU. There a one-token decode step
+#: checks its router scores and attends through a layer's group-ordered store
+#: (``decomposition.GroupedKV``); elsewhere (a GPU) it skips the check and attends in one call
+#: under its mask row (``decomposition._one_query``), so the host never waits for the device.
+#: ``analyses.decode_ops --path gpu`` empties it to count on a CPU what a GPU step runs.
+HOST_DEVICES = ("cpu",)
+
 
 def layer_seed(seed: int, layer_idx: int) -> int:
     """The per-layer seed of everything random about one layer (router init, random and
@@ -391,7 +398,8 @@ def capacity_key_group(logits: torch.Tensor, key_group: torch.Tensor, capacity: 
                                "counts of the positions before it: start with a forward from position 0 "
                                "through the same FocusCache")
         prev_counts = torch.zeros(B, K, dtype=torch.long, device=logits.device)
-    counts = prev_counts.to(logits.device)[:, None] + F.one_hot(key_group, K).cumsum(1)  # (B, T, K)
+    one_hot = key_group[..., None] == torch.arange(K, device=logits.device)  # (B, T, K); F.one_hot checks its range: a host sync
+    counts = prev_counts.to(logits.device)[:, None] + one_hot.long().cumsum(1)  # (B, T, K)
     pos = torch.arange(start, start + T, device=logits.device)  # (T,) absolute positions
     held = counts.gather(2, key_group[..., None])[..., 0]  # (B, T) first choices of this key's group so far
     over = (held > capacity * (pos + 1)) & (pos >= warmup)  # (B, T)
@@ -673,12 +681,16 @@ def route(router: Router, h: torch.Tensor, token_mask: torch.Tensor | None = Non
     Raises:
         FloatingPointError: the scores are not finite (a non-finite attention input, e.g. a
             half-precision overflow, or corrupted router weights); the message names the layer.
+            Checked in every forward of more than one token, and in a one-token step on the
+            CPU only (``HOST_DEVICES``): on a GPU the check would make the host wait for the
+            device in every layer of every step.
     Source: docs/method.md §1.
     """
     cfg = config or router.config
     scores = router(h, cfg, start)  # (B, T, K)
     key_scores = router.key_scores(h, cfg)  # (B, T, K), or None: the keys share ``scores``
-    if not all(torch.isfinite(s).all() for s in (scores, key_scores) if s is not None):
+    checked = h.shape[1] > 1 or h.device.type in HOST_DEVICES  # a GPU decode step does not wait on it
+    if checked and not all(torch.isfinite(s).all() for s in (scores, key_scores) if s is not None):
         raise FloatingPointError(
             f"router scores of layer {router.layer_idx} contain NaN or inf: the layer's attention input "
             "is not finite (a half-precision overflow? load the model with dtype=torch.float32) or the "

@@ -87,7 +87,9 @@ from contextlib import nullcontext as _nullcontext
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
+from focus_lab.method import core
 from focus_lab.method.core import other_group_pairs
 from focus_lab.method.cpu import torch_threads
 
@@ -1048,6 +1050,30 @@ def _sink_other_groups(qn, kn, vn, query_groups, key_group, window, sinks, scale
 
 #: Steps with at most this many queries (and keys before them, Tq < Tk) take ``_few_queries``.
 FEW_QUERIES = 16
+def _one_query(query, key, value, query_groups, key_group, window, sinks, scale, return_lse, call):
+    """A one-token decode step off the ``core.HOST_DEVICES`` (a GPU): the step's
+    row of ``core.hard_mask`` and ONE attention call over the whole cache under it. No gather and
+    no host sync: a small model's decode step on a GPU is bound by kernel launches and by the
+    host waiting for the device, not by reading the cache (``analyses.decode_ops``). Work O(Tk),
+    as in dense decoding.
+
+    query: (B, H, 1, D) at position Tk - 1; key, value: (B, Hkv, Tk, D); query_groups: (B, 1, k);
+    key_group: (B, Tk). Returns out (B, H, 1, D) in query.dtype and lse (B, H, 1) fp32, or None
+    without ``return_lse``. Source: docs/method.md §4 (KV cache)."""
+    from focus_lab.method.core import hard_mask
+
+    H, Tk = query.shape[1], key.shape[2]
+    with call("plan"):
+        k_pos = torch.arange(Tk, device=query.device)  # (Tk,)
+        keep = hard_mask(query_groups, key_group, window, k_pos[-1:], k_pos, sinks)[:, None]  # (B, 1, 1, Tk)
+    with call("attn_A"):
+        if return_lse:
+            out, lse = _attn_lse(query, key, value, scale, allowed=keep, call=call)
+            return out.to(query.dtype), lse
+        with call.kernels():
+            out = F.scaled_dot_product_attention(query, key, value, attn_mask=keep, scale=scale,
+                                                 enable_gqa=key.shape[1] != H)  # (B, H, 1, D)
+    return out, None
 
 
 def _few_queries(query, key, value, query_groups, key_group, window, sinks, scale, call):
@@ -1256,7 +1282,10 @@ def hard_focus_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Te
         options: CPU performance knobs (``DecompositionOptions``; default ``DEFAULT_OPTIONS``).
         grouped: a one-token decode step (Tq == 1 < Tk) attends through this layer's
             ``GroupedKV`` (kept between steps by the caller, ``retrofit.FocusCache``): slices
-            of group-ordered keys instead of a mask over the whole cache. Ignored otherwise.
+            of group-ordered keys instead of a mask over the whole cache, on the
+            ``core.HOST_DEVICES`` (the CPU). Ignored otherwise: elsewhere (a GPU) a
+            one-token step attends to the whole cache under its row of the mask, one call and
+            no host sync (``_one_query``).
         extra_pairs: (P, 3) long rows (b, i, j) of more pairs to keep (token-match pairs,
             docs/method.md §2.8): the mask becomes ``hard_mask(..., match=M)`` with M True on
             them. Pairs the mask already keeps (or non-causal ones) are dropped
@@ -1265,7 +1294,9 @@ def hard_focus_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Te
         out (B, H, Tq, D) in query.dtype, a view of (B, Tq, H, D) memory; with ``return_lse``
         also lse (B, H, Tq) fp32.
     Raises:
-        ValueError: bad shapes, dtypes, window, negative groups, or an unusable backend.
+        ValueError: bad shapes, dtypes, window, negative groups, or an unusable backend. A
+            one-token step off the CPU does not look for negative groups (it would make the
+            host wait for the device); there a negative group joins no key.
     """
     if query.dim() != 4 or key.dim() != 4 or value.shape != key.shape:
         raise ValueError(f"need query (B,H,Tq,D) and key/value (B,Hkv,Tk,D); got {tuple(query.shape)}, "
@@ -1317,13 +1348,16 @@ def _hard_focus_attention(query, key, value, query_groups, key_group, window, sc
     if Tq == 0 or B == 0:
         out = query.new_zeros(query.shape)
         return (out, query.new_zeros((B, H, Tq), dtype=torch.float32)) if return_lse else out
-    if int(query_groups.min()) < 0 or int(key_group.min()) < 0:
-        raise ValueError("group indices must be >= 0")
     scale = 1.0 / math.sqrt(D) if scaling is None else float(scaling)
-    k = query_groups.shape[-1]
     query_groups = query_groups.to(query.device)
     key_group = key_group.to(query.device)
-    if Tq == 1 < Tk and grouped is not None and query.device.type == "cpu":  # slices, no gather
+    if Tq == 1 < Tk and query.device.type not in core.HOST_DEVICES:  # a GPU's decode step: no host sync
+        out, lse = _one_query(query, key, value, query_groups, key_group, window, sinks, scale, return_lse, call)
+        return (out, lse) if return_lse else out
+    if int(query_groups.min()) < 0 or int(key_group.min()) < 0:
+        raise ValueError("group indices must be >= 0")
+    k = query_groups.shape[-1]
+    if Tq == 1 < Tk and grouped is not None and query.device.type in core.HOST_DEVICES:  # slices, no gather
         out, lse = grouped.step(query, key, value, query_groups, key_group, window, sinks, scale, call)
         return (out, lse) if return_lse else out
     if Tq < Tk and Tq <= FEW_QUERIES:  # a KV-cache step: gather the kept keys, one call per row
