@@ -1048,8 +1048,11 @@ def _sink_other_groups(qn, kn, vn, query_groups, key_group, window, sinks, scale
 # --------------------------------------------------------------------------------------------
 # KV-cache steps: a few queries against a long cache
 
-#: Steps with at most this many queries (and keys before them, Tq < Tk) take ``_few_queries``.
+#: Steps with at most this many queries (and keys before them, Tq < Tk) take ``_few_queries``, but
+#: a one-token step: ``GroupedKV`` on the CPU, ``_one_query`` elsewhere.
 FEW_QUERIES = 16
+
+
 def _one_query(query, key, value, query_groups, key_group, window, sinks, scale, return_lse, call):
     """A one-token decode step off the ``core.HOST_DEVICES`` (a GPU): the step's
     row of ``core.hard_mask`` and ONE attention call over the whole cache under it. No gather and
@@ -1059,13 +1062,12 @@ def _one_query(query, key, value, query_groups, key_group, window, sinks, scale,
 
     query: (B, H, 1, D) at position Tk - 1; key, value: (B, Hkv, Tk, D); query_groups: (B, 1, k);
     key_group: (B, Tk). Returns out (B, H, 1, D) in query.dtype and lse (B, H, 1) fp32, or None
-    without ``return_lse``. Source: docs/method.md §4 (KV cache)."""
-    from focus_lab.method.core import hard_mask
-
+    without ``return_lse`` (with it, the CUDA kernel repeats the KV heads: ``_cuda_attn_lse``).
+    Source: docs/method.md §4 (KV cache)."""
     H, Tk = query.shape[1], key.shape[2]
     with call("plan"):
         k_pos = torch.arange(Tk, device=query.device)  # (Tk,)
-        keep = hard_mask(query_groups, key_group, window, k_pos[-1:], k_pos, sinks)[:, None]  # (B, 1, 1, Tk)
+        keep = core.hard_mask(query_groups, key_group, window, k_pos[-1:], k_pos, sinks)[:, None]  # (B, 1, 1, Tk)
     with call("attn_A"):
         if return_lse:
             out, lse = _attn_lse(query, key, value, scale, allowed=keep, call=call)
