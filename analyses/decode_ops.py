@@ -25,7 +25,8 @@ Usage::
     python -m analyses.decode_ops --length 1024 --patterns dense,hard_top1,hard_top2 --path gpu
 
 Prints a markdown table, then each pattern's kernels and host syncs by caller. Bad options (an
-unknown pattern, a length above the model's positions) get one line and exit 2.
+unknown pattern, a length above the model's positions, a device torch does not see) get one line
+and exit 2. On a GPU (``--device cuda``) the counts and times are the GPU's own.
 """
 
 from __future__ import annotations
@@ -145,9 +146,15 @@ def main(argv: list[str] | None = None) -> str:
     from focus_lab.hf.shipped import resolve_routers
     from focus_lab.method import core
     from focus_lab.method.config import ConfigError
+    from focus_lab.hf.models import resolve_device
+    try:
+        device = resolve_device(a.device)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
     torch.set_num_threads(a.threads)
     model, _ = focus_lab.load_model(a.model)
-    model.to(a.device)
+    model.to(device)
     positions = model.config.max_position_embeddings
     if a.length < 1 or a.steps < 1 or a.length + 2 + a.steps > positions:
         print(f"error: --length {a.length} --steps {a.steps}: need length >= 1, steps >= 1 and length + steps "
@@ -167,7 +174,7 @@ def main(argv: list[str] | None = None) -> str:
     finally:
         core.HOST_DEVICES = saved
     base = rows[0]
-    lines = [f"One decode step after {a.length} tokens, {a.device}, path {a.path} "
+    lines = [f"One decode step after {a.length} tokens, {device}, path {a.path} "
              f"({torch.get_num_threads()} threads); ratios over {base[0]}.", "",
              "| pattern | kernels | views | host syncs | step (ms) | kernels / first | time / first |",
              "|---|---:|---:|---:|---:|---:|---:|"]

@@ -916,7 +916,8 @@ def test_flex_layout_is_part_a_and_its_tiles_cover_it(B, T, Tq, K, k, pattern):
 
 
 @pytest.mark.parametrize("argv,words", [(["--patterns", "dense,hard_top9"], "unknown pattern 'hard_top9'"),
-                                        (["--length", "8190"], "the model's 8192 positions")])
+                                        (["--length", "8190"], "the model's 8192 positions"),
+                                        (["--device", "tpu"], "use cpu, cuda or cuda:N")])
 def test_decode_ops_bad_options_exit_2_with_one_line(argv, words, capsys):
     """``analyses.decode_ops`` (the embedded model): an unknown pattern or a context past the
     model's positions is one line on stderr (after the loader's progress) and exit code 2."""
