@@ -678,10 +678,10 @@ def test_gpu_decode_step_equals_full_forward_without_host_syncs(changes, monkeyp
     the router scores) gives the full forward's logits at every step: random-group layers, the
     token-match pairs (its LSE merged with their part) and the group capacity with the key shift
     included. Without the pairs, a step makes no host sync in focus_lab's code but the one
-    dense makes too (``is_plain_causal``, counted by ``analyses.decode_ops``); the CPU's path,
+    dense makes too (``is_plain_causal``, counted by ``analyses.kernel_counts``); the CPU's path,
     counted the same way, makes some (so the count sees them)."""
     from transformers import DynamicCache
-    from analyses.decode_ops import count_step
+    from analyses.kernel_counts import count_step
     from focus_lab.hf.retrofit import forward_state
     from focus_lab.method import core
     m = _attached("llama", mode="soft", sink_tokens=1)
@@ -918,10 +918,10 @@ def test_flex_layout_is_part_a_and_its_tiles_cover_it(B, T, Tq, K, k, pattern):
 @pytest.mark.parametrize("argv,words", [(["--patterns", "dense,hard_top9"], "unknown pattern 'hard_top9'"),
                                         (["--length", "8190"], "the model's 8192 positions"),
                                         (["--device", "tpu"], "use cpu, cuda or cuda:N")])
-def test_decode_ops_bad_options_exit_2_with_one_line(argv, words, capsys):
-    """``analyses.decode_ops`` (the embedded model): an unknown pattern or a context past the
+def test_kernel_counts_bad_options_exit_2_with_one_line(argv, words, capsys):
+    """``analyses.kernel_counts`` (the embedded model): an unknown pattern or a context past the
     model's positions is one line on stderr (after the loader's progress) and exit code 2."""
-    from analyses.decode_ops import main
+    from analyses.kernel_counts import main
     with pytest.raises(SystemExit) as e:
         main(argv)
     last = capsys.readouterr().err.strip().splitlines()[-1]  # after the loader's progress bar

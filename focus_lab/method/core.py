@@ -22,7 +22,7 @@ from focus_lab.method.config import FocusConfig
 #: checks its router scores and attends through a layer's group-ordered store
 #: (``decomposition.GroupedKV``); elsewhere (a GPU) it skips the check and attends in one call
 #: under its mask row (``decomposition._one_query``), so the host never waits for the device.
-#: ``analyses.decode_ops --path gpu`` empties it to count on a CPU what a GPU step runs.
+#: ``analyses.kernel_counts --path gpu`` empties it to count on a CPU what a GPU step runs.
 HOST_DEVICES = ("cpu",)
 
 

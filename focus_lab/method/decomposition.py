@@ -1057,7 +1057,7 @@ def _one_query(query, key, value, query_groups, key_group, window, sinks, scale,
     """A one-token decode step off the ``core.HOST_DEVICES`` (a GPU): the step's
     row of ``core.hard_mask`` and ONE attention call over the whole cache under it. No gather and
     no host sync: a small model's decode step on a GPU is bound by kernel launches and by the
-    host waiting for the device, not by reading the cache (``analyses.decode_ops``). Work O(Tk),
+    host waiting for the device, not by reading the cache (``analyses.kernel_counts``). Work O(Tk),
     as in dense decoding.
 
     query: (B, H, 1, D) at position Tk - 1; key, value: (B, Hkv, Tk, D); query_groups: (B, 1, k);

@@ -1,10 +1,10 @@
-"""Where a decode step's work goes: the aten ops and host syncs of one generated token, per
-pattern and per focus_lab function that issued them.
+"""Where a forward's work goes on a GPU: the kernels and host syncs of a prefill of ``--length``
+tokens and of one decode step after it, per pattern and per focus_lab function that issued them.
 
-A one-token decode step of a small model on a GPU is bound by kernel launches and by the points
-where the host waits for the device, not by arithmetic (docs/studies/retrieval-suite.md, cost of
-a case). This script counts, for one decode step after ``--length`` tokens of context (KV cache,
-``FocusCache``), with the model's routers:
+A small model on a GPU is bound by kernel launches and by the points where the host waits for the
+device, not by arithmetic, in a decode step and up to several thousand tokens of prefill
+(docs/studies/retrieval-suite.md, cost of a case). This script counts, for the prefill
+(KV cache, ``FocusCache``) and one decode step after it, with the model's routers:
 
 * kernels: the aten ops dispatched that are not views (a GPU launches one kernel or more for each);
 * views: the aten ops that only re-stride (no kernel);
@@ -12,17 +12,20 @@ a case). This script counts, for one decode step after ``--length`` tokens of co
   ``bool`` of a tensor (``aten._local_scalar_dense``), ``tolist`` / ``numpy``, and the ops whose
   output size depends on the data (``nonzero``, ``unique``, ``masked_select``, ``equal``,
   ``repeat_interleave`` by a tensor);
-* the step's wall time (milliseconds, median of ``--steps`` steps timed without counting).
+* wall time (milliseconds): the prefill once, the step as the median of ``--steps`` steps, both
+  timed without counting (the counted forwards run again).
 
-``--path gpu`` counts on a CPU the decode path a GPU runs (``core.HOST_DEVICES`` emptied): the
+``--path gpu`` counts on a CPU the paths a GPU runs in fp32 (``core.HOST_DEVICES`` emptied): the
 step attends to the whole cache under its mask row in one call (``decomposition._one_query``)
 instead of through the CPU's group-ordered store (``GroupedKV``), and skips the router's check
-for non-finite scores. The input is random token ids: the
+for non-finite scores; the prefill takes the "torch" backend either way (in bf16 / fp16 a GPU
+takes "flex" or "flash": count those on the GPU itself). On the CPU the attention kernel's
+empty-row check (``_attn_lse``) is one host read more per call than a GPU makes. The input is random token ids: the
 counts depend on the shapes and the routing path, not on the text.
 
 Usage::
 
-    python -m analyses.decode_ops --length 1024 --patterns dense,hard_top1,hard_top2 --path gpu
+    python -m analyses.kernel_counts --length 1024 --patterns dense,hard_top1,hard_top2 --path gpu
 
 Prints a markdown table, then each pattern's kernels and host syncs by caller. Bad options (an
 unknown pattern, a length above the model's positions, a device torch does not see) get one line
@@ -102,34 +105,42 @@ def count_step(model, state, past, token: torch.Tensor) -> OpCount:
     return counts
 
 
-def measure(model, pattern: str, changes: dict, length: int, steps: int, seed: int = 0) -> tuple[OpCount, float]:
-    """Prefill ``length`` random tokens under ``changes`` (``evaluate.pattern_changes``), one
-    untimed step (the first step after a prefill builds per-layer stores), one counted step,
-    then ``steps`` timed steps. Returns (the counted step's OpCount, median step seconds)."""
+def _timed(fn, dev: torch.device) -> tuple[object, float]:
+    """(fn(), its wall seconds), the device synchronized around it on a GPU."""
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    out = fn()
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+    return out, time.perf_counter() - t0
+
+
+def measure(model, changes: dict, length: int, steps: int, seed: int = 0) -> dict[str, tuple[OpCount, float]]:
+    """Under ``changes`` (``evaluate.pattern_changes``): a timed prefill of ``length`` random
+    tokens, one untimed step (the first step after a prefill builds per-layer stores), one counted
+    step, ``steps`` timed steps, then the prefill again, counted. Returns {"prefill": (OpCount,
+    seconds), "decode step": (OpCount, median seconds)}."""
     from focus_lab.hf.retrofit import forward_state
     g = torch.Generator().manual_seed(seed)
     dev = next(model.parameters()).device
     ids = torch.randint(100, model.config.vocab_size, (1, length + 2 + steps), generator=g).to(dev)
     state = forward_state(model, cache=True, **changes)
     with torch.no_grad():
-        past = model(ids[:, :length], use_cache=True, focus=state).past_key_values
+        res, t_prefill = _timed(lambda: model(ids[:, :length], use_cache=True, focus=state), dev)
+        past = res.past_key_values
         model(ids[:, length:length + 1], use_cache=True, past_key_values=past, focus=state)
-    counts = count_step(model, state, past, ids[:, length + 1:length + 2])
-    times = []
-    with torch.no_grad():
-        for i in range(steps):
-            if dev.type == "cuda":
-                torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            model(ids[:, length + 2 + i:length + 3 + i], use_cache=True, past_key_values=past, focus=state)
-            if dev.type == "cuda":
-                torch.cuda.synchronize()
-            times.append(time.perf_counter() - t0)
-    return counts, statistics.median(times)
+        step = count_step(model, state, past, ids[:, length + 1:length + 2])
+        times = [_timed(lambda: model(ids[:, length + 2 + i:length + 3 + i], use_cache=True, past_key_values=past,
+                                      focus=state), dev)[1] for i in range(steps)]
+        prefill = OpCount()
+        with HostReads(prefill.syncs), prefill:
+            model(ids[:, :length], use_cache=True, focus=forward_state(model, cache=True, **changes))
+    return {"prefill": (prefill, t_prefill), "decode step": (step, statistics.median(times))}
 
 
 def main(argv: list[str] | None = None) -> str:
-    p = argparse.ArgumentParser(prog="python -m analyses.decode_ops", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m analyses.kernel_counts", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=None, help="default: the embedded SmolLM2-135M")
     p.add_argument("--routers", default=None, help="router file; default: the shipped one")
     p.add_argument("--length", type=int, default=1024, help="tokens of context before the step")
@@ -170,21 +181,25 @@ def main(argv: list[str] | None = None) -> str:
     if a.path == "gpu":
         core.HOST_DEVICES = ()
     try:
-        rows = [(label, *measure(model, label, changes, a.length, a.steps)) for label, changes in patterns]
+        rows = [(label, measure(model, changes, a.length, a.steps)) for label, changes in patterns]
     finally:
         core.HOST_DEVICES = saved
-    base = rows[0]
-    lines = [f"One decode step after {a.length} tokens, {device}, path {a.path} "
-             f"({torch.get_num_threads()} threads); ratios over {base[0]}.", "",
-             "| pattern | kernels | views | host syncs | step (ms) | kernels / first | time / first |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
-    for label, c, t in rows:
-        lines.append(f"| {label} | {c.kernels} | {c.views} | {sum(c.syncs.values())} | {t * 1e3:.1f} | "
-                     f"{c.kernels / base[1].kernels:.2f}x | {t / base[2]:.2f}x |")
-    for label, c, _ in rows:
-        lines += ["", f"{label}: kernels by caller: " + "; ".join(f"{k} {v}" for k, v in c.by_caller.most_common(a.top)),
-                  f"{label}: host syncs by caller: " + ("; ".join(f"{k} {v}" for k, v in c.syncs.most_common(a.top))
-                                                       or "none")]
+    first, base = rows[0]
+    lines = [f"A prefill of {a.length} tokens and one decode step after it, {device}, path {a.path} "
+             f"({torch.get_num_threads()} threads); ratios over {first}.", "",
+             "| pattern | phase | kernels | views | host syncs | time (ms) | kernels / first | time / first |",
+             "|---|---|---:|---:|---:|---:|---:|---:|"]
+    for label, phases in rows:
+        for phase, (c, t) in phases.items():
+            c0, t0 = base[phase]
+            lines.append(f"| {label} | {phase} | {c.kernels} | {c.views} | {sum(c.syncs.values())} | {t * 1e3:.1f} | "
+                         f"{c.kernels / c0.kernels:.2f}x | {t / t0:.2f}x |")
+    for label, phases in rows:
+        for phase, (c, _) in phases.items():
+            lines += ["", f"{label}, {phase}: kernels by caller: "
+                      + "; ".join(f"{k} {v}" for k, v in c.by_caller.most_common(a.top)),
+                      f"{label}, {phase}: host syncs by caller: "
+                      + ("; ".join(f"{k} {v}" for k, v in c.syncs.most_common(a.top)) or "none")]
     text = "\n".join(lines)
     print(text)
     return text
