@@ -20,7 +20,9 @@ step attends to the whole cache under its mask row in one call (``decomposition.
 instead of through the CPU's group-ordered store (``GroupedKV``), and skips the router's check
 for non-finite scores; the prefill takes the "torch" backend either way (in bf16 / fp16 a GPU
 takes "flex" or "flash": count those on the GPU itself). On the CPU the attention kernel's
-empty-row check (``_attn_lse``) is one host read more per call than a GPU makes. The input is random token ids: the
+empty-row check (``_attn_lse``) is one host read more per call than a GPU makes. ``--backend``
+sets the hard patterns' ``FocusConfig.backend`` ("dense": the masked reference path, one
+attention call a layer under a (T, T) mask, what a GPU might prefer at these lengths). The input is random token ids: the
 counts depend on the shapes and the routing path, not on the text.
 
 Usage::
@@ -147,6 +149,9 @@ def main(argv: list[str] | None = None) -> str:
     p.add_argument("--patterns", default="dense,hard_top1,hard_top2")
     p.add_argument("--path", choices=("auto", "gpu"), default="auto",
                    help="gpu: count on this device the decode path a GPU runs")
+    p.add_argument("--backend", choices=("auto", "dense", "torch", "flash", "flex"), default="auto",
+                   help="FocusConfig.backend of the hard patterns (dense: the masked reference path, one "
+                        "attention call a layer over a (T, T) mask)")
     p.add_argument("--steps", type=int, default=8, help="timed steps (median)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--device", default="cpu")
@@ -181,11 +186,12 @@ def main(argv: list[str] | None = None) -> str:
     if a.path == "gpu":
         core.HOST_DEVICES = ()
     try:
-        rows = [(label, measure(model, changes, a.length, a.steps)) for label, changes in patterns]
+        rows = [(label, measure(model, {**changes, "backend": a.backend}, a.length, a.steps))
+                for label, changes in patterns]
     finally:
         core.HOST_DEVICES = saved
     first, base = rows[0]
-    lines = [f"A prefill of {a.length} tokens and one decode step after it, {device}, path {a.path} "
+    lines = [f"A prefill of {a.length} tokens and one decode step after it, {device}, path {a.path}, backend {a.backend} "
              f"({torch.get_num_threads()} threads); ratios over {first}.", "",
              "| pattern | phase | kernels | views | host syncs | time (ms) | kernels / first | time / first |",
              "|---|---|---:|---:|---:|---:|---:|---:|"]
