@@ -139,18 +139,19 @@ def _focus_attention(module, query, key, value, attention_mask, scaling, **kwarg
     with _phase(tm, "mask"):
         path = _attention_path(state, query, key, attention_mask, keep, Tq, Tk, offset, softcap,
                                cfg.top_k_at(router.layer_idx))
-    q_pos = torch.arange(offset + Tk - Tq, offset + Tk, device=query.device)  # absolute positions
-    k_pos = torch.arange(offset, offset + Tk, device=query.device)
+    def pos() -> tuple[torch.Tensor, torch.Tensor]:  # absolute positions (Tq,), (Tk,): only where a mask is built
+        return (torch.arange(offset + Tk - Tq, offset + Tk, device=query.device),
+                torch.arange(offset, offset + Tk, device=query.device))
     match = (lambda: pairs_mask(pairs, (B, Tq, Tk))) if pairs is not None else (lambda: None)  # (B, Tq, Tk)
     if path == "decomposition":
         def built() -> torch.Tensor:  # the dense mask the decomposition attends with (O(T^2), on demand)
-            return focus_bias(cfg, routing, q_pos, k_pos, B, match()) & keep
+            return focus_bias(cfg, routing, *pos(), B, match()) & keep
     elif path == "causal_sdpa":
         def built() -> torch.Tensor:
             return keep
     else:
         with _phase(tm, "attn_reference"):
-            fb = focus_bias(cfg, routing, q_pos, k_pos, B, match())  # (B, Tq, Tk) bool mask or float bias
+            fb = focus_bias(cfg, routing, *pos(), B, match())  # (B, Tq, Tk) bool mask or float bias
             bias = fb & keep if fb.dtype == torch.bool else fb.masked_fill(~keep, float("-inf"))
 
         def built() -> torch.Tensor:
