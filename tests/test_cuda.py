@@ -138,6 +138,37 @@ def test_cuda_hard_mode_model_equals_reference_and_decodes(family, key_shift):
     assert torch.equal(again, gen[0, 30:])
 
 
+@pytest.mark.parametrize("changes", [{}, {"random_layers": [0]}, {"group_capacity": 0.5, "key_shift": 1}])
+def test_cuda_hard_decode_step_waits_no_more_than_dense(changes):
+    """A hard-mode one-token decode step on the GPU (``decomposition._one_query``, no check of
+    the router scores) makes the host wait for the device no more often than a dense step does:
+    torch's sync debug mode warns once per wait (docs/decomposition.md, KV cache)."""
+    import warnings
+
+    from transformers import DynamicCache
+
+    from focus_lab.hf.retrofit import forward_state
+    m = _attached("llama", sink_tokens=2, **changes).cuda()
+    ids = torch.randint(3, 97, (1, 60), generator=torch.Generator().manual_seed(0)).cuda()
+    waits = {}
+    for mode in ("dense", "hard"):
+        state = forward_state(m, cache=True, mode=mode)
+        cache = DynamicCache(config=m.config)
+        with torch.no_grad():
+            m(ids[:, :50], past_key_values=cache, use_cache=True, focus=state)
+            m(ids[:, 50:51], past_key_values=cache, use_cache=True, focus=state)
+            torch.cuda.synchronize()
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                with warnings.catch_warnings(record=True) as caught:
+                    warnings.simplefilter("always")
+                    m(ids[:, 51:52], past_key_values=cache, use_cache=True, focus=state)
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        waits[mode] = [str(w.message)[:80] for w in caught]
+    assert len(waits["hard"]) <= len(waits["dense"]), waits
+
+
 def test_cuda_report_worst_error():
     """Prints the CUDA sweep's size and worst error (run with -s); runs after the sweep."""
     print(f"\nCUDA exactness: {_worst['cases']} cases, worst max abs error {_worst['err']:.2e}")
