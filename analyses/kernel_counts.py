@@ -9,9 +9,9 @@ device, not by arithmetic, in a decode step and up to several thousand tokens of
 * kernels: the aten ops dispatched that are not views (a GPU launches one kernel or more for each);
 * views: the aten ops that only re-stride (no kernel);
 * host syncs: the reads that make the host wait for the device on a GPU: ``item`` / ``int`` /
-  ``bool`` of a tensor (``aten._local_scalar_dense``), ``tolist`` / ``numpy``, and the ops whose
-  output size depends on the data (``nonzero``, ``unique``, ``masked_select``, ``equal``,
-  ``repeat_interleave`` by a tensor);
+  ``bool`` of a tensor (``aten._local_scalar_dense``), ``tolist`` / ``numpy``, a copy from the
+  GPU to the CPU, and the ops whose output size depends on the data (``nonzero``, ``unique``,
+  ``masked_select``, ``equal``, ``repeat_interleave`` by a tensor);
 * wall time (milliseconds): the prefill once, the step as the median of ``--steps`` steps, both
   timed without counting (the counted forwards run again).
 
@@ -22,8 +22,9 @@ for non-finite scores; the prefill takes the "torch" backend either way (in bf16
 takes "flex" or "flash": count those on the GPU itself). On the CPU the attention kernel's
 empty-row check (``_attn_lse``) is one host read more per call than a GPU makes. ``--backend``
 sets the hard patterns' ``FocusConfig.backend`` ("dense": the masked reference path, one
-attention call a layer under a (T, T) mask, what a GPU might prefer at these lengths). The input is random token ids: the
-counts depend on the shapes and the routing path, not on the text.
+attention call a layer under a (T, T) mask, what a GPU might prefer at these lengths). The input
+is random token ids: a decode step's counts depend on the shapes only, a prefill's also on how
+many segments the groups make.
 
 Usage::
 
@@ -63,6 +64,16 @@ def _caller() -> str:
     return MODEL
 
 
+def _to_host(name: str, args, kwargs: dict) -> bool:
+    """Whether the aten op ``name`` copies a GPU tensor to the CPU (``_to_copy`` / ``copy_``)."""
+    if name.startswith("aten._to_copy"):
+        dst = kwargs.get("device")
+        return args[0].device.type != "cpu" and dst is not None and torch.device(dst).type == "cpu"
+    if name.startswith("aten.copy_"):
+        return args[0].device.type == "cpu" and args[1].device.type != "cpu"
+    return False
+
+
 class OpCount(TorchDispatchMode):
     """Counts the aten ops dispatched inside it: ``kernels`` and ``views`` (totals) and
     ``by_caller`` / ``syncs`` (Counters keyed by ``_caller()``)."""
@@ -80,7 +91,7 @@ class OpCount(TorchDispatchMode):
         else:
             self.kernels += 1
             self.by_caller[_caller()] += 1
-        if name.startswith(DATA_SIZED):
+        if name.startswith(DATA_SIZED) or _to_host(name, args, kwargs or {}):
             self.syncs[f"{_caller()} ({name.removeprefix('aten.').split('.')[0]})"] += 1
         return func(*args, **(kwargs or {}))
 
