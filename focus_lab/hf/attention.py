@@ -19,6 +19,7 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from focus_lab.hf.hooks import LayerCall, Pairs, fire, has_hooks, note_unfired
 from focus_lab.hf.state import FocusForward, is_plain_causal, state_of
+from focus_lab.method import core
 from focus_lab.method.core import Router, Routing, focus_bias, masked_attention, pairs_mask, route, window_only_groups
 from focus_lab.method.decomposition import GroupedKV, hard_focus_attention
 
@@ -175,7 +176,8 @@ def _focus_attention(module, query, key, value, attention_mask, scaling, **kwarg
         else:
             qg, kg = routing.query_groups, routing.key_group
         grouped = None
-        if Tq == 1 < Tk and routing is not None and state.cache is not None:  # a decode step
+        if (Tq == 1 < Tk and routing is not None and state.cache is not None
+                and query.device.type in core.HOST_DEVICES):  # a decode step on the CPU: the group store
             grouped = state.cache.grouped.setdefault(router.layer_idx, GroupedKV())
         out = hard_focus_attention(query, key, value, qg, kg, cfg.window, scaling, backend=cfg.backend,
                                    sinks=cfg.sink_tokens, timings=tm, grouped=grouped, extra_pairs=pairs)
