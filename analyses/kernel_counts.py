@@ -119,13 +119,12 @@ def count_step(model, state, past, token: torch.Tensor) -> OpCount:
 
 
 def _timed(fn, dev: torch.device) -> tuple[object, float]:
-    """(fn(), its wall seconds), the device synchronized around it on a GPU."""
-    if dev.type == "cuda":
-        torch.cuda.synchronize()
+    """(fn(), its wall seconds), the device synchronized around it on a GPU (``bench_attention._sync``)."""
+    from analyses.bench_attention import _sync
+    _sync(dev)
     t0 = time.perf_counter()
     out = fn()
-    if dev.type == "cuda":
-        torch.cuda.synchronize()
+    _sync(dev)
     return out, time.perf_counter() - t0
 
 

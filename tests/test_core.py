@@ -100,12 +100,22 @@ def test_soft_gate_bias_definition():
             assert bias[0, i, j] == pytest.approx(math.log(max(float(P[i] @ P[j]), 1e-6)), abs=1e-5)
 
 
-def test_masked_attention_equals_manual_softmax_with_gqa():
+@pytest.mark.parametrize("off_host", [False, True])
+def test_masked_attention_equals_manual_softmax_with_gqa(off_host, monkeypatch):
+    """Masked attention with GQA equals the manual softmax, an empty row keeping its diagonal;
+    ``off_host``: as off the ``core.HOST_DEVICES`` (a GPU), where that guard runs unconditionally
+    (no host sync), with the same result; float bias alike."""
+    from focus_lab.method import core
+    if off_host:
+        monkeypatch.setattr(core, "HOST_DEVICES", ())
     torch.manual_seed(4)
     B, H, Hkv, T, D = 2, 4, 2, 7, 8
     q, k, v = torch.randn(B, H, T, D), torch.randn(B, Hkv, T, D), torch.randn(B, Hkv, T, D)
     mask = torch.rand(B, T, T) > 0.4
+    mask[1, 3] = False  # an empty row
     out = masked_attention(q, k, v, mask)
+    bias = torch.zeros(B, T, T).masked_fill(~mask, float("-inf"))
+    assert torch.allclose(masked_attention(q, k, v, bias), out, atol=1e-6)
     kk, vv = k.repeat_interleave(H // Hkv, 1), v.repeat_interleave(H // Hkv, 1)
     logits = (q @ kk.transpose(-1, -2)) / math.sqrt(D)
     full = mask | torch.eye(T, dtype=torch.bool)  # empty rows keep their diagonal

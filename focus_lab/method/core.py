@@ -765,15 +765,18 @@ def masked_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
             soft-capping, so this path is explicit, in fp32, in chunks of queries.
     Returns:
         (B, H, Tq, D). A query row with no kept key keeps its own diagonal (so padding rows
-        stay finite instead of NaN).
+        stay finite instead of NaN). Off the ``HOST_DEVICES`` (a GPU) the diagonal is filled
+        in unconditionally (a no-op on rows with a kept key), so the host never waits to ask
+        whether a row is empty.
     """
+    off_host = query.device.type not in HOST_DEVICES
     if bias.dtype == torch.bool:
         empty = ~bias.any(-1, keepdim=True)  # (B, Tq, 1)
-        if empty.any():
+        if off_host or empty.any():
             bias = bias | (empty & _diag_like(bias))
     else:
         empty = torch.isinf(bias).all(-1, keepdim=True) & (bias < 0).all(-1, keepdim=True)
-        if empty.any():
+        if off_host or empty.any():
             bias = bias.masked_fill(empty & _diag_like(bias), 0.0)
     if softcap is not None:
         return _softcapped_attention(query, key, value, bias, scaling, float(softcap))

@@ -1055,7 +1055,9 @@ FEW_QUERIES = 16
 
 def _one_query(query, key, value, query_groups, key_group, window, sinks, scale, return_lse, call):
     """A one-token decode step off the ``core.HOST_DEVICES`` (a GPU): the step's
-    row of ``core.hard_mask`` and ONE attention call over the whole cache under it. No gather and
+    row of ``core.hard_mask`` and ONE attention call over the whole cache under it (SDPA; with
+    ``return_lse``, ``_attn_lse``). Not ``core.masked_attention``: its guard for rows with no
+    kept key costs 6 kernels a layer, and this row always keeps its own key. No gather and
     no host sync: a small model's decode step on a GPU is bound by kernel launches and by the
     host waiting for the device, not by reading the cache (``analyses.kernel_counts``). Work O(Tk),
     as in dense decoding.
@@ -1064,17 +1066,17 @@ def _one_query(query, key, value, query_groups, key_group, window, sinks, scale,
     key_group: (B, Tk). Returns out (B, H, 1, D) in query.dtype and lse (B, H, 1) fp32, or None
     without ``return_lse`` (with it, the CUDA kernel repeats the KV heads: ``_cuda_attn_lse``).
     Source: docs/method.md §4 (KV cache)."""
-    H, Tk = query.shape[1], key.shape[2]
+    Tk = key.shape[2]
     with call("plan"):
         k_pos = torch.arange(Tk, device=query.device)  # (Tk,)
-        keep = core.hard_mask(query_groups, key_group, window, k_pos[-1:], k_pos, sinks)[:, None]  # (B, 1, 1, Tk)
+        keep = core.hard_mask(query_groups, key_group, window, k_pos[-1:], k_pos, sinks)  # (B, 1, Tk)
     with call("attn_A"):
         if return_lse:
-            out, lse = _attn_lse(query, key, value, scale, allowed=keep, call=call)
+            out, lse = _attn_lse(query, key, value, scale, allowed=keep[:, None], call=call)
             return out.to(query.dtype), lse
         with call.kernels():
-            out = F.scaled_dot_product_attention(query, key, value, attn_mask=keep, scale=scale,
-                                                 enable_gqa=key.shape[1] != H)  # (B, H, 1, D)
+            out = F.scaled_dot_product_attention(query, key, value, attn_mask=keep[:, None], scale=scale,
+                                                 enable_gqa=key.shape[1] != query.shape[1])  # (B, H, 1, D)
     return out, None
 
 
