@@ -177,7 +177,7 @@ def _focus_attention(module, query, key, value, attention_mask, scaling, **kwarg
             qg, kg = routing.query_groups, routing.key_group
         grouped = None
         if (Tq == 1 < Tk and routing is not None and state.cache is not None
-                and query.device.type in core.HOST_DEVICES):  # a decode step on the CPU: the group store
+                and core.on_host(query)):  # a decode step on the CPU: the group store
             grouped = state.cache.grouped.setdefault(router.layer_idx, GroupedKV())
         out = hard_focus_attention(query, key, value, qg, kg, cfg.window, scaling, backend=cfg.backend,
                                    sinks=cfg.sink_tokens, timings=tm, grouped=grouped, extra_pairs=pairs)

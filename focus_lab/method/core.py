@@ -26,6 +26,11 @@ from focus_lab.method.config import FocusConfig
 HOST_DEVICES = ("cpu",)
 
 
+def on_host(x: torch.Tensor) -> bool:
+    """Whether ``x`` lives on one of the ``HOST_DEVICES`` (reading it never waits for a device)."""
+    return x.device.type in HOST_DEVICES
+
+
 def layer_seed(seed: int, layer_idx: int) -> int:
     """The per-layer seed of everything random about one layer (router init, random and
     shuffled control groups): ``seed * 1_000_003 + layer_idx``, so layers differ and a run
@@ -689,7 +694,7 @@ def route(router: Router, h: torch.Tensor, token_mask: torch.Tensor | None = Non
     cfg = config or router.config
     scores = router(h, cfg, start)  # (B, T, K)
     key_scores = router.key_scores(h, cfg)  # (B, T, K), or None: the keys share ``scores``
-    checked = h.shape[1] > 1 or h.device.type in HOST_DEVICES  # a GPU decode step does not wait on it
+    checked = h.shape[1] > 1 or on_host(h)  # a GPU decode step does not wait on it
     if checked and not all(torch.isfinite(s).all() for s in (scores, key_scores) if s is not None):
         raise FloatingPointError(
             f"router scores of layer {router.layer_idx} contain NaN or inf: the layer's attention input "
@@ -769,7 +774,7 @@ def masked_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
         in unconditionally (a no-op on rows with a kept key), so the host never waits to ask
         whether a row is empty.
     """
-    off_host = query.device.type not in HOST_DEVICES
+    off_host = not on_host(query)
     if bias.dtype == torch.bool:
         empty = ~bias.any(-1, keepdim=True)  # (B, Tq, 1)
         if off_host or empty.any():

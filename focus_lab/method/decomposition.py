@@ -1355,13 +1355,13 @@ def _hard_focus_attention(query, key, value, query_groups, key_group, window, sc
     scale = 1.0 / math.sqrt(D) if scaling is None else float(scaling)
     query_groups = query_groups.to(query.device)
     key_group = key_group.to(query.device)
-    if Tq == 1 < Tk and query.device.type not in core.HOST_DEVICES:  # a GPU's decode step: no host sync
+    if Tq == 1 < Tk and not core.on_host(query):  # a GPU's decode step: no host sync
         out, lse = _one_query(query, key, value, query_groups, key_group, window, sinks, scale, return_lse, call)
         return (out, lse) if return_lse else out
     if int(query_groups.min()) < 0 or int(key_group.min()) < 0:
         raise ValueError("group indices must be >= 0")
     k = query_groups.shape[-1]
-    if Tq == 1 < Tk and grouped is not None and query.device.type in core.HOST_DEVICES:  # slices, no gather
+    if Tq == 1 < Tk and grouped is not None:  # on the CPU (the GPU's step returned above): slices, no gather
         out, lse = grouped.step(query, key, value, query_groups, key_group, window, sinks, scale, call)
         return (out, lse) if return_lse else out
     if Tq < Tk and Tq <= FEW_QUERIES:  # a KV-cache step: gather the kept keys, one call per row
