@@ -350,7 +350,7 @@ def eval_cmd(
     patterns: str = typer.Option("all", help="comma list of dense, window, soft, hard_topK, random_topK, "
                                  "shuffled_topK (controls at equal sparsity), or 'all' (dense, window, "
                                  "soft, hard_top1..K); e.g. dense,window,hard_top1,hard_top2,random_top2,shuffled_top2; "
-                                 "a top-k name + _uniform, _match, _keyshift, _cap: docs/cli.md"),
+                                 "a top-k name + _uniform, _match, _keyshift, _cap, _evict: docs/cli.md"),
     device: str = typer.Option("cpu", help="cpu | cuda | cuda:N: where the model runs (hard mode on a GPU: "
                                "docs/method.md §4)"),
     dtype: str = typer.Option("fp32", help="fp32 | bf16 | fp16: the model's weights and activations (the routers "
@@ -893,7 +893,7 @@ def probe_retrieval(
                                 "list); at most the model's positions"),
     cases: int = typer.Option(4, help="cases (case seeds --seed .. --seed + cases - 1) per task and length"),
     patterns: str = typer.Option(RETRIEVAL_PATTERNS, help="comma list of eval patterns (dense, window, hard_topK, "
-                                 "random_topK, shuffled_topK, suffixes _match, _uniform, _keyshift, _cap) and moba_matched; "
+                                 "random_topK, shuffled_topK, suffixes _match, _uniform, _keyshift, _cap, _evict) and moba_matched; "
                                  "name:N runs a pattern on the first N cases only; dense always runs"),
     seed: int = typer.Option(0, help="first case seed (fixes keys, values, depths and haystack starts)"),
     fmt: str = typer.Option("chat", "--format", help="chat (the question as the chat template's user turn, the "

@@ -138,7 +138,8 @@ def test_cuda_hard_mode_model_equals_reference_and_decodes(family, key_shift):
     assert torch.equal(again, gen[0, 30:])
 
 
-@pytest.mark.parametrize("changes", [{}, {"random_layers": [0]}, {"group_capacity": 0.5, "key_shift": 1}])
+@pytest.mark.parametrize("changes", [{}, {"random_layers": [0]}, {"group_capacity": 0.5, "key_shift": 1},
+                                     {"group_capacity": 0.5, "capacity_overflow": "evict"}])
 def test_cuda_hard_decode_step_waits_no_more_than_dense(changes):
     """A hard-mode one-token decode step on the GPU (``decomposition._one_query``, no check of
     the router scores) makes the host wait for the device no more often than a dense step does:

@@ -671,7 +671,8 @@ def test_hard_kv_cache_decode_equals_full_forward(assignment):
 
 @pytest.mark.parametrize("changes", [{"assignment": "router"}, {"assignment": "router", "random_layers": [0]},
                                      {"assignment": "router", "match_shifts": [0, 1]},
-                                     {"assignment": "router", "group_capacity": 0.5, "key_shift": 1}])
+                                     {"assignment": "router", "group_capacity": 0.5, "key_shift": 1},
+                                     {"assignment": "router", "group_capacity": 0.5, "capacity_overflow": "evict"}])
 def test_gpu_decode_step_equals_full_forward_without_host_syncs(changes, monkeypatch):
     """The one-token decode step a GPU runs (``core.HOST_DEVICES`` emptied, so the CPU takes it:
     ``decomposition._one_query``, one attention call under the step's mask row, and no check of

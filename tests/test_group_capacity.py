@@ -18,8 +18,8 @@ from conftest import cached_logits, random_ids, tiny_llama
 W = 4  # window (tokens), also the positions that never move
 
 
-def _loop(logits, capacity, warmup, start=0, counts=None):
-    """The rule one position at a time, from its definition."""
+def _loop(logits, capacity, warmup, start=0, counts=None, overflow="second"):
+    """The rule one position at a time, from its definition (an evicted key: group K)."""
     B, T, K = logits.shape
     out = torch.empty(B, T, dtype=torch.long)
     for b in range(B):
@@ -28,24 +28,27 @@ def _loop(logits, capacity, warmup, start=0, counts=None):
             order = logits[b, t].argsort(descending=True).tolist()
             first, p = order[0], start + t
             n[first] += 1
-            out[b, t] = order[1] if p >= warmup and n[first] > capacity * (p + 1) else first
+            over = p >= warmup and n[first] > capacity * (p + 1)
+            out[b, t] = (K if overflow == "evict" else order[1]) if over else first
     return out
 
 
+@pytest.mark.parametrize("overflow", ["second", "evict"])
 @pytest.mark.parametrize("capacity", [0.3, 0.5, 0.9])
-def test_rule_equals_the_loop_in_one_forward_and_in_two(capacity):
+def test_rule_equals_the_loop_in_one_forward_and_in_two(capacity, overflow):
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(2, 90, 3, generator=g)
     logits[:, 20:70, 0] += 3.0  # a stretch where most tokens pick group 0
     first = logits.argmax(-1)
-    want = _loop(logits, capacity, W)
-    got, counts = capacity_key_group(logits, first, capacity, 0, W)
+    want = _loop(logits, capacity, W, overflow=overflow)
+    got, counts = capacity_key_group(logits, first, capacity, 0, W, overflow=overflow)
     assert torch.equal(got, want)
     assert torch.equal(counts, torch.stack([torch.bincount(f, minlength=3) for f in first]))
     moved = (got != first).sum().item()
     assert moved > 0 if capacity < 0.9 else True  # the test sees the rule at work
-    a, ca = capacity_key_group(logits[:, :50], first[:, :50], capacity, 0, W)  # a prefill, then the rest
-    b, _ = capacity_key_group(logits[:, 50:], first[:, 50:], capacity, 50, W, ca)
+    assert (got == 3).sum().item() == (moved if overflow == "evict" else 0)  # evicted: group K = 3
+    a, ca = capacity_key_group(logits[:, :50], first[:, :50], capacity, 0, W, overflow=overflow)  # a prefill,
+    b, _ = capacity_key_group(logits[:, 50:], first[:, 50:], capacity, 50, W, ca, overflow)  # then the rest
     assert torch.equal(torch.cat([a, b], 1), want)
     with pytest.raises(RuntimeError, match="position 50"):
         capacity_key_group(logits[:, 50:], first[:, 50:], capacity, 50, W)
@@ -106,10 +109,11 @@ def test_capacity_layers_cap_only_the_layers_named():
     assert FocusConfig(num_groups=4, group_capacity=0.5, capacity_layers=(3, 1, 3)).capacity_layers == [1, 3]
 
 
-@pytest.mark.parametrize("top_k,key_shift", [(1, 0), (2, 1)])
+@pytest.mark.parametrize("top_k,key_shift,overflow", [(1, 0, "second"), (2, 1, "second"), (1, 0, "evict"),
+                                                     (2, 1, "evict")])
 @torch.no_grad()
-def test_two_call_path_and_kv_cache_decode_equal_the_masked_reference(top_k, key_shift):
-    model = _model(top_k=top_k, key_shift=key_shift, sink_tokens=2)
+def test_two_call_path_and_kv_cache_decode_equal_the_masked_reference(top_k, key_shift, overflow):
+    model = _model(top_k=top_k, key_shift=key_shift, sink_tokens=2, capacity_overflow=overflow)
     ids = random_ids(4, batch=1, T=48)
     ref = model(ids, focus=focus_lab.forward_state(model, backend="dense")).logits
     assert (model(ids).logits - ref).abs().max().item() <= 1e-5
@@ -117,6 +121,40 @@ def test_two_call_path_and_kv_cache_decode_equal_the_masked_reference(top_k, key
     free = model(ids, focus=focus_lab.forward_state(model, group_capacity=0.0)).logits
     assert (free - ref).abs().max().item() > 1e-3
     assert (cached_logits(model, ids, [30, 37]) - ref).abs().max().item() <= 1e-5
+    if top_k == 2:  # a moved key reaches the queries whose second group it joins: the overflows differ
+        other = "second" if overflow == "evict" else "evict"
+        assert (model(ids, focus=focus_lab.forward_state(model, capacity_overflow=other)).logits - ref).abs().max() > 1e-3
+
+
+@torch.no_grad()
+def test_evicted_keys_are_kept_by_the_window_and_sinks_only():
+    """With ``capacity_overflow="evict"`` a key over the capacity is in no group: the hooked key
+    groups equal the loop's (K for an evicted key), the brute-force mask of those groups keeps
+    an evicted key only within the window or as a sink, fewer distant pairs than moving them
+    to their second group, and the group shares sum to the kept keys' share."""
+    from focus_lab.method.core import hard_group_shares, hard_mask
+    model = _model(top_k=2, sink_tokens=1, capacity_overflow="evict")
+    cfg = focus_lab.focus_config(model)
+    ids = random_ids(7, batch=1, T=60)
+    with focus_lab.cache(model, ["router_in", "query_groups", "key_group"]) as c:
+        model(input_ids=ids, use_cache=False)
+    with focus_lab.cache(model, ["query_groups", "key_group"]) as moved:
+        model(input_ids=ids, use_cache=False, focus=focus_lab.forward_state(model, capacity_overflow="second"))
+    pos = torch.arange(60)
+    for i, r in focus_lab.routers(model).items():
+        h = rms_normalize(c[f"layers.{i}.router_in"])  # (B, T, d)
+        a = (h @ r.proj @ r.centroids.T) / cfg.tau + r.group_bias  # (B, T, K)
+        qg, kg = c[f"layers.{i}.query_groups"], c[f"layers.{i}.key_group"]
+        assert torch.equal(kg, _loop(a, 0.5, W, overflow="evict"))
+        out = kg[0] == 3  # (T,) evicted keys
+        assert out.sum() > 10
+        m = hard_mask(qg, kg, W, pos, pos, sinks=1)[0]  # (T, T)
+        d = pos[:, None] - pos[None, :]  # (T, T)
+        assert torch.equal(m[:, out], ((d >= 0) & ((d < W) | (pos[None, :] < 1)))[:, out])
+        kept = distant_pairs_kept(qg, kg, W, 1)
+        assert kept < distant_pairs_kept(moved[f"layers.{i}.query_groups"], moved[f"layers.{i}.key_group"], W, 1)
+        shares = hard_group_shares(kg, 3)
+        assert shares.shape == (3,) and abs(float(shares.sum()) - (1 - out.float().mean().item())) < 1e-6
 
 
 def test_bad_capacity_and_the_pattern_suffix():
@@ -125,11 +163,19 @@ def test_bad_capacity_and_the_pattern_suffix():
             FocusConfig(num_groups=4, group_capacity=bad)
     assert FocusConfig(num_groups=4, group_capacity=0.26).group_capacity == 0.26
     assert pattern_changes("hard_top2_cap", 4) == {"mode": "hard", "top_k": 2, "assignment": "router",
-                                                   "group_capacity": CAPACITY, "capacity_layers": None}
+                                                   "group_capacity": CAPACITY, "capacity_layers": None,
+                                                   "capacity_overflow": "second"}
     # @LAYERS: the cap in those layers only
     assert pattern_changes("hard_top2_match_cap60@0+13-15", 4) == {
         "mode": "hard", "top_k": 2, "assignment": "router", "match_shifts": [0, 1], "group_capacity": 0.6,
-        "capacity_layers": [0, 13, 14, 15]}
+        "capacity_layers": [0, 13, 14, 15], "capacity_overflow": "second"}
+    # _evict: the same capacity and layers, the keys over it in no group
+    assert pattern_changes("hard_top2_evict70@13+15-16", 4) == {
+        "mode": "hard", "top_k": 2, "assignment": "router", "group_capacity": 0.7,
+        "capacity_layers": [13, 15, 16], "capacity_overflow": "evict"}
+    assert pattern_changes("hard_top2_evict", 4)["group_capacity"] == CAPACITY
+    with pytest.raises(ConfigError, match="capacity_overflow"):
+        FocusConfig(num_groups=4, group_capacity=0.5, capacity_overflow="drop")
     assert pattern_changes("hard_top2_cap@2", 4)["capacity_layers"] == [2]
     with pytest.raises(ConfigError, match="capacity layers"):
         pattern_changes("hard_top2_cap@-3", 4)
@@ -137,7 +183,7 @@ def test_bad_capacity_and_the_pattern_suffix():
     # _capNN: the capacity NN / 100, after the other suffixes
     assert pattern_changes("hard_top2_match_cap70", 4) == {"mode": "hard", "top_k": 2, "assignment": "router",
                                                            "match_shifts": [0, 1], "group_capacity": 0.7,
-                                                           "capacity_layers": None}
+                                                           "capacity_layers": None, "capacity_overflow": "second"}
     with pytest.raises(ConfigError, match="unknown pattern"):
         pattern_changes("hard_top2_cap7", 4)
     with pytest.raises(ConfigError, match="group_capacity"):  # 0.05 <= 1 / num_groups

@@ -96,12 +96,14 @@ def test_record_requires_focus_and_checks_its_arguments(small_model):
             pass
 
 
+@pytest.mark.parametrize("changes", [{}, {"group_capacity": 0.4, "capacity_overflow": "evict"}])
 @torch.no_grad()
-def test_recorder_matches_brute_force_on_the_model(small_model):
+def test_recorder_matches_brute_force_on_the_model(small_model, changes):
     """Per-query coverage / dropped mass of the recorder against dense attention computed
-    here from the captured queries and keys, one pair at a time."""
+    here from the captured queries and keys, one pair at a time; with keys the group capacity
+    evicts (group K = 3, in no group) too, whose assignment rows have no probability."""
     w = 5
-    focus_lab.attach(small_model, FocusConfig(mode="hard", window=w, num_groups=3, top_k=1))
+    focus_lab.attach(small_model, FocusConfig(mode="hard", window=w, num_groups=3, top_k=1, **changes))
     ids = _ids(batch=1, T=24)
     seen = {}
 
@@ -110,7 +112,7 @@ def test_recorder_matches_brute_force_on_the_model(small_model):
         seen[hook.layer_idx] = (c.module, c.query.clone(), c.key.clone(), c.routing)
 
     with focus_lab.hooks(small_model, {"attn_out": grab}), \
-            focus_lab.record(small_model, heads=[0, 3], metrics=["coverage", "crossing", "balance"]) as rec:
+            focus_lab.record(small_model, heads=[0, 3], metrics=["coverage", "crossing", "balance", "assignments"]) as rec:
         small_model(ids, use_cache=False)
     tabs = rec.tables()
     cq = tabs["coverage_query"]
@@ -132,6 +134,10 @@ def test_recorder_matches_brute_force_on_the_model(small_model):
                 drop = cr[(cr.layer_idx == layer) & (cr["head"] == h) & (cr.position == i)].dense_dropped.iloc[0]
                 assert float(drop) == pytest.approx(1 - cov, abs=1e-5)
     assert set(tabs["coverage"]["head"]) == {0, 3}
+    if changes:  # the evicted keys: the test sees some, recorded as group 3 without a probability
+        a = tabs["assignments"]
+        assert (a.group == 3).any() and a[a.group == 3].prob.isna().all() and a[a.group < 3].prob.notna().all()
+        return
     # balance: the causal hard shares are the key groups the mask used
     bal = tabs["balance"]
     for layer, (_, _, _, routing) in seen.items():

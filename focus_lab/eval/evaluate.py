@@ -28,10 +28,12 @@ KEY_SHIFT = "_keyshift"  # pattern-name suffix: each key in its predecessor's gr
 NO_KEY_SHIFT = "_nokeyshift"  # pattern-name suffix: each key in its own group, whatever the file says
 CAP = "_cap"  # pattern-name suffix: the group capacity CAPACITY (docs/method.md §2.9)
 NO_CAP = "_nocap"  # pattern-name suffix: no group capacity, whatever the router file says
+EVICT = "_evict"  # pattern-name suffix: the group capacity, the keys over it in no group (capacity_overflow)
 CAPACITY = 0.5  # the group capacity of the _cap suffix: a group past half of the first choices overflows
 # _cap, _capNN (the capacity NN / 100, _cap70 = 0.7), either + @LAYERS (only those layers, parts
-# joined by '+': _cap@0+13-16 caps layers 0 and 13 to 16; capacity_layers)
-CAP_SUFFIX = re.compile(r"_cap(\d{2})?(?:@([0-9+\-]+))?$")
+# joined by '+': _cap@0+13-16 caps layers 0 and 13 to 16; capacity_layers); _evict the same, the
+# keys over the capacity leaving every group instead of moving to their second
+CAP_SUFFIX = re.compile(r"_(cap|evict)(\d{2})?(?:@([0-9+\-]+))?$")
 
 
 def standard_patterns(num_groups: int) -> list[tuple[str, dict]]:
@@ -56,13 +58,15 @@ def split_suffixes(name: str) -> tuple[str, dict]:
     base, extra = name, {}
     if m := CAP_SUFFIX.search(base):
         from focus_lab.method.config import ConfigError, parse_int_list
+        kind, nn, spec = m.groups()
         try:
-            layers = parse_int_list(m.group(2).replace("+", ",")) if m.group(2) else None
+            layers = parse_int_list(spec.replace("+", ",")) if spec else None
         except ValueError:
-            raise ConfigError(f"pattern {name!r}: cannot read the capacity layers {m.group(2)!r}; write "
+            raise ConfigError(f"pattern {name!r}: cannot read the capacity layers {spec!r}; write "
                               f"layer indices and ranges joined by '+', e.g. {CAP}@0+13-16") from None
-        base, extra = base[:m.start()], {"group_capacity": int(m.group(1)) / 100 if m.group(1) else CAPACITY,
-                                         "capacity_layers": layers}
+        base, extra = base[:m.start()], {"group_capacity": int(nn) / 100 if nn else CAPACITY,
+                                         "capacity_layers": layers,
+                                         "capacity_overflow": "evict" if kind == "evict" else "second"}
     for pair in ((() if extra else ((NO_CAP, {"group_capacity": 0.0}),)),
                  ((NO_KEY_SHIFT, {"key_shift": 0}), (KEY_SHIFT, {"key_shift": 1})),
                  ((NO_MATCH, {"match_shifts": None}), (MATCH, {"match_shifts": list(MATCH_SHIFTS)})),
@@ -88,8 +92,10 @@ def pattern_changes(name: str, num_groups: int) -> dict:
     its predecessor's group (``key_shift = 1``, docs/method.md §1.7), ``_nokeyshift`` in its own;
     ``_cap`` caps each group at ``CAPACITY`` of the keys so far (``group_capacity``, docs/method.md
     §2.9), ``_capNN`` at NN / 100 (``_cap70``: 0.7), in every routed layer unless ``@LAYERS``
-    follows (``_cap@0+13-16``: layers 0 and 13-16 only, ``capacity_layers``); ``_nocap`` drops any cap; the suffixes combine in this order
-    (``hard_top2_uniform_match_keyshift_cap``).
+    follows (``_cap@0+13-16``: layers 0 and 13-16 only, ``capacity_layers``), the keys over it
+    moving to their second group; ``_evict`` (``_evictNN``, ``@LAYERS`` alike) puts them in no
+    group instead (``capacity_overflow = "evict"``); ``_nocap`` drops any cap; the suffixes
+    combine in this order (``hard_top2_uniform_match_keyshift_cap``).
     Raises ConfigError naming the valid names.
     """
     from focus_lab.method.config import ConfigError
@@ -103,7 +109,8 @@ def pattern_changes(name: str, num_groups: int) -> dict:
                           f"(a top-k name + '{UNIFORM}': k in every layer, no per-layer budget; + '{MATCH}' / "
                           f"'{NO_MATCH}': with / without token-match pairs; + '{KEY_SHIFT}' / '{NO_KEY_SHIFT}': "
                           f"keys in their predecessor's / own group; + '{CAP}' / '{NO_CAP}': with / without the "
-                          f"group capacity, '{CAP}NN': capacity NN / 100, '{CAP}@0+13-16': in those layers only)")
+                          f"group capacity, '{CAP}NN': capacity NN / 100, '{CAP}@0+13-16': in those layers only; "
+                          f"'{EVICT}' as '{CAP}', the keys over it in no group)")
     return {"mode": "hard", "top_k": int(k), "assignment": assignment, **extra}
 
 

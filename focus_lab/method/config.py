@@ -14,6 +14,7 @@ from typing import Any
 MODES = ("soft", "hard", "window", "dense")
 ASSIGNMENTS = ("router", "random", "shuffled")
 OBJECTIVES = ("lm", "coverage", "distill")
+CAPACITY_OVERFLOWS = ("second", "evict")  # FocusConfig.capacity_overflow (docs/method.md §2.9)
 # FocusConfig fields that fix the routers' tensors: set at attach, never changed by a forward
 SHAPE_FIELDS = ("num_groups", "router_dim", "layers", "key_router")
 
@@ -175,6 +176,10 @@ class FocusConfig:
             1/num_groups < group_capacity <= 1.
         capacity_layers: [ours] the routed layers ``group_capacity`` applies to; None: every
             routed layer (docs/method.md §2.9). ``capacity_at`` gives a layer's capacity.
+        capacity_overflow: [ours] where a key over ``group_capacity`` goes (docs/method.md §2.9):
+            "second" (its second-best group) or "evict" (no group: only the local window, the
+            sinks and token-match pairs keep it; its key group is ``num_groups``, which no
+            query picks). "evict" leaves the other groups as they were.
         backend: how hard mode computes attention (docs/method.md §4): "auto" (the two-call
             decomposition of focus_lab.method.decomposition with the best kernel present: on a
             GPU in fp16/bf16 FlexAttention's block-sparse kernel for top_k >= 2 and a varlen
@@ -209,6 +214,7 @@ class FocusConfig:
     match_latest: int = 0
     group_capacity: float = 0.0
     capacity_layers: list[int] | None = None
+    capacity_overflow: str = "second"
     backend: str = "auto"
 
     def __post_init__(self) -> None:
@@ -265,6 +271,9 @@ class FocusConfig:
                     and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in self.capacity_layers)):
                 bad("capacity_layers", "need a list of layer indices >= 0 (e.g. [13, 14, 15]), or None for every layer")
             object.__setattr__(self, "capacity_layers", sorted(set(self.capacity_layers)))
+        if self.capacity_overflow not in CAPACITY_OVERFLOWS:
+            bad("capacity_overflow", f"choose one of {', '.join(CAPACITY_OVERFLOWS)} (a key over the capacity "
+                "moves to its second group, or leaves every group)")
         if self.backend not in ("auto", "dense", "torch", "flash", "flex"):
             bad("backend", "choose one of auto, dense, torch, flash, flex")
         if self.layers is not None:

@@ -47,9 +47,10 @@ def rms_normalize(h: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
 
 def hard_group_shares(key_group: torch.Tensor, num_groups: int) -> torch.Tensor:
     """(K,) float share of tokens in each hard top-1 group (sums to 1; 1/K each is perfect
-    balance). key_group: (...) long group ids, e.g. (B, T)."""
+    balance; less than 1 when the group capacity evicts keys, whose id K is no group).
+    key_group: (...) long group ids in 0..K, e.g. (B, T)."""
     counts = torch.bincount(key_group.reshape(-1), minlength=num_groups).float()
-    return counts / counts.sum().clamp(min=1)
+    return counts[:num_groups] / counts.sum().clamp(min=1)
 
 
 class Router(nn.Module):
@@ -375,23 +376,27 @@ def hard_logits(scores: torch.Tensor, tau: float, group_bias: torch.Tensor | Non
 
 
 def capacity_key_group(logits: torch.Tensor, key_group: torch.Tensor, capacity: float, start: int,
-                       warmup: int, prev_counts: torch.Tensor | None = None
+                       warmup: int, prev_counts: torch.Tensor | None = None, overflow: str = "second"
                        ) -> tuple[torch.Tensor, torch.Tensor]:
     """The group capacity rule (``FocusConfig.group_capacity``, docs/method.md §2.9 [ours]).
 
     Position ``p = start + t``'s first choice is ``key_group[:, t]`` (the top-1 of ``logits``);
     ``n_g(p)`` counts the first choices equal to g among positions 0..p. When ``p >= warmup``
     and ``n_{key_group}(p) > capacity * (p + 1)``, the key moves to its second-best group of
-    ``logits``. Counting first choices, not final groups, keeps the rule causal and parallel over
-    positions: a KV-cache step continues from ``prev_counts``.
+    ``logits`` (``overflow="second"``) or to no group (``"evict"``: group id K, which no query
+    picks, so only the window, the sinks and token-match pairs keep it;
+    ``FocusConfig.capacity_overflow``). Counting first choices, not final groups, keeps the rule
+    causal and parallel over positions: a KV-cache step continues from ``prev_counts``.
 
     Args:
         logits: (B, T, K) the key role's ``S / tau + group_bias``; key_group: (B, T) long, its
             top-1; capacity: share in (1/K, 1]; start: absolute position of the first token;
             warmup: positions below it never move (tokens; the local window); prev_counts: (B, K)
-            first-choice counts of positions 0..start-1 (None: zeros, only when ``start == 0``).
+            first-choice counts of positions 0..start-1 (None: zeros, only when ``start == 0``);
+            overflow: "second" or "evict".
     Returns:
-        key_group: (B, T) long; counts: (B, K) long, the first-choice counts of 0..start+T-1.
+        key_group: (B, T) long in 0..K-1 (0..K with "evict"); counts: (B, K) long, the
+        first-choice counts of 0..start+T-1.
     Raises:
         RuntimeError: ``start > 0`` without ``prev_counts`` (a decode step whose earlier first
             choices are unknown).
@@ -408,7 +413,9 @@ def capacity_key_group(logits: torch.Tensor, key_group: torch.Tensor, capacity: 
     pos = torch.arange(start, start + T, device=logits.device)  # (T,) absolute positions
     held = counts.gather(2, key_group[..., None])[..., 0]  # (B, T) first choices of this key's group so far
     over = (held > capacity * (pos + 1)) & (pos >= warmup)  # (B, T)
-    if K > 1:  # no host sync on whether any key moves: a decode step stays on the device
+    if overflow == "evict":  # no host sync on whether any key moves: a decode step stays on the device
+        key_group = torch.where(over, torch.full_like(key_group, K), key_group)  # K: no group
+    elif K > 1:
         second = logits.topk(2, dim=-1).indices[..., 1]  # (B, T)
         key_group = torch.where(over, second, key_group)
     return key_group, counts[:, -1]
@@ -712,7 +719,8 @@ def route(router: Router, h: torch.Tensor, token_mask: torch.Tensor | None = Non
     if (capacity and cfg.mode == "hard" and cfg.assignment_at(router.layer_idx) == "router"
             and cfg.top_k_at(router.layer_idx) > 0):  # docs/method.md §2.9
         logits = hard_logits(key_scores if key_scores is not None else scores, cfg.tau, router._bias(cfg))
-        kg, counts = capacity_key_group(logits, kg, capacity, start, cfg.window, prev_counts)
+        kg, counts = capacity_key_group(logits, kg, capacity, start, cfg.window, prev_counts,
+                                        cfg.capacity_overflow)
     if not cfg.key_shift:
         return Routing(scores, log_p, col, qg, kg, key_scores=key_scores, key_log_p=key_log_p, first_counts=counts)
     lpk = key_log_p if key_log_p is not None else log_p  # (B, T, K) or None

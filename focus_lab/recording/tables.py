@@ -71,7 +71,8 @@ def assignments_table(rec) -> pd.DataFrame:
     for r in routes_sorted(rec):
         cfg, scores, kg = r["cfg"], r["scores"], r["key_group"]
         prob = assignment_dists(r)["sinkhorn"][0]
-        prob = prob.gather(2, kg[..., None])[..., 0].numpy()
+        K = prob.shape[-1]  # key group K: evicted by the group capacity, in no group (prob NaN)
+        prob = prob.gather(2, kg.clamp(max=K - 1)[..., None])[..., 0].masked_fill(kg == K, float("nan")).numpy()
         margin = M.top1_margin(scores, cfg.tau, r["group_bias"]).numpy()
         B, T, _ = scores.shape
         for b in range(B):
