@@ -6,6 +6,8 @@ hard top-2, on the retrieval suite and on perplexity, from the committed data.
     python -m analyses.studies.group_capacity --layers     # per layer, one case per task (a model forward each)
     python -m analyses.studies.group_capacity --sweep      # the capacities 0.5-0.8 on technical text
     python -m analyses.studies.group_capacity --by-layer   # the cap in some layers only
+    python -m analyses.studies.group_capacity --evict      # the keys over the cap evicted, layer 0 left out
+    python -m analyses.studies.group_capacity --leave-one-out hard_top2_cap@0+13+15-16+21+24-25+28-29  # which layer
     python -m analyses.studies.group_capacity --layers --tasks niah_single_1 \
         --patterns hard_top2,hard_top2_cap,hard_top2_cap60,hard_top2_cap70,hard_top2_cap80   # ... and their pairs
 
@@ -37,6 +39,9 @@ LAYER_PROBES = ("hard_top2_cap@14", "hard_top2_cap70@14", "hard_top2_cap@15", "h
 # the layer sets tried in full: the layers niah_single_1's noise sentences collapse in, then those
 # without layer 14 (which costs technical text) and with 24 and 29 (which do not)
 LAYER_SETS = ("hard_top2_cap@0+13-16+21+25+28", "hard_top2_cap@0+13+15-16+21+24-25+28-29")
+# the last set without layer 0 (whose cap costs the needles), its keys over the capacity in no group
+EVICT_SET = "hard_top2_evict@13+15-16+21+24-25+28-29"
+EVICT_TABLE = "capacity_evict"  # its length cells
 
 
 def retrieval_rows(cases: pd.DataFrame, patterns=PATTERNS) -> pd.DataFrame:
@@ -224,6 +229,7 @@ def main(argv=None) -> None:
     ap.add_argument("--sweep", action="store_true", help="each capacity of SWEEP against hard top-2, perplexity")
     ap.add_argument("--by-layer", action="store_true",
                     help="the cap in some layers only: LAYER_PROBES and LAYER_SETS against hard top-2")
+    ap.add_argument("--evict", action="store_true", help="EVICT_SET against hard top-2: retrieval and perplexity")
     ap.add_argument("--leave-one-out", metavar="PATTERN",
                     help="a cap with @LAYERS: the answer's log-prob with each layer left out in turn")
     ap.add_argument("--length", type=int, default=8192, help="with --leave-one-out: tokens")
@@ -235,13 +241,14 @@ def main(argv=None) -> None:
         w = d.pivot_table(index="variant", columns="seed", values="answer_logprob", sort=False)
         print(w.round(2).to_string())
         return
-    if a.by_layer:
+    if a.by_layer or a.evict:
         cells = pd.read_parquet(a.cells)
-        cells = cells[cells.table == LAYER_TABLE]
-        p = over_hard_top2(cells, LAYER_PROBES)
-        print(to_markdown(p, list(p.columns), {}))
+        cells = cells[cells.table == (EVICT_TABLE if a.evict else LAYER_TABLE)]
+        if a.by_layer:
+            p = over_hard_top2(cells, LAYER_PROBES)
+            print(to_markdown(p, list(p.columns), {}))
         cases = pd.read_parquet(a.cases)
-        for pattern in LAYER_SETS:
+        for pattern in ((EVICT_SET,) if a.evict else LAYER_SETS):
             print(f"\n{pattern}\n")
             r = retrieval_rows(cases, ("hard_top2", pattern))
             print(to_markdown(r, list(r.columns), {c: "{:.2f}" for c in r.columns if c.endswith("pairs") or c == "dense score"}))
