@@ -42,6 +42,8 @@ LAYER_SETS = ("hard_top2_cap@0+13-16+21+25+28", "hard_top2_cap@0+13+15-16+21+24-
 # the last set without layer 0 (whose cap costs the needles), its keys over the capacity in no group
 EVICT_SET = "hard_top2_evict@13+15-16+21+24-25+28-29"
 EVICT_TABLE = "capacity_evict"  # its length cells
+EVICT_LAYER_PROBES = tuple(f"hard_top2_evict@{l}" for l in (13, 15, 16, 21, 24, 25, 28, 29))  # one layer each
+EVICT_LAYER_TABLE = "capacity_evict_layers"
 
 
 def retrieval_rows(cases: pd.DataFrame, patterns=PATTERNS) -> pd.DataFrame:
@@ -246,6 +248,10 @@ def main(argv=None) -> None:
         cells = cells[cells.table == (EVICT_TABLE if a.evict else LAYER_TABLE)]
         if a.by_layer:
             p = over_hard_top2(cells, LAYER_PROBES)
+            print(to_markdown(p, list(p.columns), {}))
+        else:
+            every = pd.read_parquet(a.cells)
+            p = over_hard_top2(every[every.table == EVICT_LAYER_TABLE], EVICT_LAYER_PROBES)
             print(to_markdown(p, list(p.columns), {}))
         cases = pd.read_parquet(a.cases)
         for pattern in ((EVICT_SET,) if a.evict else LAYER_SETS):
