@@ -44,6 +44,8 @@ EVICT_SET = "hard_top2_evict@13+15-16+21+24-25+28-29"
 EVICT_TABLE = "capacity_evict"  # its length cells
 EVICT_LAYER_PROBES = tuple(f"hard_top2_evict@{l}" for l in (13, 15, 16, 21, 24, 25, 28, 29))  # one layer each
 EVICT_LAYER_TABLE = "capacity_evict_layers"
+EVICT_SET_7 = "hard_top2_evict@13+15-16+21+25+28-29"  # E without layer 24, which carries its technical cost
+EVICT_TABLES = {EVICT_SET: EVICT_TABLE, EVICT_SET_7: "capacity_evict7"}
 
 
 def retrieval_rows(cases: pd.DataFrame, patterns=PATTERNS) -> pd.DataFrame:
@@ -244,17 +246,18 @@ def main(argv=None) -> None:
         print(w.round(2).to_string())
         return
     if a.by_layer or a.evict:
-        cells = pd.read_parquet(a.cells)
-        cells = cells[cells.table == (EVICT_TABLE if a.evict else LAYER_TABLE)]
+        every = pd.read_parquet(a.cells)
+        cells = every[every.table == LAYER_TABLE]
         if a.by_layer:
             p = over_hard_top2(cells, LAYER_PROBES)
             print(to_markdown(p, list(p.columns), {}))
         else:
-            every = pd.read_parquet(a.cells)
             p = over_hard_top2(every[every.table == EVICT_LAYER_TABLE], EVICT_LAYER_PROBES)
             print(to_markdown(p, list(p.columns), {}))
         cases = pd.read_parquet(a.cases)
-        for pattern in ((EVICT_SET,) if a.evict else LAYER_SETS):
+        for pattern in (tuple(EVICT_TABLES) if a.evict else LAYER_SETS):
+            if a.evict:
+                cells = every[every.table == EVICT_TABLES[pattern]]
             print(f"\n{pattern}\n")
             r = retrieval_rows(cases, ("hard_top2", pattern))
             print(to_markdown(r, list(r.columns), {c: "{:.2f}" for c in r.columns if c.endswith("pairs") or c == "dense score"}))
