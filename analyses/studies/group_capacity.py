@@ -214,10 +214,9 @@ def leave_one_out_rows(pattern: str, task: str = "niah_single_1", length: int = 
         for variant, ch in variants:
             with torch.no_grad():
                 logits = model(input_ids=ids, use_cache=False, focus=forward_state(model, **ch),
-                               logits_to_keep=n + 1).logits[0, :-1].float()  # (n, V)
-            lp = torch.log_softmax(logits, -1).gather(1, case.answer_ids[:, None])[:, 0]  # (n,)
+                               logits_to_keep=n + 1).logits[0, :-1]  # (n, V)
             rows.append({"task": task, "length": length, "seed": seed, "variant": variant,
-                         "answer_logprob": float(lp[torch.as_tensor(case.answer_index)].sum())})
+                         "answer_logprob": rt.answer_logprob(logits, case)})
     return pd.DataFrame(rows)
 
 
@@ -247,17 +246,13 @@ def main(argv=None) -> None:
         return
     if a.by_layer or a.evict:
         every = pd.read_parquet(a.cells)
-        cells = every[every.table == LAYER_TABLE]
-        if a.by_layer:
-            p = over_hard_top2(cells, LAYER_PROBES)
-            print(to_markdown(p, list(p.columns), {}))
-        else:
-            p = over_hard_top2(every[every.table == EVICT_LAYER_TABLE], EVICT_LAYER_PROBES)
-            print(to_markdown(p, list(p.columns), {}))
+        probes, table, sets = ((EVICT_LAYER_PROBES, EVICT_LAYER_TABLE, EVICT_TABLES) if a.evict
+                               else (LAYER_PROBES, LAYER_TABLE, dict.fromkeys(LAYER_SETS, LAYER_TABLE)))
+        p = over_hard_top2(every[every.table == table], probes)
+        print(to_markdown(p, list(p.columns), {}))
         cases = pd.read_parquet(a.cases)
-        for pattern in (tuple(EVICT_TABLES) if a.evict else LAYER_SETS):
-            if a.evict:
-                cells = every[every.table == EVICT_TABLES[pattern]]
+        for pattern, table in sets.items():
+            cells = every[every.table == table]
             print(f"\n{pattern}\n")
             r = retrieval_rows(cases, ("hard_top2", pattern))
             print(to_markdown(r, list(r.columns), {c: "{:.2f}" for c in r.columns if c.endswith("pairs") or c == "dense score"}))

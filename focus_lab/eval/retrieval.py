@@ -659,6 +659,14 @@ def _greedy(model, state, past, ids: torch.Tensor, start: int, forced: list[int]
             res = _forward(model, seq, keep=1, use_cache=False, **fkw)
 
 
+def answer_logprob(logits: torch.Tensor, case: RetrievalCase) -> float:
+    """The teacher-forced log-prob of ``case``'s answer values (nats): ``logits`` (n, V) are the
+    predictions of its n answer tokens; summed over the value tokens (``case.answer_index``)."""
+    logp = torch.log_softmax(logits.float(), -1)  # (n, V)
+    tok_lp = logp.gather(1, case.answer_ids.to(logp.device)[:, None])[:, 0]  # (n,)
+    return float(tok_lp[torch.as_tensor(case.answer_index, device=logp.device)].sum())
+
+
 def needle_context(tokenizer, case: RetrievalCase, radius: int = 40) -> str:
     """The text around the case's first needle, its answer tokens between ``[[`` and ``]]``
     (``radius`` tokens either side): what the Retrieval page shows of a haystack."""
@@ -735,7 +743,6 @@ def run_case(model, tokenizer, case: RetrievalCase, patterns: list[tuple[str, di
                     t_pre = time.perf_counter() - t0
             logp = torch.log_softmax(logits, -1)  # (n, V)
             target = case.answer_ids.to(dev)
-            tok_lp = logp.gather(1, target[:, None])[:, 0]  # (n,)
             a0 = case.answer_index[0]
             rank = int((logp[a0] > logp[a0, target[a0]]).sum())
             agree = (logits.argmax(-1) == target).tolist()
@@ -769,7 +776,7 @@ def run_case(model, tokenizer, case: RetrievalCase, patterns: list[tuple[str, di
         traces[label] = trace.kept
         rows_out.append({"task": case.task, "length": case.length, "seed": case.seed, "pattern": label,
                          "score": sc, "answers_found": found, "answers": len(answers),
-                         "answer_logprob": float(tok_lp[value_rows.to(dev)].sum()),
+                         "answer_logprob": answer_logprob(logits, case),
                          "answer_tokens": len(case.answer_index), "first_answer_token_rank": rank,
                          "distant_pairs_kept": frac, "prompt_tokens": P, "needles": case.needles,
                          "needle_context": context,
