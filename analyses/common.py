@@ -336,8 +336,8 @@ def committed_rows(name: str, cell: str, labels: list[str], windows: list[int], 
     tables are tried in name order. Columns: evaluate's + window."""
     from analyses.length_table import (committed_cells, complete_labels, reusable_rows, same_router_rows,
                                        split_cell, window_columns)
-    from focus_lab.hf.shipped import same_router_shas, same_tensor_shas
-    shas, budget_only, taken, have = same_tensor_shas(sha), same_router_shas(sha), [], set()
+    from focus_lab.hf.shipped import capacity_only_shas, same_router_shas, same_tensor_shas
+    shas, budget_only, taken, have = same_tensor_shas(sha), same_router_shas(sha) | capacity_only_shas(sha), [], set()
     corpus, tokens = split_cell(cell)
     cells = committed_cells(LENGTH_CELLS)
     cells = cells[(cells["corpus"] == corpus) & (cells["seq_len"] == tokens)]

@@ -43,7 +43,9 @@ def _run_spec(settings: dict, pattern: str, cfg, own_sha: str) -> str | None:
     over = settings.get("config_overrides") or {}
     if "random_layers" in over:
         return None
-    own = settings.get("routers", {}).get("sha256") == own_sha
+    from focus_lab.hf.shipped import capacity_only_shas
+    run_sha = settings.get("routers", {}).get("sha256")
+    own = run_sha == own_sha or run_sha in capacity_only_shas(own_sha)  # the same budget
     base = cfg if own else cfg.replace(top_k_budgets=None)
     if "layer_top_k" in over:
         base = base.replace(layer_top_k=over["layer_top_k"])
@@ -53,8 +55,9 @@ def _run_spec(settings: dict, pattern: str, cfg, own_sha: str) -> str | None:
 def _committed(ctx: Context, cfg=None) -> list[pd.DataFrame]:
     """The committed probe tables (``figures/results/passkey_cases.parquet``, one ``table`` per run
     of ``focus-lab probe passkey``) that measured the routers in use as they run now: made with
-    this router file, or with one differing only in its budget (``shipped.same_router_shas``), and
-    only the patterns that ran with the per-layer k they have now (``_run_spec`` against
+    this router file, or with one differing only in its budget (``shipped.same_router_shas``) or
+    its group capacity (``shipped.capacity_only_shas``: only the patterns the capacity does not
+    touch), and only the patterns that ran with the per-layer k they have now (``_run_spec`` against
     ``length_table.spec_in_force``; a run with ``--random-layers`` is left out).
 
     Rows that do not depend on the router file (dense and window, and random groups under the same
@@ -62,16 +65,21 @@ def _committed(ctx: Context, cfg=None) -> list[pd.DataFrame]:
     prompt settings, format, length, depth, case seed and key) when the router's own tables lack
     that pattern there, so the figure compares patterns on the same cases; ``source`` names the
     table each row comes from. ``cfg``: the router file's FocusConfig (default: read from it)."""
-    from analyses.length_table import router_free, spec_in_force
+    from analyses.length_table import capacity_in_force, router_free, spec_in_force
     from focus_lab.hf.retrofit import read_router_file
-    from focus_lab.hf.shipped import same_router_shas
+    from focus_lab.hf.shipped import capacity_only_shas, same_router_shas
     tables = _tables()
     sha = ctx.router_id()
     cfg = read_router_file(ctx.routers())[0] if cfg is None else cfg
-    shas = {sha} | same_router_shas(sha)
+    capacity_only = capacity_only_shas(sha)
+    shas = {sha} | same_router_shas(sha) | capacity_only
 
     def same(df: pd.DataFrame, settings: dict) -> pd.Series:
-        return df["pattern"].map(lambda p: _run_spec(settings, p, cfg, sha) == spec_in_force(cfg, p))
+        # a file differing only in the capacity ran every pattern without it (the probe's runs
+        # predate the capacity): its rows count where this file's capacity does not apply
+        no_cap = settings.get("routers", {}).get("sha256") in capacity_only
+        return df["pattern"].map(lambda p: _run_spec(settings, p, cfg, sha) == spec_in_force(cfg, p)
+                                 and not (no_cap and capacity_in_force(cfg, p)))
 
     mine = [df[same(df, s)].assign(source=name) for name, s, df in tables
             if s.get("routers", {}).get("sha256") in shas]

@@ -82,15 +82,36 @@ def match_in_force(cfg, label: str) -> str:
     return format_int_list(shifts) + (f"@{cfg.match_latest}" if cfg.match_latest else "")
 
 
+def capacity_in_force(cfg, label: str) -> str:
+    """The group capacity a pattern runs with under ``cfg`` (``FocusConfig.capacity_at``: the
+    router file's ``group_capacity``, ``capacity_layers``, ``capacity_overflow`` and
+    ``capacity_top_k``, or the pattern's ``_cap`` / ``_evict`` / ``_nocap`` suffix; docs/method.md
+    §2.9) as text, e.g. '0.5@13,15-16:evict' ('all' for every routed layer); '' when off or for a
+    pattern the cap never touches (dense, window, soft, random and shuffled groups). Recorded per
+    row in the ``capacity`` column."""
+    from focus_lab.method.config import format_int_list
+    changes = _changes(cfg, label)
+    if changes is None or changes.get("mode") != "hard" or changes.get("assignment", "router") != "router":
+        return ""
+    c = cfg.replace(**changes)
+    if not c.group_capacity or (c.capacity_top_k is not None and c.top_k not in c.capacity_top_k):
+        return ""
+    layers = "all" if c.capacity_layers is None else format_int_list(c.capacity_layers)
+    return f"{c.group_capacity:g}@{layers}:{c.capacity_overflow}"
+
+
 def _same_spec(old: pd.DataFrame, cfg) -> pd.Series:
     """Rows of ``old`` made with the per-layer k this run gives their pattern (``spec_in_force``,
-    specs compared as mappings: an older cell holds the ``--layer-top-k`` text as typed) and
-    with the same token-match shifts (``match_in_force``; a cell made before that column: none)."""
+    specs compared as mappings: an older cell holds the ``--layer-top-k`` text as typed), with
+    the same token-match shifts (``match_in_force``; a cell made before that column: none) and
+    the same group capacity (``capacity_in_force``; a cell made before that column: none)."""
     from focus_lab.method.config import parse_layer_top_k
     read = lambda spec: parse_layer_top_k(spec) if spec else {}  # noqa: E731
     return pd.Series([read(spec) == read(spec_in_force(cfg, lab)) and match == match_in_force(cfg, lab)
-                      for spec, match, lab in zip(_column(old, "layer_top_k", ""), _column(old, "match_shifts", ""),
-                                                  old.label)], index=old.index, dtype=bool)
+                      and cap == capacity_in_force(cfg, lab)
+                      for spec, match, cap, lab in zip(_column(old, "layer_top_k", ""), _column(old, "match_shifts", ""),
+                                                       _column(old, "capacity", ""), old.label)],
+                     index=old.index, dtype=bool)
 
 
 def _column(old: pd.DataFrame, column: str, default) -> pd.Series:
@@ -121,10 +142,11 @@ def same_router_rows(old: pd.DataFrame, labels: list[str], windows: list[int], c
                      file_random_layers: list[int] | None = None) -> pd.DataFrame:
     """The rows of another table's cell made with this run's router, so that they may be taken
     for the router patterns (hard, shuffled, soft) too: the cell's router file is this one
-    (``own_sha``) or differs from it only in ``top_k_budgets`` (``budget_only``,
-    ``shipped.same_router_shas``), its random layers as the file says or as given, or it holds the
+    (``own_sha``) or differs from it only in ``top_k_budgets`` or the group capacity
+    (``budget_only``: ``shipped.same_router_shas`` and ``shipped.capacity_only_shas``), its random layers as the file says or as given, or it holds the
     same tensors (``shas``, e.g. ``shipped.same_tensor_shas``) under the same ``--random-layers``; same seed,
-    the same per-layer k for the row's pattern (``spec_in_force``), on this run's windows.
+    the same per-layer k, token-match pairs and capacity for the row's pattern (``_same_spec``),
+    on this run's windows.
     ``cfg``: this run's FocusConfig. ``file_random_layers``: the router file's own random
     layers, what a row made without ``--random-layers`` ('') ran with; such a row is taken only
     when they are this run's (None: this run keeps the file's own)."""
@@ -144,7 +166,7 @@ def same_router_rows(old: pd.DataFrame, labels: list[str], windows: list[int], c
 
 # the columns of a cell that describe the run that made it; a reused row keeps the others
 _RUN_COLUMNS = ("corpus", "seq_len", "heldout", "routers", "routers_sha256", "table_schema_version",
-                "reused_from", "random_layers", "layer_top_k", "match_shifts", "seed")
+                "reused_from", "random_layers", "layer_top_k", "match_shifts", "capacity", "seed")
 
 
 def window_columns(rows: pd.DataFrame) -> list[str]:
@@ -190,7 +212,7 @@ def commit_table(out: Path, name: str, path: Path | None = None) -> int:
     from analyses.common import with_table
     new = pd.concat([pd.read_parquet(c) for c in cells], ignore_index=True)
     both = with_table(path, new, name)
-    for col in ("routers_sha256", "random_layers", "layer_top_k", "match_shifts", "reused_from"):
+    for col in ("routers_sha256", "random_layers", "layer_top_k", "match_shifts", "capacity", "reused_from"):
         if col in both:
             both[col] = both[col].fillna("").astype(str)
     if "seed" in both:
@@ -209,7 +231,7 @@ def reused_rows(folders: list[Path], cell: str, labels: list[str], windows: list
     missing, so a table with more windows than an earlier one computes only the new windows.
     ``file_random_layers``: the router file's own random layers (``same_router_rows``).
     Columns: the cell's per-window columns and ``reused_from`` (the folder)."""
-    from focus_lab.hf.shipped import same_router_shas, same_tensor_shas
+    from focus_lab.hf.shipped import capacity_only_shas, same_router_shas, same_tensor_shas
     taken, committed = [], None
     for folder in folders or []:
         if not (Path(folder) / "cells" / cell).is_file() and committed is None:
@@ -219,7 +241,7 @@ def reused_rows(folders: list[Path], cell: str, labels: list[str], windows: list
             continue
         rows = pd.concat([reusable_rows(old, labels, windows, cfg),
                           same_router_rows(old, labels, windows, cfg, same_tensor_shas(sha), sha,
-                                           same_router_shas(sha), file_random_layers)])
+                                           same_router_shas(sha) | capacity_only_shas(sha), file_random_layers)])
         taken.append(rows[window_columns(rows)].assign(reused_from=str(folder)))
     if not taken:
         return pd.DataFrame()
@@ -284,6 +306,7 @@ def run_cells(args) -> None:
             out["random_layers"] = args.random_layers or ""
             out["layer_top_k"] = out.label.map(lambda lab: spec_in_force(cfg, lab))
             out["match_shifts"] = out.label.map(lambda lab: match_in_force(cfg, lab))
+            out["capacity"] = out.label.map(lambda lab: capacity_in_force(cfg, lab))
             out["seed"] = cfg.seed
             out["table_schema_version"] = SCHEMA_VERSION
             write_parquet(cell, out)

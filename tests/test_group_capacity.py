@@ -164,15 +164,15 @@ def test_bad_capacity_and_the_pattern_suffix():
     assert FocusConfig(num_groups=4, group_capacity=0.26).group_capacity == 0.26
     assert pattern_changes("hard_top2_cap", 4) == {"mode": "hard", "top_k": 2, "assignment": "router",
                                                    "group_capacity": CAPACITY, "capacity_layers": None,
-                                                   "capacity_overflow": "second"}
+                                                   "capacity_overflow": "second", "capacity_top_k": None}
     # @LAYERS: the cap in those layers only
     assert pattern_changes("hard_top2_match_cap60@0+13-15", 4) == {
         "mode": "hard", "top_k": 2, "assignment": "router", "match_shifts": [0, 1], "group_capacity": 0.6,
-        "capacity_layers": [0, 13, 14, 15], "capacity_overflow": "second"}
+        "capacity_layers": [0, 13, 14, 15], "capacity_overflow": "second", "capacity_top_k": None}
     # _evict: the same capacity and layers, the keys over it in no group
     assert pattern_changes("hard_top2_evict70@13+15-16", 4) == {
         "mode": "hard", "top_k": 2, "assignment": "router", "group_capacity": 0.7,
-        "capacity_layers": [13, 15, 16], "capacity_overflow": "evict"}
+        "capacity_layers": [13, 15, 16], "capacity_overflow": "evict", "capacity_top_k": None}
     assert pattern_changes("hard_top2_evict", 4)["group_capacity"] == CAPACITY
     with pytest.raises(ConfigError, match="capacity_overflow"):
         FocusConfig(num_groups=4, group_capacity=0.5, capacity_overflow="drop")
@@ -183,11 +183,48 @@ def test_bad_capacity_and_the_pattern_suffix():
     # _capNN: the capacity NN / 100, after the other suffixes
     assert pattern_changes("hard_top2_match_cap70", 4) == {"mode": "hard", "top_k": 2, "assignment": "router",
                                                            "match_shifts": [0, 1], "group_capacity": 0.7,
-                                                           "capacity_layers": None, "capacity_overflow": "second"}
+                                                           "capacity_layers": None, "capacity_overflow": "second", "capacity_top_k": None}
     with pytest.raises(ConfigError, match="unknown pattern"):
         pattern_changes("hard_top2_cap7", 4)
     with pytest.raises(ConfigError, match="group_capacity"):  # 0.05 <= 1 / num_groups
         FocusConfig(num_groups=4, **pattern_changes("hard_top2_cap05", 4))
+
+
+def test_capacity_top_k_limits_the_cap_to_the_asked_top_k():
+    """capacity_top_k = [2] (the shipped file's): the cap in force for top-2 only, in its layers;
+    an explicit _cap / _evict suffix applies it to any top-k, _nocap drops it; the length table
+    records what each pattern ran with, so a row made without the cap never stands for one with it."""
+    from analyses.length_table import capacity_in_force
+    cfg = FocusConfig(num_groups=4, group_capacity=0.5, capacity_layers=[13, 15], capacity_overflow="evict",
+                      capacity_top_k=[2])
+    assert [cfg.replace(mode="hard", top_k=k).capacity_at(13) for k in (1, 2, 3)] == [0.0, 0.5, 0.0]
+    assert cfg.replace(mode="hard", top_k=2).capacity_at(14) == 0.0
+    assert capacity_in_force(cfg, "hard_top2") == "0.5@13,15:evict"
+    assert capacity_in_force(cfg, "hard_top1") == ""
+    assert capacity_in_force(cfg, "hard_top2_nocap") == ""
+    assert capacity_in_force(cfg, "random_top2") == capacity_in_force(cfg, "shuffled_top2") == ""
+    assert capacity_in_force(cfg, "hard_top1_evict@13") == "0.5@13:evict"  # the suffix: any top-k
+    assert capacity_in_force(FocusConfig(num_groups=4), "hard_top2_cap") == "0.5@all:second"
+    for bad in ([0], [5], [True], 2):
+        with pytest.raises(ConfigError, match="capacity_top_k"):
+            FocusConfig(num_groups=4, capacity_top_k=bad)
+    assert FocusConfig(num_groups=4, capacity_top_k=[2, 1, 2]).capacity_top_k == [1, 2]
+
+
+def test_capacity_reuse_rule_keeps_rows_without_the_cap_out():
+    """length_table.same_router_rows: rows of a file differing only in the capacity (the shipped
+    file's ``capacity_only_sha256``) count for hard top-1 (no cap under either file) and not for
+    hard top-2 (the cap now in force); rows recorded with the same capacity count."""
+    import pandas as pd
+    from analyses.length_table import same_router_rows
+    cfg = FocusConfig(num_groups=4, group_capacity=0.5, capacity_layers=[13], capacity_overflow="evict",
+                      capacity_top_k=[2], mode="hard")
+    old = pd.DataFrame({"label": ["hard_top1", "hard_top2", "hard_top2"], "window": [0, 0, 1],
+                        "routers_sha256": ["before", "before", "before"], "seed": 0,
+                        "capacity": ["", "", "0.5@13:evict"]})
+    got = same_router_rows(old, ["hard_top1", "hard_top2"], [0, 1], cfg, set(), "own", {"before"})
+    assert sorted(zip(got.label, got.window)) == [("hard_top1", 0), ("hard_top2", 1)]
+    assert same_router_rows(old, ["hard_top1"], [0], cfg, set(), "own").empty  # another file: nothing
 
 
 def test_study_tables_from_hand_made_rows():

@@ -66,7 +66,8 @@ def split_suffixes(name: str) -> tuple[str, dict]:
                               f"layer indices and ranges joined by '+', e.g. {CAP}@0+13-16") from None
         base, extra = base[:m.start()], {"group_capacity": int(nn) / 100 if nn else CAPACITY,
                                          "capacity_layers": layers,
-                                         "capacity_overflow": "evict" if kind == "evict" else "second"}
+                                         "capacity_overflow": "evict" if kind == "evict" else "second",
+                                         "capacity_top_k": None}
     for pair in ((() if extra else ((NO_CAP, {"group_capacity": 0.0}),)),
                  ((NO_KEY_SHIFT, {"key_shift": 0}), (KEY_SHIFT, {"key_shift": 1})),
                  ((NO_MATCH, {"match_shifts": None}), (MATCH, {"match_shifts": list(MATCH_SHIFTS)})),

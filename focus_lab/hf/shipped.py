@@ -76,6 +76,21 @@ def same_router_shas(sha256: str) -> set[str]:
     return set()
 
 
+def capacity_only_shas(sha256: str) -> set[str]:
+    """sha256 of the router files that hold the tensors and per-layer budget of the file
+    ``sha256`` under the same config but for the group capacity (``FocusConfig.group_capacity``,
+    ``capacity_layers``, ``capacity_overflow``, ``capacity_top_k``; the manifest's
+    ``capacity_only_sha256`` for a shipped file: the file before its capacity was saved into it,
+    docs/method.md §2.9). A result made with such a file counts only for a pattern the capacity
+    does not touch under this file (``analyses.length_table.capacity_in_force`` empty: hard
+    top-1, random and shuffled groups, ``_nocap``), or one that ran with the same capacity.
+    Empty for any other file."""
+    for entry in manifest().values():
+        if entry.get("sha256") == sha256:
+            return set(entry.get("capacity_only_sha256", []))
+    return set()
+
+
 def resolve_routers(routers: str | Path | None, model_name: str | None = None) -> Path:
     """``routers`` if given, else the shipped file for the model (see ``shipped_router_file``)."""
     return Path(routers) if routers is not None else shipped_router_file(model_name)

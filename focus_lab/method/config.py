@@ -176,6 +176,10 @@ class FocusConfig:
             1/num_groups < group_capacity <= 1.
         capacity_layers: [ours] the routed layers ``group_capacity`` applies to; None: every
             routed layer (docs/method.md §2.9). ``capacity_at`` gives a layer's capacity.
+        capacity_top_k: [ours] the asked ``top_k`` values (the pattern's, before any per-layer
+            budget) ``group_capacity`` applies to; None: every top_k (docs/method.md §2.9). The
+            shipped file sets [2]: its capacity was chosen for top-2, so hard top-1 stays the
+            paper's rule.
         capacity_overflow: [ours] where a key over ``group_capacity`` goes (docs/method.md §2.9):
             "second" (its second-best group) or "evict" (no group: only the local window, the
             sinks and token-match pairs keep it; its key group is ``num_groups``, which no
@@ -215,6 +219,7 @@ class FocusConfig:
     group_capacity: float = 0.0
     capacity_layers: list[int] | None = None
     capacity_overflow: str = "second"
+    capacity_top_k: list[int] | None = None
     backend: str = "auto"
 
     def __post_init__(self) -> None:
@@ -271,6 +276,13 @@ class FocusConfig:
                     and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in self.capacity_layers)):
                 bad("capacity_layers", "need a list of layer indices >= 0 (e.g. [13, 14, 15]), or None for every layer")
             object.__setattr__(self, "capacity_layers", sorted(set(self.capacity_layers)))
+        if self.capacity_top_k is not None:
+            if not (isinstance(self.capacity_top_k, (list, tuple))
+                    and all(isinstance(k, int) and not isinstance(k, bool) and 1 <= k <= self.num_groups
+                            for k in self.capacity_top_k)):
+                bad("capacity_top_k", f"need a list of top_k values in 1..num_groups={self.num_groups} "
+                    "(e.g. [2]), or None for every top_k")
+            object.__setattr__(self, "capacity_top_k", sorted(set(self.capacity_top_k)))
         if self.capacity_overflow not in CAPACITY_OVERFLOWS:
             bad("capacity_overflow", f"choose one of {', '.join(CAPACITY_OVERFLOWS)} (a key over the capacity "
                 "moves to its second group, or leaves every group)")
@@ -324,8 +336,11 @@ class FocusConfig:
 
     def capacity_at(self, layer_idx: int) -> float:
         """The group capacity in force at layer ``layer_idx``: ``group_capacity`` where
-        ``capacity_layers`` is None or holds the layer, else 0.0 (no cap; docs/method.md §2.9)."""
+        ``capacity_layers`` is None or holds the layer and ``capacity_top_k`` is None or holds
+        ``top_k``, else 0.0 (no cap; docs/method.md §2.9)."""
         if self.capacity_layers is not None and layer_idx not in self.capacity_layers:
+            return 0.0
+        if self.capacity_top_k is not None and self.top_k not in self.capacity_top_k:
             return 0.0
         return self.group_capacity
 
