@@ -156,3 +156,16 @@ def test_replace_results_table_swaps_only_the_table():
     for bad in ("# Results\n\nno table\n", page + "\n" + old + "\n"):
         with pytest.raises(ValueError, match="not one"):
             replace_results_table(bad, new)
+
+
+def test_rename_patterns_in_order_and_refuses_to_merge_two_patterns():
+    """retrieval_tables.rename_patterns: the plain name moves aside before the explicit name takes
+    it (the shipped file's capacity); renaming onto a label in use is an error, not a merge."""
+    import pandas as pd
+    from focus_lab.eval.retrieval_tables import rename_patterns
+    t = pd.DataFrame({"pattern": ["dense", "hard_top2", "hard_top2_evict@13", "hard_top1"], "score": [1, 0.5, 0.9, 0.2]})
+    out = rename_patterns(t, [("hard_top2", "hard_top2_nocap"), ("hard_top2_evict@13", "hard_top2")])
+    assert dict(zip(out.pattern, out.score)) == {"dense": 1, "hard_top2_nocap": 0.5, "hard_top2": 0.9, "hard_top1": 0.2}
+    assert list(t.pattern) == ["dense", "hard_top2", "hard_top2_evict@13", "hard_top1"]  # the input is untouched
+    with pytest.raises(ValueError, match="rows labelled 'hard_top2' exist"):
+        rename_patterns(t, [("hard_top2_evict@13", "hard_top2")])

@@ -14,6 +14,13 @@ keeps its row (``retrieval_tables.merge_suites``). ``--drop PATTERN`` first remo
 from both tables (rows measured by an earlier protocol), so the ``--add`` runs give them anew:
 
     python -m analyses.studies.retrieval_table --drop shuffled_top2 --add runs/retrieval_cpu4k_s --device "..."
+
+``--rename OLD=NEW`` (repeatable, in order) relabels a pattern's rows in both tables after any
+merge, when the router file starts to carry an option (``retrieval_tables.rename_patterns``): the
+shipped file's group capacity (docs/method.md §2.9) was written with
+
+    python -m analyses.studies.retrieval_table --rename hard_top2=hard_top2_nocap \
+        --rename hard_top2_match=hard_top2_match_nocap --rename hard_top2_evict@13+15-16+21+25+28-29=hard_top2
 """
 
 from __future__ import annotations
@@ -22,8 +29,8 @@ import argparse
 
 import pandas as pd
 
-from focus_lab.eval.retrieval_tables import (failures, merge_suites, paired_difference, read_suite, retrieval_heads,
-                                             summary)
+from focus_lab.eval.retrieval_tables import (failures, merge_suites, paired_difference, read_suite,
+                                             rename_patterns, retrieval_heads, summary)
 
 
 def _relative(r) -> str:
@@ -119,6 +126,8 @@ def main() -> None:
     ap.add_argument("--device", default="", help="the machine the --add runs ran on (the tables' device column)")
     ap.add_argument("--drop", action="append", default=[], metavar="PATTERN",
                     help="remove this pattern's rows from --cases and --trace before merging (needs --add)")
+    ap.add_argument("--rename", action="append", default=[], metavar="OLD=NEW",
+                    help="relabel a pattern's rows in --cases and --trace (after any --add), in order")
     ap.add_argument("--results", action="store_true", help="print only the results page's table (docs/results.md)")
     ap.add_argument("--write", action="store_true", help="with --results: write the table into docs/results.md")
     a = ap.parse_args()
@@ -135,6 +144,19 @@ def main() -> None:
             merged = merge_suites([pd.read_parquet(path), *new], kind, drop=a.drop)
             write_parquet(path, merged)
             print(f"{path}: {len(merged)} rows")
+    if a.rename:
+        from focus_lab.io import write_parquet
+        pairs = [tuple(r.split("=", 1)) for r in a.rename]
+        if any(len(p) != 2 or not all(p) for p in pairs):
+            ap.error("--rename takes OLD=NEW, e.g. hard_top2=hard_top2_nocap")
+        tables = {path: pd.read_parquet(path) for path in (a.cases, a.trace)}
+        try:
+            tables = {path: rename_patterns(t, pairs) for path, t in tables.items()}
+        except ValueError as e:
+            raise SystemExit(str(e))
+        for path, t in tables.items():
+            write_parquet(path, t)
+            print(f"{path}: renamed {', '.join(f'{o} -> {n}' for o, n in pairs)}")
     cases = pd.read_parquet(a.cases)
     if a.results:
         table = results_markdown(cases)

@@ -143,6 +143,23 @@ def read_suite(out_dir, kind: str = "cases") -> pd.DataFrame:
                             "pass the --out folder of `focus-lab probe retrieval`")
 
 
+def rename_patterns(table: pd.DataFrame, renames: Sequence[tuple[str, str]]) -> pd.DataFrame:
+    """``table`` (a suite's cases or trace) with its ``pattern`` labels renamed, one ``(old, new)``
+    after the other: when a router file starts to carry an option, rows its plain names measured
+    before take the name that says so (``hard_top2`` -> ``hard_top2_nocap``), and rows measured
+    under the option's explicit name take the plain one. Raises ValueError when ``new`` already
+    labels rows (two patterns would merge under one name)."""
+    out = table.copy()
+    for old, new in renames:
+        if old == new:
+            continue
+        if (out["pattern"] == new).any():
+            raise ValueError(f"cannot rename pattern {old!r} to {new!r}: rows labelled {new!r} exist; "
+                             f"rename those first")
+        out.loc[out["pattern"] == old, "pattern"] = new
+    return out
+
+
 def merge_suites(tables: list[pd.DataFrame], kind: str = "cases", drop: Sequence[str] = ()) -> pd.DataFrame:
     """Several suite tables as one (runs on other machines or seeds): rows keyed by
     ``CASE_KEY`` (cases) or ``TRACE_KEY`` (trace); where two tables hold the same key the first
