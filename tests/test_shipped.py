@@ -230,10 +230,10 @@ def test_train_shipped_chain_builds_the_mix_folder_and_chains_each_stage_to_the_
         "austen_emma.txt", "bible_kjv_01_genesis.txt", "kernel_docs_admin__init.txt", "python_source_stdlib__os.txt",
         "shakespeare_lear.txt", "shakespeare_macbeth.txt", "zz_persuasion.txt"]
     out = tmp_path / "out"
-    shipped = stages(out, data)  # the default: stages 1-8 make the shipped file
+    shipped = stages(out, data)  # the default: stages 1-9 make the shipped file
     assert [n for n, _, _ in shipped] == ["s1_sinks64_512", "s2_distill64_4096", "s3_mix_seed0", "s3_mix_seed1",
                                           "s3_mix_seed2", "s4_soup", "s5_budget", "s6_needle_corpus",
-                                          "s7_needle_mix_seed0", "s8_budget"]
+                                          "s7_needle_mix_seed0", "s8_budget", "s9_capacity"]
     assert shipped[-1][2] == out / "routers.safetensors" and shipped[5][2] == out / "s4_two_domains.safetensors"
     # the budget is written into the two-domain file, the needle run starts from that and is budgeted again
     assert shipped[6][1][:4] == ["-m", "analyses.studies.layer_budget", "--routers", str(shipped[5][2])]
@@ -242,9 +242,13 @@ def test_train_shipped_chain_builds_the_mix_folder_and_chains_each_stage_to_the_
     assert needle[needle.index("--init-routers") + 1] == str(shipped[6][2])
     assert needle[needle.index("--corpus") + 1] == str(shipped[7][2].parent) == str(out / "needle_mix")
     assert shipped[7][1][:2] == ["-m", "analyses.studies.needle_corpus"]
-    assert shipped[9][1][3] == str(shipped[8][2]) and shipped[9][1][-1] == str(out / "routers.safetensors")
+    assert shipped[9][1][3] == str(shipped[8][2]) and shipped[9][1][-1] == str(out / "s8_budget.safetensors")
+    # the capacity is written last, into the budgeted needle-mix file
+    assert shipped[10][1][:4] == ["-m", "analyses.studies.group_capacity", "--routers", str(shipped[9][2])]
+    assert shipped[10][1][-2:] == ["--save-capacity", str(out / "routers.safetensors")]
     from_base = stages(out, data, base=tmp_path / "old.safetensors")
-    assert [n for n, _, _ in from_base] == ["s5_budget", "s6_needle_corpus", "s7_needle_mix_seed0", "s8_budget"]
+    assert [n for n, _, _ in from_base] == ["s5_budget", "s6_needle_corpus", "s7_needle_mix_seed0", "s8_budget",
+                                            "s9_capacity"]
     assert from_base[0][1][3] == str(tmp_path / "old.safetensors")
     todo = stages(tmp_path / "out", data, "broad", runs=2)
     assert [n for n, _, _ in todo] == ["s1_sinks64_512", "s2_distill64_4096", "s3_mix_seed0", "s3_mix_seed1",

@@ -8,6 +8,7 @@ hard top-2, on the retrieval suite and on perplexity, from the committed data.
     python -m analyses.studies.group_capacity --by-layer   # the cap in some layers only
     python -m analyses.studies.group_capacity --evict      # the keys over the cap evicted, layer 0 left out
     python -m analyses.studies.group_capacity --leave-one-out hard_top2_cap@0+13+15-16+21+24-25+28-29  # which layer
+    python -m analyses.studies.group_capacity --save-capacity OUT [--routers FILE]   # E7 into a router file
     python -m analyses.studies.group_capacity --layers --tasks niah_single_1 \
         --patterns hard_top2,hard_top2_cap,hard_top2_cap60,hard_top2_cap70,hard_top2_cap80   # ... and their pairs
 
@@ -46,6 +47,12 @@ EVICT_LAYER_PROBES = tuple(f"hard_top2_evict@{l}" for l in (13, 15, 16, 21, 24, 
 EVICT_LAYER_TABLE = "capacity_evict_layers"
 EVICT_SET_7 = "hard_top2_evict@13+15-16+21+25+28-29"  # E without layer 24, which carries its technical cost
 EVICT_TABLES = {EVICT_SET: EVICT_TABLE, EVICT_SET_7: "capacity_evict7"}
+# the shipped file carries E7 for top-2 (``--save-capacity``), so the committed retrieval tables
+# name the rows of this study's patterns as they run under it: "hard top-2" here is the
+# previous default (``_nocap``), E7 is the plain name (``retrieval_table --rename``). The length
+# cells keep the names they were made with: their router file is in each row.
+RETRIEVAL_LABELS = {"hard_top2": "hard_top2_nocap", "hard_top2_match": "hard_top2_match_nocap",
+                    EVICT_SET_7: "hard_top2"}
 
 
 def retrieval_rows(cases: pd.DataFrame, patterns=PATTERNS) -> pd.DataFrame:
@@ -53,6 +60,10 @@ def retrieval_rows(cases: pd.DataFrame, patterns=PATTERNS) -> pd.DataFrame:
     cases, each pattern's score relative to dense (ratio [lo, hi]) and distant pairs kept, and
     the cap's answer log-prob minus hard top-2's, paired over cases (nats, [lo, hi])."""
     from focus_lab.eval.retrieval_tables import paired_difference, summary
+    if "hard_top2_nocap" in set(cases.pattern):  # the committed tables, renamed: their labels back to the study's
+        label = {p: RETRIEVAL_LABELS.get(p, p) for p in patterns}
+        cases = cases[cases.pattern.isin(["dense", *label.values()])]
+        cases = cases.assign(pattern=cases.pattern.map({v: k for k, v in label.items()} | {"dense": "dense"}))
     a, b = patterns
     have = cases.groupby(["task", "length", "seed"]).pattern.agg(set)
     keep = have[have.map(lambda s: {"dense", a, b} <= s)].index
@@ -220,6 +231,21 @@ def leave_one_out_rows(pattern: str, task: str = "niah_single_1", length: int = 
     return pd.DataFrame(rows)
 
 
+def save_capacity(routers, out, pattern: str = EVICT_SET_7, top_k: int = 2):
+    """Write ``routers`` (default: the shipped file) again to ``out`` (atomically), tensors,
+    budget and extra unchanged, with ``pattern``'s group capacity (``FocusConfig.group_capacity``,
+    ``capacity_layers``, ``capacity_overflow``; default E7) in force for ``top_k`` only
+    (``capacity_top_k``, docs/method.md §2.9). Returns ``out``."""
+    from focus_lab.eval.evaluate import split_suffixes
+    from focus_lab.hf.retrofit import read_router_file, write_router_file
+    from focus_lab.hf.shipped import resolve_routers
+    cfg, base, tensors, extra = read_router_file(resolve_routers(routers))
+    _, changes = split_suffixes(pattern)
+    if not changes.get("group_capacity"):
+        raise SystemExit(f"{pattern!r} sets no group capacity: give a pattern ending in _cap or _evict")
+    return write_router_file(out, tensors, cfg.replace(**{**changes, "capacity_top_k": [top_k]}), base, extra or None)
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cases", default="figures/results/retrieval_cases.parquet")
@@ -237,7 +263,13 @@ def main(argv=None) -> None:
                     help="a cap with @LAYERS: the answer's log-prob with each layer left out in turn")
     ap.add_argument("--length", type=int, default=8192, help="with --leave-one-out: tokens")
     ap.add_argument("--seeds", default="6,19", help="with --leave-one-out: case seeds")
+    ap.add_argument("--save-capacity", metavar="OUT", default=None,
+                    help="write --routers (default: the shipped file) to OUT with E7's capacity for top-2 (the shipped file's)")
+    ap.add_argument("--routers", default=None, help="with --save-capacity: the router file to start from")
     a = ap.parse_args(argv)
+    if a.save_capacity:
+        print(save_capacity(a.routers, a.save_capacity))
+        return
     if a.leave_one_out:
         d = leave_one_out_rows(a.leave_one_out, a.tasks.split(",")[0], a.length,
                                tuple(int(x) for x in a.seeds.split(",")))

@@ -15,7 +15,9 @@ commands (docs/recipes.md, "The recipe, and what it costs"):
 6. the needle corpus (``analyses.studies.needle_corpus``, ``<out>/needle_mix``): 64 windows of
    4096 tokens of Austen's training novels with 12 facts each, restated far back.
 7. ``distill64`` at 4096 tokens on (6), 30 steps from (5), seed 0.
-8. the top-2 budget again, written into (7): the shipped file, ``<out>/routers.safetensors``.
+8. the top-2 budget again, written into (7).
+9. the group capacity for top-2 (``analyses.studies.group_capacity --save-capacity``, same
+   tensors and budget; docs/method.md §2.9): the shipped file, ``<out>/routers.safetensors``.
 
 With ``--mix broad`` stages 5-8 are replaced by the broad mix (not shipped,
 docs/studies/broad-mix.md): ``distill64`` at 4096 tokens on a mix of domains, each without its
@@ -31,7 +33,7 @@ re-run). With ``--reference`` (default: the shipped file) it says how far the re
 are from the reference's on the layers that route (random layers' routers are not used).
 
     python -m analyses.studies.train_shipped --out checkpoints/shipped_chain        # the shipped file
-    python -m analyses.studies.train_shipped --out checkpoints/needle_chain --base <two-domain file>  # stages 5-8
+    python -m analyses.studies.train_shipped --out checkpoints/needle_chain --base <two-domain file>  # stages 5-9
     python -m analyses.studies.train_shipped --out checkpoints/broad_chain --mix broad \
         --base <two-domain file> --runs 1                                           # the broad mix
 """
@@ -97,9 +99,9 @@ def stages(out: Path, data: Path, mix: str = MIX, base: Path | None = None,
     ``python`` when they start with ``-m`` (the analyses' scripts).
 
     Stages 1-4 make the two-domain file (Austen, then Austen + Shakespeare),
-    ``<out>/s4_two_domains.safetensors``. With the default ``mix`` stages 5-8 give it the top-2
-    budget, distill it 30 steps on the needle corpus and give the result the budget again: the
-    shipped file, ``<out>/routers.safetensors``. With another ``mix``, stages 5-6 continue the
+    ``<out>/s4_two_domains.safetensors``. With the default ``mix`` stages 5-9 give it the top-2
+    budget, distill it 30 steps on the needle corpus, give the result the budget again and the
+    group capacity for top-2: the shipped file, ``<out>/routers.safetensors``. With another ``mix``, stages 5-6 continue the
     two-domain file on that mix (``runs`` distill runs of 30 steps, seeds 0, 1, ..., each from the
     last) and average the result with it. ``base``: an existing file standing for stage 4 (e.g.
     the earlier shipped file): stages 1-4 are not run."""
@@ -135,7 +137,9 @@ def stages(out: Path, data: Path, mix: str = MIX, base: Path | None = None,
         todo.append(("s6_needle_corpus", ["-m", "analyses.studies.needle_corpus", "--out", str(needles),
                                           "--docs", "64"], needles / "MANIFEST.json"))
         last = distill_runs("s7_needle_mix", needles, 1, out / "s5_budget.safetensors")
-        budget("s8_budget", last, final)
+        budget("s8_budget", last, out / "s8_budget.safetensors")
+        todo.append(("s9_capacity", ["-m", "analyses.studies.group_capacity", "--routers",
+                                     str(out / "s8_budget.safetensors"), "--save-capacity", str(final)], final))
         return todo
     last = distill_runs(f"s5_{mix.replace('-', '_')}", data / f"mix_{mix.replace('-', '_')}", runs, two)
     todo.append(("s6_soup", ["soup", str(two), str(last), "--out", str(final)], final))
