@@ -163,9 +163,14 @@ def test_rename_patterns_in_order_and_refuses_to_merge_two_patterns():
     it (the shipped file's capacity); renaming onto a label in use is an error, not a merge."""
     import pandas as pd
     from focus_lab.eval.retrieval_tables import rename_patterns
-    t = pd.DataFrame({"pattern": ["dense", "hard_top2", "hard_top2_evict@13", "hard_top1"], "score": [1, 0.5, 0.9, 0.2]})
+    t = pd.DataFrame({"task": "passkey", "length": 4096, "seed": 0,
+                      "pattern": ["dense", "hard_top2", "hard_top2_evict@13", "hard_top1"], "score": [1, 0.5, 0.9, 0.2]})
     out = rename_patterns(t, [("hard_top2", "hard_top2_nocap"), ("hard_top2_evict@13", "hard_top2")])
     assert dict(zip(out.pattern, out.score)) == {"dense": 1, "hard_top2_nocap": 0.5, "hard_top2": 0.9, "hard_top1": 0.2}
     assert list(t.pattern) == ["dense", "hard_top2", "hard_top2_evict@13", "hard_top1"]  # the input is untouched
-    with pytest.raises(ValueError, match="rows labelled 'hard_top2' exist"):
+    with pytest.raises(ValueError, match="1 rows of the same cases are labelled 'hard_top2'"):
         rename_patterns(t, [("hard_top2_evict@13", "hard_top2")])
+    # a later run's rows under the explicit name join the plain name's other cases
+    later = pd.concat([out, t[t.pattern == "hard_top2_evict@13"].assign(seed=1)], ignore_index=True)
+    again = rename_patterns(later, [("hard_top2_evict@13", "hard_top2")])
+    assert sorted(again[again.pattern == "hard_top2"].seed) == [0, 1]

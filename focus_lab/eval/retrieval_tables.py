@@ -147,16 +147,20 @@ def rename_patterns(table: pd.DataFrame, renames: Sequence[tuple[str, str]]) -> 
     """``table`` (a suite's cases or trace) with its ``pattern`` labels renamed, one ``(old, new)``
     after the other: when a router file starts to carry an option, rows its plain names measured
     before take the name that says so (``hard_top2`` -> ``hard_top2_nocap``), and rows measured
-    under the option's explicit name take the plain one. Raises ValueError when ``new`` already
-    labels rows (two patterns would merge under one name)."""
+    under the option's explicit name take the plain one. The key columns (``CASE_KEY`` or
+    ``TRACE_KEY``, whichever the table has) say which rows are one case. Raises ValueError when
+    ``new`` already labels a case ``old`` labels (two measurements would merge under one name)."""
+    key = [c for c in (TRACE_KEY if "layer_idx" in table else CASE_KEY) if c != "pattern"]
     out = table.copy()
     for old, new in renames:
         if old == new:
             continue
-        if (out["pattern"] == new).any():
-            raise ValueError(f"cannot rename pattern {old!r} to {new!r}: rows labelled {new!r} exist; "
-                             f"rename those first")
-        out.loc[out["pattern"] == old, "pattern"] = new
+        src, dst = out["pattern"] == old, out["pattern"] == new
+        both = out[src][key].merge(out[dst][key].drop_duplicates(), on=key)
+        if len(both):
+            raise ValueError(f"cannot rename pattern {old!r} to {new!r}: {len(both)} rows of the same cases "
+                             f"are labelled {new!r}; rename those first")
+        out.loc[src, "pattern"] = new
     return out
 
 
