@@ -297,10 +297,12 @@ def pos_sorted(values: Iterable[str]) -> list[str]:
 
 
 def hard_shares(asg: pd.DataFrame, num_groups: int) -> pd.DataFrame:
-    """Per layer and group: share of tokens whose hard (top-1) group it is."""
-    counts = asg.groupby(["layer_idx", "group"]).size().unstack(fill_value=0)
-    counts = counts.reindex(columns=range(num_groups), fill_value=0)
-    shares = counts.div(counts.sum(axis=1), axis=0)
+    """Per layer and group 0..num_groups-1: share of the layer's tokens whose hard (top-1) group it
+    is. A key the group capacity evicted (group ``num_groups``, docs/run_schema.md) belongs to no
+    group but counts among the tokens, so a layer's shares sum to 1 minus its evicted share."""
+    every = asg.groupby(["layer_idx", "group"]).size().unstack(fill_value=0)
+    counts = every.reindex(columns=range(num_groups), fill_value=0)
+    shares = counts.div(every.sum(axis=1), axis=0)
     out = shares.stack().rename("share").reset_index()
     out.columns = ["layer_idx", "group", "share"]
     return out

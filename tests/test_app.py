@@ -160,6 +160,15 @@ def test_context_is_html_escaped():
     assert out.count("<mark") == 1
 
 
+def test_hard_shares_count_evicted_keys_among_the_tokens():
+    """lib.hard_shares: 2 of 8 tokens in group 0, 4 in group 1, 2 evicted by the group capacity
+    (group K = 2): shares 0.25 / 0.5, not 1/3 / 2/3 as if the evicted keys did not exist."""
+    from focus_lab.app import lib
+    asg = pd.DataFrame({"layer_idx": 0, "group": [0, 0, 1, 1, 1, 1, 2, 2]})
+    got = lib.hard_shares(asg, 2).set_index("group")["share"]
+    assert got.to_dict() == {0: 0.25, 1: 0.5}
+
+
 # --------------------------------------------------------------------------------------- overview
 
 def test_overview_shows_manifest_eval_and_training(app, runs_root):
