@@ -296,6 +296,17 @@ def pos_sorted(values: Iterable[str]) -> list[str]:
     return sorted(vals, key=lambda v: (POS_ORDER.index(v) if v in POS_ORDER else len(POS_ORDER), v))
 
 
+def group_ids(num_groups: int, present) -> list[int]:
+    """The group ids a table of groups shows: 0..num_groups-1, and ``num_groups`` (the keys the
+    group capacity evicted, docs/run_schema.md) when ``present`` (ids found in the data) holds it."""
+    return list(range(num_groups)) + ([num_groups] if num_groups in set(present) else [])
+
+
+def group_label(g: int, num_groups: int) -> str:
+    """``g0``.. for a group, ``evicted`` for id ``num_groups`` (no group: the group capacity)."""
+    return f"g{g}" if g < num_groups else "evicted"
+
+
 def hard_shares(asg: pd.DataFrame, num_groups: int) -> pd.DataFrame:
     """Per layer and group 0..num_groups-1: share of the layer's tokens whose hard (top-1) group it
     is. A key the group capacity evicted (group ``num_groups``, docs/run_schema.md) belongs to no

@@ -167,6 +167,8 @@ def test_hard_shares_count_evicted_keys_among_the_tokens():
     asg = pd.DataFrame({"layer_idx": 0, "group": [0, 0, 1, 1, 1, 1, 2, 2]})
     got = lib.hard_shares(asg, 2).set_index("group")["share"]
     assert got.to_dict() == {0: 0.25, 1: 0.5}
+    assert lib.group_ids(2, asg.group) == [0, 1, 2] and lib.group_ids(2, [0, 1]) == [0, 1]
+    assert [lib.group_label(g, 2) for g in (0, 1, 2)] == ["g0", "g1", "evicted"]
 
 
 # --------------------------------------------------------------------------------------- overview

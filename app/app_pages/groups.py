@@ -170,8 +170,8 @@ def page() -> None:
         else:
             m = asg.merge(hits, on=["window", "position"])
             tab = m.groupby(["layer_idx", "group"]).size().unstack(fill_value=0)
-            tab = tab.reindex(columns=range(K), fill_value=0)
-            tab.columns = [f"g{c}" for c in tab.columns]
+            tab = tab.reindex(columns=lib.group_ids(K, tab.columns), fill_value=0)
+            tab.columns = [lib.group_label(c, K) for c in tab.columns]
             st.caption(f"{len(hits)} occurrences; rows: layers, columns: groups, cells: occurrences")
             fig = px.imshow(tab.to_numpy(), x=list(tab.columns), y=[str(i) for i in tab.index],
                             labels=dict(x="group", y="layer", color="occurrences"), text_auto=True,
@@ -193,10 +193,11 @@ def page() -> None:
     a = asg[asg["layer_idx"] == from_layer][["window", "position", "group"]]
     b = asg[asg["layer_idx"] == to_layer][["window", "position", "group"]]
     m = a.merge(b, on=["window", "position"], suffixes=("_from", "_to"))
-    ct = pd.crosstab(m["group_from"], m["group_to"]).reindex(index=range(K), columns=range(K), fill_value=0)
+    ids = lib.group_ids(K, pd.concat([m["group_from"], m["group_to"]]))
+    ct = pd.crosstab(m["group_from"], m["group_to"]).reindex(index=ids, columns=ids, fill_value=0)
     frac = ct.div(ct.sum(axis=1).replace(0, np.nan), axis=0).fillna(0.0)
-    fig = go.Figure(go.Heatmap(z=frac.to_numpy(), x=[f"g{c}" for c in ct.columns],
-                               y=[f"g{r}" for r in ct.index], colorscale="Viridis", zmin=0, zmax=1,
+    fig = go.Figure(go.Heatmap(z=frac.to_numpy(), x=[lib.group_label(c, K) for c in ct.columns],
+                               y=[lib.group_label(r, K) for r in ct.index], colorscale="Viridis", zmin=0, zmax=1,
                                text=ct.to_numpy(), texttemplate="%{text}",
                                hovertemplate="layer %{y} → %{x}: %{z:.0%} (%{text} tokens)<extra></extra>",
                                colorbar=dict(title="row share")))
