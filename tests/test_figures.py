@@ -693,7 +693,7 @@ def test_domain_table_prints_hand_set_cells_and_the_paired_change_over_the_previ
     assert first[7] == f"{num(0.05)}% [{num(0.05)}, {num(0.05)}]"
     prev = f"{100 * (math.exp(-0.01) - 1):+.2f}"
     assert all(line.endswith(f"| {prev}% [{prev}, {prev}] |") for line in lines[2:])
+    with pytest.raises(KeyError, match="capacity_heldout_8k"):
+        D.domain_table(cells[cells.table != "capacity_heldout_8k"])
     with pytest.raises(KeyError, match="needle_mix_heldout_8k"):
         D.domain_table(cells[cells.table != "needle_mix_heldout_8k"])
-    with pytest.raises(KeyError, match="shipped_heldout_8k"):
-        D.domain_table(cells[cells.table != "shipped_heldout_8k"])

@@ -21,11 +21,11 @@ import pandas as pd
 HELD_OUT = ("kernel-docs", "python-source", "bible-kjv", "python-docs", "man-pages", "debian-reference")
 TECHNICAL = ("python-docs", "man-pages", "debian-reference")  # the held-out domains also measured at 8192
 # (row name, kind, tokens, corpus, table of the shipped file, table of the previous shipped file)
-ROWS = ([("austen (Persuasion)", "trained", 4096, "austen", "needle_mix_length", "shipped"),
-         ("austen (Persuasion), 8192", "trained", 8192, "austen", "needle_mix_length", "shipped"),
-         ("shakespeare (Hamlet)", "trained", 4096, "shakespeare", "needle_mix_length", "shipped")]
-        + [(d, "held out", 4096, d, "needle_mix_per_domain", "shipped_per_domain") for d in HELD_OUT]
-        + [(f"{d}, 8192", "held out", 8192, d, "needle_mix_heldout_8k", "shipped_heldout_8k") for d in TECHNICAL])
+ROWS = ([("austen (Persuasion)", "trained", 4096, "austen", "capacity_length", "needle_mix_length"),
+         ("austen (Persuasion), 8192", "trained", 8192, "austen", "capacity_length", "needle_mix_length"),
+         ("shakespeare (Hamlet)", "trained", 4096, "shakespeare", "capacity_length", "needle_mix_length")]
+        + [(d, "held out", 4096, d, "capacity_per_domain", "needle_mix_per_domain") for d in HELD_OUT]
+        + [(f"{d}, 8192", "held out", 8192, d, "capacity_heldout_8k", "needle_mix_heldout_8k") for d in TECHNICAL])
 HEADER = ("| domain | kind | windows | dense | hard top-1 | hard top-2 [pairs kept] | random top-2 | "
           "router over random, top-2 | hard top-2 over the previous file's |\n"
           "|---|---|---:|---:|---|---|---|---|---|")

@@ -67,7 +67,7 @@ def markdown(cases: pd.DataFrame) -> str:
 
 #: the results page's columns (docs/results.md, "Retrieval beyond passkey"): (pattern, header)
 RESULTS_PATTERNS = (("hard_top2", "hard top-2"), ("random_top2", "random top-2"), ("shuffled_top2", "shuffled top-2"),
-                    ("hard_top1", "hard top-1"), ("hard_top2_match", "hard top-2 + token-match pairs"))
+                    ("hard_top1", "hard top-1"), ("hard_top2_nocap", "hard top-2 without the capacity"))
 
 
 def results_markdown(cases: pd.DataFrame) -> str:
