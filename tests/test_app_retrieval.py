@@ -82,12 +82,13 @@ def test_grid_case_and_dropped_map_follow_the_parquet(root, monkeypatch):
     # the case view: the chosen pattern's dropped needle mass per layer and head
     at.selectbox(key="retrieval_task").set_value("niah_multikey_1").run()
     at.selectbox(key="retrieval_seed").set_value(0).run()
-    at.selectbox(key="retrieval_pattern").set_value("hard_top2").run()
+    # (hard top-2 without the capacity: the committed suite's pattern on every task)
+    at.selectbox(key="retrieval_pattern").set_value("hard_top2_nocap").run()
     assert not at.exception
     figs = [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
     heat = figs[1]["data"][0]
     t = trace[(trace.task == "niah_multikey_1") & (trace.length == L) & (trace.seed == 0)
-              & (trace.pattern == "hard_top2")]
+              & (trace.pattern == "hard_top2_nocap")]
     piv = (t.dense_mass - t.mass_kept).to_numpy().reshape(t.layer_idx.nunique(), t["head"].nunique())
     assert decode(heat["z"]) == pytest.approx(piv.astype(float), abs=1e-6)
     assert figs[1]["data"][1]["name"].startswith("retrieval head")  # marked
