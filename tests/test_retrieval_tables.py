@@ -174,3 +174,35 @@ def test_rename_patterns_in_order_and_refuses_to_merge_two_patterns():
     later = pd.concat([out, t[t.pattern == "hard_top2_evict@13"].assign(seed=1)], ignore_index=True)
     again = rename_patterns(later, [("hard_top2_evict@13", "hard_top2")])
     assert sorted(again[again.pattern == "hard_top2"].seed) == [0, 1]
+
+
+def test_retrieval_table_cli_refused_rename_writes_nothing(tmp_path, monkeypatch):
+    """analyses.studies.retrieval_table --add RUN --rename: a rename onto rows of the same cases
+    exits with the reason and leaves both tables as they were (the merge is not written either);
+    a clean one writes the merged, renamed tables."""
+    import sys
+    import pandas as pd
+    from analyses.studies import retrieval_table
+    cases = pd.DataFrame({"task": "passkey", "length": 4096, "seed": [0, 0, 1],
+                          "pattern": ["hard_top2", "hard_top2_evict@13", "hard_top2_evict@13"], "score": [1.0, 0.0, 1.0]})
+    trace = cases.assign(layer_idx=0, head=0)
+    paths = {n: tmp_path / f"{n}.parquet" for n in ("cases", "trace")}
+    run = tmp_path / "run"  # a suite output to --add: the explicit name's rows
+    run.mkdir()
+    explicit = cases.pattern != "hard_top2"
+    cases[~explicit].to_parquet(paths["cases"]), trace[~explicit].to_parquet(paths["trace"])
+    cases[explicit].to_parquet(run / "cases.parquet"), trace[explicit].to_parquet(run / "trace.parquet")
+    argv = ["retrieval_table", "--cases", str(paths["cases"]), "--trace", str(paths["trace"])]
+    before = {n: p.read_bytes() for n, p in paths.items()}
+    monkeypatch.setattr(sys, "argv", argv + ["--add", str(run), "--device", "cpu",
+                                             "--rename", "hard_top2_evict@13=hard_top2"])
+    with pytest.raises(SystemExit, match="1 rows of the same cases"):
+        retrieval_table.main()
+    assert {n: p.read_bytes() for n, p in paths.items()} == before
+    monkeypatch.setattr(sys, "argv", argv + ["--add", str(run), "--device", "cpu", "--rename", "hard_top2=hard_top2_nocap",
+                                             "--rename", "hard_top2_evict@13=hard_top2", "--results"])
+    monkeypatch.setattr(retrieval_table, "results_markdown", lambda cases: "")  # the page's table needs every column
+    retrieval_table.main()
+    for n, p in paths.items():
+        got = pd.read_parquet(p)
+        assert sorted(zip(got.seed, got.pattern)) == [(0, "hard_top2"), (0, "hard_top2_nocap"), (1, "hard_top2")], n

@@ -135,28 +135,24 @@ def main() -> None:
         ap.error("--write needs --results (it writes the results page's table)")
     if a.drop and not a.add:
         ap.error("--drop needs --add: the runs that give the dropped pattern's rows anew")
-    if a.add:
+    pairs = [tuple(r.split("=", 1)) for r in a.rename]
+    if any(len(p) != 2 or not all(p) for p in pairs):
+        ap.error("--rename takes OLD=NEW, e.g. hard_top2=hard_top2_nocap")
+    if a.add and not a.device:
+        ap.error("--add needs --device (the machine the run ran on, e.g. '2-core AMD EPYC CPU (fp32)')")
+    if a.add or pairs:  # merge and rename in memory, then write both tables: a refused rename writes nothing
         from focus_lab.io import write_parquet
-        if not a.device:
-            ap.error("--add needs --device (the machine the run ran on, e.g. '2-core AMD EPYC CPU (fp32)')")
+        tables = {}
         for kind, path in (("cases", a.cases), ("trace", a.trace)):
             new = [read_suite(d, kind).assign(device=a.device) for d in a.add]
-            merged = merge_suites([pd.read_parquet(path), *new], kind, drop=a.drop)
-            write_parquet(path, merged)
-            print(f"{path}: {len(merged)} rows")
-    if a.rename:
-        from focus_lab.io import write_parquet
-        pairs = [tuple(r.split("=", 1)) for r in a.rename]
-        if any(len(p) != 2 or not all(p) for p in pairs):
-            ap.error("--rename takes OLD=NEW, e.g. hard_top2=hard_top2_nocap")
-        tables = {path: pd.read_parquet(path) for path in (a.cases, a.trace)}
+            tables[path] = merge_suites([pd.read_parquet(path), *new], kind, drop=a.drop)
         try:
             tables = {path: rename_patterns(t, pairs) for path, t in tables.items()}
         except ValueError as e:
             raise SystemExit(str(e))
         for path, t in tables.items():
             write_parquet(path, t)
-            print(f"{path}: renamed {', '.join(f'{o} -> {n}' for o, n in pairs)}")
+            print(f"{path}: {len(t)} rows" + (f"; renamed {', '.join(f'{o} -> {n}' for o, n in pairs)}" if pairs else ""))
     cases = pd.read_parquet(a.cases)
     if a.results:
         table = results_markdown(cases)
