@@ -5,8 +5,8 @@ For each named domain at 4096 tokens (and *Persuasion* and the held-out domains 
 perplexity; the shipped file's hard top-1, hard top-2 (its per-layer budget, docs/method.md §2.7)
 with the distant pairs kept, random top-2 under the same budget and the router's margin over it,
 each as the change over dense with its 95% paired bootstrap interval over windows
-(``analyses.length_table.summarize``); then the shipped file's hard top-2 against the previous
-shipped file's on the same windows (paired change, %, < 0: the shipped file is better;
+(``analyses.length_table.summarize``); then the shipped file's hard top-2 against the same routers'
+without the group capacity on the same windows (paired change, %, > 0: the capacity costs;
 ``evaluate.paired_change``).
 
 Usage::
@@ -20,14 +20,14 @@ import pandas as pd
 
 HELD_OUT = ("kernel-docs", "python-source", "bible-kjv", "python-docs", "man-pages", "debian-reference")
 TECHNICAL = ("python-docs", "man-pages", "debian-reference")  # the held-out domains also measured at 8192
-# (row name, kind, tokens, corpus, table of the shipped file, table of the previous shipped file)
+# (row name, kind, tokens, corpus, table of the shipped file, table of the same routers without the capacity)
 ROWS = ([("austen (Persuasion)", "trained", 4096, "austen", "capacity_length", "needle_mix_length"),
          ("austen (Persuasion), 8192", "trained", 8192, "austen", "capacity_length", "needle_mix_length"),
          ("shakespeare (Hamlet)", "trained", 4096, "shakespeare", "capacity_length", "needle_mix_length")]
         + [(d, "held out", 4096, d, "capacity_per_domain", "needle_mix_per_domain") for d in HELD_OUT]
         + [(f"{d}, 8192", "held out", 8192, d, "capacity_heldout_8k", "needle_mix_heldout_8k") for d in TECHNICAL])
 HEADER = ("| domain | kind | windows | dense | hard top-1 | hard top-2 [pairs kept] | random top-2 | "
-          "router over random, top-2 | hard top-2 over the previous file's |\n"
+          "router over random, top-2 | hard top-2 over no capacity |\n"
           "|---|---|---:|---:|---|---|---|---|---|")
 
 
