@@ -94,7 +94,7 @@ def capacity_in_force(cfg, label: str) -> str:
     if changes is None or changes.get("mode") != "hard" or changes.get("assignment", "router") != "router":
         return ""
     c = cfg.replace(**changes)
-    if not c.group_capacity or (c.capacity_top_k is not None and c.top_k not in c.capacity_top_k):
+    if not c.capacity_for_top_k():
         return ""
     layers = "all" if c.capacity_layers is None else format_int_list(c.capacity_layers)
     return f"{c.group_capacity:g}@{layers}:{c.capacity_overflow}"

@@ -340,9 +340,12 @@ class FocusConfig:
         ``top_k``, else 0.0 (no cap; docs/method.md §2.9)."""
         if self.capacity_layers is not None and layer_idx not in self.capacity_layers:
             return 0.0
-        if self.capacity_top_k is not None and self.top_k not in self.capacity_top_k:
-            return 0.0
-        return self.group_capacity
+        return self.group_capacity if self.capacity_for_top_k() else 0.0
+
+    def capacity_for_top_k(self) -> bool:
+        """Whether ``group_capacity`` is set and applies to this config's ``top_k``
+        (``capacity_top_k`` None or holding it; docs/method.md §2.9)."""
+        return bool(self.group_capacity) and (self.capacity_top_k is None or self.top_k in self.capacity_top_k)
 
     def replace(self, **changes: Any) -> "FocusConfig":
         """A validated copy with ``changes`` applied (its own lists and dicts: nothing shared
