@@ -202,7 +202,7 @@ def leave_one_out_rows(pattern: str, task: str = "niah_single_1", length: int = 
     """Which capped layer costs the needle: per case, the answer's teacher-forced log-prob (nats,
     summed over the answer's value tokens, as ``retrieval.run_case`` scores it) under hard top-2,
     under ``pattern`` (a cap with ``@LAYERS``) and under ``pattern`` without each of its layers in
-    turn (``variant``: "hard_top2", the pattern, "without L" for layer L). One forward of prompt +
+    turn (``variant``: "hard_top2_nocap", the pattern, "without L" for layer L). One forward of prompt +
     answer per row, no KV cache: about 40 s at 8192 tokens on 2 CPU cores."""
     import torch
     from analyses.studies import retrieval_setup
@@ -215,7 +215,8 @@ def leave_one_out_rows(pattern: str, task: str = "niah_single_1", length: int = 
     layers = changes.get("capacity_layers")
     if not layers:
         raise SystemExit(f"--leave-one-out {pattern}: name the capped layers, e.g. hard_top2_cap@0+13+15")
-    variants = [("hard_top2", pattern_changes("hard_top2", num_groups)), (pattern, changes)]
+    # the baseline is hard top-2 without any capacity, whatever the router file carries
+    variants = [("hard_top2_nocap", pattern_changes("hard_top2_nocap", num_groups)), (pattern, changes)]
     variants += [(f"without {l}", {**changes, "capacity_layers": [x for x in layers if x != l]}) for l in layers]
     rows = []
     for seed in seeds:
