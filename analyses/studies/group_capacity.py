@@ -10,7 +10,7 @@ hard top-2, on the retrieval suite and on perplexity, from the committed data.
     python -m analyses.studies.group_capacity --leave-one-out hard_top2_cap@0+13+15-16+21+24-25+28-29  # which layer
     python -m analyses.studies.group_capacity --save-capacity OUT [--routers FILE]   # E7 into a router file
     python -m analyses.studies.group_capacity --layers --tasks niah_single_1 \
-        --patterns hard_top2,hard_top2_cap,hard_top2_cap60,hard_top2_cap70,hard_top2_cap80   # ... and their pairs
+        --patterns hard_top2_nocap,hard_top2_cap,hard_top2_cap60,hard_top2_cap70,hard_top2_cap80   # ... and their pairs
 
 Retrieval (``figures/results/retrieval_cases.parquet``): per task and length where both patterns
 ran, dense's score, each pattern's score relative to dense with the paired 95% interval over cases
@@ -53,6 +53,9 @@ EVICT_TABLES = {EVICT_SET: EVICT_TABLE, EVICT_SET_7: "capacity_evict7"}
 # cells keep the names they were made with: their router file is in each row.
 RETRIEVAL_LABELS = {"hard_top2": "hard_top2_nocap", "hard_top2_match": "hard_top2_match_nocap",
                     EVICT_SET_7: "hard_top2"}
+# what ``--layers`` runs by default with the shipped file: hard top-2 without its capacity (the
+# study's "hard top-2") against the cap everywhere
+LAYER_PATTERNS = (RETRIEVAL_LABELS["hard_top2"], "hard_top2_cap")
 
 
 def retrieval_rows(cases: pd.DataFrame, patterns=PATTERNS) -> pd.DataFrame:
@@ -147,7 +150,7 @@ def over_hard_top2(cells: pd.DataFrame, patterns=LAYER_PROBES) -> pd.DataFrame:
 
 
 def layer_rows(tasks=("niah_single_1", "passkey"), length: int = 4096, seed: int = 0,
-               patterns=PATTERNS, threads: int = 2, late: int = 1024) -> pd.DataFrame:
+               patterns=LAYER_PATTERNS, threads: int = 2, late: int = 1024) -> pd.DataFrame:
     """Per routed layer, one forward of each input under each pattern with the shipped routers:
     the layer's k, the distant pairs its groups keep (``core.distant_pairs_kept``), the largest
     group's share of the keys, and ``moved``: the share of the keys at positions >= ``late``
@@ -255,7 +258,7 @@ def main(argv=None) -> None:
     ap.add_argument("--layers", action="store_true", help="per routed layer, one case per task (runs the model)")
     ap.add_argument("--tasks", default="niah_single_1,passkey",
                     help="with --layers: tasks, or CORPUS:INDEX for a held-out window (man-pages:167)")
-    ap.add_argument("--patterns", default=",".join(PATTERNS), help="with --layers")
+    ap.add_argument("--patterns", default=",".join(LAYER_PATTERNS), help="with --layers")
     ap.add_argument("--sweep", action="store_true", help="each capacity of SWEEP against hard top-2, perplexity")
     ap.add_argument("--by-layer", action="store_true",
                     help="the cap in some layers only: LAYER_PROBES and LAYER_SETS against hard top-2")
