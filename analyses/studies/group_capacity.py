@@ -51,11 +51,12 @@ EVICT_TABLES = {EVICT_SET: EVICT_TABLE, EVICT_SET_7: "capacity_evict7"}
 # name the rows of this study's patterns as they run under it: "hard top-2" here is the
 # previous default (``_nocap``), E7 is the plain name (``retrieval_table --rename``). The length
 # cells keep the names they were made with: their router file is in each row.
-RETRIEVAL_LABELS = {"hard_top2": "hard_top2_nocap", "hard_top2_match": "hard_top2_match_nocap",
+NOCAP = "hard_top2_nocap"  # the study's baseline, hard top-2 without any capacity, whatever the file carries
+RETRIEVAL_LABELS = {"hard_top2": NOCAP, "hard_top2_match": "hard_top2_match_nocap",
                     EVICT_SET_7: "hard_top2"}
 # what ``--layers`` runs by default with the shipped file: hard top-2 without its capacity (the
 # study's "hard top-2") against the cap everywhere
-LAYER_PATTERNS = (RETRIEVAL_LABELS["hard_top2"], "hard_top2_cap")
+LAYER_PATTERNS = (NOCAP, "hard_top2_cap")
 
 
 def retrieval_rows(cases: pd.DataFrame, patterns=PATTERNS) -> pd.DataFrame:
@@ -63,7 +64,7 @@ def retrieval_rows(cases: pd.DataFrame, patterns=PATTERNS) -> pd.DataFrame:
     cases, each pattern's score relative to dense (ratio [lo, hi]) and distant pairs kept, and
     the cap's answer log-prob minus hard top-2's, paired over cases (nats, [lo, hi])."""
     from focus_lab.eval.retrieval_tables import paired_difference, summary
-    if "hard_top2_nocap" in set(cases.pattern):  # the committed tables, renamed: their labels back to the study's
+    if NOCAP in set(cases.pattern):  # the committed tables, renamed: their labels back to the study's
         label = {p: RETRIEVAL_LABELS.get(p, p) for p in patterns}
         cases = cases[cases.pattern.isin(["dense", *label.values()])]
         cases = cases.assign(pattern=cases.pattern.map({v: k for k, v in label.items()} | {"dense": "dense"}))
@@ -218,8 +219,7 @@ def leave_one_out_rows(pattern: str, task: str = "niah_single_1", length: int = 
     layers = changes.get("capacity_layers")
     if not layers:
         raise SystemExit(f"--leave-one-out {pattern}: name the capped layers, e.g. hard_top2_cap@0+13+15")
-    # the baseline is hard top-2 without any capacity, whatever the router file carries
-    variants = [("hard_top2_nocap", pattern_changes("hard_top2_nocap", num_groups)), (pattern, changes)]
+    variants = [(NOCAP, pattern_changes(NOCAP, num_groups)), (pattern, changes)]
     variants += [(f"without {l}", {**changes, "capacity_layers": [x for x in layers if x != l]}) for l in layers]
     rows = []
     for seed in seeds:
