@@ -324,7 +324,7 @@ def check_e2e_args(args, num_groups: int, positions: int | None, window: int, si
     positions or not above the window + sinks, or a decode context (prefix + ``--new-tokens``)
     above the positions."""
     from focus_lab.method.config import ConfigError
-    from focus_lab.eval.evaluate import parse_patterns
+    from focus_lab.patterns.legacy import parse_legacy_patterns as parse_patterns
     try:
         pats = parse_patterns(args.patterns, num_groups)
         dpats = parse_patterns(args.decode_patterns, num_groups)

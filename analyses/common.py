@@ -23,6 +23,8 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 
+from focus_lab.io import with_table  # noqa: F401  (the analyses' --commit rule, in the library)
+
 from focus_lab.method.config import FocusConfig
 from focus_lab.io import write_parquet
 
@@ -300,21 +302,6 @@ def cached_part(ctx: Context, name: str, part: str, fn: Callable[[], pd.DataFram
     return df
 
 
-def with_table(path: Path, new: pd.DataFrame, name: str, column: str = "table") -> pd.DataFrame:
-    """The rows of the committed parquet ``path`` with those of table ``name`` replaced by ``new``
-    (which gets ``column`` = name as its first column): the one rule every ``--commit`` of the
-    analyses follows (length table cells, passkey tables, layer-budget studies). ``new`` alone
-    when the file is absent. The caller writes the result (``focus_lab.io.write_parquet``)."""
-    new = new.copy()
-    if column in new:
-        new = new.drop(columns=column)
-    new.insert(0, column, name)
-    old = pd.read_parquet(path) if Path(path).is_file() else None
-    if old is None or column not in old:
-        return new.reset_index(drop=True)
-    return pd.concat([old[old[column] != name], new], ignore_index=True)
-
-
 def pattern_method(label: str) -> str:
     """The method of a length-table pattern: dense, window, focus (hard_topK), random
     (random_topK) or shuffled (shuffled_topK: the router's own groups, permuted)."""
@@ -361,7 +348,8 @@ def length_cells(ctx: Context, name: str, specs) -> pd.DataFrame:
     length-table cells (``committed_rows``: router-free rows, and rows made with this router, on
     the same windows) and evaluate only the patterns they lack. Columns: evaluate's + window,
     corpus, seq_len, reused (bool), method (``pattern_method``)."""
-    from focus_lab.eval.evaluate import evaluate, parse_patterns
+    from focus_lab.eval.evaluate import evaluate
+    from focus_lab.patterns.legacy import parse_legacy_patterns as parse_patterns
     frames = []
     for corpus, T, n in specs:
         def run(corpus=corpus, T=T, n=n):
@@ -397,8 +385,9 @@ def convert_router(cls, r, **kw):
 
 
 def focus_patterns(K: int, soft: bool = True, window: bool = True) -> list:
-    """``evaluate.standard_patterns(K)``, optionally without the soft and the window pattern."""
-    from focus_lab.eval.evaluate import standard_patterns
+    """dense, window, soft, hard_top1..K as the committed tables' labels
+    (``patterns.legacy.legacy_standard_patterns``), optionally without the soft and the window pattern."""
+    from focus_lab.patterns.legacy import legacy_standard_patterns as standard_patterns
     return [p for p in standard_patterns(K) if (soft or p[0] != "soft") and (window or p[0] != "window")]
 
 def evaluate_with_random(model, windows: list, patterns: list, top_k: int) -> pd.DataFrame:

@@ -110,7 +110,7 @@ def make_data(ctx: Context) -> pd.DataFrame:
         frames = _committed(ctx)
         if frames:
             return pd.concat(frames, ignore_index=True)
-    from focus_lab.eval.evaluate import parse_patterns
+    from focus_lab.patterns.legacy import parse_legacy_patterns as parse_patterns
     from focus_lab.eval.passkey import load_haystack, run_passkey
     from focus_lab.hf.retrofit import load_routers
     s = ctx.settings
@@ -138,7 +138,7 @@ def commit_run(run: Path, name: str, results: Path = PASSKEY_TABLES) -> int:
         committed files. Returns: the number of case rows written.
     Raises: SystemExit naming a missing file of the run, or an empty name.
     """
-    from analyses.common import with_table
+    from focus_lab.io import with_table
     from focus_lab.io import write_json, write_parquet
     run, results = Path(run), Path(results)
     if not name.strip():

@@ -536,7 +536,7 @@ def figures(
                                               "README.md are rewritten, the rest left as it was)"),
 ) -> None:
     """Regenerate every paper figure and the reproduction table (cached, resumable experiments)."""
-    from focus_lab.cli import guard
+    from focus_lab.errors import guard
 
     def run():
         if render_only is not None:

@@ -168,7 +168,7 @@ def main(argv: list[str] | None = None) -> str:
     p.add_argument("--top", type=int, default=6, help="callers shown per pattern")
     a = p.parse_args(argv)
     import focus_lab
-    from focus_lab.eval.evaluate import parse_patterns
+    from focus_lab.patterns.legacy import parse_legacy_patterns as parse_patterns
     from focus_lab.hf.shipped import resolve_routers
     from focus_lab.method import core
     from focus_lab.method.config import ConfigError

@@ -48,11 +48,11 @@ def router_free(label: str) -> bool:
 
 
 def _changes(cfg, label: str) -> dict | None:
-    """``pattern_changes`` of ``label`` under ``cfg``'s groups; None for a pattern this file
-    cannot run (e.g. top-k above its groups)."""
-    from focus_lab.eval.evaluate import pattern_changes
+    """``patterns.legacy.legacy_changes`` of the committed label ``label`` under ``cfg``'s
+    groups; None for a pattern this file cannot run (e.g. top-k above its groups)."""
+    from focus_lab.patterns.legacy import legacy_changes
     try:
-        return pattern_changes(label, cfg.num_groups)
+        return legacy_changes(label, cfg.num_groups)
     except ValueError:
         return None
 
@@ -209,7 +209,7 @@ def commit_table(out: Path, name: str, path: Path | None = None) -> int:
     cells = sorted((Path(out) / "cells").glob("*.parquet"))
     if not cells:
         raise SystemExit(f"no cells under {Path(out) / 'cells'}: nothing to commit")
-    from analyses.common import with_table
+    from focus_lab.io import with_table
     new = pd.concat([pd.read_parquet(c) for c in cells], ignore_index=True)
     both = with_table(path, new, name)
     for col in ("routers_sha256", "random_layers", "layer_top_k", "match_shifts", "capacity", "reused_from"):
@@ -251,7 +251,8 @@ def reused_rows(folders: list[Path], cell: str, labels: list[str], windows: list
 def run_cells(args) -> None:
     import torch
     from focus_lab.data import load_corpus, make_windows
-    from focus_lab.eval.evaluate import evaluate, parse_patterns
+    from focus_lab.eval.evaluate import evaluate
+    from focus_lab.patterns.legacy import parse_legacy_patterns as parse_patterns
     from focus_lab.io import file_sha256, write_parquet
     from focus_lab.hf.models import load_model
     from focus_lab.hf.retrofit import load_routers, read_router_file
@@ -373,9 +374,9 @@ def router_of(label: str) -> str | None:
 
 def base_of(label: str) -> str | None:
     """A pattern name without its suffixes (``hard_top2_keyshift`` -> ``hard_top2``,
-    ``evaluate.split_suffixes``); None when it has none."""
-    from focus_lab.eval.evaluate import split_suffixes
-    base = split_suffixes(label)[0]
+    ``patterns.legacy.split_legacy``); None when it has none."""
+    from focus_lab.patterns.legacy import split_legacy
+    base = split_legacy(label)[0]
     return base if base != label else None
 
 

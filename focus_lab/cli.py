@@ -26,9 +26,7 @@ from focus_lab.recording.options import RecordOptions as _RecordOptions  # noqa:
 _F, _T, _R = _FocusConfig(), _TrainConfig(), _RecordOptions()
 
 
-def _fail(msg: str) -> None:
-    typer.secho(f"error: {msg}", fg=typer.colors.RED, err=True)
-    raise typer.Exit(2)
+from focus_lab.errors import fail as _fail, guard, known_errors as _known_errors  # noqa: E402,F401
 
 
 def _device(device: str) -> str:
@@ -74,6 +72,10 @@ MATCH_SHIFTS_OPTION = typer.Option(None, "--match-shifts", help="hard patterns: 
                                    "file's (FocusConfig.match_shifts, docs/method.md §2.8)")
 
 
+PATTERN_FILE_OPTION = typer.Option(None, "--pattern-file", help="a JSON or YAML file holding the patterns (a list "
+                                   "of spellings, or a mapping {label: spelling}), read instead of --patterns")
+
+
 def _budget_note(cfg, pats: list) -> str:
     """One line naming the hard patterns that run with a per-layer k (the router file's budget for
     their top_k or --layer-top-k; docs/method.md §2.7), '' when every pattern is uniform."""
@@ -82,7 +84,7 @@ def _budget_note(cfg, pats: list) -> str:
     for label, changes in pats:
         if spec := pattern_layer_spec(cfg, changes):
             by_spec.setdefault(spec, []).append(label)
-    return "".join(f"per-layer k for {', '.join(labels)}: {spec} ('--layer-top-k none' for uniform)\n"
+    return "".join(f"per-layer k for {', '.join(labels)}: {spec} (a bare name such as hard_top2 is uniform)\n"
                    for spec, labels in by_spec.items()).rstrip("\n")
 
 
@@ -100,34 +102,6 @@ def _config_overrides(random_layers: Optional[str], layer_top_k: Optional[str],
     if layer_top_k is not None:
         out["layer_top_k"] = _spec(layer_top_k, "--layer-top-k", parse_layer_top_k)
     return out
-
-
-def _known_errors():
-    from focus_lab.method.config import ConfigError
-    from focus_lab.data import CorpusError
-    from focus_lab.io import ArtifactError
-    from focus_lab.hf.models import ModelLoadError
-    from focus_lab.hf.retrofit import RouterMismatchError, UnsupportedModelError
-    from focus_lab.runs import RunError
-    errs = [ConfigError, CorpusError, ArtifactError, ModelLoadError, RouterMismatchError,
-            UnsupportedModelError, RunError, FileNotFoundError]
-    try:
-        from focus_lab.recording.linguistics import LinguisticsError
-        errs.append(LinguisticsError)
-    except ImportError:
-        pass
-    return tuple(errs)
-
-
-def guard(fn):
-    """Run ``fn`` and return its result; the project's known errors (``_known_errors``: config,
-    corpus, artifact, model, router and run errors, a missing file) become one clear line on
-    stderr and exit code 2 (``typer.Exit``), never a traceback. Also used by
-    ``focus-lab-figures`` (``analyses.figures.main``)."""
-    try:
-        return fn()
-    except _known_errors() as e:
-        _fail(str(e))
 
 
 def _focus_cfg(num_groups, window, top_k, tau, sinkhorn_iters, router_dim, seed):
@@ -350,7 +324,9 @@ def eval_cmd(
     patterns: str = typer.Option("all", help="comma list of dense, window, soft, hard_topK, random_topK, "
                                  "shuffled_topK (controls at equal sparsity), or 'all' (dense, window, "
                                  "soft, hard_top1..K); e.g. dense,window,hard_top1,hard_top2,random_top2,shuffled_top2; "
-                                 "a top-k name + _uniform, _match, _keyshift, _cap, _evict: docs/cli.md"),
+                                 "rules added with '+', e.g. hard_top2+capacity(0.5,layers=[13-16],evict); "
+                                 "'default': the router file's own rules (docs/api.md, Patterns)"),
+    pattern_file: Optional[Path] = PATTERN_FILE_OPTION,
     device: str = typer.Option("cpu", help="cpu | cuda | cuda:N: where the model runs (hard mode on a GPU: "
                                "docs/method.md §4)"),
     dtype: str = typer.Option("fp32", help="fp32 | bf16 | fp16: the model's weights and activations (the routers "
@@ -370,17 +346,20 @@ def eval_cmd(
         limit = max_windows if _given(ctx, "max_windows") else None
         if limit is not None and limit < 1:
             _fail(f"--max-windows {limit}: at least one window")
-        return guard(lambda: _eval_run(run_dir, patterns, limit))
+        return guard(lambda: _eval_run(run_dir, patterns, limit, pattern_file))
 
     def run():
         nonlocal seq_len
         from focus_lab.eval.evaluate import evaluate, parse_patterns
+        from focus_lab.hf.shipped import router_columns
         from focus_lab.io import write_parquet
         from focus_lab.hf.retrofit import load_routers, read_router_file
         routers = _routers(routers_opt, model)
-        pats = parse_patterns(patterns, read_router_file(routers)[0].num_groups)  # fail before loading
         overrides = {"assignment": "random"} if random_groups else {}
         overrides.update(_config_overrides(random_layers, layer_top_k, match_shifts))
+        # the file's rules (reached through 'default'), as the options change them; fail before loading
+        pats = parse_patterns(patterns, read_router_file(routers)[0].replace(
+            **{k: v for k, v in overrides.items() if k != "assignment"}), pattern_file)
         dev = _device(device)
         m, tok, corp, seq_len = _load(model, corpus, seq_len)
         cfg = load_routers(m, routers, config_overrides=overrides or None)
@@ -394,12 +373,12 @@ def eval_cmd(
         if note := _budget_note(cfg, pats):
             typer.echo(note)
         if cfg.key_shift:
-            typer.echo("keys in the group of the token before them (key_shift, docs/method.md §1.7): "
-                       "a pattern name + '_nokeyshift' drops it")
+            typer.echo("the router file puts keys in the group of the token before them (key_shift, "
+                       "docs/method.md §1.7): 'default' keeps it, a bare name such as hard_top2 does not")
         if cfg.match_shifts:
-            typer.echo(f"token-match pairs for the hard patterns, shifts {cfg.match_shifts} (docs/method.md §2.8): "
-                       "'--match-shifts none' drops them")
-        df = evaluate(m, windows, pats)
+            typer.echo(f"the router file's token-match pairs, shifts {cfg.match_shifts} (docs/method.md §2.8): "
+                       "'default' keeps them, a bare name such as hard_top2 does not")
+        df = evaluate(m, windows, pats).assign(**router_columns(routers))
         target = out or (routers.parent / "eval.parquet" if routers_opt is not None
                          else Path("eval") / f"{corp.name}_{seq_len}.parquet")
         write_parquet(target, df)
@@ -437,7 +416,8 @@ class _RecordedWindow:
     input_ids: "torch.Tensor"  # (T,) int64
 
 
-def _eval_run(run_dir: Path, patterns: str, max_windows: int | None) -> "pd.DataFrame":
+def _eval_run(run_dir: Path, patterns: str, max_windows: int | None, pattern_file: Path | None = None
+              ) -> "pd.DataFrame":
     """``focus-lab eval --run``: the perplexity of ``patterns`` on the run's recorded windows
     (``Run.window_token_ids``; the first ``max_windows`` of them when given), with the run's
     model (manifest ``model.name``, checked by config and embedding sha256) and router file
@@ -453,7 +433,7 @@ def _eval_run(run_dir: Path, patterns: str, max_windows: int | None) -> "pd.Data
     run = Run.open(run_dir)
     mf = run.manifest
     routers = _run_router_file(run, mf)
-    pats = parse_patterns(patterns, read_router_file(routers)[0].num_groups)  # fail before loading
+    pats = parse_patterns(patterns, read_router_file(routers)[0], pattern_file)  # fail before loading
     ids = run.window_token_ids()
     chosen = sorted(ids)[:max_windows] if max_windows else sorted(ids)
     if not chosen:
@@ -475,7 +455,8 @@ def _eval_run(run_dir: Path, patterns: str, max_windows: int | None) -> "pd.Data
     if note := _budget_note(cfg, pats):
         typer.echo(note)
     t0 = time.perf_counter()
-    df = evaluate(m, windows, pats)
+    from focus_lab.hf.shipped import router_columns
+    df = evaluate(m, windows, pats).assign(**router_columns(routers))
     seconds = time.perf_counter() - t0
     entry = {"patterns": [lab for lab, _ in pats], "windows": chosen, "seq_len": T,
              "seconds": round(seconds, 1),
@@ -668,7 +649,7 @@ def _invoke(*args: str) -> None:
         raise typer.Exit(rc)
 
 
-QUICKSTART_PATTERNS = "dense,window,hard_top1,hard_top2,random_top2"
+QUICKSTART_PATTERNS = "dense,window,default_top1,default,random_default"
 
 
 def _report_recorded_perplexity(run_dir: Path) -> None:
@@ -773,6 +754,73 @@ def figures(ctx: typer.Context):
 
 
 # ------------------------------------------------------------------------------------------
+routers_app = typer.Typer(add_completion=False, no_args_is_help=True,
+                          help="The router files focus-lab knows by name (focus_lab/routers/MANIFEST.json).")
+app.add_typer(routers_app, name="routers")
+
+
+@routers_app.command("list")
+def routers_list():
+    """Every router file the manifest names: model, sha256, whether the package ships it, default pattern."""
+    from focus_lab.hf.shipped import registry
+    reg = registry()
+    shipped = {v: k for k, v in reg.get("shipped", {}).items()}
+    for name, f in sorted(reg.get("files", {}).items()):
+        where = f"shipped for {shipped[name]}" if name in shipped else ("in the package" if f.get("file") else "not tracked")
+        typer.echo(f"{name:<40} {f['sha256'][:12]}  {where:<36} default: {f.get('default_pattern', '?')}")
+
+
+@routers_app.command("show")
+def routers_show(target: str = typer.Argument("shipped", help="a manifest name, 'shipped' or a router file's path")):
+    """What a router file holds: layers, groups, the rules of its default and named patterns, its provenance."""
+    def run():
+        from focus_lab.hf.shipped import lineage, named_file, read_header, registry, router_path
+        from focus_lab.io import file_sha256
+        from focus_lab.method.config import format_int_list
+        from focus_lab.patterns import Pattern
+        files = registry().get("files", {})
+        if target in files and not files[target].get("file"):
+            f, path, sha, name = files[target], None, files[target]["sha256"], target
+        else:
+            path = router_path(target)
+            sha = file_sha256(path)
+            name = named_file(sha)
+            f = files.get(name, {})
+        typer.echo(f"name: {name or '(not in the manifest)'}")
+        typer.echo(f"sha256: {sha}")
+        typer.echo(f"file: {path or 'not tracked in the package'}")
+        if path is not None:
+            h = read_header(path)
+            cfg, base = h["config"], h["base_model"]
+            typer.echo(f"base model: {base.get('name')} ({base.get('model_type')}), config sha256 "
+                       f"{base.get('config_sha256', '')[:12]}, embedding sha256 {base.get('embedding_sha256', '')[:12]}")
+            typer.echo(f"shape: {len(h['layers'])} routed layers ({format_int_list(h['layers'])}), num_groups "
+                       f"{cfg.num_groups}, router_dim {cfg.router_dim}, key_router {'yes' if cfg.key_router else 'no'}")
+            typer.echo(f"routing: tau {cfg.tau:g}, sinkhorn_iters {cfg.sinkhorn_iters}, window {cfg.window} tokens, "
+                       f"sinks {cfg.sink_tokens} tokens")
+            typer.echo("named patterns (the file's rules; a bare name such as hard_top2 is the paper's rule):")
+            named = [("default", Pattern.parse("default", cfg))]
+            named += [(f"default_top{k}", Pattern.parse(f"default_top{k}", cfg)) for k in range(1, cfg.num_groups + 1)]
+            named += [(n, Pattern.parse(n, cfg)) for n in ("random_default", "shuffled_default")]
+            for n, p in named:
+                typer.echo(f"  {n:<18} {p}")
+            extra = h["extra"]
+            if extra:
+                typer.echo(f"metadata: {', '.join(f'{k}={v}' for k, v in sorted(extra.items()) if not isinstance(v, (dict, list)))}")
+        elif f:
+            typer.echo(f"default pattern: {f.get('default_pattern')}")
+        if f:
+            typer.echo(f"what: {f.get('what', '')}")
+            typer.echo(f"recipe: {f.get('recipe', '')}")
+            if f.get("command"):
+                typer.echo(f"command: {f['command']}")
+            if f.get("ingredients"):
+                typer.echo(f"ingredients: {', '.join(f['ingredients'])}")
+            typer.echo(f"lineage: {' <- '.join(lineage(name))}")
+    guard(run)
+
+
+# ------------------------------------------------------------------------------------------
 probe_app = typer.Typer(add_completion=False, no_args_is_help=True,
                         help="Probes of a Focus model: passkey retrieval (docs/passkey.md) and the retrieval suite "
                         "(docs/retrieval.md).")
@@ -782,7 +830,7 @@ app.add_typer(probe_app, name="probe")
 # tests/test_passkey.py checks that they agree)
 PASSKEY_LENGTHS = "1024,2048,4096"
 PASSKEY_DEPTHS = "0,25,50,75,100"
-PASSKEY_PATTERNS = "dense,window,random_top2,hard_top1,hard_top2"
+PASSKEY_PATTERNS = "dense,window,random_default,default_top1,default"
 PASSKEY_FORMAT = "chat"
 
 
@@ -815,8 +863,10 @@ def probe_passkey(
     lengths: str = typer.Option(PASSKEY_LENGTHS, help="prompt lengths in tokens (comma list); prompt + answer "
                                 "must fit the model's positions"),
     depths: str = typer.Option(PASSKEY_DEPTHS, help="needle depths in percent of the haystack (comma list)"),
-    patterns: str = typer.Option(PASSKEY_PATTERNS, help="comma list of dense, window, soft, hard_topK, "
-                                 "random_topK, shuffled_topK, or 'all'"),
+    patterns: str = typer.Option(PASSKEY_PATTERNS, help="comma list of patterns (dense, window, soft, hard_topK, "
+                                 "random_topK, shuffled_topK, rules added with '+'; 'default' and its controls: "
+                                 "the router file's own rules), or 'all'"),
+    pattern_file: Optional[Path] = PATTERN_FILE_OPTION,
     keys: int = typer.Option(3, help="keys (case seeds --seed .. --seed + keys - 1) per length x depth cell"),
     seed: int = typer.Option(0, help="first case seed (fixes the keys and the haystack starts)"),
     formats: str = typer.Option(PASSKEY_FORMAT, "--formats", "--format", help="prompt format(s), comma list: chat (the "
@@ -846,9 +896,10 @@ def probe_passkey(
         if keys < 1:
             _fail(f"--keys {keys}: at least one key per cell")
         routers = _routers(routers_opt, model)
-        pats = parse_patterns(patterns, read_router_file(routers)[0].num_groups)  # fail before loading
-        torch.set_num_threads(max(1, threads))
         overrides = _config_overrides(random_layers, layer_top_k)
+        pats = parse_patterns(patterns, read_router_file(routers)[0].replace(**overrides),
+                              pattern_file)  # fail before loading
+        torch.set_num_threads(max(1, threads))
         m, tok, corp, _ = _load(model, corpus, 0)  # 0: no cap note; run_passkey checks the lengths
         cfg = load_routers(m, routers, config_overrides=overrides or None)
         if note := _budget_note(cfg, pats):
@@ -876,8 +927,8 @@ def probe_passkey(
 
 # literal copies of focus_lab.eval.retrieval's defaults (importing it here would load torch for --help;
 # tests/test_retrieval.py checks that they agree)
-RETRIEVAL_PATTERNS = ("dense,window,hard_top1,hard_top2,hard_top2_match,random_top2,random_top2_match,"
-                      "shuffled_top2,moba_matched")
+RETRIEVAL_PATTERNS = ("dense,window,default_top1,default,default+match,random_default,random_default+match,"
+                      "shuffled_default,moba_matched")
 RETRIEVAL_TASKS = ("passkey,niah_single_1,niah_single_2,niah_single_3,niah_multikey_1,niah_multikey_2,"
                    "niah_multikey_3,niah_multivalue,niah_multiquery,vt,cwe")
 
@@ -893,7 +944,8 @@ def probe_retrieval(
                                 "list); at most the model's positions"),
     cases: int = typer.Option(4, help="cases (case seeds --seed .. --seed + cases - 1) per task and length"),
     patterns: str = typer.Option(RETRIEVAL_PATTERNS, help="comma list of eval patterns (dense, window, hard_topK, "
-                                 "random_topK, shuffled_topK, suffixes _match, _uniform, _keyshift, _cap, _evict) and moba_matched; "
+                                 "random_topK, shuffled_topK, rules added with '+', 'default' and its controls: the router file's "
+                                 "rules) and moba_matched; "
                                  "name:N runs a pattern on the first N cases only; dense always runs"),
     seed: int = typer.Option(0, help="first case seed (fixes keys, values, depths and haystack starts)"),
     fmt: str = typer.Option("chat", "--format", help="chat (the question as the chat template's user turn, the "
@@ -919,7 +971,7 @@ def probe_retrieval(
         from focus_lab.hf.retrofit import detach, is_attached, load_routers, model_identity, read_router_file
         task_list = rt.parse_tasks(tasks)
         routers = _routers(routers_opt, model)
-        pats = rt.parse_retrieval_patterns(patterns, read_router_file(routers)[0].num_groups, cases)
+        pats = rt.parse_retrieval_patterns(patterns, read_router_file(routers)[0], cases)
         if fmt not in ("chat", "plain"):
             _fail(f"--format {fmt!r}: choose chat or plain")
         torch.set_num_threads(max(1, threads))
@@ -981,9 +1033,11 @@ def _retrieval_report(res: dict, rt) -> str:
                          f"{r.distant_pairs_kept:.2f}  needle pairs {r.needle_pairs_kept:.2f}  "
                          f"cost {r.cost_ratio:.2f}x bare forward")
     pats = set(res["cases"]["pattern"])
-    if {"hard_top2", "random_top2"} <= pats:
+    for router_label, random_label in (("default", "random_default"), ("hard_top2", "random_top2")):
+        if not {router_label, random_label} <= pats:
+            continue
         for col in ("score", "answer_logprob"):
-            pdiff = rt.paired_difference(res["cases"], "hard_top2", "random_top2", col)
+            pdiff = rt.paired_difference(res["cases"], router_label, random_label, col)
             for r in pdiff.itertuples():
                 lines.append(f"router vs random groups, {r.task} @ {r.length} ({col}): {r.difference:+.3f} "
                              f"[{r.lo:+.3f}, {r.hi:+.3f}] over {r.cases} cases: {r.verdict}")

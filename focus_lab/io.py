@@ -10,7 +10,10 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 class ArtifactError(RuntimeError):
@@ -82,3 +85,19 @@ def write_parquet(path: str | os.PathLike, df) -> None:
     """Write a pandas DataFrame as parquet (pyarrow), atomically."""
     with atomic_path(path) as tmp:
         df.to_parquet(tmp, index=False)
+
+
+def with_table(path: Path, new: "pd.DataFrame", name: str, column: str = "table") -> "pd.DataFrame":
+    """The rows of the committed parquet ``path`` with those of table ``name`` replaced by ``new``
+    (which gets ``column`` = name as its first column): the one rule every ``--commit`` of the
+    analyses follows (length table cells, passkey tables, layer-budget studies). ``new`` alone
+    when the file is absent. The caller writes the result (``write_parquet``)."""
+    import pandas as pd
+    new = new.copy()
+    if column in new:
+        new = new.drop(columns=column)
+    new.insert(0, column, name)
+    old = pd.read_parquet(path) if Path(path).is_file() else None
+    if old is None or column not in old:
+        return new.reset_index(drop=True)
+    return pd.concat([old[old[column] != name], new], ignore_index=True)

@@ -198,6 +198,7 @@ def test_overview_after_the_main_job_shows_the_eval_of_the_recorded_windows_and_
     said in the caption, and the shipped file's provenance from focus_lab/routers/MANIFEST.json
     (read here directly); no info box."""
     from focus_lab.cli import QUICKSTART_PATTERNS
+    from focus_lab.hf import shipped
     from focus_lab.hf.shipped import MANIFEST
     ev = read(runs_root, "main-job", "eval")
     windows = read(runs_root, "main-job", "tokens")["window"].nunique()
@@ -207,7 +208,7 @@ def test_overview_after_the_main_job_shows_the_eval_of_the_recorded_windows_and_
     assert table["label"].tolist() == QUICKSTART_PATTERNS.split(",") == ev["label"].tolist()
     assert np.allclose(table["perplexity"], ev["perplexity"])
     assert any(f"On all {windows} recorded windows, 48 tokens each" in c.value for c in at.caption)
-    entry = next(iter(json.loads(MANIFEST.read_text()).values()))
+    entry = shipped.manifest()[json.loads(MANIFEST.read_text())["shipped"].popitem()[0]]
     assert any("shipped with focus-lab" in m.value and entry["sha256"][:12] in m.value for m in at.markdown)
     prov = at.dataframe[1].value.set_index("field")["value"]
     assert prov["command"] == entry["command"]

@@ -10,7 +10,7 @@ import torch
 
 import focus_lab
 from focus_lab import FocusConfig
-from focus_lab.eval.evaluate import CAPACITY, pattern_changes
+from focus_lab.patterns.legacy import CAPACITY, legacy_changes as pattern_changes  # the committed tables' labels
 from focus_lab.method.config import ConfigError
 from focus_lab.method.core import capacity_key_group, distant_pairs_kept, rms_normalize
 from conftest import cached_logits, random_ids, tiny_llama

@@ -10,7 +10,7 @@ import torch
 
 import focus_lab
 from focus_lab import FocusConfig
-from focus_lab.eval.evaluate import pattern_changes
+from focus_lab.patterns.legacy import legacy_changes as pattern_changes  # the committed tables' labels
 from focus_lab.method.config import ConfigError
 from focus_lab.method.core import rms_normalize, sinkhorn
 from conftest import cached_logits, random_ids, soft_forward_layers, soft_gate_reference, tiny_llama

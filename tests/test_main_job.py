@@ -15,6 +15,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
+
+from focus_lab.hf import shipped
 from typer.testing import CliRunner
 
 from focus_lab import cli
@@ -65,9 +67,13 @@ def test_eval_run_writes_the_table_of_every_recorded_window_into_the_run(recorde
     # the recorder's per-token losses over the same windows: dense, and hard at the run's top-k (2)
     assert run.config["top_k"] == 2
     assert by.loc["dense", "nll"] == pytest.approx(ld["nll_dense"].mean(), abs=1e-5)
-    assert by.loc["hard_top2", "nll"] == pytest.approx(ld["nll_hard"].mean(), abs=1e-5)
+    # 'default' is the router file's hard top-2, the rules the recorder ran
+    assert by.loc["default", "nll"] == pytest.approx(ld["nll_hard"].mean(), abs=1e-5)
     assert by.loc["dense", "perplexity"] == pytest.approx(math.exp(ld["nll_dense"].mean()), rel=1e-5)
-    assert by.loc["hard_top1", "distant_pairs_kept"] < by.loc["hard_top2", "distant_pairs_kept"] < 1.0
+    assert by.loc["default_top1", "distant_pairs_kept"] < by.loc["default", "distant_pairs_kept"] < 1.0
+    # each row names the rules that ran, the router file and the code
+    assert by.loc["random_default", "canonical_pattern"].startswith("random_top2")
+    assert (ev["router_sha256"] == run.manifest["routers"]["sha256"]).all() and ev["commit"].str.len().min() > 0
     entry = run.manifest["eval"]
     assert entry["windows"] == list(range(windows)) and entry["patterns"] == PATTERNS and entry["seq_len"] == T
     assert entry["routers_sha256"] == run.manifest["routers"]["sha256"]
@@ -113,7 +119,9 @@ def test_record_keeps_the_shipped_routers_provenance():
     (read here directly) with the model name; nothing for any other file."""
     from focus_lab.io import file_sha256
     from focus_lab.hf.shipped import MANIFEST, shipped_router_file
-    name, entry = next(iter(json.loads(MANIFEST.read_text()).items()))
+    name = next(iter(json.loads(MANIFEST.read_text())["shipped"]))
+    entry = shipped.manifest()[name]
+    assert entry["name"] == json.loads(MANIFEST.read_text())["shipped"][name]
     assert file_sha256(shipped_router_file(name)) == entry["sha256"]
     assert cli._shipped_provenance(entry["sha256"]) == {"model": name, **entry}
     assert cli._shipped_provenance("0" * 64) is None

@@ -322,9 +322,7 @@ def test_per_layer_top_k_reaches_the_probe_mask(tok, hay):
     uniform = brute_kept(model, case, "hard", 1)
     assert want != pytest.approx(uniform)  # the spec changes the mask: the check can fail
     audit = {k: brute_kept(model, case, "dense", k) for k in (1, 2)}  # uniform top-1 / top-2
-    set_config(model, layer_top_k=spec)
-    rows, lrows = P.run_case(model, tok, case, parse_patterns("hard_top1", 4))
-    set_config(model, layer_top_k={})
+    rows, lrows = P.run_case(model, tok, case, parse_patterns("hard_top1+layer_top_k(3=[0],0=[2])", 4))
     assert rows[0]["needle_edges_kept"] == pytest.approx(np.mean(list(want.values())), abs=1e-9)
     # the needle audit's kept_top1 / kept_top2 stay the uniform masks (docs/passkey.md)
     for k in (1, 2):
@@ -389,7 +387,7 @@ def test_bad_depth_length_keys_and_patterns(tok, hay, tmp_path):
         P.make_case(hay, tok, 20, 50, seed=0)
     with pytest.raises(ConfigError, match="at least one key"):
         P.run_passkey(focus_model(), tok, hay, tmp_path, lengths=[300], depths=[0], keys=0)
-    with pytest.raises(ConfigError, match="choose from dense, window, soft, hard_top1"):
+    with pytest.raises(ConfigError, match="unknown pattern 'bogus'; choose from dense, window, soft, hard_topK"):
         parse_patterns("dense,bogus", 4)
 
 
@@ -429,7 +427,8 @@ def test_tables_have_the_documented_columns_and_resume(tok, hay, tmp_path):
     assert res["computed_cells"] == 4
     cases = pd.read_parquet(tmp_path / "cases.parquet")
     layers = pd.read_parquet(tmp_path / "needle_layers.parquet")
-    assert list(cases.columns) == P.CASES_COLUMNS
+    assert list(cases.columns) == P.CASES_COLUMNS + ["canonical_pattern"]  # no router file given: no router columns
+    assert cases.set_index("pattern")["canonical_pattern"].to_dict() == {"dense": "dense", "hard_top1": "hard_top1"}
     assert list(layers.columns) == P.LAYER_COLUMNS
     for col in ["length", "depth", "pattern", "seed", "key", "exact_match", "key_logprob", "key_tokens",
                 "distant_pairs_kept", "seconds"]:

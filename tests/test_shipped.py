@@ -76,21 +76,28 @@ def test_corrupted_or_missing_shipped_file_names_the_file_and_the_fix(tmp_path, 
 
 
 def test_pattern_names_and_changes():
-    assert pattern_changes("random_top2", 4) == {"mode": "hard", "top_k": 2, "assignment": "random"}
-    assert pattern_changes("shuffled_top1", 4) == {"mode": "hard", "top_k": 1, "assignment": "shuffled"}
+    """A bare name is the paper's rule: its changes switch off every rule a router file could add."""
+    off = {"layer_top_k": {}, "random_layers": [], "key_shift": 0, "match_shifts": None, "match_latest": 0,
+           "group_capacity": 0.0, "capacity_layers": None, "capacity_overflow": "second", "capacity_top_k": None}
+    assert pattern_changes("random_top2", 4) == {"mode": "hard", "top_k": 2, "assignment": "random", **off}
+    assert pattern_changes("shuffled_top1", 4) == {"mode": "hard", "top_k": 1, "assignment": "shuffled", **off}
     assert pattern_changes("hard_top4", 4)["assignment"] == "router"
     assert [n for n, _ in parse_patterns("dense, window,hard_top1", 4)] == ["dense", "window", "hard_top1"]
     assert len(pattern_names(4)) == 3 + 3 * 4
-    for bad in ("hard_top5", "hard_top0", "magic", "random_topx", "dense_uniform", "hard_top5_uniform"):
-        with pytest.raises(ConfigError, match="choose from dense, window, soft, hard_top1"):
+    for bad in ("magic", "random_topx", "dense_uniform"):
+        with pytest.raises(ConfigError, match="hard_topK"):
             pattern_changes(bad, 4)
-    assert pattern_changes("random_top2_uniform", 4) == {"mode": "hard", "top_k": 2, "assignment": "random",
-                                                         "layer_top_k": {}}
+    for bad in ("hard_top5", "hard_top0", "hard_top5_uniform"):
+        with pytest.raises(ConfigError, match=r"outside 1\.\.num_groups = 4|K in 1\.\.4"):
+            pattern_changes(bad, 4)
+    with pytest.warns(FutureWarning, match="random_top2_uniform"):
+        assert pattern_changes("random_top2_uniform", 4) == pattern_changes("random_top2", 4)
 
 
-def test_uniform_pattern_ignores_the_files_budget():
-    """hard_top2_uniform under a top-2 budget gives the perplexity of the file without the budget,
-    hard_top2 that of the explicit per-layer k; distant pairs follow (evaluate on a tiny model)."""
+def test_bare_names_ignore_the_files_budget_and_default_takes_it():
+    """Under a file with a top-2 budget, hard_top2 (the paper's rule) and the deprecated
+    hard_top2_uniform give the perplexity of the file without the budget; 'default' that of the
+    explicit per-layer k; distant pairs follow (evaluate on a tiny model)."""
     from types import SimpleNamespace
     from focus_lab.method.config import FocusConfig
     from focus_lab.eval.evaluate import evaluate
@@ -101,16 +108,25 @@ def test_uniform_pattern_ignores_the_files_budget():
 
     def ppl(patterns, **cfg):
         model = tiny_llama()
-        attach(model, FocusConfig(window=4, num_groups=4, seed=3, **cfg))
-        return evaluate(model, windows, parse_patterns(patterns, 4), progress=False).set_index("label")
+        cfg = FocusConfig(window=4, num_groups=4, seed=3, **cfg)
+        attach(model, cfg)
+        return evaluate(model, windows, parse_patterns(patterns, cfg), progress=False).set_index("label")
 
-    with_budget = ppl("hard_top2,hard_top2_uniform,random_top2_uniform", top_k_budgets={2: budget})
+    with pytest.warns(FutureWarning):
+        with_budget = ppl("hard_top2,hard_top2_uniform,random_top2_uniform,default,random_default",
+                          top_k_budgets={2: budget})
     plain = ppl("hard_top2,random_top2")
-    explicit = ppl("hard_top2", layer_top_k=budget)
-    assert with_budget.perplexity["hard_top2_uniform"] == pytest.approx(plain.perplexity["hard_top2"], rel=1e-6)
+    explicit = ppl("hard_top2+layer_top_k(1=[0],4=[1]),random_top2+layer_top_k(1=[0],4=[1])")
+    for label in ("hard_top2", "hard_top2_uniform"):
+        assert with_budget.perplexity[label] == pytest.approx(plain.perplexity["hard_top2"], rel=1e-6)
     assert with_budget.perplexity["random_top2_uniform"] == pytest.approx(plain.perplexity["random_top2"], rel=1e-6)
-    assert with_budget.perplexity["hard_top2"] == pytest.approx(explicit.perplexity["hard_top2"], rel=1e-6)
-    assert with_budget.distant_pairs_kept["hard_top2"] > with_budget.distant_pairs_kept["hard_top2_uniform"]
+    assert with_budget.perplexity["default"] == pytest.approx(explicit.perplexity.iloc[0], rel=1e-6)
+    assert with_budget.perplexity["random_default"] == pytest.approx(explicit.perplexity.iloc[1], rel=1e-6)
+    assert with_budget.perplexity["default"] != pytest.approx(plain.perplexity["hard_top2"], rel=1e-6)
+    assert with_budget.distant_pairs_kept["default"] > with_budget.distant_pairs_kept["hard_top2"]
+    # each row records the rules that ran, the same whichever spelling asked for them
+    assert with_budget.canonical_pattern["default"] == "hard_top2+layer_top_k(1=[0],4=[1])"
+    assert with_budget.canonical_pattern["hard_top2_uniform"] == "hard_top2"
 
 
 def test_eval_cli_unknown_pattern_is_one_line_exit_2():
@@ -119,7 +135,7 @@ def test_eval_cli_unknown_pattern_is_one_line_exit_2():
     assert res.exit_code == 2
     out = res.output.strip().splitlines()
     assert len(out) == 1 or all("using the routers" in x for x in out[:-1])
-    assert "unknown pattern 'hard_top9'" in out[-1] and "shuffled_top4" in out[-1]
+    assert "'hard_top9'" in out[-1] and "outside 1..num_groups = 4" in out[-1]
 
 
 def test_eval_cli_bad_random_layers_is_one_line_exit_2():
@@ -284,11 +300,11 @@ def test_eval_names_the_patterns_that_run_under_the_files_budget():
     file's top-2 budget), with the spec and how to turn it off; nothing for uniform patterns."""
     from focus_lab.cli import _budget_note
     cfg = read_router_file(shipped.shipped_router_file())[0]
-    pats = parse_patterns("dense,hard_top1,hard_top2,random_top2,shuffled_top2", cfg.num_groups)
+    pats = parse_patterns("dense,default_top1,default,random_default,shuffled_default", cfg)
     note = _budget_note(cfg, pats)
-    assert note.startswith("per-layer k for hard_top2, random_top2, shuffled_top2: 0,5-6,9,12-16,25,27-28:1;")
-    assert "--layer-top-k none" in note and "hard_top1" not in note and note.count("\n") == 0
-    assert _budget_note(cfg.replace(layer_top_k={}), pats) == ""
+    assert note.startswith("per-layer k for default, random_default, shuffled_default: 0,5-6,9,12-16,25,27-28:1;")
+    assert "hard_top2" in note and "default_top1" not in note and note.count("\n") == 0
+    assert _budget_note(cfg, parse_patterns("dense,hard_top1,hard_top2,random_top2", cfg)) == ""
 
 
 def test_split_groups_at_noise_zero_keeps_the_hard_mask_at_twice_the_top_k(tmp_path):

@@ -29,7 +29,7 @@ def load_study(args):
     parsed from ``args.patterns``)."""
     import torch
 
-    from focus_lab.eval.evaluate import parse_patterns
+    from focus_lab.patterns.legacy import parse_legacy_patterns as parse_patterns
     from focus_lab.hf.models import load_model
     from focus_lab.hf.retrofit import load_routers
     from focus_lab.hf.shipped import resolve_routers

@@ -163,7 +163,7 @@ def layer_rows(tasks=("niah_single_1", "passkey"), length: int = 4096, seed: int
     from analyses.studies import retrieval_setup
     from focus_lab.data import load_corpus, make_windows
     from focus_lab.eval import retrieval as rt
-    from focus_lab.eval.evaluate import pattern_changes
+    from focus_lab.patterns.legacy import legacy_changes as pattern_changes
     from focus_lab.hf.hooks import hooks
     from focus_lab.hf.retrofit import forward_state
     from focus_lab.method.core import distant_pairs_kept, hard_group_shares
@@ -211,7 +211,7 @@ def leave_one_out_rows(pattern: str, task: str = "niah_single_1", length: int = 
     import torch
     from analyses.studies import retrieval_setup
     from focus_lab.eval import retrieval as rt
-    from focus_lab.eval.evaluate import pattern_changes
+    from focus_lab.patterns.legacy import legacy_changes as pattern_changes
     from focus_lab.hf.retrofit import forward_state
     model, tok, hay = retrieval_setup(threads=threads)
     num_groups = forward_state(model).config.num_groups
@@ -240,7 +240,7 @@ def save_capacity(routers, out, pattern: str = EVICT_SET_7, top_k: int = 2):
     budget and extra unchanged, with ``pattern``'s group capacity (``FocusConfig.group_capacity``,
     ``capacity_layers``, ``capacity_overflow``; default E7) in force for ``top_k`` only
     (``capacity_top_k``, docs/method.md §2.9). Returns ``out``."""
-    from focus_lab.eval.evaluate import split_suffixes
+    from focus_lab.patterns.legacy import split_legacy as split_suffixes
     from focus_lab.hf.retrofit import read_router_file, write_router_file
     from focus_lab.hf.shipped import resolve_routers
     cfg, base, tensors, extra = read_router_file(resolve_routers(routers))

@@ -137,7 +137,7 @@ def pooled_study(name: str, base_k: int) -> pd.DataFrame:
 def commit_study(table: pd.DataFrame, name: str) -> None:
     """Write a sweep's rows into figures/results/layer_budget.parquet as study ``name``
     (replacing rows of that name; written to a temporary file, then renamed)."""
-    from analyses.common import with_table
+    from focus_lab.io import with_table
     from focus_lab.io import write_parquet
     path = BUDGET_JSON.with_suffix(".parquet")
     write_parquet(path, with_table(path, table, name, column="study"))

@@ -102,9 +102,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{a.out} exists: give a new --out", file=sys.stderr)
         return 2
     from focus_lab.data import load_corpus
-    from focus_lab.eval.retrieval import _word_lists
+    from focus_lab.eval.retrieval import word_lists
     from focus_lab.hf.models import load_model
-    words, nouns, adjs = _word_lists()
+    words, nouns, adjs = word_lists()
     rng = np.random.default_rng(a.seed)
     keys = sorted({f"{x}-{y}" for x, y in zip(rng.choice(adjs, 4000), rng.choice(nouns, 4000))})
     corp = load_corpus(a.corpus)

@@ -21,7 +21,8 @@ import torch
 import focus_lab
 from focus_lab import FocusConfig, TrainConfig
 from focus_lab.data import load_corpus, make_windows
-from focus_lab.eval.evaluate import evaluate, standard_patterns
+from focus_lab.eval.evaluate import evaluate
+from focus_lab.patterns.legacy import legacy_standard_patterns as standard_patterns
 from focus_lab.io import write_parquet
 from focus_lab.hf.models import load_model
 from focus_lab.train.recipes import recipe

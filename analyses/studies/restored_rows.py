@@ -79,7 +79,7 @@ def restore_patch(rows: torch.Tensor, layers: Sequence[int], keys: torch.Tensor 
 def answer_logprob(model, case, changes: dict, patch: dict | None = None) -> float:
     """The answer's teacher-forced log-prob (nats; the tokens ``case.answer_index``) under the
     FocusConfig ``changes`` with the hooks ``patch``: one forward of prompt + answer, no cache."""
-    from focus_lab.eval.retrieval import _forward
+    from focus_lab.eval.probe import forward as _forward
     from focus_lab.hf.hooks import hooks
     from focus_lab.hf.retrofit import forward_state
     n = len(case.answer_ids)
@@ -97,7 +97,7 @@ def restored_rows_table(model, case, pattern: str = "hard_top2",
     """One row per restoration of ``specs`` (and the plain ``dense`` and ``pattern``): task, length,
     seed, restored, answer_logprob (nats), recovered (share of the pattern's loss against dense
     that comes back)."""
-    from focus_lab.eval.evaluate import pattern_changes
+    from focus_lab.patterns.legacy import legacy_changes as pattern_changes
     from focus_lab.hf.retrofit import forward_state
     K = forward_state(model).config.num_groups
     n_layers = model.config.num_hidden_layers

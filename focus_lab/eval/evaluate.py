@@ -1,13 +1,13 @@
 """Held-out perplexity of one model under several attention patterns, on the same windows.
 
-Patterns (docs/method.md §2, §5): dense (full causal attention), sliding window only, Focus soft
-(Sinkhorn gate; note its causal leak, docs/method.md §1), Focus hard top-k for k = 1..K.
+Patterns (docs/method.md §2, §5; spelled as ``focus_lab.patterns.Pattern``): dense (full causal
+attention), sliding window only, Focus soft (Sinkhorn gate; note its causal leak, docs/method.md
+§1), Focus hard top-k for k = 1..K, with rules added by '+'.
 """
 
 from __future__ import annotations
 
 import math
-import re
 import time
 
 import numpy as np
@@ -18,113 +18,49 @@ from tqdm.auto import tqdm
 from focus_lab.method.core import distant_pairs_kept, hard_group_shares
 from focus_lab.hf.hooks import hooks
 from focus_lab.hf.retrofit import forward_state
+from focus_lab.patterns import Pattern
 
-EVAL_SCHEMA = 1
-UNIFORM = "_uniform"  # pattern-name suffix: top-k in every layer (no per-layer budget)
-MATCH = "_match"  # pattern-name suffix: token-match pairs with MATCH_SHIFTS (docs/method.md §2.8)
-NO_MATCH = "_nomatch"  # pattern-name suffix: no token-match pairs, whatever the router file says
-MATCH_SHIFTS = [0, 1]  # the shifts of the _match suffix: the earlier occurrence and the key after it
-KEY_SHIFT = "_keyshift"  # pattern-name suffix: each key in its predecessor's group (docs/method.md §1.7)
-NO_KEY_SHIFT = "_nokeyshift"  # pattern-name suffix: each key in its own group, whatever the file says
-CAP = "_cap"  # pattern-name suffix: the group capacity CAPACITY (docs/method.md §2.9)
-NO_CAP = "_nocap"  # pattern-name suffix: no group capacity, whatever the router file says
-EVICT = "_evict"  # pattern-name suffix: the group capacity, the keys over it in no group (capacity_overflow)
-CAPACITY = 0.5  # the group capacity of the _cap suffix: a group past half of the first choices overflows
-# _cap, _capNN (the capacity NN / 100, _cap70 = 0.7), either + @LAYERS (only those layers, parts
-# joined by '+': _cap@0+13-16 caps layers 0 and 13 to 16; capacity_layers); _evict the same, the
-# keys over the capacity leaving every group instead of moving to their second
-CAP_SUFFIX = re.compile(r"_(cap|evict)(\d{2})?(?:@([0-9+\-]+))?$")
+EVAL_SCHEMA = 2  # 2: the canonical pattern, window and sinks recorded per row (docs/api.md "Patterns")
+
+
+def _routers_or_groups(routers) -> tuple:
+    """(router file FocusConfig or None, num_groups) from a FocusConfig or an int."""
+    return (None, int(routers)) if isinstance(routers, int) else (routers, routers.num_groups)
 
 
 def standard_patterns(num_groups: int) -> list[tuple[str, dict]]:
-    """[(label, FocusConfig changes)]: dense, window, soft, hard top-1..K."""
-    pats = [("dense", {"mode": "dense"}), ("window", {"mode": "window"}), ("soft", {"mode": "soft"})]
-    pats += [(f"hard_top{k}", {"mode": "hard", "top_k": k}) for k in range(1, num_groups + 1)]
-    return pats
+    """[(label, FocusConfig changes)]: dense, window, soft, hard top-1..K (the paper's rule)."""
+    return parse_patterns("all", num_groups)
 
 
 def pattern_names(num_groups: int) -> list[str]:
-    """Every pattern name ``parse_patterns`` accepts for K = ``num_groups``."""
+    """The bare pattern heads for K = ``num_groups`` (rules are added with '+')."""
     names = ["dense", "window", "soft"]
     for kind in ("hard", "random", "shuffled"):
         names += [f"{kind}_top{k}" for k in range(1, num_groups + 1)]
     return names
 
 
-def split_suffixes(name: str) -> tuple[str, dict]:
-    """A pattern name's base and the FocusConfig changes of its suffixes, stripped from the end in
-    the order ``pattern_changes`` documents: ``hard_top2_uniform_match`` -> ``("hard_top2",
-    {"match_shifts": [0, 1], "layer_top_k": {}})``; a name without suffixes comes back as is."""
-    base, extra = name, {}
-    if m := CAP_SUFFIX.search(base):
-        from focus_lab.method.config import ConfigError, parse_int_list
-        kind, nn, spec = m.groups()
-        try:
-            layers = parse_int_list(spec.replace("+", ",")) if spec else None
-        except ValueError:
-            raise ConfigError(f"pattern {name!r}: cannot read the capacity layers {spec!r}; write "
-                              f"layer indices and ranges joined by '+', e.g. {CAP}@0+13-16") from None
-        base, extra = base[:m.start()], {"group_capacity": int(nn) / 100 if nn else CAPACITY,
-                                         "capacity_layers": layers,
-                                         "capacity_overflow": "evict" if kind == "evict" else "second",
-                                         "capacity_top_k": None}
-    for pair in ((() if extra else ((NO_CAP, {"group_capacity": 0.0}),)),
-                 ((NO_KEY_SHIFT, {"key_shift": 0}), (KEY_SHIFT, {"key_shift": 1})),
-                 ((NO_MATCH, {"match_shifts": None}), (MATCH, {"match_shifts": list(MATCH_SHIFTS)})),
-                 ((UNIFORM, {"layer_top_k": {}}),)):
-        for suffix, change in pair:
-            if base.endswith(suffix):
-                base, extra = base.removesuffix(suffix), {**change, **extra}
-                break
-    return base, extra
+def pattern_changes(name: str, routers) -> dict:
+    """FocusConfig changes of one pattern spelling (``focus_lab.patterns.Pattern.parse``; the
+    same rules with every router file: ``hard_top2`` is the paper's top-2, ``default`` the file's
+    own rules). ``routers``: the router file's FocusConfig, or just num_groups (then ``default``
+    is refused). Raises PatternError (a ConfigError) naming the failing token."""
+    from focus_lab.patterns import Pattern
+    cfg, K = _routers_or_groups(routers)
+    return Pattern.parse(name, cfg).check(K).changes()
 
 
-def pattern_changes(name: str, num_groups: int) -> dict:
-    """FocusConfig changes of one named pattern (docs/method.md §2, §5 controls).
-
-    ``dense``, ``window`` (local window + sinks), ``soft`` (Sinkhorn gate), ``hard_topK``
-    (the router's causal top-k groups), ``random_topK`` (balanced random groups, a control at
-    equal sparsity), ``shuffled_topK`` (the router's own hard groups moved to random positions:
-    identical group sizes, random membership). A top-k name ending in ``_uniform`` (e.g.
-    ``hard_top2_uniform``) keeps k in every layer, whatever per-layer k the router file's budget
-    or ``--layer-top-k`` sets (``layer_top_k = {}``, docs/method.md §2.7). A top-k name ending
-    in ``_match`` adds the token-match pairs of ``MATCH_SHIFTS`` (``match_shifts``, docs/method.md
-    §2.8), one ending in ``_nomatch`` drops any; a name ending in ``_keyshift`` puts each key in
-    its predecessor's group (``key_shift = 1``, docs/method.md §1.7), ``_nokeyshift`` in its own;
-    ``_cap`` caps each group at ``CAPACITY`` of the keys so far (``group_capacity``, docs/method.md
-    §2.9), ``_capNN`` at NN / 100 (``_cap70``: 0.7), in every routed layer unless ``@LAYERS``
-    follows (``_cap@0+13-16``: layers 0 and 13-16 only, ``capacity_layers``), the keys over it
-    moving to their second group; ``_evict`` (``_evictNN``, ``@LAYERS`` alike) puts them in no
-    group instead (``capacity_overflow = "evict"``); ``_nocap`` drops any cap; the suffixes
-    combine in this order (``hard_top2_uniform_match_keyshift_cap``).
-    Raises ConfigError naming the valid names.
-    """
-    from focus_lab.method.config import ConfigError
-    if name in ("dense", "window", "soft"):
-        return {"mode": name, "assignment": "router"}
-    base, extra = split_suffixes(name)
-    kind, _, k = base.partition("_top")
-    assignment = {"hard": "router", "random": "random", "shuffled": "shuffled"}.get(kind)
-    if assignment is None or not k.isdigit() or not 1 <= int(k) <= num_groups:
-        raise ConfigError(f"unknown pattern {name!r}; choose from {', '.join(pattern_names(num_groups))} "
-                          f"(a top-k name + '{UNIFORM}': k in every layer, no per-layer budget; + '{MATCH}' / "
-                          f"'{NO_MATCH}': with / without token-match pairs; + '{KEY_SHIFT}' / '{NO_KEY_SHIFT}': "
-                          f"keys in their predecessor's / own group; + '{CAP}' / '{NO_CAP}': with / without the "
-                          f"group capacity, '{CAP}NN': capacity NN / 100, '{CAP}@0+13-16': in those layers only; "
-                          f"'{EVICT}' as '{CAP}', the keys over it in no group)")
-    return {"mode": "hard", "top_k": int(k), "assignment": assignment, **extra}
-
-
-def parse_patterns(spec: str, num_groups: int) -> list[tuple[str, dict]]:
-    """[(label, FocusConfig changes)] from a comma list such as ``dense,hard_top2,random_top2``;
-    ``all`` is ``standard_patterns``. Raises ConfigError on an unknown or empty name list."""
-    from focus_lab.method.config import ConfigError
-    if spec.strip() == "all":
-        return standard_patterns(num_groups)
-    names = [x.strip() for x in spec.split(",") if x.strip()]
-    if not names:
-        raise ConfigError(f"--patterns is empty; choose from {', '.join(pattern_names(num_groups))}")
-    return [(n, pattern_changes(n, num_groups)) for n in names]
+def parse_patterns(spec: str, routers, pattern_file=None) -> list[tuple[str, dict]]:
+    """[(label, FocusConfig changes)] from a comma list such as ``dense,hard_top2,default``
+    (``focus_lab.patterns.parse_patterns``); ``all``: dense, window, soft, hard_top1..K; or,
+    with ``pattern_file`` (``--pattern-file``: a JSON or YAML list of spellings or mapping
+    {label: spelling}), from that file instead of ``spec``.
+    ``routers``: the router file's FocusConfig or num_groups. Raises PatternError."""
+    from focus_lab.patterns import parse_pattern_file, parse_patterns as parse
+    cfg, K = _routers_or_groups(routers)
+    pats = parse_pattern_file(pattern_file, cfg) if pattern_file else parse(spec, cfg, num_groups=K)
+    return [(label, p.check(K).changes()) for label, p in pats]
 
 
 def pattern_layer_top_k(config, changes: dict) -> dict[int, int]:
@@ -160,11 +96,13 @@ def evaluate(model, windows: list, patterns: list[tuple[str, dict]] | None = Non
             to the model's device (CPU or a GPU; tests/test_cuda.py checks the two agree).
         patterns: [(label, config changes)], default ``standard_patterns(K)``.
     Returns:
-        DataFrame, one row per pattern: label, mode, top_k, nll (nats/token), perplexity,
+        DataFrame, one row per pattern: label (as given), canonical_pattern (the canonical spelling of
+        the rules in force, ``Pattern.from_config`` of the forward's config), mode, top_k, nll (nats/token), perplexity,
         tokens (predicted), distant_pairs_kept (hard modes: fraction of causal pairs with
         i - j >= window that the mask keeps, averaged over routed layers; 1 for dense and soft,
         0 for window), max_group_share (hard modes: largest hard top-1 group's share of tokens,
-        averaged over layers; 1/K is perfect balance), seconds, tokens_per_second.
+        averaged over layers; 1/K is perfect balance), seconds, tokens_per_second,
+        window_tokens and sink_tokens (the local window and sinks in force).
     Each pattern runs with its own ``retrofit.FocusForward`` (the model's default config with the
     pattern's changes); nothing on the model is changed.
     """
@@ -216,13 +154,14 @@ def evaluate(model, windows: list, patterns: list[tuple[str, dict]] | None = Non
                 frac = window_pairs_kept(windows[0].input_ids.shape[0], cfg.window, cfg.sink_tokens)
             if cfg.mode == "hard":
                 frac = sum(kept) / len(kept) if kept else float("nan")
-            rows.append({"label": label, "mode": cfg.mode,
+            rows.append({"label": label, "canonical_pattern": str(Pattern.from_config(cfg)), "mode": cfg.mode,
                          "top_k": cfg.top_k if cfg.mode == "hard" else None,
                          "nll": mean, "perplexity": math.exp(mean), "tokens": n_tok,
                          "distant_pairs_kept": frac,
                          "max_group_share": sum(shares) / len(shares) if shares else float("nan"),
                          "seconds": dt,
-                         "tokens_per_second": n_tok / dt if dt > 0 else float("nan")})
+                         "tokens_per_second": n_tok / dt if dt > 0 else float("nan"),
+                         "window_tokens": cfg.window, "sink_tokens": cfg.sink_tokens})
     df = pd.DataFrame(rows)
     df["schema_version"] = EVAL_SCHEMA
     return df

@@ -49,8 +49,6 @@ at equal sparsity), §8 (conventions: nats, held-out text only).
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import re
 import time
@@ -63,6 +61,7 @@ import pandas as pd
 import torch
 
 from focus_lab.eval.needle_trace import NeedleTrace
+from focus_lab.eval.probe import cache_ok, encode, fingerprint, forward  # noqa: F401  (the probe core)
 from focus_lab.method.config import ConfigError
 
 PASSKEY_SCHEMA = 1
@@ -78,7 +77,7 @@ FORMATS = ("plain", "bare", "chat")
 DEFAULT_FORMAT = "chat"
 DEFAULT_LENGTHS = (1024, 2048, 4096)
 DEFAULT_DEPTHS = (0, 25, 50, 75, 100)
-DEFAULT_PATTERNS = "dense,window,random_top2,hard_top1,hard_top2"
+DEFAULT_PATTERNS = "dense,window,random_default,default_top1,default"
 DEFAULT_MAX_NEW_TOKENS = 8
 KEY_DIGITS = 5
 
@@ -143,10 +142,6 @@ def load_haystack(docs: Sequence, tokenizer, name: str = "") -> Haystack:
     return Haystack(text, ids, offsets, sentence_starts(text, offsets), name)
 
 
-def _encode(tokenizer, text: str) -> list[int]:
-    return list(tokenizer(text, add_special_tokens=False)["input_ids"]) if text else []
-
-
 def prompt_parts(tokenizer, fmt: str = DEFAULT_FORMAT) -> tuple[list[int], list[int]]:
     """(head_ids, tail_ids): the tokens before the haystack and after it (the question and the
     answer prefix, ending with "The pass key is"), for one prompt format:
@@ -173,10 +168,10 @@ def prompt_parts(tokenizer, fmt: str = DEFAULT_FORMAT) -> tuple[list[int], list[
         rendered = tokenizer.apply_chat_template([{"role": "user", "content": marker}], tokenize=False,
                                                  add_generation_prompt=True)
         pre, _, post = rendered.partition(marker)
-        return _encode(tokenizer, pre + INTRO + "\n\n"), _encode(tokenizer, f"\n\n{QUESTION}" + post + ANSWER_PREFIX)
+        return encode(tokenizer, pre + INTRO + "\n\n"), encode(tokenizer, f"\n\n{QUESTION}" + post + ANSWER_PREFIX)
     bos = bos_token_to_prepend(tokenizer)
-    head = ([bos] if bos is not None else []) + (_encode(tokenizer, INTRO + "\n\n") if fmt == "plain" else [])
-    return head, _encode(tokenizer, tail_text)
+    head = ([bos] if bos is not None else []) + (encode(tokenizer, INTRO + "\n\n") if fmt == "plain" else [])
+    return head, encode(tokenizer, tail_text)
 
 
 def key_for_seed(seed: int) -> str:
@@ -239,7 +234,7 @@ def answer_split(tokenizer, key: str) -> tuple[list[int], list[int], list[int]]:
 
 def answer_budget(tokenizer, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS) -> int:
     """Tokens the probe may add after a prompt: ``max(max_new_tokens, tokens of " 99999")``."""
-    return max(int(max_new_tokens), len(_encode(tokenizer, " " + "9" * KEY_DIGITS)))
+    return max(int(max_new_tokens), len(encode(tokenizer, " " + "9" * KEY_DIGITS)))
 
 
 def check_length(length: int, n_positions: int | None, budget: int = 0) -> None:
@@ -306,17 +301,6 @@ def make_case(haystack: Haystack, tokenizer, length: int, depth: float, seed: in
 
 # ------------------------------------------------------------------------------------------
 # one case through the model
-
-def _forward(model, ids: torch.Tensor, keep: int | None = None, **kw):
-    """``model(input_ids=ids[None])`` computing the logits of the last ``keep`` positions only
-    (``logits_to_keep``) when the model supports it."""
-    if keep is not None:
-        try:
-            return model(input_ids=ids[None], logits_to_keep=keep, **kw)
-        except TypeError:
-            pass
-    return model(input_ids=ids[None], **kw)
-
 
 def needle_edges_kept(query_groups: torch.Tensor, key_group: torch.Tensor, window: int, sinks: int,
                       row: int, positions: np.ndarray) -> float:
@@ -397,26 +381,19 @@ def greedy_continuation(model, prefix: torch.Tensor, steps: int, use_cache: bool
     past = None
     for _ in range(steps):
         if use_cache and past is None:  # prefill (attach's pre-hook makes its cache append in place)
-            res = _forward(model, ids, keep=1, use_cache=True, **fkw)
+            res = forward(model, ids, keep=1, use_cache=True, **fkw)
             past = res.past_key_values
         elif use_cache:  # one token through the cache
-            res = _forward(model, ids[-1:], keep=1, use_cache=True, past_key_values=past, **fkw)
+            res = forward(model, ids[-1:], keep=1, use_cache=True, past_key_values=past, **fkw)
             past = res.past_key_values
         else:
-            res = _forward(model, ids, keep=1, use_cache=False, **fkw)
+            res = forward(model, ids, keep=1, use_cache=False, **fkw)
         nxt = int(res.logits[0, -1].argmax())
         out.append(nxt)
         ids = torch.cat([ids, torch.tensor([nxt], dtype=ids.dtype)])
         if nxt in eos or (stop is not None and stop(out)):
             break
     return out
-
-
-def _cache_ok(cfg) -> bool:
-    """Patterns that decode through the KV cache: every hard pattern (random groups are a function
-    of the position; shuffled groups permute the prefill and draw later positions' groups from it,
-    ``core.Router._shuffle``), dense and window; not soft mode."""
-    return cfg.mode in ("dense", "window", "hard")
 
 
 @torch.no_grad()
@@ -457,7 +434,7 @@ def run_case(model, tokenizer, case: PasskeyCase, patterns: list[tuple[str, dict
         do_audit = audit and not audited and cfg.mode == "dense"
         t0 = time.perf_counter()
         with _Audit(model, case, do_audit, cfg) as probe:
-            logits = _forward(model, ids, keep=n + 1, use_cache=False,
+            logits = forward(model, ids, keep=n + 1, use_cache=False,
                               focus=state).logits[0, -(n + 1):-1].float()  # (n, V)
         if do_audit:
             audited = True
@@ -478,7 +455,7 @@ def run_case(model, tokenizer, case: PasskeyCase, patterns: list[tuple[str, dict
                 text = tokenizer.decode(base + new)
                 return case.key in text or _number_ended(text)
             cont += greedy_continuation(model, torch.cat([case.input_ids, case.answer_ids[:m]]),
-                                        max(1, max_new_tokens - m), _cache_ok(cfg), stop, state)
+                                        max(1, max_new_tokens - m), cache_ok(cfg), stop, state)
         text = tokenizer.decode(cont)
         dt = time.perf_counter() - t0
         frac = {"dense": 1.0, "soft": 1.0}.get(cfg.mode)
@@ -517,11 +494,6 @@ def layers_frame(rows: list[dict]) -> pd.DataFrame:
     return df
 
 
-def fingerprint(settings: dict) -> str:
-    """12 hex digits of the sha256 of the settings that change a cell's content."""
-    return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:12]
-
-
 def run_passkey(model, tokenizer, haystack: Haystack, out_dir: str | os.PathLike,
                 lengths: Sequence[int] = DEFAULT_LENGTHS, depths: Sequence[float] = DEFAULT_DEPTHS,
                 patterns: list[tuple[str, dict]] | None = None, keys: int = 3, seed: int = 0,
@@ -554,7 +526,7 @@ def run_passkey(model, tokenizer, haystack: Haystack, out_dir: str | os.PathLike
     from focus_lab.hf.retrofit import forward_state
     out_dir = Path(out_dir)
     if patterns is None:
-        patterns = parse_patterns(DEFAULT_PATTERNS, forward_state(model).config.num_groups)
+        patterns = parse_patterns(DEFAULT_PATTERNS, forward_state(model).config)
     if keys < 1:
         raise ConfigError(f"--keys {keys}: at least one key per cell")
     budget = answer_budget(tokenizer, max_new_tokens)
@@ -605,7 +577,9 @@ def run_passkey(model, tokenizer, haystack: Haystack, out_dir: str | os.PathLike
         hits = cdf.groupby("pattern", sort=False)["exact_match"].mean()
         log(f"[passkey] cell {i}/{len(cells)} {stem}: {time.perf_counter() - t0:.0f} s; exact match "
             + ", ".join(f"{p} {v:.2f}" for p, v in hits.items()))
-    cases_df = pd.concat(case_parts, ignore_index=True)
+    from focus_lab.eval.provenance import with_provenance
+    cases_df = with_provenance(pd.concat(case_parts, ignore_index=True), "pattern", forward_state(model).config,
+                               patterns, ((settings or {}).get("routers") or {}).get("path"))
     layers_df = pd.concat(layer_parts, ignore_index=True)
     write_parquet(out_dir / "cases.parquet", cases_df)
     write_parquet(out_dir / "needle_layers.parquet", layers_df)

@@ -62,8 +62,6 @@ Source: docs/method.md §2 (patterns), §7 (controls at equal sparsity); docs/re
 from __future__ import annotations
 
 import functools
-import hashlib
-import json
 import os
 import re
 import string
@@ -78,13 +76,15 @@ import pandas as pd
 import torch
 
 from focus_lab.eval.needle_trace import NeedleTrace
+from focus_lab.eval.probe import barrier, cache_ok, encode, fingerprint, forward, shard  # noqa: F401  (the probe core)
 from focus_lab.method.config import ConfigError
 
 RETRIEVAL_SCHEMA = 1
-DEFAULT_PATTERNS = ("dense,window,hard_top1,hard_top2,hard_top2_match,random_top2,random_top2_match,"
-                    "shuffled_top2,moba_matched")
+DEFAULT_PATTERNS = ("dense,window,default_top1,default,default+match,random_default,random_default+match,"
+                    "shuffled_default,moba_matched")
 BARE_EVERY = 8  # cases of one process between two timings of the bare forward (retrieval cost)
-MOBA = "moba_matched"  # the MoBA block gate, its block top-k matched to hard_top2's distant pairs kept
+MOBA = "moba_matched"  # the MoBA block gate, its block top-k matched to the file's hard top-2's distant pairs kept
+MOBA_MATCHED_TO = ("default", "hard_top2")  # the row MoBA's sparsity is matched to: the first of these run
 DEFAULT_LENGTHS = (4096,)
 NOISE = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
 NEEDLE = "One of the special magic {type_v} for {key} is: {value}."
@@ -166,7 +166,7 @@ def parse_tasks(spec: str) -> list[Task]:
 
 
 @functools.lru_cache(maxsize=1)
-def _word_lists() -> tuple[list[str], list[str], list[str]]:
+def word_lists() -> tuple[list[str], list[str], list[str]]:
     """(CWE words: nouns, adjectives and verbs; nouns; adjectives) from wonderwords' lists, as
     RULER's generators read them (keys are ``adjective-noun``)."""
     from importlib.resources import files
@@ -181,7 +181,7 @@ class _Draw:
 
     def __init__(self, rng: np.random.Generator):
         self.rng = rng
-        self.cwe_words, self.nouns, self.adjs = _word_lists()
+        self.cwe_words, self.nouns, self.adjs = word_lists()
 
     def value(self, kind: str) -> str:
         if kind == "numbers":
@@ -242,10 +242,6 @@ class RetrievalCase:
     needles: int
 
 
-def _encode(tokenizer, text: str) -> list[int]:
-    return list(tokenizer(text, add_special_tokens=False)["input_ids"]) if text else []
-
-
 def _span_tokens(tokenizer, text: str, spans: Sequence[tuple[int, int]]) -> tuple[list[int], list[int]]:
     """(ids of ``text``, indices of its tokens overlapping any of ``spans``)."""
     enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
@@ -293,9 +289,9 @@ def prompt_parts(tokenizer, template: str, prefix: str, fmt: str = "chat") -> tu
         rendered = tokenizer.apply_chat_template([{"role": "user", "content": _MARK}], tokenize=False,
                                                  add_generation_prompt=True)
         pre, _, post = rendered.partition(_MARK)
-        return _encode(tokenizer, pre + before), _encode(tokenizer, after + post + prefix)
+        return encode(tokenizer, pre + before), encode(tokenizer, after + post + prefix)
     bos = bos_token_to_prepend(tokenizer)
-    return ([bos] if bos is not None else []) + _encode(tokenizer, before), _encode(tokenizer, after + " " + prefix)
+    return ([bos] if bos is not None else []) + encode(tokenizer, before), encode(tokenizer, after + " " + prefix)
 
 
 def _needle_unit(text: str, answers: Sequence[str], lead: str) -> Unit:
@@ -308,12 +304,12 @@ def _needle_unit(text: str, answers: Sequence[str], lead: str) -> Unit:
 def _fill_units(tokenizer, units: list[Unit], make: Callable[[int], Unit], C: int) -> list[Unit]:
     """Units ``make(i)`` for i = 0, 1, ... until, with ``units`` (the needles), they hold at
     least ``C`` tokens; the needles are inserted later."""
-    have = sum(len(_encode(tokenizer, u.text)) for u in units)
+    have = sum(len(encode(tokenizer, u.text)) for u in units)
     out: list[Unit] = []
     i = 0
     while have < C:
         u = make(i)
-        u.ids = _encode(tokenizer, u.text)
+        u.ids = encode(tokenizer, u.text)
         have += len(u.ids)
         out.append(u)
         i += 1
@@ -345,7 +341,7 @@ def _tokens(tokenizer, units: list[Unit], C: int, strict: bool = True) -> tuple[
         elif u.needle:
             uid, idx = _span_tokens(tokenizer, u.text, u.spans)
         else:
-            uid, idx = (u.ids if u.ids is not None else _encode(tokenizer, u.text)), []
+            uid, idx = (u.ids if u.ids is not None else encode(tokenizer, u.text)), []
         parts.append((list(uid), idx, u.needle))
     total = sum(len(p[0]) for p in parts)
     if total < C:
@@ -463,12 +459,12 @@ def make_case(task: Task, haystack, tokenizer, length: int, seed: int, fmt: str 
     lead_ids, answer_ids, answer_index = answer_split(tokenizer, _answer_order(answers, needles), task.name)
     tail = tail + lead_ids
     C = P - len(head) - len(tail)
-    if C < 1 + sum(len(_encode(tokenizer, u.text)) for u in needles):
+    if C < 1 + sum(len(encode(tokenizer, u.text)) for u in needles):
         raise ConfigError(f"retrieval length {length} leaves no room for the {task.name} haystack: the prompt's "
                           f"fixed parts take {P - C} tokens and the needles "
-                          f"{sum(len(_encode(tokenizer, u.text)) for u in needles)}")
+                          f"{sum(len(encode(tokenizer, u.text)) for u in needles)}")
     if task.haystack == "corpus":
-        units = _corpus_units(haystack, C - sum(len(_encode(tokenizer, u.text)) for u in needles), needles, rng)
+        units = _corpus_units(haystack, C - sum(len(encode(tokenizer, u.text)) for u in needles), needles, rng)
     elif task.haystack == "noise":
         filler = _fill_units(tokenizer, needles, lambda i: Unit(NOISE + "\n"), C)
         units = _insert(filler, needles, rng) if task.family != "variable_tracking" else _insert_in_order(filler, needles, rng)
@@ -548,20 +544,21 @@ def _cwe_units(tokenizer, common: list[str], others: list[str], C: int, length: 
 # ------------------------------------------------------------------------------------------
 # patterns
 
-def parse_retrieval_patterns(spec: str, num_groups: int, cases: int) -> list[tuple[str, dict, int]]:
+def parse_retrieval_patterns(spec: str, routers, cases: int) -> list[tuple[str, dict, int]]:
     """[(label, FocusConfig changes, cases)] from a comma list of ``evaluate.parse_patterns``
     names, plus ``moba_matched`` (the MoBA block gate, its block top-k matched to ``hard_top2``'s
     distant pairs kept; ``baselines.MoBARouter``); ``name:N`` runs that pattern on the first N
     cases only (default ``cases``). ``dense`` is always run (the trace's reference), first.
     Raises ConfigError on an unknown name or a bad count."""
     from focus_lab.eval.evaluate import pattern_changes
+    from focus_lab.patterns.pattern import split_top_level
     out: list[tuple[str, dict, int]] = []
-    for item in [x.strip() for x in spec.split(",") if x.strip()]:
+    for item in [x.strip() for x in split_top_level(spec, ",") if x.strip()]:
         name, _, n = item.partition(":")
         if n and (not n.isdigit() or int(n) < 1):
             raise ConfigError(f"pattern {item!r}: write name:N with N >= 1 cases")
         k = min(int(n), cases) if n else cases
-        out.append((name, {"mode": "hard"} if name == MOBA else pattern_changes(name, num_groups), k))
+        out.append((name, {"mode": "hard"} if name == MOBA else pattern_changes(name, routers), k))
     if not out:
         raise ConfigError("--patterns is empty")
     if not any(lab == "dense" for lab, _, _ in out):
@@ -571,7 +568,7 @@ def parse_retrieval_patterns(spec: str, num_groups: int, cases: int) -> list[tup
 
 
 def cache_pattern(config) -> bool:
-    """Whether a pattern decodes through the KV cache (``passkey._cache_ok``) and is prefix-stable:
+    """Whether a pattern decodes through the KV cache (``probe.cache_ok``) and is prefix-stable:
     its mask for query i depends only on tokens ``<= i`` (and the case's length), so the
     teacher-forced forward's argmax at an answer position is what greedy decoding picks there
     while greedy follows the answer. Every pattern but soft mode: shuffled groups qualify (the
@@ -579,8 +576,7 @@ def cache_pattern(config) -> bool:
     index, ``core.Router._shuffle``); the MoBA gate qualifies (its blocks are fixed by the case's
     length, a query scores strictly past, complete blocks, and its router keeps the gate's keys of
     the positions it has seen: ``baselines.MoBARouter``)."""
-    from focus_lab.eval.passkey import _cache_ok
-    return _cache_ok(config)
+    return cache_ok(config)
 
 
 def moba_patcher(model, restore: Callable[[], object], default_kept: float = 0.53) -> Callable:
@@ -599,7 +595,7 @@ def moba_patcher(model, restore: Callable[[], object], default_kept: float = 0.5
         from focus_lab.hf.retrofit import forward_state, routers
         base = forward_state(model).config.replace(random_layers=None, layer_top_k=None, top_k_budgets=None,
                                                    key_shift=0, match_shifts=None, key_router=False)
-        kept = [r["distant_pairs_kept"] for r in rows if r["pattern"] == "hard_top2"]
+        kept = [r["distant_pairs_kept"] for lab in MOBA_MATCHED_TO for r in rows if r["pattern"] == lab]
         try:
             cfg = use_moba(model, base, case.length)
             bs = next(iter(routers(model).values())).block_size
@@ -615,11 +611,6 @@ def moba_patcher(model, restore: Callable[[], object], default_kept: float = 0.5
 
 # ------------------------------------------------------------------------------------------
 # one case through the model
-
-def _forward(model, ids: torch.Tensor, keep: int | None = None, **kw):
-    from focus_lab.eval.passkey import _forward as fwd
-    return fwd(model, ids, keep, **kw)
-
 
 def copy_pairs(ids: torch.Tensor, rows: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
     """(r, m) bool: pair (i, j) is a copy when key j follows an earlier occurrence of query i's
@@ -642,10 +633,10 @@ def _greedy(model, state, past, ids: torch.Tensor, start: int, forced: list[int]
     seq = torch.cat([ids[:start], torch.tensor(out, dtype=ids.dtype, device=ids.device)])
     fkw = {"focus": state}
     if use_cache:
-        res = _forward(model, seq[start - 1:], keep=1, use_cache=True, past_key_values=past, **fkw)
+        res = forward(model, seq[start - 1:], keep=1, use_cache=True, past_key_values=past, **fkw)
         past = res.past_key_values
     else:
-        res = _forward(model, seq, keep=1, use_cache=False, **fkw)
+        res = forward(model, seq, keep=1, use_cache=False, **fkw)
     while True:
         nxt = int(res.logits[0, -1].argmax())
         out.append(nxt)
@@ -653,10 +644,10 @@ def _greedy(model, state, past, ids: torch.Tensor, start: int, forced: list[int]
         if nxt in eos or done(out) or len(out) >= steps:
             return out
         if use_cache:
-            res = _forward(model, seq[-1:], keep=1, use_cache=True, past_key_values=past, **fkw)
+            res = forward(model, seq[-1:], keep=1, use_cache=True, past_key_values=past, **fkw)
             past = res.past_key_values
         else:
-            res = _forward(model, seq, keep=1, use_cache=False, **fkw)
+            res = forward(model, seq, keep=1, use_cache=False, **fkw)
 
 
 def answer_logprob(logits: torch.Tensor, case: RetrievalCase) -> float:
@@ -729,16 +720,16 @@ def run_case(model, tokenizer, case: RetrievalCase, patterns: list[tuple[str, di
             t0 = time.perf_counter()
             with trace:
                 if use_cache:
-                    res = _forward(model, ids[:P - 1], keep=1, use_cache=True, focus=state)
+                    res = forward(model, ids[:P - 1], keep=1, use_cache=True, focus=state)
                     t_pre = time.perf_counter() - t0
                     past = res.past_key_values
                     rewind = rewind_point(past, state.cache)  # the greedy answer decodes from here
-                    logits = _forward(model, ids[P - 1:P - 1 + n], keep=n, use_cache=True, past_key_values=past,
+                    logits = forward(model, ids[P - 1:P - 1 + n], keep=n, use_cache=True, past_key_values=past,
                                       focus=state).logits[0, -n:].float()  # (n, V)
                 else:
                     rewind = None
                     # soft mode (no cache): the whole prompt + answer in one forward
-                    logits = _forward(model, ids, keep=n + 1, use_cache=False,
+                    logits = forward(model, ids, keep=n + 1, use_cache=False,
                                       focus=state).logits[0, -(n + 1):-1].float()  # (n, V)
                     t_pre = time.perf_counter() - t0
             logp = torch.log_softmax(logits, -1)  # (n, V)
@@ -856,24 +847,6 @@ def trace_frame(rows: list[dict]) -> pd.DataFrame:
     return df
 
 
-def fingerprint(settings: dict) -> str:
-    """12 hex digits of the sha256 of the settings that change a case's content."""
-    return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:12]
-
-
-def shard() -> tuple[int, int]:
-    """(rank, world size) under ``torchrun`` (``RANK`` / ``WORLD_SIZE``), else (0, 1)."""
-    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-
-
-def _barrier() -> None:
-    """Wait for every process of a ``torchrun`` launch (gloo, initialized on first use)."""
-    import torch.distributed as dist
-    if not dist.is_initialized():
-        dist.init_process_group("gloo")
-    dist.barrier()
-
-
 def bare_forward_seconds(model, ids: torch.Tensor, changes: dict, reps: int = 1) -> float:
     """Seconds of one forward of ``ids`` (T,) under a pattern, no hooks, no cache, no answer:
     the unit a case's cost is measured in (best of ``reps``)."""
@@ -883,7 +856,7 @@ def bare_forward_seconds(model, ids: torch.Tensor, changes: dict, reps: int = 1)
         state = forward_state(model, **changes)
         t0 = time.perf_counter()
         with torch.no_grad():
-            _forward(model, ids, keep=1, use_cache=False, focus=state)
+            forward(model, ids, keep=1, use_cache=False, focus=state)
         if ids.is_cuda:
             torch.cuda.synchronize()
         best = min(best, time.perf_counter() - t0)
@@ -921,7 +894,7 @@ def run_retrieval(model, tokenizer, haystack, out_dir: str | os.PathLike, tasks:
     from focus_lab.io import write_json, write_parquet
     out_dir = Path(out_dir)
     if patterns is None:
-        patterns = parse_retrieval_patterns(DEFAULT_PATTERNS, forward_state(model).config.num_groups, cases)
+        patterns = parse_retrieval_patterns(DEFAULT_PATTERNS, forward_state(model).config, cases)
     n_pos = getattr(model.config, "max_position_embeddings", None) or getattr(model.config, "n_positions", None)
     for L in lengths:
         if n_pos and L > n_pos:
@@ -968,13 +941,16 @@ def run_retrieval(model, tokenizer, haystack, out_dir: str | os.PathLike, tasks:
             + ", ".join(f"{r['pattern']} {r['score']:.2f} {r['answer_logprob']:.1f}" for r in rows))
     bare_last = {k: v for k, (v, _) in bare.items()}
     if world > 1:
-        _barrier()
+        barrier()
         if rank != 0:
             return {"cases": None, "trace": None, "seconds": time.perf_counter() - t_all, "computed": computed,
                     "bare_forward_seconds": bare_last}
     parts = [(case_dir / f"{t.name}_L{L}_s{s}.cases.parquet", case_dir / f"{t.name}_L{L}_s{s}.trace.parquet")
              for t, L, s in todo]
-    cases_df = pd.concat([pd.read_parquet(c) for c, _ in parts if c.is_file()], ignore_index=True)
+    from focus_lab.eval.provenance import with_provenance
+    cases_df = with_provenance(pd.concat([pd.read_parquet(c) for c, _ in parts if c.is_file()], ignore_index=True),
+                               "pattern", forward_state(model).config, patterns,
+                               ((settings or {}).get("routers") or {}).get("path"))
     trace_df = pd.concat([pd.read_parquet(p) for _, p in parts if p.is_file()], ignore_index=True)
     write_parquet(out_dir / "cases.parquet", cases_df)
     write_parquet(out_dir / "trace.parquet", trace_df)

@@ -15,13 +15,93 @@ from focus_lab.io import ArtifactError, file_sha256
 
 ROUTER_DIR = Path(__file__).resolve().parent.parent / "routers"
 MANIFEST = ROUTER_DIR / "MANIFEST.json"
+SHIPPED = "shipped"  # the alias of the file shipped for a model, resolved at run time
+
+
+def registry() -> dict:
+    """The router manifest (schema 2): ``files`` {name: {model, sha256, file (None: not
+    tracked), parent, recipe, default_pattern, window, sink_tokens, ...}}, ``shipped`` {model
+    name: file name} and ``provenance`` {file name: the full record of how it was made}.
+    {} when no manifest ships."""
+    if not MANIFEST.is_file():
+        return {}
+    data = json.loads(MANIFEST.read_text())
+    if data.get("schema_version") != 2:
+        raise ArtifactError(f"{MANIFEST} is not a schema-2 router manifest; reinstall focus-lab")
+    return data
 
 
 def manifest() -> dict:
-    """{model name: {"file", "sha256", "provenance"...}} of the shipped router files ({} if none)."""
-    if not MANIFEST.is_file():
-        return {}
-    return json.loads(MANIFEST.read_text())
+    """{model name: {"name", "file", "sha256", "default_pattern", and the provenance record}} of
+    the files shipped per model ({} if none): the shipped file of each model."""
+    reg = registry()
+    out = {}
+    for model, name in reg.get("shipped", {}).items():
+        f = reg["files"][name]
+        out[model] = {**reg.get("provenance", {}).get(name, {}), **{k: v for k, v in f.items() if v is not None},
+                      "name": name}
+    return out
+
+
+def file_names() -> list[str]:
+    """The names of every router file the manifest lists, tracked or not."""
+    return sorted(registry().get("files", {}))
+
+
+def named_file(sha256: str) -> str | None:
+    """The manifest's name of the router file with ``sha256``; None for a file it does not list."""
+    for name, f in registry().get("files", {}).items():
+        if f.get("sha256") == sha256:
+            return name
+    return None
+
+
+def router_path(name: str, model_name: str | None = None) -> Path:
+    """The path of a router file given by manifest name, by the alias ``shipped`` (the file
+    shipped for ``model_name``, None: the embedded model) or by path.
+
+    Raises ArtifactError: an unknown name (one line listing the names) or a named file that is
+    not tracked in the package (naming the command that remakes it)."""
+    if name in (SHIPPED, "") or name is None:
+        return shipped_router_file(model_name)
+    files = registry().get("files", {})
+    if name in files:
+        f = files[name]
+        if not f.get("file"):
+            raise ArtifactError(f"router file {name!r} is listed but not shipped in the package "
+                                f"({f.get('recipe', '')}); remake it with 'focus-lab routers show {name}' 's command")
+        path = ROUTER_DIR / f["file"]
+        if file_sha256(path) != f["sha256"]:
+            raise ArtifactError(f"router file {name!r} ({path}) does not match its sha256 in the manifest: reinstall focus-lab")
+        return path
+    if Path(name).is_file():
+        return Path(name)
+    raise ArtifactError(f"no router file {name!r}: give a path, '{SHIPPED}', or one of the names "
+                        f"{', '.join(sorted(files))} ('focus-lab routers list')")
+
+
+def router_columns(path: str | Path) -> dict[str, str]:
+    """What a result records of the router file that made it: ``router_name`` (the manifest's
+    name, else the file's path), ``router_sha256``, and ``commit`` (``git describe`` of the
+    checkout running, or the package version)."""
+    sha = file_sha256(path)
+    return {"router_name": named_file(sha) or str(path), "router_sha256": sha, "commit": code_commit()}
+
+
+def code_commit() -> str:
+    """The commit of the focus-lab checkout running (``git rev-parse --short HEAD``, '+dirty'
+    when the tree has changes), or 'focus-lab <version>' outside a git checkout."""
+    import subprocess
+    root = Path(__file__).resolve().parents[2]
+    try:
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"], capture_output=True,
+                              text=True, timeout=5, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=5).stdout.strip()
+        return head + ("+dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        from importlib.metadata import version
+        return f"focus-lab {version('focus-lab')}"
 
 
 def shipped_router_file(model_name: str | None = None) -> Path:
@@ -57,10 +137,7 @@ def same_tensor_shas(sha256: str) -> set[str]:
     e.g. the file with every layer routed, whose tensors ship with
     ``random_layers`` 1-9). Results made with such a file under the same config are this file's
     results (``analyses.length_table.same_router_rows``). Empty for any other file."""
-    for entry in manifest().values():
-        if entry.get("sha256") == sha256:
-            return set(entry.get("same_tensors_sha256", []))
-    return set()
+    return _lineage_shas(sha256, "same_tensors_sha256")
 
 
 def same_router_shas(sha256: str) -> set[str]:
@@ -70,10 +147,7 @@ def same_router_shas(sha256: str) -> set[str]:
     the file before its top-2 budget was saved into it, docs/method.md §2.7). A result made with
     such a file counts only where the pattern ran with the per-layer k this file gives it
     (``analyses.length_table.same_router_rows``). Empty for any other file."""
-    for entry in manifest().values():
-        if entry.get("sha256") == sha256:
-            return set(entry.get("budget_only_sha256", []))
-    return set()
+    return _lineage_shas(sha256, "budget_only_sha256")
 
 
 def capacity_only_shas(sha256: str) -> set[str]:
@@ -85,29 +159,78 @@ def capacity_only_shas(sha256: str) -> set[str]:
     does not touch under this file (``analyses.length_table.capacity_in_force`` empty: hard
     top-1, random and shuffled groups, ``_nocap``), or one that ran with the same capacity.
     Empty for any other file."""
+    return _lineage_shas(sha256, "capacity_only_sha256")
+
+
+def _lineage_shas(sha256: str, key: str) -> set[str]:
     for entry in manifest().values():
         if entry.get("sha256") == sha256:
-            return set(entry.get("capacity_only_sha256", []))
+            return set(entry.get(key, []))
     return set()
 
 
 def resolve_routers(routers: str | Path | None, model_name: str | None = None) -> Path:
-    """``routers`` if given, else the shipped file for the model (see ``shipped_router_file``)."""
-    return Path(routers) if routers is not None else shipped_router_file(model_name)
+    """``routers`` if given (a path, a manifest name or ``shipped``: ``router_path``), else the
+    shipped file for the model (see ``shipped_router_file``)."""
+    return router_path(str(routers), model_name) if routers is not None else shipped_router_file(model_name)
 
 
-def ship(source: str | Path, model_name: str, provenance: dict) -> Path:
-    """Copy a trained router file into the package and record it in the manifest (maintainers).
-
-    Writes atomically; returns the shipped path."""
+def ship(source: str | Path, model_name: str, provenance: dict, name: str | None = None,
+         parent: str | None = None) -> Path:
+    """Copy a trained router file into the package, list it in the manifest under ``name``
+    (default ``<model_name>/shipped-<sha256[:8]>``) and make it the file shipped for
+    ``model_name`` (maintainers). Writes atomically; returns the shipped path."""
     from focus_lab.io import atomic_path, write_json
+    from focus_lab.hf.router_files import read_router_file
+    from focus_lab.patterns import Pattern
     source = Path(source)
     target = ROUTER_DIR / f"{model_name}.safetensors"
     data = source.read_bytes()
     with atomic_path(target) as tmp:
         tmp.write_bytes(data)
-    entries = manifest()
-    entries[model_name] = {"file": target.name, "sha256": file_sha256(target),
-                           "bytes": len(data), **provenance}
-    write_json(MANIFEST, entries)
+    sha = file_sha256(target)
+    cfg = read_router_file(target)[0]
+    name = name or f"{model_name}/shipped-{sha[:8]}"
+    reg = registry() or {"schema_version": 2, "shipped": {}, "files": {}, "provenance": {}}
+    for f in reg["files"].values():  # the file it replaces keeps its name, no longer tracked
+        if f.get("file") == target.name:
+            f["file"] = None
+    reg["files"][name] = {"model": model_name, "sha256": sha, "file": target.name, "bytes": len(data),
+                          "parent": parent, "recipe": provenance.get("recipe", ""),
+                          "default_pattern": str(Pattern.from_config(cfg, mode="hard")),
+                          "window": cfg.window, "sink_tokens": cfg.sink_tokens}
+    reg["shipped"][model_name] = name
+    reg["provenance"][name] = provenance
+    write_json(MANIFEST, reg)
     return target
+
+
+def read_header(path: str | Path) -> dict:
+    """A router file's safetensors header without loading torch: {"config": FocusConfig,
+    "base_model": dict, "extra": dict, "layers": routed layer indices, "tensors": {name: shape}}.
+    Raises ArtifactError when ``path`` is not a focus-lab router file."""
+    import struct
+    from focus_lab.method.config import FocusConfig
+    path = Path(path)
+    try:
+        with open(path, "rb") as f:
+            n = struct.unpack("<Q", f.read(8))[0]
+            header = json.loads(f.read(n))
+    except (OSError, struct.error, ValueError) as e:
+        raise ArtifactError(f"{path} is not a safetensors router file ({e})") from None
+    meta = header.pop("__metadata__", {}) or {}
+    if meta.get("format") != "focus-lab-router":
+        raise ArtifactError(f"{path} is not a focus-lab router file (no 'focus-lab-router' metadata)")
+    layers = sorted({int(k.split(".")[1]) for k in header if k.startswith("layers.")})
+    return {"config": FocusConfig.from_json(meta["focus_config"]), "base_model": json.loads(meta["base_model"]),
+            "extra": json.loads(meta.get("extra", "{}")), "layers": layers,
+            "tensors": {k: v["shape"] for k, v in header.items()}}
+
+
+def lineage(name: str) -> list[str]:
+    """``name`` and its parents by name, newest first."""
+    files, out = registry().get("files", {}), []
+    while name and name in files and name not in out:
+        out.append(name)
+        name = files[name].get("parent")
+    return out

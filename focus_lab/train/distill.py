@@ -157,7 +157,7 @@ def distill_step(model, ids: torch.Tensor, config: FocusConfig, step: int, num_q
         RuntimeError: no routed layer ran (Focus not attached); ValueError: T <= window.
     """
     from focus_lab.method.metrics import attention_scale
-    from focus_lab.train.loop import layerwise_step
+    from focus_lab.train.layerwise import layerwise_step
 
     T = ids.shape[1]
     gen = torch.Generator().manual_seed(seed * 7919 + step)

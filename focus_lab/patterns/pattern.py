@@ -1,0 +1,283 @@
+"""A pattern as a value: which pairs of tokens attend (docs/api.md "Patterns"; docs/method.md §2).
+
+``Pattern`` is frozen: a mode ("dense", "window", "soft", "hard"), for hard mode the group
+assignment ("router", "random", "shuffled") and k, and a set of rules
+(``focus_lab.patterns.rules``). ``str(p)`` is its one canonical spelling and
+``Pattern.parse(str(p)) == p``; rules may be written in any order. A bare name is the paper's
+rule with every router file (``hard_top2``: each query joins its 2 best groups in every layer,
+nothing else); what a router file adds (a per-layer budget, random-group layers, a capacity) is
+reached by the file's own named patterns:
+
+- ``default`` / ``default_topK``: the router file's rules for hard top-k at its own k / at K;
+- ``random_default``, ``shuffled_default`` (and ``_topK``): the same rules on random or shuffled
+  groups, the controls at matched sparsity.
+
+Spellings written before patterns were values (suffixes such as ``hard_top2_uniform_match`` or
+``hard_top2_evict@13+15-16``) still parse for one release, with one FutureWarning each (a
+deprecation shown to users),
+and mean what they meant: the router file's rules changed by the suffixes.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from focus_lab.patterns.rules import RULES, PatternError, Rule
+
+MODES = ("dense", "window", "soft", "hard")
+ASSIGNMENTS = {"hard": "router", "random": "random", "shuffled": "shuffled"}
+HEAD = re.compile(r"^(hard|random|shuffled)_top(\d+)$")
+NAMED = re.compile(r"^(?:(random|shuffled)_)?default(?:_top(\d+))?$")
+EXAMPLE = "hard_top2+capacity(0.5,layers=[13,15-16],evict)"
+
+
+@dataclass(frozen=True)
+class Pattern:
+    """One attention pattern.
+
+    Attributes:
+        mode: "dense", "window", "soft" or "hard".
+        assignment: hard mode: "router" (learned groups), "random" (balanced random groups) or
+            "shuffled" (the router's groups at permuted positions); "router" otherwise.
+        top_k: hard mode: groups a query joins (1..num_groups); None otherwise.
+        rules: the rules in force, sorted by name, at most one of each.
+    Raises PatternError (a ConfigError) when a rule does not apply in the mode or assignment.
+    """
+
+    mode: str
+    assignment: str = "router"
+    top_k: int | None = None
+    rules: tuple[Rule, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise PatternError(f"mode {self.mode!r}: choose one of {', '.join(MODES)}")
+        rules = tuple(sorted(self.rules, key=lambda r: r.name))
+        names = [r.name for r in rules]
+        if len(set(names)) != len(names):
+            dup = next(n for n in names if names.count(n) > 1)
+            raise PatternError(f"rule {dup!r} is given twice in one pattern; keep one")
+        for r in rules:
+            if self.mode not in r.modes:
+                raise r.error(f"does not apply in {self.mode} mode (it applies in: {', '.join(r.modes)})")
+            if self.mode == "hard" and self.assignment not in r.assignments:
+                raise r.error(f"does not apply to {self.assignment} groups (it acts on: {', '.join(r.assignments)})")
+        object.__setattr__(self, "rules", rules)
+
+    # ---- spelling
+    def __str__(self) -> str:
+        head = self.mode if self.mode != "hard" else \
+            f"{ {v: k for k, v in ASSIGNMENTS.items()}[self.assignment]}_top{self.top_k}".replace(" ", "")
+        return "+".join([head] + [str(r) for r in self.rules])
+
+    @property
+    def head(self) -> str:
+        """The spelling without rules (``hard_top2``)."""
+        return str(Pattern(self.mode, self.assignment, self.top_k))
+
+    def rule(self, name: str) -> Rule | None:
+        """The rule called ``name`` in force, or None."""
+        return next((r for r in self.rules if r.name == name), None)
+
+    def with_rules(self, *rules: Rule) -> "Pattern":
+        """A copy with ``rules`` added (replacing those of the same name)."""
+        names = {r.name for r in rules}
+        return Pattern(self.mode, self.assignment, self.top_k,
+                       tuple(r for r in self.rules if r.name not in names) + tuple(rules))
+
+    def with_assignment(self, assignment: str) -> "Pattern":
+        """The same k and rules on other groups (a control at matched sparsity); rules that act on
+        no group of that assignment are dropped (a capacity under random groups)."""
+        return Pattern(self.mode, assignment, self.top_k,
+                       tuple(r for r in self.rules if assignment in r.assignments))
+
+    # ---- meaning
+    def changes(self) -> dict[str, Any]:
+        """FocusConfig changes that run this pattern on any router file: every rule's ``neutral``
+        (absent rules off), the mode, assignment and k, then each present rule's changes."""
+        out: dict[str, Any] = {}
+        for cls in RULES.values():
+            out.update(cls.neutral)
+        if self.mode == "hard":
+            out.update(mode="hard", top_k=self.top_k, assignment=self.assignment)
+        else:
+            out.update(mode=self.mode, assignment="router")
+        for r in self.rules:
+            out.update(r.changes())
+        return out
+
+    def check(self, num_groups: int, num_layers: int | None = None) -> "Pattern":
+        """Raise PatternError when the pattern cannot run with ``num_groups`` groups and
+        ``num_layers`` layers (None: unknown); returns self."""
+        if self.mode == "hard" and not 1 <= (self.top_k or 0) <= num_groups:
+            raise PatternError(f"pattern {str(self)!r}: top-{self.top_k} is outside 1..num_groups = {num_groups}")
+        for r in self.rules:
+            r.check(num_groups, num_layers)
+        return self
+
+    @classmethod
+    def from_config(cls, config, mode: str | None = None, assignment: str | None = None,
+                    top_k: int | None = None) -> "Pattern":
+        """The pattern a FocusConfig runs (the config in force of a forward, or a router file's
+        saved config with ``mode="hard"``): its mode, assignment, k and every rule it puts in
+        force; rules that act on nothing under the assignment are left out."""
+        mode = mode or config.mode
+        if mode != "hard":
+            rules = [c.from_config(config, None) for c in RULES.values() if mode in c.modes and c.neutral]
+            return cls(mode, "router", None, tuple(r for r in rules if r is not None and mode in r.modes))
+        assignment = assignment or config.assignment
+        k = top_k or config.top_k
+        rules = [c.from_config(config, k) for c in RULES.values() if c.neutral and assignment in c.assignments]
+        return cls("hard", assignment, k, tuple(r for r in rules if r is not None))
+
+    # ---- parsing
+    @classmethod
+    def parse(cls, text: str, routers=None) -> "Pattern":
+        """One pattern from its spelling. ``routers``: the router file's FocusConfig (for
+        ``default`` and the deprecated suffix spellings), or None (they are then refused).
+
+        Raises PatternError naming the token that failed, the rules known and an example."""
+        text = text.strip()
+        if not text:
+            raise PatternError(f"an empty pattern; e.g. {EXAMPLE}")
+        if legacy := _legacy(text, routers):
+            return legacy
+        parts = split_top_level(text, "+")
+        head, rule_texts = parts[0].strip(), parts[1:]
+        base = _head(head, routers)
+        rules = [_rule(t.strip(), text) for t in rule_texts]
+        names = [r.name for r in rules]
+        if len(set(names)) != len(names):
+            dup = next(n for n in names if names.count(n) > 1)
+            raise PatternError(f"pattern {text!r}: rule {dup!r} is given twice; keep one")
+        if base.mode != "hard" and not rules:
+            return base
+        own = {r.name for r in rules}
+        return Pattern(base.mode, base.assignment, base.top_k,
+                       tuple(r for r in base.rules if r.name not in own) + tuple(rules))
+
+
+def split_top_level(text: str, sep: str) -> list[str]:
+    """``text`` split at ``sep`` outside parentheses and brackets."""
+    out, depth, cur = [], 0, ""
+    for ch in text:
+        if ch in "([":
+            depth += 1
+        elif ch in ")]":
+            depth -= 1
+        if ch == sep and depth == 0:
+            out.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    return out + [cur]
+
+
+def known() -> str:
+    """One line: the heads, named patterns and rules a pattern may use."""
+    return ("dense, window, soft, hard_topK, random_topK, shuffled_topK; the router file's default, default_topK, "
+            "random_default, shuffled_default; rules joined by '+': "
+            + ", ".join(RULES[n].example or n for n in sorted(RULES)))
+
+
+def _head(head: str, routers) -> Pattern:
+    if head in ("dense", "window", "soft"):
+        return Pattern(head)
+    if m := HEAD.match(head):
+        return Pattern("hard", ASSIGNMENTS[m.group(1)], int(m.group(2)))
+    if m := NAMED.match(head):
+        if routers is None:
+            raise PatternError(f"pattern {head!r} names the router file's rules, but no router file is given; "
+                               "pass --routers (or use a bare name such as hard_top2)")
+        k = int(m.group(2)) if m.group(2) else routers.top_k
+        p = Pattern.from_config(routers, mode="hard", assignment="router", top_k=k)
+        return p.with_assignment(m.group(1)) if m.group(1) else p
+    raise PatternError(f"unknown pattern {head!r}; choose from {known()}; e.g. {EXAMPLE}")
+
+
+ARG = re.compile(r"^([a-z_]+)(?:\((.*)\))?$", re.S)
+
+
+def _rule(text: str, whole: str) -> Rule:
+    m = ARG.match(text)
+    if not m:
+        raise PatternError(f"pattern {whole!r}: cannot read the rule {text!r}; {known()}")
+    name, body = m.group(1), m.group(2)
+    cls = RULES.get(name)
+    if cls is None:
+        raise PatternError(f"pattern {whole!r}: unknown rule {name!r}; {known()}")
+    args, kwargs = [], {}
+    for a in (split_top_level(body, ",") if body and body.strip() else []):
+        a = a.strip()
+        key, eq, value = a.partition("=")
+        if eq and re.fullmatch(r"[a-z_0-9]+", key.strip()):
+            kwargs[key.strip()] = value.strip()
+        else:
+            args.append(a)
+    return cls.from_args(args, kwargs)
+
+
+# ---- the spellings before patterns were values (one release, deprecated)
+_LEGACY_SUFFIX = re.compile(r"_(uniform|match|nomatch|keyshift|nokeyshift|cap|nocap|evict)(\d{2})?(@[0-9+\-]+)?$")
+
+
+def _legacy(text: str, routers) -> Pattern | None:
+    """A deprecated suffix spelling (``hard_top2_uniform_match``) as the pattern it meant: the
+    router file's rules (``routers``; none without a file) with the suffixes' changes. None when
+    ``text`` is not such a spelling."""
+    if "(" in text or not _LEGACY_SUFFIX.search(text) or ("+" in text and "@" not in text):
+        return None
+    from focus_lab.method.config import FocusConfig
+    from focus_lab.patterns.legacy import legacy_changes
+    num_groups = routers.num_groups if routers is not None else 64
+    changes = legacy_changes(text, num_groups)  # raises PatternError on a bad spelling
+    base = routers if routers is not None else FocusConfig(num_groups=max(num_groups, changes.get("top_k", 1)))
+    cfg = base.replace(**changes)
+    p = Pattern.from_config(cfg, mode="hard")
+    # FutureWarning: a deprecation shown to the user; Python's registry shows it once per spelling
+    warnings.warn(f"pattern spelling {text!r} is deprecated; write {str(p)!r}", FutureWarning, stacklevel=3)
+    return p
+
+
+def legacy_label_pattern(label: str, config) -> Pattern:
+    """The ``Pattern`` a row of a table written before patterns were values ran, given its label
+    (``dense``, ``hard_top2``, ``hard_top2_nocap``, ...) and the FocusConfig of the router file
+    that made it: the label meant that file's rules changed by the suffixes (``legacy_changes``).
+    Raises PatternError on a label that was never valid."""
+    from focus_lab.patterns.legacy import legacy_changes
+    return Pattern.from_config(config.replace(**legacy_changes(label, config.num_groups)))
+
+
+def parse_pattern_file(path: str | Path, routers=None) -> list[tuple[str, Pattern]]:
+    """``--pattern-file``: a JSON or YAML file holding a list of pattern spellings, or a mapping
+    {label: spelling}. Returns [(label, Pattern)]. Raises PatternError naming the file and entry."""
+    path = Path(path)
+    if not path.is_file():
+        raise PatternError(f"--pattern-file {path}: no such file; write a JSON list such as "
+                           f'["dense", "{EXAMPLE}"]')
+    text = path.read_text()
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError:
+        try:
+            import yaml
+            data = yaml.safe_load(text)
+        except Exception as e:  # yaml missing or a YAML error
+            raise PatternError(f"--pattern-file {path}: neither JSON nor YAML ({e})") from None
+    items = list(data.items()) if isinstance(data, dict) else [(str(x), x) for x in data] \
+        if isinstance(data, list) else None
+    if not items or not all(isinstance(v, str) for _, v in items):
+        raise PatternError(f"--pattern-file {path}: need a non-empty list of pattern spellings or a mapping "
+                           "{label: spelling}")
+    out = []
+    for label, spelling in items:
+        try:
+            out.append((str(label), Pattern.parse(spelling, routers)))
+        except PatternError as e:
+            raise PatternError(f"--pattern-file {path}, entry {label!r}: {e}") from None
+    return out
