@@ -820,6 +820,47 @@ def routers_show(target: str = typer.Argument("shipped", help="a manifest name, 
     guard(run)
 
 
+@routers_app.command("set-rules")
+def routers_set_rules(
+    src: str = typer.Argument(..., help="a router file: path, manifest name or 'shipped'"),
+    pattern: str = typer.Option(..., "--pattern", help="the file's rules for hard top-k, e.g. "
+                                "'hard_top2+layer_top_k(1=[0],3=[1])+capacity(0.5,layers=[13],evict)'"),
+    out: Path = typer.Option(..., "--out", help="the router file to write (atomically)"),
+):
+    """Write a router file again, same tensors, with a pattern's rules as its own: its 'default_topK'
+    becomes that pattern (how the shipped chain gives a file its budget and capacity)."""
+    def run():
+        from focus_lab.hf.router_files import read_router_file, write_rules
+        from focus_lab.hf.shipped import router_path
+        from focus_lab.patterns import Pattern
+        path = router_path(src)
+        cfg = read_router_file(path)[0]
+        p = Pattern.parse(pattern, cfg).check(cfg.num_groups)
+        if Path(out).resolve() == Path(path).resolve():
+            _fail(f"--out {out} is the input file; choose another path")
+        write_rules(path, out, p)
+        typer.echo(f"wrote {out}: default_top{p.top_k} = {p}")
+    guard(run)
+
+
+@routers_app.command("build")
+def routers_build(
+    out: Path = typer.Option(Path("checkpoints") / "shipped_chain", "--out", help="folder of the chain"),
+    data: Path = typer.Option(Path("data"), help="the prepared corpora's folder"),
+    mix: str = typer.Option("austen-shakespeare", help="the training mix (austen-shakespeare: the shipped "
+                            "file; broad: the broad mix, docs/studies/broad-mix.md)"),
+    base: Optional[Path] = typer.Option(None, help="a router file standing for stages 1-4 (e.g. smollm2-135m/soup)"),
+    runs: int = typer.Option(2, help="distill runs of 30 steps on a mix other than the default"),
+):
+    """Train the shipped SmolLM2 router file from scratch as one resumable chain, timing every stage
+    (docs/recipes.md, 'The recipe, and what it costs'; focus_lab.train.chain)."""
+    from focus_lab.train.chain import main as chain
+    args = ["--out", str(out), "--data", str(data), "--mix", mix, "--runs", str(runs)]
+    code = chain(args + (["--base", str(base)] if base else []))
+    if code:
+        raise typer.Exit(code)
+
+
 # ------------------------------------------------------------------------------------------
 probe_app = typer.Typer(add_completion=False, no_args_is_help=True,
                         help="Probes of a Focus model: passkey retrieval (docs/passkey.md) and the retrieval suite "

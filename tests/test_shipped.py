@@ -217,11 +217,11 @@ def test_soup_averages_router_files_tensor_by_tensor_and_refuses_mixed_files(tmp
 
 
 def test_train_shipped_chain_builds_the_mix_folder_and_chains_each_stage_to_the_last(tmp_path):
-    """analyses/studies/train_shipped.py: a mix folder links every prepared file of its corpora but the
+    """focus_lab/train/chain.py (focus-lab routers build): a mix folder links every prepared file of its corpora but the
     held-out ones (named files and prefixes) and ends with Persuasion (its held-out file); each training stage starts from the last
     stage's file and the soup averages stage 2 and the last two-domain run; an unprepared corpus
     is one error naming `focus-lab prepare`."""
-    from analyses.studies.train_shipped import mix_folder, stages
+    from focus_lab.train.chain import BUDGET, CAPACITY, RANDOM_LAYERS, mix_folder, stages
     data = tmp_path / "data"
     with pytest.raises(FileNotFoundError, match="focus-lab prepare austen"):
         mix_folder(data, "austen-shakespeare")
@@ -252,20 +252,21 @@ def test_train_shipped_chain_builds_the_mix_folder_and_chains_each_stage_to_the_
                                           "s7_needle_mix_seed0", "s8_budget", "s9_capacity"]
     assert shipped[-1][2] == out / "routers.safetensors" and shipped[5][2] == out / "s4_two_domains.safetensors"
     # the budget is written into the two-domain file, the needle run starts from that and is budgeted again
-    assert shipped[6][1][:4] == ["-m", "analyses.studies.layer_budget", "--routers", str(shipped[5][2])]
-    assert shipped[6][1][-2:] == ["--save-budget", str(shipped[6][2])]
+    budget = f"hard_top2+{BUDGET}+{RANDOM_LAYERS}"
+    assert shipped[6][1] == ["routers", "set-rules", str(shipped[5][2]), "--pattern", budget, "--out", str(shipped[6][2])]
     needle = shipped[8][1]
     assert needle[needle.index("--init-routers") + 1] == str(shipped[6][2])
     assert needle[needle.index("--corpus") + 1] == str(shipped[7][2].parent) == str(out / "needle_mix")
-    assert shipped[7][1][:2] == ["-m", "analyses.studies.needle_corpus"]
-    assert shipped[9][1][3] == str(shipped[8][2]) and shipped[9][1][-1] == str(out / "s8_budget.safetensors")
+    assert shipped[7][1][:2] == ["-m", "focus_lab.train.needle_corpus"]
+    assert shipped[9][1] == ["routers", "set-rules", str(shipped[8][2]), "--pattern", budget, "--out",
+                             str(out / "s8_budget.safetensors")]
     # the capacity is written last, into the budgeted needle-mix file
-    assert shipped[10][1][:4] == ["-m", "analyses.studies.group_capacity", "--routers", str(shipped[9][2])]
-    assert shipped[10][1][-2:] == ["--save-capacity", str(out / "routers.safetensors")]
+    assert shipped[10][1] == ["routers", "set-rules", str(shipped[9][2]), "--pattern", f"{budget}+{CAPACITY}",
+                              "--out", str(out / "routers.safetensors")]
     from_base = stages(out, data, base=tmp_path / "old.safetensors")
     assert [n for n, _, _ in from_base] == ["s5_budget", "s6_needle_corpus", "s7_needle_mix_seed0", "s8_budget",
                                             "s9_capacity"]
-    assert from_base[0][1][3] == str(tmp_path / "old.safetensors")
+    assert from_base[0][1][2] == str(tmp_path / "old.safetensors")
     todo = stages(tmp_path / "out", data, "broad", runs=2)
     assert [n for n, _, _ in todo] == ["s1_sinks64_512", "s2_distill64_4096", "s3_mix_seed0", "s3_mix_seed1",
                                        "s3_mix_seed2", "s4_soup", "s5_broad_seed0", "s5_broad_seed1", "s6_soup"]
@@ -350,3 +351,49 @@ def test_split_groups_at_noise_zero_keeps_the_hard_mask_at_twice_the_top_k(tmp_p
     assert not torch.allclose(mn(ids).logits, want[1], atol=1e-3)
     with pytest.raises(ValueError, match="factor"):
         split_groups(src, tmp_path / "x.safetensors", factor=0)
+
+
+def test_set_rules_writes_the_shipped_files_rules_and_reads_them_back(tmp_path):
+    """``write_rules`` of the shipped file's own 'default' gives its config and tensors back (the
+    file's bytes differ only in the metadata order of the safetensors writer it was made with);
+    without the capacity, the config of the file before it (capacity fields off); the chain's
+    constants are the committed study choices; a pattern a file cannot carry is refused."""
+    from focus_lab.hf.router_files import write_rules
+    from focus_lab.patterns import Pattern, PatternError
+    from focus_lab.train.chain import BUDGET, CAPACITY, RANDOM_LAYERS
+    src = shipped.shipped_router_file()
+    cfg, base, tensors, extra = read_router_file(src)
+    p = Pattern.parse("default", cfg)
+    assert p == Pattern.parse(f"hard_top2+{BUDGET}+{RANDOM_LAYERS}+{CAPACITY}")
+    spec = json.loads((shipped.ROUTER_DIR.parents[1] / "figures" / "results" / "layer_budget.json").read_text())["top2"]["spec"]
+    from focus_lab.method.config import parse_layer_top_k
+    assert Pattern.parse(f"hard_top2+{BUDGET}").rule("layer_top_k").mapping() == parse_layer_top_k(spec)
+    same = write_rules(src, tmp_path / "same.safetensors", p)
+    c2, b2, t2, e2 = read_router_file(same)
+    assert c2 == cfg and b2 == base and e2 == extra and all(torch.equal(t2[k], tensors[k]) for k in tensors)
+    nocap = write_rules(src, tmp_path / "nocap.safetensors", Pattern.parse(f"hard_top2+{BUDGET}+{RANDOM_LAYERS}"))
+    c3 = read_router_file(nocap)[0]
+    assert c3 == cfg.replace(group_capacity=0.0, capacity_layers=None, capacity_overflow="second", capacity_top_k=None)
+    assert str(Pattern.parse("default", c3)) == f"hard_top2+{BUDGET}+{RANDOM_LAYERS}"
+    # one process or another, the same content gives the same bytes
+    again = write_rules(nocap, tmp_path / "again.safetensors", p)
+    assert hashlib.sha256(again.read_bytes()).digest() == hashlib.sha256(same.read_bytes()).digest()
+    with pytest.raises(PatternError, match="hard pattern on its routers' groups"):
+        write_rules(src, tmp_path / "x.safetensors", Pattern.parse("random_top2"))
+    assert not (tmp_path / "x.safetensors").exists()
+
+
+def test_router_files_are_the_same_bytes_in_every_process(tmp_path):
+    """safetensors writes its metadata in an order that changes per process; focus-lab sorts the
+    header, so two processes writing the same routers write the same file."""
+    import subprocess
+    import sys
+    code = ("import sys; from focus_lab.hf.router_files import write_rules; from focus_lab.hf.shipped import "
+            "shipped_router_file; from focus_lab.patterns import Pattern; "
+            "write_rules(shipped_router_file(), sys.argv[1], Pattern.parse('hard_top2+random_layers([1-9])'))")
+    shas = set()
+    for i in range(3):
+        out = tmp_path / f"{i}.safetensors"
+        subprocess.run([sys.executable, "-c", code, str(out)], check=True)
+        shas.add(hashlib.sha256(out.read_bytes()).hexdigest())
+    assert len(shas) == 1

@@ -83,7 +83,26 @@ def write_router_file(path: str | Path, tensors: dict[str, torch.Tensor], config
             "extra": json.dumps(extra or {}, sort_keys=True, default=str)}
     with atomic_path(path) as tmp:
         save_file(tensors, str(tmp), metadata=meta)
+        _sort_header(tmp)
     return path
+
+
+def _sort_header(path: Path) -> None:
+    """Rewrite a safetensors header in place with its keys sorted (``__metadata__`` first, then the
+    tensors by name; the data and its offsets untouched), so the same tensors and metadata give
+    the same bytes, hence the same sha256, in every process: safetensors writes the metadata map
+    in an order that changes from one process to the next. Same JSON, same length."""
+    with open(path, "r+b") as f:
+        n = int.from_bytes(f.read(8), "little")
+        raw = f.read(n)
+        header = json.loads(raw)
+        meta = header.pop("__metadata__", None)
+        ordered = ({"__metadata__": dict(sorted(meta.items()))} if meta is not None else {}) | dict(sorted(header.items()))
+        text = json.dumps(ordered, separators=(",", ":"), ensure_ascii=False).encode()
+        if len(text) > n:  # never: the same keys and values, reordered
+            raise RuntimeError(f"{path}: the sorted safetensors header is longer than the written one")
+        f.seek(8)
+        f.write(text + b" " * (n - len(text)))
 
 
 def read_router_file(path: str | Path) -> tuple[FocusConfig, dict, dict[str, torch.Tensor], dict]:
@@ -198,3 +217,46 @@ def load_routers(model: nn.Module, path: str | Path, config_overrides: dict | No
                     raise RouterMismatchError(f"router file {path} has no tensor {key}")
                 t.copy_(tensors[key])
     return _default(model).config
+
+
+def rules_config(config: FocusConfig, pattern) -> FocusConfig:
+    """``config`` (a router file's) with ``pattern``'s rules saved as the file's own for hard
+    top-k at the pattern's k, so that the file's ``default_top{k}`` is ``pattern``: its per-layer
+    k becomes ``top_k_budgets[k]``, its capacity ``group_capacity`` / ``capacity_layers`` /
+    ``capacity_overflow`` with ``capacity_top_k = [k]``, and its random-group layers, key shift
+    and token-match pairs the file's (these hold for every k). ``top_k`` becomes k.
+    Raises PatternError when ``pattern`` is not a hard pattern on the router's groups, or when
+    the result's ``default_top{k}`` would differ from it (a rule the file cannot carry)."""
+    from focus_lab.patterns import Pattern, PatternError
+    if pattern.mode != "hard" or pattern.assignment != "router":
+        raise PatternError(f"a router file's rules are those of a hard pattern on its routers' groups, "
+                           f"not {str(pattern)!r}; e.g. hard_top2+layer_top_k(1=[0],3=[1])")
+    k = pattern.top_k
+    ch = {r: v for rule in pattern.rules for r, v in rule.changes().items()}
+    budgets = {t: m for t, m in (config.top_k_budgets or {}).items() if t != k}
+    if ch.get("layer_top_k"):
+        budgets[k] = ch["layer_top_k"]
+    cap = pattern.rule("capacity")
+    out = config.replace(
+        top_k=k, layer_top_k=None, top_k_budgets=budgets or None,
+        random_layers=ch.get("random_layers") or None, key_shift=ch.get("key_shift", 0),
+        match_shifts=ch.get("match_shifts"), match_latest=ch.get("match_latest", 0),
+        group_capacity=cap.share if cap else 0.0, capacity_layers=list(cap.layers) if cap and cap.layers else None,
+        capacity_overflow=cap.overflow if cap else "second", capacity_top_k=[k] if cap else None,
+        **({"sink_tokens": ch["sink_tokens"]} if "sink_tokens" in ch else {}),
+        **({"window": ch["window"]} if "window" in ch else {}))
+    got = Pattern.parse(f"default_top{k}", out)
+    want = Pattern("hard", "router", k, tuple(r for r in pattern.rules if r.name not in ("sinks", "window")))
+    if got != want:
+        raise PatternError(f"a router file cannot carry {str(pattern)!r} as its rules (it would read back as "
+                           f"{str(got)!r})")
+    return out
+
+
+def write_rules(src: str | Path, out: str | Path, pattern) -> Path:
+    """Write the router file ``src`` again to ``out`` (atomically) with the same tensors, base
+    model and metadata and ``pattern``'s rules as its own (``rules_config``): how the shipped
+    chain gives a file its per-layer budget and its group capacity (``focus-lab routers
+    set-rules``). Returns ``out``. Raises PatternError (see ``rules_config``)."""
+    config, base, tensors, extra = read_router_file(src)
+    return write_router_file(out, tensors, rules_config(config, pattern), base, extra or None)

@@ -99,8 +99,12 @@ class Pattern:
     # ---- meaning
     def changes(self) -> dict[str, Any]:
         """FocusConfig changes that run this pattern on any router file: every rule's ``neutral``
-        (absent rules off), the mode, assignment and k, then each present rule's changes."""
+        (absent rules off), the mode, assignment and k, then each present rule's changes. Dense
+        and window patterns change only the mode (and their own rules): no group rule acts there."""
         out: dict[str, Any] = {}
+        if self.mode in ("dense", "window"):  # no group, so no rule acts: the file's fields stay (the
+            # passkey audit routes its uniform top-1 / top-2 masks from a dense forward's config)
+            return {"mode": self.mode, "assignment": "router", **{k: v for r in self.rules for k, v in r.changes().items()}}
         for cls in RULES.values():
             out.update(cls.neutral)
         if self.mode == "hard":
