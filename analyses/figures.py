@@ -562,7 +562,7 @@ def figures(
 def main() -> None:
     """The ``focus-lab-figures`` command (``[project.scripts]``; also ``python -m analyses.figures``):
     ``run_figures`` with its options; a bad option or input (an unknown ``--only`` name, a missing
-    router file) is one line and exit code 2 (``focus_lab.cli.guard``)."""
+    router file) is one line and exit code 2 (``focus_lab.errors.guard``)."""
     cli()
 
 

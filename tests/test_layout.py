@@ -65,3 +65,75 @@ def test_library_code_sets_no_environment_variable():
     for path in PKG.rglob("*.py"):
         text = path.read_text()
         assert not re.search(r"os\.environ\[[^\]]+\]\s*=|os\.environ\.(setdefault|update)|putenv", text), path
+
+
+def _module_graph() -> dict[str, set[str]]:
+    """{module: the project modules it imports anywhere in its body (function-level imports too)}
+    over focus_lab/, app/ (installed as focus_lab.app) and analyses/."""
+    roots = {"focus_lab": PKG, "analyses": ROOT / "analyses", "focus_lab.app": ROOT / "app"}
+    files = {}
+    for pkg, root in roots.items():
+        for f in root.rglob("*.py"):
+            if pkg == "focus_lab" and f.relative_to(root).parts[0] == "app":
+                continue
+            parts = [p for p in f.relative_to(root).with_suffix("").parts if p != "__init__"]
+            files[".".join([pkg, *parts])] = f
+    graph = {m: set() for m in files}
+    for m, f in files.items():
+        for name in _imports(f):
+            if name in files and name != m and not m.startswith(name + "."):  # a package's own parent
+                graph[m].add(name)
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index, low, stack, on, out, counter = {}, {}, [], set(), [], [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_cycles():
+    assert _cycles(_module_graph()) == []
+    # the check can fail: a module importing back one that imports it is a cycle
+    g = _module_graph()
+    g["focus_lab.method.config"].add("focus_lab.method.core")
+    assert ["focus_lab.method.config", "focus_lab.method.core"] in _cycles(g)
+
+
+def test_analyses_import_no_private_name_and_not_the_cli():
+    bad = []
+    for f in (ROOT / "analyses").rglob("*.py"):
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("focus_lab"):
+                bad += [f"{f.name}: {node.module}.{a.name}" for a in node.names if a.name.startswith("_")]
+                if node.module == "focus_lab.cli" or (node.module == "focus_lab" and any(a.name == "cli" for a in node.names)):
+                    bad.append(f"{f.name}: imports focus_lab.cli")
+            elif isinstance(node, ast.Import):
+                bad += [f"{f.name}: imports {a.name}" for a in node.names if a.name == "focus_lab.cli"]
+    assert not bad, bad

@@ -1,10 +1,10 @@
-"""analyses/studies/needle_corpus: documents of training prose whose facts are restated far back,
+"""focus_lab/train/needle_corpus: documents of training prose whose facts are restated far back,
 checked on a word tokenizer (one token per whitespace-separated word) by hand."""
 
 import numpy as np
 import pytest
 
-from analyses.studies.needle_corpus import make_document
+from focus_lab.train.needle_corpus import make_document
 
 
 class _Words:

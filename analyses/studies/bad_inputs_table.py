@@ -11,10 +11,10 @@ import tempfile
 from pathlib import Path
 
 import torch
-from typer.testing import CliRunner
+import subprocess
+import sys
 
 import focus_lab
-from focus_lab.cli import app
 from focus_lab.hf.tiny import SAMPLE_TEXT as TEXT, bpe_tokenizer, tiny_gpt2, tiny_llama
 
 
@@ -26,14 +26,13 @@ def main() -> None:
     bpe_tokenizer([TEXT]).save_pretrained(model_dir)
     good = tmp / "good.txt"
     good.write_text("\n\n".join([TEXT] * 30))
-    runner = CliRunner()
     rows = []
 
-    def cli(what: str, args: list[str]) -> None:
-        r = runner.invoke(app, args)
-        msg = r.output.strip().splitlines()
+    def cli(what: str, args: list[str]) -> None:  # the command a user runs, in its own process
+        r = subprocess.run([sys.executable, "-m", "focus_lab", *args], capture_output=True, text=True)
+        msg = (r.stdout + r.stderr).strip().splitlines()
         err = [m for m in msg if m.startswith("error:") or m.startswith("note:")]
-        rows.append((what, f"exit {r.exit_code}: " + (err[-1] if err else (msg[-1] if msg else ""))))
+        rows.append((what, f"exit {r.returncode}: " + (err[-1] if err else (msg[-1] if msg else ""))))
 
     def lib(what: str, fn) -> None:
         try:

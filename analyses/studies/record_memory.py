@@ -81,8 +81,7 @@ def main() -> None:
     from focus_lab.recording import recorder as R
     from focus_lab.recording import linguistics
     from focus_lab.hf import models
-    from focus_lab.cli import app
-    import typer
+    import runpy
     s = Sampler()
     wrap(models, "load_model", s, "load")
     wrap(linguistics, "load_spacy", s, "spacy")
@@ -111,8 +110,13 @@ def main() -> None:
     s.start()
     t0 = time.perf_counter()
     try:
-        typer.main.get_command(app).main(["record", "--memory-limit", "1000", *argv], prog_name="focus-lab",
-                                         standalone_mode=False)
+        # the real command in this process (its stages wrapped above), as `python -m focus_lab` runs it
+        sys.argv = ["focus-lab", "record", "--memory-limit", "1000", *argv]
+        try:
+            runpy.run_module("focus_lab", run_name="__main__", alter_sys=True)
+        except SystemExit as e:
+            if e.code:
+                raise
     finally:
         s.stop()
     dt = time.perf_counter() - t0

@@ -1,0 +1,75 @@
+"""The committed result tables record, beside their legacy labels, the pattern each row ran
+(``canonical_pattern``) and its router file by name (``router_name``); the patterns re-parse, and
+the length cells' patterns are the rules each cell records in its own columns."""
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from analyses.migrate_tables import COLUMNS, ONE_FILE, PER_ROW, file_config
+from focus_lab.method.config import FocusConfig, parse_int_list, parse_layer_top_k
+from focus_lab.patterns import Pattern, legacy_label_pattern
+
+RESULTS = Path(__file__).resolve().parent.parent / "figures" / "results"
+TABLES = sorted(set(ONE_FILE) | set(PER_ROW) | {"passkey_cases.parquet"})
+
+
+@pytest.fixture(scope="module")
+def tables():
+    return {name: pd.read_parquet(RESULTS / name) for name in TABLES}
+
+
+def test_every_committed_table_records_its_patterns(tables):
+    for name, df in tables.items():
+        assert set(COLUMNS) <= set(df.columns), f"{name}: run python -m analyses.migrate_tables"
+        pats = df["canonical_pattern"].dropna().unique()
+        assert len(pats), name
+        for p in pats:
+            if p != "moba_matched":
+                assert str(Pattern.parse(p)) == p, (name, p)  # one spelling, re-parsed
+    # rows whose rules are known: all but those of router files the manifest does not name
+    resolved = {n: df["canonical_pattern"].notna().mean() for n, df in tables.items()}
+    assert resolved["retrieval_cases.parquet"] == resolved["retrieval_cases_5710775e.parquet"] == 1.0
+    assert resolved["length_cells.parquet"] > 0.75 and resolved["passkey_cases.parquet"] > 0.7
+
+
+def test_length_cells_patterns_are_the_rules_each_cell_recorded(tables):
+    """Independent of the migration's code path: each cell's per-layer k, token-match shifts and
+    capacity (its own columns) equal what its canonical pattern does in every layer."""
+    df = tables["length_cells.parquet"]
+    df = df[df.canonical_pattern.notna() & df.canonical_pattern.str.startswith(("hard_", "random_", "shuffled_"))]
+    assert len(df) > 3000
+    for (pat, spec, shifts, cap), g in df.groupby(["canonical_pattern", "layer_top_k", "match_shifts", "capacity"]):
+        p = Pattern.parse(pat)
+        cfg = FocusConfig(num_groups=8).replace(**p.changes())
+        want = parse_layer_top_k(spec) if spec else {}
+        assert all(cfg.top_k_at(i) == want.get(i, p.top_k) for i in range(30)), (pat, spec)
+        s, _, latest = shifts.partition("@")
+        assert (cfg.match_shifts or []) == (parse_int_list(s) if s else []), (pat, shifts)
+        assert cfg.match_latest == int(latest or 0)
+        if cap and p.assignment == "router":
+            share, _, rest = cap.partition("@")
+            layers, _, overflow = rest.partition(":")
+            assert (cfg.group_capacity, cfg.capacity_overflow) == (float(share), overflow), (pat, cap)
+            assert cfg.capacity_layers == (None if layers == "all" else parse_int_list(layers))
+        else:
+            assert cfg.group_capacity == 0.0, (pat, cap)
+
+
+def test_named_files_rows_are_their_labels_under_the_files_rules(tables):
+    """A row of a named router file: its label under that file's rules (the manifest's default
+    pattern), e.g. the shipped file's hard_top2 is its default with the capacity."""
+    r = tables["retrieval_cases.parquet"]
+    by = r.groupby("pattern")["canonical_pattern"].first()
+    shipped = file_config("smollm2-135m/needle-mix-capacity")
+    assert by["hard_top2"] == str(Pattern.parse("default", shipped))
+    assert by["hard_top2_nocap"] == str(Pattern.parse("default", shipped)).replace(
+        "capacity(0.5,layers=[13,15-16,21,25,28-29],evict)+", "")
+    assert by["random_top2"] == str(Pattern.parse("random_default", shipped))
+    for name in ("copy_loss.parquet", "passkey_cases.parquet"):
+        t = tables[name].dropna(subset=["router_name"])
+        for (router, label), g in t.groupby(["router_name", "pattern"]):
+            if name == "passkey_cases.parquet":
+                continue  # a table's overrides change the file's rules: checked by the migration
+            assert set(g["canonical_pattern"]) == {str(legacy_label_pattern(label, file_config(router)))}
