@@ -61,7 +61,7 @@ import pandas as pd
 import torch
 
 from focus_lab.eval.needle_trace import NeedleTrace
-from focus_lab.eval.probe import cache_ok, encode, fingerprint, forward  # noqa: F401  (the probe core)
+from focus_lab.eval.probe import cache_ok, encode, eos_ids, fingerprint, forward, greedy  # noqa: F401  (the probe core)
 from focus_lab.method.config import ConfigError
 
 PASSKEY_SCHEMA = 1
@@ -361,39 +361,12 @@ def _number_ended(text: str) -> bool:
 
 def greedy_continuation(model, prefix: torch.Tensor, steps: int, use_cache: bool,
                         stop: Callable[[list[int]], bool] | None = None, focus=None) -> list[int]:
-    """Greedy decoding of up to ``steps`` tokens after ``prefix`` ((T,) int64 token ids).
-
-    ``use_cache``: a prefill forward and one-token steps through ``past_key_values`` (dense,
-    window, hard router patterns: docs/method.md §4 KV cache); otherwise one full forward per
-    token. ``stop(tokens so far)`` ends decoding early. ``focus``: the ``retrofit.FocusForward``
-    of every forward (with a FocusCache when ``use_cache``); None: the model's default.
-    Returns the new token ids.
-    """
-    if focus is not None:
-        from focus_lab.hf.retrofit import FocusCache, FocusForward
-        if use_cache and focus.cache is None:
-            focus = FocusForward(focus.config, FocusCache())
-    fkw = {} if focus is None else {"focus": focus}
-    out: list[int] = []
-    eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    eos = set(eos if isinstance(eos, (list, tuple)) else [eos]) - {None}
-    ids = prefix
-    past = None
-    for _ in range(steps):
-        if use_cache and past is None:  # prefill (attach's pre-hook makes its cache append in place)
-            res = forward(model, ids, keep=1, use_cache=True, **fkw)
-            past = res.past_key_values
-        elif use_cache:  # one token through the cache
-            res = forward(model, ids[-1:], keep=1, use_cache=True, past_key_values=past, **fkw)
-            past = res.past_key_values
-        else:
-            res = forward(model, ids, keep=1, use_cache=False, **fkw)
-        nxt = int(res.logits[0, -1].argmax())
-        out.append(nxt)
-        ids = torch.cat([ids, torch.tensor([nxt], dtype=ids.dtype)])
-        if nxt in eos or (stop is not None and stop(out)):
-            break
-    return out
+    """Greedy decoding of up to ``steps`` tokens after ``prefix`` ((T,) int64 token ids): the probe
+    core's ``probe.greedy`` from an empty cache (a prefill, then one token a step, when
+    ``use_cache``; else one full forward per token). ``stop(tokens so far)`` ends decoding early;
+    ``focus``: the ``FocusForward`` of every forward (None: the model's default). Returns the new
+    token ids."""
+    return greedy(model, prefix, steps, stop or (lambda toks: False), eos_ids(model), use_cache, focus)
 
 
 @torch.no_grad()

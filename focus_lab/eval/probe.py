@@ -1,7 +1,7 @@
 """The core both probes share (passkey, ``focus_lab.eval.passkey``; the retrieval suite,
 ``focus_lab.eval.retrieval``): prompt encoding, one forward with the logits of the last positions
 only, which patterns decode through the KV cache, the fingerprint of a resumable cell, and the
-``torchrun`` shard of a process. Source: docs/probe.md."""
+``torchrun`` shard of a process, greedy decoding. Source: docs/passkey_reference.md, docs/retrieval.md."""
 
 from __future__ import annotations
 
@@ -52,3 +52,42 @@ def barrier() -> None:
     if not dist.is_initialized():
         dist.init_process_group("gloo")
     dist.barrier()
+
+
+def eos_ids(model) -> set[int]:
+    """The token ids that end generation (``generation_config.eos_token_id``, one or a list)."""
+    eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    return set(eos if isinstance(eos, (list, tuple)) else [eos]) - {None}
+
+
+def greedy(model, seq: torch.Tensor, steps: int, stop, eos: set[int], use_cache: bool, focus=None,
+           past=None, cached: int = 0, out: list[int] | None = None) -> list[int]:
+    """Greedy decoding after ``seq`` ((T,) token ids, ending with ``out``: the tokens already chosen,
+    e.g. the teacher-forced answer tokens greedy agrees with), up to ``steps`` tokens in all
+    (``out`` included).
+
+    ``use_cache``: through the KV cache, ``past`` holding ``seq[:cached]`` (None and 0: nothing
+    yet, so the first forward is the prefill of ``seq``); the rest of ``seq`` goes in as one
+    chunk, then one token a step (docs/method.md §4 KV cache). Otherwise one full forward per
+    token. ``focus``: the ``FocusForward`` of every forward (given a ``FocusCache`` when decoding
+    through the cache without one); None: the model's default. Stops after a token of ``eos``,
+    when ``stop(tokens)`` is true, or after ``steps`` tokens. Returns ``out`` and the new tokens.
+    """
+    out = list(out or [])
+    if (out and (stop(out) or out[-1] in eos)) or len(out) >= steps:
+        return out
+    if focus is not None and use_cache and focus.cache is None:
+        from focus_lab.hf.state import FocusCache, FocusForward
+        focus = FocusForward(focus.config, FocusCache())
+    fkw = {} if focus is None else {"focus": focus}
+    while True:
+        if use_cache:  # the tokens the cache lacks (attach's pre-hook makes it append in place)
+            res = forward(model, seq[cached:], keep=1, use_cache=True, past_key_values=past, **fkw)
+            past, cached = res.past_key_values, len(seq)
+        else:
+            res = forward(model, seq, keep=1, use_cache=False, **fkw)
+        nxt = int(res.logits[0, -1].argmax())
+        out.append(nxt)
+        seq = torch.cat([seq, torch.tensor([nxt], dtype=seq.dtype, device=seq.device)])
+        if nxt in eos or stop(out) or len(out) >= steps:
+            return out

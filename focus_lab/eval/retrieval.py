@@ -76,7 +76,7 @@ import pandas as pd
 import torch
 
 from focus_lab.eval.needle_trace import NeedleTrace
-from focus_lab.eval.probe import barrier, cache_ok, encode, fingerprint, forward, shard  # noqa: F401  (the probe core)
+from focus_lab.eval.probe import barrier, cache_ok, encode, eos_ids, fingerprint, forward, greedy, shard  # noqa: F401  (the probe core)
 from focus_lab.method.config import ConfigError
 
 RETRIEVAL_SCHEMA = 1
@@ -620,36 +620,6 @@ def copy_pairs(ids: torch.Tensor, rows: torch.Tensor, keys: torch.Tensor) -> tor
     return ids[rows][:, None] == prev[None, :]
 
 
-def _greedy(model, state, past, ids: torch.Tensor, start: int, forced: list[int], steps: int,
-            done: Callable[[list[int]], bool], eos: set[int], use_cache: bool) -> list[int]:
-    """Greedy tokens after ``ids[:start] + forced`` (``forced``: the teacher-forced answer tokens
-    greedy agrees with). Through the cache: ``past`` / ``state`` hold the prefill of
-    ``ids[:start - 1]``, the rest goes in as one chunk, then one token a step; else full forwards.
-    Stops at EOS, when ``done(tokens)``, or after ``steps`` tokens in all. Returns the tokens
-    after ``ids[:start]`` (``forced`` first)."""
-    out = list(forced)
-    if done(out) or len(out) >= steps or (out and out[-1] in eos):
-        return out
-    seq = torch.cat([ids[:start], torch.tensor(out, dtype=ids.dtype, device=ids.device)])
-    fkw = {"focus": state}
-    if use_cache:
-        res = forward(model, seq[start - 1:], keep=1, use_cache=True, past_key_values=past, **fkw)
-        past = res.past_key_values
-    else:
-        res = forward(model, seq, keep=1, use_cache=False, **fkw)
-    while True:
-        nxt = int(res.logits[0, -1].argmax())
-        out.append(nxt)
-        seq = torch.cat([seq, torch.tensor([nxt], dtype=seq.dtype, device=seq.device)])
-        if nxt in eos or done(out) or len(out) >= steps:
-            return out
-        if use_cache:
-            res = forward(model, seq[-1:], keep=1, use_cache=True, past_key_values=past, **fkw)
-            past = res.past_key_values
-        else:
-            res = forward(model, seq, keep=1, use_cache=False, **fkw)
-
-
 def answer_logprob(logits: torch.Tensor, case: RetrievalCase) -> float:
     """The teacher-forced log-prob of ``case``'s answer values (nats): ``logits`` (n, V) are the
     predictions of its n answer tokens; summed over the value tokens (``case.answer_index``)."""
@@ -704,8 +674,7 @@ def run_case(model, tokenizer, case: RetrievalCase, patterns: list[tuple[str, di
     rows = torch.arange(P - 1, P - 1 + n)  # the queries that predict the answer's tokens
     needle = torch.as_tensor(case.needle_positions, dtype=torch.long)
     value_rows = torch.as_tensor(case.answer_index, dtype=torch.long)
-    eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    eos = set(eos if isinstance(eos, (list, tuple)) else [eos]) - {None}
+    eos = eos_ids(model)
     answers = case.answers
     context = needle_context(tokenizer, case)
     rows_out, traces = [], {}
@@ -750,7 +719,9 @@ def run_case(model, tokenizer, case: RetrievalCase, patterns: list[tuple[str, di
                 gstate = FocusForward(cfg, fcache if fcache is not None else FocusCache())
             else:
                 past0, gstate = None, FocusForward(cfg)
-            cont = _greedy(model, gstate, past0, ids, P, forced, task.max_new_tokens, done, eos, use_cache)
+            # greedy after the prompt and the agreed answer tokens; the cache holds ids[:P - 1]
+            seq = torch.cat([ids[:P], torch.tensor(forced, dtype=ids.dtype, device=ids.device)])
+            cont = greedy(model, seq, task.max_new_tokens, done, eos, use_cache, gstate, past0, P - 1, forced)
             dt = time.perf_counter() - t0
             bare = bare_forward_seconds(model, case.input_ids.to(dev), ch) if label in time_bare else None
         text = tokenizer.decode(cont)

@@ -83,6 +83,34 @@ class Rule:
             raise self.error(f"names layer {max(layers)}, but the model has layers 0-{num_layers - 1}")
 
 
+@dataclass(frozen=True)
+class TokenCount(Rule):
+    """Base of the rules that set one FocusConfig field to a count of tokens, spelled ``name(N)``
+    (``window(256)``, ``sinks(64)``). Without the rule a pattern keeps the router file's value:
+    its routers were trained with it; every result records it."""
+
+    tokens: int = 0
+    field: ClassVar[str] = ""
+    minimum: ClassVar[int] = 0
+    neutral: ClassVar[dict[str, Any]] = {}
+    modes: ClassVar[tuple[str, ...]] = ("hard", "soft", "window")
+
+    @classmethod
+    def from_args(cls, args, kwargs):
+        if len(args) != 1 or kwargs:
+            raise cls.error("needs one count of tokens")
+        n = read_int(cls, args[0], "tokens")
+        if n < cls.minimum:
+            raise cls.error(f"needs at least {cls.minimum} token(s)")
+        return cls(n)
+
+    def arguments(self):
+        return [str(self.tokens)]
+
+    def changes(self):
+        return {self.field: self.tokens}
+
+
 def read_layers(rule: type[Rule], text: str) -> tuple[int, ...]:
     """'[13,15-16]' or '13' or '1-9' -> sorted unique layer indices. Raises PatternError."""
     t = text.strip()
