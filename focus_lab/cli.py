@@ -29,6 +29,13 @@ _F, _T, _R = _FocusConfig(), _TrainConfig(), _RecordOptions()
 from focus_lab.errors import fail as _fail, guard, known_errors as _known_errors  # noqa: E402,F401
 
 
+def routed_layers(path) -> int:
+    """The layers a pattern's rules may name for the router file ``path``: one past its last routed
+    layer (``shipped.read_header``), read without loading torch."""
+    from focus_lab.hf.shipped import read_header
+    return max(read_header(path)["layers"], default=-1) + 1
+
+
 def _device(device: str) -> str:
     """``hf.models.resolve_device``; a device it refuses exits 2 with its one line."""
     from focus_lab.hf.models import resolve_device
@@ -359,7 +366,7 @@ def eval_cmd(
         overrides.update(_config_overrides(random_layers, layer_top_k, match_shifts))
         # the file's rules (reached through 'default'), as the options change them; fail before loading
         pats = parse_patterns(patterns, read_router_file(routers)[0].replace(
-            **{k: v for k, v in overrides.items() if k != "assignment"}), pattern_file)
+            **{k: v for k, v in overrides.items() if k != "assignment"}), pattern_file, routed_layers(routers))
         dev = _device(device)
         m, tok, corp, seq_len = _load(model, corpus, seq_len)
         cfg = load_routers(m, routers, config_overrides=overrides or None)
@@ -433,7 +440,8 @@ def _eval_run(run_dir: Path, patterns: str, max_windows: int | None, pattern_fil
     run = Run.open(run_dir)
     mf = run.manifest
     routers = _run_router_file(run, mf)
-    pats = parse_patterns(patterns, read_router_file(routers)[0], pattern_file)  # fail before loading
+    pats = parse_patterns(patterns, read_router_file(routers)[0], pattern_file,
+                          routed_layers(routers))  # fail before loading
     ids = run.window_token_ids()
     chosen = sorted(ids)[:max_windows] if max_windows else sorted(ids)
     if not chosen:
@@ -939,7 +947,7 @@ def probe_passkey(
         routers = _routers(routers_opt, model)
         overrides = _config_overrides(random_layers, layer_top_k)
         pats = parse_patterns(patterns, read_router_file(routers)[0].replace(**overrides),
-                              pattern_file)  # fail before loading
+                              pattern_file, routed_layers(routers))  # fail before loading
         torch.set_num_threads(max(1, threads))
         m, tok, corp, _ = _load(model, corpus, 0)  # 0: no cap note; run_passkey checks the lengths
         cfg = load_routers(m, routers, config_overrides=overrides or None)
@@ -1012,7 +1020,7 @@ def probe_retrieval(
         from focus_lab.hf.retrofit import detach, is_attached, load_routers, model_identity, read_router_file
         task_list = rt.parse_tasks(tasks)
         routers = _routers(routers_opt, model)
-        pats = rt.parse_retrieval_patterns(patterns, read_router_file(routers)[0], cases)
+        pats = rt.parse_retrieval_patterns(patterns, read_router_file(routers)[0], cases, routed_layers(routers))
         if fmt not in ("chat", "plain"):
             _fail(f"--format {fmt!r}: choose chat or plain")
         torch.set_num_threads(max(1, threads))

@@ -179,7 +179,7 @@ def test_a_pattern_that_does_not_parse_is_one_line_naming_the_token(text, words)
 @pytest.mark.parametrize("text, num_layers, words", [
     ("hard_top2+capacity(1.5)", None, ["rule 'capacity'", "outside (1/num_groups, 1] = (0.25, 1]"]),
     ("hard_top2+capacity(0.2)", None, ["(0.25, 1]"]),
-    ("hard_top2+random_layers([40])", 30, ["rule 'random_layers'", "layer 40", "layers 0-29"]),
+    ("hard_top2+random_layers([40])", 30, ["rule 'random_layers'", "layer 40", "routed layers are 0-29"]),
     ("hard_top2+layer_top_k(5=[1])", None, ["k = 5 above num_groups = 4"]),
     ("hard_top9", None, ["top-9 is outside 1..num_groups = 4"]),
 ])
@@ -255,3 +255,8 @@ def test_routers_cli_list_and_show():
     assert "random_default     random_top2+layer_top_k(" in r.output
     r = CliRunner().invoke(app, ["routers", "show", "no-such-file"])
     assert r.exit_code == 2 and "smollm2-135m/soup-budget" in r.output and len(r.output.strip().splitlines()) == 1
+    # a rule naming a layer the router file does not route: one line, before any model loads
+    r = CliRunner().invoke(app, ["eval", "--patterns", "dense,hard_top2+random_layers([31])"])
+    assert r.exit_code == 2 and r.output.strip().splitlines()[-1] == (
+        "error: rule 'random_layers' names layer 31, but the routed layers are 0-29; "
+        "e.g. hard_top2+random_layers([1-9])")

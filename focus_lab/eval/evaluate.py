@@ -41,26 +41,28 @@ def pattern_names(num_groups: int) -> list[str]:
     return names
 
 
-def pattern_changes(name: str, routers) -> dict:
+def pattern_changes(name: str, routers, num_layers: int | None = None) -> dict:
     """FocusConfig changes of one pattern spelling (``focus_lab.patterns.Pattern.parse``; the
     same rules with every router file: ``hard_top2`` is the paper's top-2, ``default`` the file's
     own rules). ``routers``: the router file's FocusConfig, or just num_groups (then ``default``
     is refused). Raises PatternError (a ConfigError) naming the failing token."""
     from focus_lab.patterns import Pattern
     cfg, K = _routers_or_groups(routers)
-    return Pattern.parse(name, cfg).check(K).changes()
+    return Pattern.parse(name, cfg).check(K, num_layers).changes()
 
 
-def parse_patterns(spec: str, routers, pattern_file=None) -> list[tuple[str, dict]]:
+def parse_patterns(spec: str, routers, pattern_file=None, num_layers: int | None = None) -> list[tuple[str, dict]]:
     """[(label, FocusConfig changes)] from a comma list such as ``dense,hard_top2,default``
     (``focus_lab.patterns.parse_patterns``); ``all``: dense, window, soft, hard_top1..K; or,
     with ``pattern_file`` (``--pattern-file``: a JSON or YAML list of spellings or mapping
     {label: spelling}), from that file instead of ``spec``.
-    ``routers``: the router file's FocusConfig or num_groups. Raises PatternError."""
+    ``routers``: the router file's FocusConfig or num_groups; ``num_layers``: the layers a rule
+    may name (the router file's routed layers, ``shipped.routed_layers``; None: unchecked).
+    Raises PatternError."""
     from focus_lab.patterns import parse_pattern_file, parse_patterns as parse
     cfg, K = _routers_or_groups(routers)
     pats = parse_pattern_file(pattern_file, cfg) if pattern_file else parse(spec, cfg, num_groups=K)
-    return [(label, p.check(K).changes()) for label, p in pats]
+    return [(label, p.check(K, num_layers).changes()) for label, p in pats]
 
 
 def pattern_layer_top_k(config, changes: dict) -> dict[int, int]:

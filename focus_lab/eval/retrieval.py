@@ -544,7 +544,8 @@ def _cwe_units(tokenizer, common: list[str], others: list[str], C: int, length: 
 # ------------------------------------------------------------------------------------------
 # patterns
 
-def parse_retrieval_patterns(spec: str, routers, cases: int) -> list[tuple[str, dict, int]]:
+def parse_retrieval_patterns(spec: str, routers, cases: int, num_layers: int | None = None
+                             ) -> list[tuple[str, dict, int]]:
     """[(label, FocusConfig changes, cases)] from a comma list of ``evaluate.parse_patterns``
     names, plus ``moba_matched`` (the MoBA block gate, its block top-k matched to ``hard_top2``'s
     distant pairs kept; ``baselines.MoBARouter``); ``name:N`` runs that pattern on the first N
@@ -558,7 +559,7 @@ def parse_retrieval_patterns(spec: str, routers, cases: int) -> list[tuple[str, 
         if n and (not n.isdigit() or int(n) < 1):
             raise ConfigError(f"pattern {item!r}: write name:N with N >= 1 cases")
         k = min(int(n), cases) if n else cases
-        out.append((name, {"mode": "hard"} if name == MOBA else pattern_changes(name, routers), k))
+        out.append((name, {"mode": "hard"} if name == MOBA else pattern_changes(name, routers, num_layers), k))
     if not out:
         raise ConfigError("--patterns is empty")
     if not any(lab == "dense" for lab, _, _ in out):

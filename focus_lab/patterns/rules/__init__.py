@@ -80,7 +80,7 @@ class Rule:
 
     def check_layers(self, layers, num_layers: int | None) -> None:
         if num_layers is not None and layers and max(layers) >= num_layers:
-            raise self.error(f"names layer {max(layers)}, but the model has layers 0-{num_layers - 1}")
+            raise self.error(f"names layer {max(layers)}, but the routed layers are 0-{num_layers - 1}")
 
 
 @dataclass(frozen=True)
