@@ -30,7 +30,8 @@ from typing import Any
 from focus_lab.patterns.rules import RULES, PatternError, Rule
 
 MODES = ("dense", "window", "soft", "hard")
-ASSIGNMENTS = {"hard": "router", "random": "random", "shuffled": "shuffled"}
+ASSIGNMENTS = {"hard": "router", "random": "random", "shuffled": "shuffled"}  # head prefix -> groups
+HEADS = {v: k for k, v in ASSIGNMENTS.items()}  # groups -> head prefix
 HEAD = re.compile(r"^(hard|random|shuffled)_top(\d+)$")
 NAMED = re.compile(r"^(?:(random|shuffled)_)?default(?:_top(\d+))?$")
 EXAMPLE = "hard_top2+capacity(0.5,layers=[13,15-16],evict)"
@@ -57,6 +58,8 @@ class Pattern:
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise PatternError(f"mode {self.mode!r}: choose one of {', '.join(MODES)}")
+        if self.assignment not in HEADS:
+            raise PatternError(f"groups {self.assignment!r}: choose one of {', '.join(HEADS)}")
         rules = tuple(sorted(self.rules, key=lambda r: r.name))
         names = [r.name for r in rules]
         if len(set(names)) != len(names):
@@ -71,8 +74,7 @@ class Pattern:
 
     # ---- spelling
     def __str__(self) -> str:
-        head = self.mode if self.mode != "hard" else \
-            f"{ {v: k for k, v in ASSIGNMENTS.items()}[self.assignment]}_top{self.top_k}".replace(" ", "")
+        head = self.mode if self.mode != "hard" else f"{HEADS[self.assignment]}_top{self.top_k}"
         return "+".join([head] + [str(r) for r in self.rules])
 
     @property
