@@ -348,11 +348,10 @@ def _route_layer(router: Router, state: FocusForward, keep: torch.Tensor, attent
     token_mask = keep.diagonal(dim1=1, dim2=2, offset=Tk - Tq) if attention_mask is not None else None
     step = state.cache is not None and Tq < Tk
     start = state.cache.seen(router.layer_idx) if step else Tk - Tq
-    prev = state.cache.next_key_group.get(router.layer_idx) if step else None  # (B, 1), key_shift
-    counts = state.cache.first_counts.get(router.layer_idx) if step else None  # (B, K), group_capacity
+    carried = state.cache.carried.get(router.layer_idx) if step else None  # the rules' causal state
     routing = route(router if call is None or not has_hooks(call.module, "router_logits")
-                    else _LogitsHooked(router, call), h, token_mask, cfg, start, prev,
-                    counts)  # start: position of h[:, 0]
+                    else _LogitsHooked(router, call), h, token_mask, cfg, start,
+                    carried)  # start: position of h[:, 0]
     if router.training and routing.col_potential is not None and router.routes(cfg) and not _RECOMPUTING[0]:
         router.update_bias(routing.col_potential, cfg.bias_momentum)  # once a step, not again in a recompute
     if cfg.mode != "hard":
@@ -365,10 +364,8 @@ def _route_layer(router: Router, state: FocusForward, keep: torch.Tensor, attent
                 "to the prefill and to every step, or omit focus= to use the model's default")
         return routing, 0, h
     seen = state.cache.extend(router.layer_idx, routing.key_group, Tq, Tk)  # (B, T_seen)
-    if routing.next_key_group is not None:
-        state.cache.next_key_group[router.layer_idx] = routing.next_key_group
-    if routing.first_counts is not None:
-        state.cache.first_counts[router.layer_idx] = routing.first_counts
+    if routing.carry:
+        state.cache.carried[router.layer_idx] = routing.carry
     offset = seen.shape[1] - Tk  # a sliding-window cache keeps only the latest keys
     return dataclasses.replace(routing, key_group=seen[:, offset:]), offset, h
 

@@ -38,10 +38,9 @@ class FocusCache:
     """
 
     key_groups: dict[int, torch.Tensor] = field(default_factory=dict)
-    # {layer_idx: (B, 1)}: with key_shift, the key group of the next token (Routing.next_key_group)
-    next_key_group: dict[int, torch.Tensor] = field(default_factory=dict)
-    # {layer_idx: (B, K)}: with group_capacity, the keys' first-choice counts (Routing.first_counts)
-    first_counts: dict[int, torch.Tensor] = field(default_factory=dict)
+    # {layer_idx: {rule name: tensor}}: the causal state the rules in force carry from one forward
+    # to the next (core.Routing.carry: the key shift's next key group, the capacity's counts)
+    carried: dict[int, dict[str, torch.Tensor]] = field(default_factory=dict)
     grouped: dict[int, GroupedKV] = field(default_factory=dict, repr=False)
     token_ids: torch.Tensor | None = field(default=None, repr=False)  # (B, T_seen), with match_shifts
 
@@ -75,7 +74,7 @@ class FocusCache:
         """Select batch rows ``beam_idx`` (B,) of every per-row state, as beam search does to
         the KV cache (the model's ``_reorder_cache``, installed by ``attach``); the group-ordered
         stores are dropped and rebuilt at the next step."""
-        for d in (self.key_groups, self.next_key_group, self.first_counts):
+        for d in (self.key_groups, *self.carried.values()):
             for i, g in d.items():
                 d[i] = g.index_select(0, beam_idx.to(g.device))
         if self.token_ids is not None:

@@ -10,7 +10,7 @@ H = query heads, Hkv = key/value heads, D = head_dim, d = d_model, d_g = router_
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn as nn
@@ -318,7 +318,7 @@ def shift_keys(x: torch.Tensor, first: torch.Tensor | None = None) -> torch.Tens
     what token j - 1 has (its top-1 group, its Sinkhorn probabilities).
 
     x: (B, T, ...) per-token values of this forward's tokens; first: (B, 1, ...) the value of the
-    token before x[:, 0] (a KV-cache step: ``Routing.next_key_group`` of the step before), or
+    token before x[:, 0] (a KV-cache step: ``Routing.carry["key_shift"]`` of the step before), or
     None at position 0, where the first token keeps its own. Returns (B, T, ...)."""
     head = x[:, :1] if first is None else first.to(x.dtype)  # (B, 1, ...)
     return torch.cat([head, x[:, :-1]], 1)  # (B, T, ...)
@@ -648,12 +648,11 @@ class Routing:
         key_log_p: (B, T, K) the key role's log Sinkhorn probabilities (when Sinkhorn ran) with
             a ``key_proj`` or ``key_shift``, else None. ``col_potential`` is the keys' with a
             ``key_proj`` (it drives the group bias).
-        next_key_group: (B, 1) long with ``FocusConfig.key_shift``: the key group of the token
-            after this forward's last one (that token's own top-1 group), which a KV-cache step
-            hands to ``route`` as ``prev_key_group``; else None.
-        first_counts: (B, K) long with ``FocusConfig.group_capacity`` on a routed layer: the keys'
-            first-choice counts up to this forward's last token, which a KV-cache step hands
-            to ``route`` as ``prev_counts``; else None.
+        carry: the causal state each rule in force hands to the next KV-cache step, by the
+            rule's name (``focus_lab.patterns.rules``), which ``route`` gets back as ``carried``:
+            "key_shift": (B, 1) long, the key group of the token after this forward's last one
+            (that token's own top-1 group); "capacity": (B, K) long, the keys' first-choice
+            counts up to this forward's last token. Empty when no rule carries state.
     """
 
     scores: torch.Tensor
@@ -663,8 +662,7 @@ class Routing:
     key_group: torch.Tensor
     key_scores: torch.Tensor | None = None
     key_log_p: torch.Tensor | None = None
-    next_key_group: torch.Tensor | None = None
-    first_counts: torch.Tensor | None = None
+    carry: dict[str, torch.Tensor] = field(default_factory=dict)
 
     @property
     def log_p_keys(self) -> torch.Tensor | None:
@@ -674,7 +672,7 @@ class Routing:
 
 def route(router: Router, h: torch.Tensor, token_mask: torch.Tensor | None = None,
           config: FocusConfig | None = None, start: int = 0,
-          prev_key_group: torch.Tensor | None = None, prev_counts: torch.Tensor | None = None) -> Routing:
+          carried: dict[str, torch.Tensor] | None = None) -> Routing:
     """Run a router and derive both its soft and hard assignments.
 
     Args:
@@ -682,10 +680,9 @@ def route(router: Router, h: torch.Tensor, token_mask: torch.Tensor | None = Non
         token_mask: (B, T) bool, False on padding; config: the forward's FocusConfig
             (``retrofit.FocusForward.config``); default ``router.config``, the one it was built with;
         start: absolute position of h's first token (> 0 in a KV-cache decode step);
-        prev_key_group: (B, 1) long, with ``key_shift``: the group the first token's key takes
-            (``next_key_group`` of the forward before, in a KV-cache step), or None;
-        prev_counts: (B, K) long, with ``group_capacity``: the keys' first-choice counts before
-            ``start`` (``first_counts`` of the forward before, in a KV-cache step), or None.
+        carried: in a KV-cache step, ``Routing.carry`` of the forward before (the rules' causal
+            state by rule name: "key_shift", the group the first token's key takes; "capacity",
+            the keys' first-choice counts before ``start``), or None.
     Returns:
         Routing: scores (B, T, K) fp32; log_p (B, T, K) and col_potential (B, K) when Sinkhorn
         ran (soft mode or training), else None; query_groups (B, T, k); key_group (B, T)
@@ -699,6 +696,7 @@ def route(router: Router, h: torch.Tensor, token_mask: torch.Tensor | None = Non
     Source: docs/method.md §1.
     """
     cfg = config or router.config
+    carried = carried or {}
     scores = router(h, cfg, start)  # (B, T, K)
     key_scores = router.key_scores(h, cfg)  # (B, T, K), or None: the keys share ``scores``
     checked = h.shape[1] > 1 or on_host(h)  # a GPU decode step does not wait on it
@@ -719,14 +717,15 @@ def route(router: Router, h: torch.Tensor, token_mask: torch.Tensor | None = Non
     if (capacity and cfg.mode == "hard" and cfg.assignment_at(router.layer_idx) == "router"
             and cfg.top_k_at(router.layer_idx) > 0):  # docs/method.md §2.9
         logits = hard_logits(key_scores if key_scores is not None else scores, cfg.tau, router._bias(cfg))
-        kg, counts = capacity_key_group(logits, kg, capacity, start, cfg.window, prev_counts,
+        kg, counts = capacity_key_group(logits, kg, capacity, start, cfg.window, carried.get("capacity"),
                                         cfg.capacity_overflow)
     if not cfg.key_shift:
-        return Routing(scores, log_p, col, qg, kg, key_scores=key_scores, key_log_p=key_log_p, first_counts=counts)
+        return Routing(scores, log_p, col, qg, kg, key_scores=key_scores, key_log_p=key_log_p,
+                       carry={} if counts is None else {"capacity": counts})
     lpk = key_log_p if key_log_p is not None else log_p  # (B, T, K) or None
-    return Routing(scores, log_p, col, qg, shift_keys(kg, prev_key_group), key_scores=key_scores,
-                   key_log_p=None if lpk is None else shift_keys(lpk), next_key_group=kg[:, -1:],
-                   first_counts=counts)
+    carry = {"key_shift": kg[:, -1:]} | ({} if counts is None else {"capacity": counts})
+    return Routing(scores, log_p, col, qg, shift_keys(kg, carried.get("key_shift")), key_scores=key_scores,
+                   key_log_p=None if lpk is None else shift_keys(lpk), carry=carry)
 
 
 def _gumbel(scores: torch.Tensor, cfg: FocusConfig) -> torch.Tensor:
