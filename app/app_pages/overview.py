@@ -131,7 +131,8 @@ def page() -> None:
         if len(dense):
             show["vs dense"] = show["perplexity"] / float(dense.iloc[0]) - 1.0
         cols = [c for c in ("label", "mode", "top_k", "perplexity", "vs dense", "nll", "distant_pairs_kept",
-                            "max_group_share", "tokens", "tokens_per_second", "seconds") if c in show.columns]
+                            "max_group_share", "tokens", "tokens_per_second", "seconds", "canonical_pattern")
+                if c in show.columns]  # canonical_pattern: the rules each label ran (docs/api.md, Patterns)
         st.dataframe(show[cols], hide_index=True, width="stretch",
                      column_config={"perplexity": st.column_config.NumberColumn(format="%.3f"),
                                     "vs dense": st.column_config.NumberColumn(format="percent"),
