@@ -554,7 +554,7 @@ def record(
         _record_memory_preflight(model, routers, seq_len, max_windows, chosen, chosen_layers, chosen_heads,
                                  len(pats), pos, mode, per_query, edge_top_n, limit)
         m, tok, corp, seq_len = _load(model, corpus, seq_len)
-        load_routers(m, routers, config_overrides={"mode": mode})
+        loaded = load_routers(m, routers, config_overrides={"mode": mode})
         windows = make_windows(corp.heldout, tok, seq_len, max_windows=max_windows)
         extra = {}
         for name in ("eval", "train_log"):
@@ -565,7 +565,8 @@ def record(
         shipped = _shipped_provenance(sha)
         meta = {"corpus": {"name": corp.name, "heldout": [d.name for d in corp.heldout],
                            "train": [d.name for d in corp.train]},
-                "routers": {"path": str(routers), "sha256": sha, **({"shipped": shipped} if shipped else {})}}
+                "routers": {"path": str(routers), "sha256": sha, **({"shipped": shipped} if shipped else {}),
+                            **_router_record(routers, loaded)}}
         if extra:  # where the copied tables come from (the eval table: the router file's own windows)
             meta["copied_tables"] = {name: str(routers.parent / f"{name}.parquet") for name in extra}
         typer.echo(f"recording {len(windows)} held-out windows of {seq_len} tokens in {mode} mode "
@@ -582,6 +583,17 @@ def record(
         typer.echo(f"recorded {len(windows)} windows into {out}")
         return out
     return guard(run)
+
+
+def _router_record(path: Path, config) -> dict:
+    """What a run's manifest records of its router file beside path and sha256: its manifest
+    ``name`` (None when unlisted), the ``hard_pattern`` the recording's hard masks run (the file's
+    rules at its top_k, ``Pattern.from_config``) and the code's ``commit``."""
+    from focus_lab.hf.shipped import router_columns
+    from focus_lab.patterns import Pattern
+    cols = router_columns(path)
+    name = cols["router_name"] if cols["router_name"] != str(path) else None
+    return {"name": name, "hard_pattern": str(Pattern.from_config(config, mode="hard")), "commit": cols["commit"]}
 
 
 def _shipped_provenance(sha256: str) -> dict | None:
