@@ -29,11 +29,13 @@ _F, _T, _R = _FocusConfig(), _TrainConfig(), _RecordOptions()
 from focus_lab.errors import fail as _fail, guard, known_errors as _known_errors  # noqa: E402,F401
 
 
-def routed_layers(path) -> int:
-    """The layers a pattern's rules may name for the router file ``path``: one past its last routed
-    layer (``shipped.read_header``), read without loading torch."""
+def _pattern_context(path, **overrides) -> tuple:
+    """(the router file's FocusConfig with ``overrides``, the layers a pattern's rules may name:
+    one past its last routed layer), from the file's header alone (``shipped.read_header``): what
+    ``parse_patterns`` needs to refuse a bad pattern before the model loads."""
     from focus_lab.hf.shipped import read_header
-    return max(read_header(path)["layers"], default=-1) + 1
+    h = read_header(path)
+    return h["config"].replace(**overrides), max(h["layers"], default=-1) + 1
 
 
 def _device(device: str) -> str:
@@ -360,13 +362,13 @@ def eval_cmd(
         from focus_lab.eval.evaluate import evaluate, parse_patterns
         from focus_lab.hf.shipped import router_columns
         from focus_lab.io import write_parquet
-        from focus_lab.hf.retrofit import load_routers, read_router_file
+        from focus_lab.hf.retrofit import load_routers
         routers = _routers(routers_opt, model)
         overrides = {"assignment": "random"} if random_groups else {}
         overrides.update(_config_overrides(random_layers, layer_top_k, match_shifts))
         # the file's rules (reached through 'default'), as the options change them; fail before loading
-        pats = parse_patterns(patterns, read_router_file(routers)[0].replace(
-            **{k: v for k, v in overrides.items() if k != "assignment"}), pattern_file, routed_layers(routers))
+        cfg0, layers = _pattern_context(routers, **{k: v for k, v in overrides.items() if k != "assignment"})
+        pats = parse_patterns(patterns, cfg0, pattern_file, layers)
         dev = _device(device)
         m, tok, corp, seq_len = _load(model, corpus, seq_len)
         cfg = load_routers(m, routers, config_overrides=overrides or None)
@@ -435,13 +437,13 @@ def _eval_run(run_dir: Path, patterns: str, max_windows: int | None, pattern_fil
     import torch
     from focus_lab.eval.evaluate import evaluate, parse_patterns
     from focus_lab.hf.models import load_model
-    from focus_lab.hf.retrofit import load_routers, model_identity, read_router_file
+    from focus_lab.hf.retrofit import load_routers, model_identity
     from focus_lab.runs import Run, RunError, write_table
     run = Run.open(run_dir)
     mf = run.manifest
     routers = _run_router_file(run, mf)
-    pats = parse_patterns(patterns, read_router_file(routers)[0], pattern_file,
-                          routed_layers(routers))  # fail before loading
+    cfg0, layers = _pattern_context(routers)
+    pats = parse_patterns(patterns, cfg0, pattern_file, layers)  # fail before loading
     ids = run.window_token_ids()
     chosen = sorted(ids)[:max_windows] if max_windows else sorted(ids)
     if not chosen:
@@ -566,7 +568,7 @@ def record(
         meta = {"corpus": {"name": corp.name, "heldout": [d.name for d in corp.heldout],
                            "train": [d.name for d in corp.train]},
                 "routers": {"path": str(routers), "sha256": sha, **({"shipped": shipped} if shipped else {}),
-                            **_router_record(routers, loaded)}}
+                            **_router_record(sha, loaded)}}
         if extra:  # where the copied tables come from (the eval table: the router file's own windows)
             meta["copied_tables"] = {name: str(routers.parent / f"{name}.parquet") for name in extra}
         typer.echo(f"recording {len(windows)} held-out windows of {seq_len} tokens in {mode} mode "
@@ -585,15 +587,14 @@ def record(
     return guard(run)
 
 
-def _router_record(path: Path, config) -> dict:
+def _router_record(sha256: str, config) -> dict:
     """What a run's manifest records of its router file beside path and sha256: its manifest
     ``name`` (None when unlisted), the ``hard_pattern`` the recording's hard masks run (the file's
     rules at its top_k, ``Pattern.from_config``) and the code's ``commit``."""
-    from focus_lab.hf.shipped import router_columns
+    from focus_lab.hf.shipped import code_commit, named_file
     from focus_lab.patterns import Pattern
-    cols = router_columns(path)
-    name = cols["router_name"] if cols["router_name"] != str(path) else None
-    return {"name": name, "hard_pattern": str(Pattern.from_config(config, mode="hard")), "commit": cols["commit"]}
+    return {"name": named_file(sha256), "hard_pattern": str(Pattern.from_config(config, mode="hard")),
+            "commit": code_commit()}
 
 
 def _shipped_provenance(sha256: str) -> dict | None:
@@ -850,12 +851,12 @@ def routers_set_rules(
     """Write a router file again, same tensors, with a pattern's rules as its own: its 'default_topK'
     becomes that pattern (how the shipped chain gives a file its budget and capacity)."""
     def run():
-        from focus_lab.hf.router_files import read_router_file, write_rules
+        from focus_lab.hf.router_files import write_rules
         from focus_lab.hf.shipped import router_path
         from focus_lab.patterns import Pattern
         path = router_path(src)
-        cfg = read_router_file(path)[0]
-        p = Pattern.parse(pattern, cfg).check(cfg.num_groups)
+        cfg, layers = _pattern_context(path)
+        p = Pattern.parse(pattern, cfg).check(cfg.num_groups, layers)
         if Path(out).resolve() == Path(path).resolve():
             _fail(f"--out {out} is the input file; choose another path")
         write_rules(path, out, p)
@@ -950,7 +951,7 @@ def probe_passkey(
         from focus_lab.eval.passkey import FORMATS, load_haystack, run_passkey, summary
         from focus_lab.method.config import format_layer_top_k
         from focus_lab.io import file_sha256
-        from focus_lab.hf.retrofit import load_routers, model_identity, read_router_file
+        from focus_lab.hf.retrofit import load_routers, model_identity
         bad = [f for f in fmts if f not in FORMATS] or ([] if fmts else [formats])
         if bad:
             _fail(f"unknown prompt format {bad[0]!r}; choose from {', '.join(FORMATS)}")
@@ -958,8 +959,8 @@ def probe_passkey(
             _fail(f"--keys {keys}: at least one key per cell")
         routers = _routers(routers_opt, model)
         overrides = _config_overrides(random_layers, layer_top_k)
-        pats = parse_patterns(patterns, read_router_file(routers)[0].replace(**overrides),
-                              pattern_file, routed_layers(routers))  # fail before loading
+        cfg0, layers = _pattern_context(routers, **overrides)
+        pats = parse_patterns(patterns, cfg0, pattern_file, layers)  # fail before loading
         torch.set_num_threads(max(1, threads))
         m, tok, corp, _ = _load(model, corpus, 0)  # 0: no cap note; run_passkey checks the lengths
         cfg = load_routers(m, routers, config_overrides=overrides or None)
@@ -1029,10 +1030,11 @@ def probe_retrieval(
         from focus_lab.eval import retrieval as rt
         from focus_lab.eval.passkey import load_haystack
         from focus_lab.io import file_sha256
-        from focus_lab.hf.retrofit import detach, is_attached, load_routers, model_identity, read_router_file
+        from focus_lab.hf.retrofit import detach, is_attached, load_routers, model_identity
         task_list = rt.parse_tasks(tasks)
         routers = _routers(routers_opt, model)
-        pats = rt.parse_retrieval_patterns(patterns, read_router_file(routers)[0], cases, routed_layers(routers))
+        cfg0, layers = _pattern_context(routers)
+        pats = rt.parse_retrieval_patterns(patterns, cfg0, cases, layers)
         if fmt not in ("chat", "plain"):
             _fail(f"--format {fmt!r}: choose chat or plain")
         torch.set_num_threads(max(1, threads))

@@ -17,11 +17,11 @@ from safetensors.torch import save_file
 from focus_lab.hf.attach import _default, attach, routers
 from focus_lab.hf.family import is_attached
 from focus_lab.hf.state import FocusCache, FocusForward
-from focus_lab.io import atomic_path, file_sha256
+from focus_lab.io import ArtifactError, atomic_path, file_sha256
 from focus_lab.method.config import SHAPE_FIELDS, FocusConfig
 from focus_lab.method.core import Router
 
-ROUTER_FORMAT = "focus-lab-router"
+from focus_lab.hf.shipped import ROUTER_FORMAT, read_header  # the header, read without torch
 ROUTER_FORMAT_VERSION = "1"
 
 
@@ -111,15 +111,12 @@ def read_router_file(path: str | Path) -> tuple[FocusConfig, dict, dict[str, tor
     if not path.is_file():
         raise FileNotFoundError(f"router file {path} does not exist; train one with 'focus-lab train'")
     try:
-        with safe_open(str(path), framework="pt") as f:
-            meta = f.metadata() or {}
-            tensors = {k: f.get_tensor(k) for k in f.keys()}
-    except Exception as e:  # safetensors raises its own error types for garbage files
-        raise RouterMismatchError(f"{path} is not a safetensors router file ({e})") from e
-    if meta.get("format") != ROUTER_FORMAT:
-        raise RouterMismatchError(f"{path} is not a focus-lab router file (no '{ROUTER_FORMAT}' metadata)")
-    return (FocusConfig.from_json(meta["focus_config"]), json.loads(meta["base_model"]), tensors,
-            json.loads(meta.get("extra", "{}")))
+        h = read_header(path)
+    except ArtifactError as e:
+        raise RouterMismatchError(str(e)) from None
+    with safe_open(str(path), framework="pt") as f:
+        tensors = {k: f.get_tensor(k) for k in f.keys()}
+    return h["config"], h["base_model"], tensors, h["extra"]
 
 
 def base_model_mismatch(a: dict, b: dict) -> str | None:

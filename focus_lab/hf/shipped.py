@@ -16,6 +16,7 @@ from focus_lab.io import ArtifactError, file_sha256
 ROUTER_DIR = Path(__file__).resolve().parent.parent / "routers"
 MANIFEST = ROUTER_DIR / "MANIFEST.json"
 SHIPPED = "shipped"  # the alias of the file shipped for a model, resolved at run time
+ROUTER_FORMAT = "focus-lab-router"  # the metadata tag of a router file (router_files.write_router_file)
 
 
 def registry() -> dict:
@@ -41,11 +42,6 @@ def manifest() -> dict:
         out[model] = {**reg.get("provenance", {}).get(name, {}), **{k: v for k, v in f.items() if v is not None},
                       "name": name}
     return out
-
-
-def file_names() -> list[str]:
-    """The names of every router file the manifest lists, tracked or not."""
-    return sorted(registry().get("files", {}))
 
 
 def named_file(sha256: str) -> str | None:
@@ -181,7 +177,6 @@ def ship(source: str | Path, model_name: str, provenance: dict, name: str | None
     (default ``<model_name>/shipped-<sha256[:8]>``) and make it the file shipped for
     ``model_name`` (maintainers). Writes atomically; returns the shipped path."""
     from focus_lab.io import atomic_path, write_json
-    from focus_lab.hf.router_files import read_router_file
     from focus_lab.patterns import Pattern
     source = Path(source)
     target = ROUTER_DIR / f"{model_name}.safetensors"
@@ -189,7 +184,7 @@ def ship(source: str | Path, model_name: str, provenance: dict, name: str | None
     with atomic_path(target) as tmp:
         tmp.write_bytes(data)
     sha = file_sha256(target)
-    cfg = read_router_file(target)[0]
+    cfg = read_header(target)["config"]
     name = name or f"{model_name}/shipped-{sha[:8]}"
     reg = registry() or {"schema_version": 2, "shipped": {}, "files": {}, "provenance": {}}
     for f in reg["files"].values():  # the file it replaces keeps its name, no longer tracked
@@ -215,12 +210,16 @@ def read_header(path: str | Path) -> dict:
     try:
         with open(path, "rb") as f:
             n = struct.unpack("<Q", f.read(8))[0]
+            if n > path.stat().st_size - 8:  # garbage: a length past the end of the file
+                raise ValueError(f"a header of {n} bytes in a file of {path.stat().st_size}")
             header = json.loads(f.read(n))
     except (OSError, struct.error, ValueError) as e:
         raise ArtifactError(f"{path} is not a safetensors router file ({e})") from None
+    if not isinstance(header, dict):
+        raise ArtifactError(f"{path} is not a safetensors router file (its header is not a mapping)")
     meta = header.pop("__metadata__", {}) or {}
-    if meta.get("format") != "focus-lab-router":
-        raise ArtifactError(f"{path} is not a focus-lab router file (no 'focus-lab-router' metadata)")
+    if meta.get("format") != ROUTER_FORMAT:
+        raise ArtifactError(f"{path} is not a focus-lab router file (no '{ROUTER_FORMAT}' metadata)")
     layers = sorted({int(k.split(".")[1]) for k in header if k.startswith("layers.")})
     return {"config": FocusConfig.from_json(meta["focus_config"]), "base_model": json.loads(meta["base_model"]),
             "extra": json.loads(meta.get("extra", "{}")), "layers": layers,

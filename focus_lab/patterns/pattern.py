@@ -77,20 +77,9 @@ class Pattern:
         head = self.mode if self.mode != "hard" else f"{HEADS[self.assignment]}_top{self.top_k}"
         return "+".join([head] + [str(r) for r in self.rules])
 
-    @property
-    def head(self) -> str:
-        """The spelling without rules (``hard_top2``)."""
-        return str(Pattern(self.mode, self.assignment, self.top_k))
-
     def rule(self, name: str) -> Rule | None:
         """The rule called ``name`` in force, or None."""
         return next((r for r in self.rules if r.name == name), None)
-
-    def with_rules(self, *rules: Rule) -> "Pattern":
-        """A copy with ``rules`` added (replacing those of the same name)."""
-        names = {r.name for r in rules}
-        return Pattern(self.mode, self.assignment, self.top_k,
-                       tuple(r for r in self.rules if r.name not in names) + tuple(rules))
 
     def with_assignment(self, assignment: str) -> "Pattern":
         """The same k and rules on other groups (a control at matched sparsity); rules that act on
@@ -135,7 +124,7 @@ class Pattern:
         mode = mode or config.mode
         if mode != "hard":
             rules = [c.from_config(config, None) for c in RULES.values() if mode in c.modes and c.neutral]
-            return cls(mode, "router", None, tuple(r for r in rules if r is not None and mode in r.modes))
+            return cls(mode, "router", None, tuple(r for r in rules if r is not None))
         assignment = assignment or config.assignment
         k = top_k or config.top_k
         rules = [c.from_config(config, k) for c in RULES.values() if c.neutral and assignment in c.assignments]
@@ -156,14 +145,8 @@ class Pattern:
         parts = split_top_level(text, "+")
         head, rule_texts = parts[0].strip(), parts[1:]
         base = _head(head, routers)
-        rules = [_rule(t.strip(), text) for t in rule_texts]
-        names = [r.name for r in rules]
-        if len(set(names)) != len(names):
-            dup = next(n for n in names if names.count(n) > 1)
-            raise PatternError(f"pattern {text!r}: rule {dup!r} is given twice; keep one")
-        if base.mode != "hard" and not rules:
-            return base
-        own = {r.name for r in rules}
+        rules = [_rule(t.strip(), text) for t in rule_texts]  # a rule given twice: Pattern refuses it
+        own = {r.name for r in rules}  # ... and replaces a named pattern's rule of that name
         return Pattern(base.mode, base.assignment, base.top_k,
                        tuple(r for r in base.rules if r.name not in own) + tuple(rules))
 
@@ -239,12 +222,8 @@ def _legacy(text: str, routers) -> Pattern | None:
     if "(" in text or not _LEGACY_SUFFIX.search(text) or ("+" in text and "@" not in text):
         return None
     from focus_lab.method.config import FocusConfig
-    from focus_lab.patterns.legacy import legacy_changes
-    num_groups = routers.num_groups if routers is not None else 64
-    changes = legacy_changes(text, num_groups)  # raises PatternError on a bad spelling
-    base = routers if routers is not None else FocusConfig(num_groups=max(num_groups, changes.get("top_k", 1)))
-    cfg = base.replace(**changes)
-    p = Pattern.from_config(cfg, mode="hard")
+    base = routers if routers is not None else FocusConfig(num_groups=64)  # no file: no rule of a file's
+    p = legacy_label_pattern(text, base)  # raises PatternError on a bad spelling
     # FutureWarning: a deprecation shown to the user; Python's registry shows it once per spelling
     warnings.warn(f"pattern spelling {text!r} is deprecated; write {str(p)!r}", FutureWarning, stacklevel=3)
     return p

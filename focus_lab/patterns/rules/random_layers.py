@@ -21,10 +21,10 @@ class RandomLayers(Rule):
 
     @classmethod
     def from_args(cls, args, kwargs):
-        text = args[0] if len(args) == 1 and not kwargs else kwargs.get("layers") if list(kwargs) == ["layers"] and not args else None
-        if text is None:
+        given = args + [v for k, v in kwargs.items() if k == "layers"]
+        if len(given) != 1 or set(kwargs) - {"layers"}:
             raise cls.error("needs one list of layers")
-        return cls(read_layers(cls, text))
+        return cls(read_layers(cls, given[0]))
 
     def arguments(self):
         return [write_layers(self.layers)]
