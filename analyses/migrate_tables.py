@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from focus_lab.eval.retrieval import MOBA
 from focus_lab.hf.router_files import rules_config
 from focus_lab.hf.shipped import named_file, registry
 from focus_lab.io import write_parquet
@@ -55,9 +56,7 @@ def file_config(name: str) -> FocusConfig:
 def label_pattern(label: str, config: FocusConfig | None) -> str | None:
     """The canonical pattern of a legacy ``label`` under a file's ``config`` (None: unknown file:
     only dense and window, which no rule touches, resolve)."""
-    if label in ("dense", "window"):
-        return label
-    if label == "moba_matched":
+    if label in ("dense", "window", MOBA):  # no rule touches them (MoBA: not a pattern of groups)
         return label
     if config is None:
         return None
@@ -73,7 +72,7 @@ def cell_pattern(row, config: FocusConfig | None) -> str | None:
     if label in ("dense", "window"):
         return label
     head, suffix = split_legacy(label)
-    ch = legacy_changes(label, 8)
+    ch = legacy_changes(label, 64)  # any k: the cell's own columns say what ran
     mode = ch["mode"]
     assignment = ch.get("assignment", "router")
     rules = []

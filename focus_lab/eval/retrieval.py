@@ -922,7 +922,7 @@ def run_retrieval(model, tokenizer, haystack, out_dir: str | os.PathLike, tasks:
     from focus_lab.eval.provenance import with_provenance
     cases_df = with_provenance(pd.concat([pd.read_parquet(c) for c, _ in parts if c.is_file()], ignore_index=True),
                                "pattern", forward_state(model).config, patterns,
-                               ((settings or {}).get("routers") or {}).get("path"))
+                               ((settings or {}).get("routers") or {}).get("path"), as_is=(MOBA,))
     trace_df = pd.concat([pd.read_parquet(p) for _, p in parts if p.is_file()], ignore_index=True)
     write_parquet(out_dir / "cases.parquet", cases_df)
     write_parquet(out_dir / "trace.parquet", trace_df)

@@ -224,24 +224,22 @@ def rules_config(config: FocusConfig, pattern) -> FocusConfig:
     and token-match pairs the file's (these hold for every k). ``top_k`` becomes k.
     Raises PatternError when ``pattern`` is not a hard pattern on the router's groups, or when
     the result's ``default_top{k}`` would differ from it (a rule the file cannot carry)."""
-    from focus_lab.patterns import Pattern, PatternError
+    from focus_lab.patterns import RULES, Pattern, PatternError
     if pattern.mode != "hard" or pattern.assignment != "router":
         raise PatternError(f"a router file's rules are those of a hard pattern on its routers' groups, "
                            f"not {str(pattern)!r}; e.g. hard_top2+layer_top_k(1=[0],3=[1])")
     k = pattern.top_k
-    ch = {r: v for rule in pattern.rules for r, v in rule.changes().items()}
+    # the fields every rule owns, as the pattern sets them (its changes; absent rules off)
+    fields = {f: v for cls in RULES.values() for f, v in cls.neutral.items()}
+    fields.update(ch for rule in pattern.rules for ch in rule.changes().items())
+    # what a file keeps per k: the per-layer k as its budget for k, the capacity for k only
     budgets = {t: m for t, m in (config.top_k_budgets or {}).items() if t != k}
-    if ch.get("layer_top_k"):
-        budgets[k] = ch["layer_top_k"]
-    cap = pattern.rule("capacity")
-    out = config.replace(
-        top_k=k, layer_top_k=None, top_k_budgets=budgets or None,
-        random_layers=ch.get("random_layers") or None, key_shift=ch.get("key_shift", 0),
-        match_shifts=ch.get("match_shifts"), match_latest=ch.get("match_latest", 0),
-        group_capacity=cap.share if cap else 0.0, capacity_layers=list(cap.layers) if cap and cap.layers else None,
-        capacity_overflow=cap.overflow if cap else "second", capacity_top_k=[k] if cap else None,
-        **({"sink_tokens": ch["sink_tokens"]} if "sink_tokens" in ch else {}),
-        **({"window": ch["window"]} if "window" in ch else {}))
+    if fields.pop("layer_top_k"):
+        budgets[k] = pattern.rule("layer_top_k").mapping()
+    if fields["group_capacity"]:
+        fields["capacity_top_k"] = [k]
+    fields["random_layers"] = fields["random_layers"] or None
+    out = config.replace(top_k=k, layer_top_k=None, top_k_budgets=budgets or None, **fields)
     got = Pattern.parse(f"default_top{k}", out)
     want = Pattern("hard", "router", k, tuple(r for r in pattern.rules if r.name not in ("sinks", "window")))
     if got != want:
