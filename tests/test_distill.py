@@ -89,7 +89,7 @@ def test_layer_loss_matches_brute_force():
 def test_layer_loss_with_token_match_pairs_matches_brute_force():
     """The gate keeps the sampled queries' token-match pairs (bias 0): the loss equals the
     brute-force one with those pairs kept, and differs from the loss without them."""
-    from focus_lab.method.core import match_mask
+    from focus_lab.patterns.rules.match import match_mask
     model = tiny_llama()
     cfg = FocusConfig(window=8, sink_tokens=2, match_shifts=[0, 1])
     attach(model, cfg)

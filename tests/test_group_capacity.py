@@ -12,7 +12,8 @@ import focus_lab
 from focus_lab import FocusConfig
 from focus_lab.patterns.legacy import CAPACITY, legacy_changes as pattern_changes  # the committed tables' labels
 from focus_lab.method.config import ConfigError
-from focus_lab.method.core import capacity_key_group, distant_pairs_kept, rms_normalize
+from focus_lab.method.core import distant_pairs_kept, rms_normalize
+from focus_lab.patterns.rules.capacity import capacity_key_group
 from conftest import cached_logits, random_ids, tiny_llama
 
 W = 4  # window (tokens), also the positions that never move

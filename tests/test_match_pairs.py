@@ -6,7 +6,8 @@ import torch
 import focus_lab
 from focus_lab.hf.tiny import tiny_gpt2, tiny_llama
 from focus_lab.method.config import ConfigError, FocusConfig, parse_match_shifts
-from focus_lab.method.core import masked_attention, match_mask, match_pairs
+from focus_lab.method.core import masked_attention
+from focus_lab.patterns.rules.match import match_mask, match_pairs
 
 W, SINKS = 8, 2
 

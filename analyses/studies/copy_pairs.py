@@ -51,7 +51,7 @@ def window_match_mask(ids: torch.Tensor, window: int, sinks: int, shifts: tuple[
                 cap: int = 0) -> torch.Tensor:
     """The token-match pairs of one window as a (T, T) bool mask: ``core.match_mask`` with
     ``shifts`` and ``latest=cap`` (queries and keys the same tokens). ids: (T,) token ids."""
-    from focus_lab.method.core import match_mask
+    from focus_lab.patterns.rules.match import match_mask
     pos = torch.arange(ids.shape[0])
     return match_mask(ids[None], ids[None], shifts, pos, pos, window, sinks, cap)[0]
 

@@ -125,7 +125,7 @@ def evaluate(model, windows: list, patterns: list[tuple[str, dict]] | None = Non
         cfg, routing = hook.call.config, hook.call.routing
         if cfg.mode == "hard":
             kept.append(distant_pairs_kept(routing.query_groups, key_group, cfg.window, cfg.sink_tokens,
-                                           hook.call.match_pairs))
+                                           hook.call.rule_pairs))
             if cfg.top_k_at(hook.layer_idx) > 0:  # a window-only layer has no groups
                 shares.append(float(hard_group_shares(key_group, cfg.num_groups).max()))
 

@@ -72,7 +72,7 @@ class NeedleTrace:
             from focus_lab.method.core import distant_pairs_kept
             r = call.routing
             self.pairs_kept.append(distant_pairs_kept(r.query_groups, r.key_group, cfg.window, cfg.sink_tokens,
-                                                      call.match_pairs))
+                                                      call.rule_pairs))
         rows = self.rows
         if int(rows[-1]) >= Tk or int(rows[0]) < Tk - Tq:  # the answer's queries are not in this call
             return

@@ -88,8 +88,7 @@ def _state_hook(attachment: _Attachment) -> Callable:
 def _ids_hooks(attachment: _Attachment) -> tuple[Callable, Callable]:
     """The forward pre-hook and hook ``attach`` puts on the model itself and on its base model
     (``model.base_model``: the decoder without its head, which some callers run alone): the pre-hook hands
-    the forward's ``input_ids`` (B, Tq) to its FocusForward (token-match pairs,
-    ``FocusConfig.match_shifts``, docs/method.md §2.8), the hook drops them when it returns. The
+    the forward's ``input_ids`` (B, Tq) to its FocusForward (for the rules that read them: token-match pairs, docs/method.md §2.8), the hook drops them when it returns. The
     pre-hook also makes an empty ``DynamicCache`` in ``past_key_values`` append in place
     (``kv_cache.grow_in_place``: transformers' own copies the whole cache every decode step)."""
     def state(kwargs: dict) -> FocusForward:
@@ -100,12 +99,13 @@ def _ids_hooks(attachment: _Attachment) -> tuple[Callable, Callable]:
         st = state(kwargs)
         ids = kwargs.get("input_ids", args[0] if args else None)
         st.token_ids = ids if isinstance(ids, torch.Tensor) and not ids.is_floating_point() else None
-        st._match = None
+        st.shared.clear()
         return None
 
     def post(module: nn.Module, args: tuple, kwargs: dict, output):
         st = state(kwargs)
-        st.token_ids, st._match = None, None
+        st.token_ids = None
+        st.shared.clear()
         return None
     return pre, post
 

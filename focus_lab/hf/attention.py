@@ -20,7 +20,8 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from focus_lab.hf.hooks import LayerCall, Pairs, fire, has_hooks, note_unfired
 from focus_lab.hf.state import FocusForward, is_plain_causal, state_of
 from focus_lab.method import core
-from focus_lab.method.core import Router, Routing, focus_bias, masked_attention, pairs_mask, route, window_only_groups
+from focus_lab.method.core import (Router, Routing, focus_bias, masked_attention, merge_pairs, pairs_mask, route,
+                                   window_only_groups)
 from focus_lab.method.decomposition import GroupedKV, hard_focus_attention
 
 ATTN_NAME = "focus"
@@ -130,11 +131,13 @@ def _focus_attention(module, query, key, value, attention_mask, scaling, **kwarg
     # 1. route: the layer's groups (and those of every cached token in a hard decode step)
     with _phase(tm, "route"):
         routing, offset, h = _route_layer(router, state, keep, attention_mask, Tq, Tk, call)
-    with _phase(tm, "mask"):
-        pairs = state.match_pairs(Tq, Tk) if routing is not None else None  # (P, 3) long or None
+    pairs = None  # (P, 3) long: pairs the rules keep beyond the groups (token-match pairs, the oracle)
+    if routing is not None:
+        with _phase(tm, "mask"):
+            routing, pairs = state.layer_pairs(router.layer_idx, routing, query, key, scaling, offset)
     if call is not None:
         with _phase(tm, "hooks"):
-            call.match_pairs = pairs
+            call.rule_pairs = pairs
             routing = _patch_groups(call, routing, state, offset)
     # 2. choose the path, 3. compute
     with _phase(tm, "mask"):
@@ -160,12 +163,12 @@ def _focus_attention(module, query, key, value, attention_mask, scaling, **kwarg
     mask = None  # a kept patch: the mask or bias the layer attends with instead
     if call is not None:
         with _phase(tm, "hooks"):
-            call.routing, call.match_pairs = routing, pairs
+            call.routing, call.rule_pairs = routing, pairs
             call.set_kept(built)
             mask = _patched_mask(call, keep, path, cfg.mode)
             if isinstance(mask, tuple):  # ("add", pairs): added pairs only, on the decomposition path
-                pairs = _merge_pairs(pairs, mask[1], Tq, Tk)
-                call.match_pairs = pairs
+                pairs = merge_pairs(pairs, mask[1], Tq, Tk)
+                call.rule_pairs = pairs
                 mask = None
             elif mask is not None:
                 path = "reference"
@@ -253,14 +256,6 @@ def _patched_mask(call: LayerCall, keep: torch.Tensor, path: str | None, mode: s
         add = torch.cat([e.add.to(keep.device) for e in edits if e.add is not None])
         return ("add", add[keep[add[:, 0], add[:, 1], add[:, 2]]])  # the model's own mask still applies
     return y
-
-
-def _merge_pairs(pairs: torch.Tensor | None, add: torch.Tensor, Tq: int, Tk: int) -> torch.Tensor:
-    """Token-match pairs and added pairs (P, 3) as one list sorted by (b, i, j), each pair once
-    (``hard_focus_attention``'s ``extra_pairs``)."""
-    both = add if pairs is None else torch.cat([pairs.to(add.device), add])
-    code = torch.unique((both[:, 0] * Tq + both[:, 1]) * Tk + both[:, 2])  # sorted
-    return torch.stack([code // (Tq * Tk), (code // Tk) % Tq, code % Tk], 1)
 
 
 def _finish(call: LayerCall, out: torch.Tensor, mode: str | None) -> tuple[torch.Tensor, None]:

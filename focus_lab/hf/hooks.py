@@ -121,9 +121,9 @@ class LayerCall:
         attn_out: (B, H, Tq, D), or None before the ``attn_out`` point.
         kept: (B, Tq, Tk), the mask or bias the layer attended with (a property: built on
             first access, O(Tq Tk); a ``kept`` patch included).
-        match_pairs: (P, 3) long (b, i, j), the forward's token-match pairs
-            (``FocusConfig.match_shifts``, docs/method.md §2.8; those the groups, window or
-            sinks also keep included), or None.
+        rule_pairs: (P, 3) long (b, i, j), the pairs the rules in force keep beyond the groups
+            (``Rule.pairs``: token-match pairs, docs/method.md §2.8; the oracle's; those the
+            groups, window or sinks also keep included), or None.
         scaling: the layer's logit scale (None: 1 / sqrt(D)); softcap: its logit soft-capping.
     """
 
@@ -139,7 +139,7 @@ class LayerCall:
     attn_out: torch.Tensor | None = None
     _kept: Callable[[], torch.Tensor] | None = field(repr=False, default=None)
     _plain: Callable[[], bool] | None = field(repr=False, default=None)
-    match_pairs: torch.Tensor | None = field(repr=False, default=None)
+    rule_pairs: torch.Tensor | None = field(repr=False, default=None)
     scaling: float | None = field(repr=False, default=None)
     softcap: float | None = field(repr=False, default=None)
     kept_edits: list = field(repr=False, default_factory=list)  # what the kept hooks returned, in order

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import torch
 
 from focus_lab.method.config import FocusConfig
-from focus_lab.method.core import match_pairs
+from focus_lab.method.core import PairStep, Routing
 from focus_lab.method.decomposition import GroupedKV
 
 
@@ -42,7 +42,7 @@ class FocusCache:
     # to the next (core.Routing.carry: the key shift's next key group, the capacity's counts)
     carried: dict[int, dict[str, torch.Tensor]] = field(default_factory=dict)
     grouped: dict[int, GroupedKV] = field(default_factory=dict, repr=False)
-    token_ids: torch.Tensor | None = field(default=None, repr=False)  # (B, T_seen), with match_shifts
+    token_ids: torch.Tensor | None = field(default=None, repr=False)  # (B, T_seen), for rules that read ids
 
     def seen(self, layer_idx: int) -> int:
         """Number of tokens whose key groups layer ``layer_idx`` holds (0 before a prefill)."""
@@ -114,49 +114,21 @@ class FocusForward:
     timings: dict[str, float] | None = field(default=None, repr=False, compare=False)
     token_ids: torch.Tensor | None = field(default=None, repr=False, compare=False)
     _plain: "PlainCausalCheck" = field(default_factory=lambda: PlainCausalCheck(), repr=False, compare=False)
-    _match: tuple | None = field(default=None, repr=False, compare=False)
+    shared: dict = field(default_factory=dict, repr=False, compare=False)
 
-    def match_pairs(self, Tq: int, Tk: int) -> torch.Tensor | None:
-        """The token-match pairs of this forward (``core.match_pairs`` with ``config.match_shifts``
-        and ``config.match_latest``) as a list (P, 3) long of (b, i, j), j indexing the layer's
-        Tk keys, built once per forward and shared by its layers; None when ``match_shifts`` is
-        off or the mode is neither hard nor soft. The keys' ids are this forward's ``token_ids`` (B, Tq),
-        after those of the cached tokens in a decode step.
+    def layer_pairs(self, layer_idx: int, routing: Routing, query: torch.Tensor, key: torch.Tensor,
+                    scaling: float | None, offset: int) -> tuple[Routing, torch.Tensor | None]:
+        """Run every rule in force's ``pairs`` hook for one routed layer (``core.PairStep``).
 
-        Raises RuntimeError: no ``input_ids`` reached the forward (called with ``inputs_embeds``,
-        or through a submodule of the model that ``attach`` was given), or a decode step whose
-        earlier tokens' ids are unknown."""
-        cfg = self.config
-        if not cfg.match_shifts or cfg.mode not in ("hard", "soft"):
-            return None
-        if self._match is not None and self._match[0] == (Tq, Tk):
-            return self._match[1]
-        ids = self.token_ids
-        if ids is None or ids.shape[-1] != Tq:
-            raise RuntimeError(
-                "FocusConfig.match_shifts needs the token ids of each forward: call the model that "
-                "attach() was given (or its base_model) with input_ids= (not inputs_embeds), or set "
-                "match_shifts=None")
-        seen = ids
-        if Tq < Tk:
-            past = self.cache.token_ids if self.cache is not None else None
-            if past is None or past.shape[0] != ids.shape[0] or past.shape[1] < Tk - Tq:
-                raise RuntimeError(
-                    f"match_shifts in a KV-cache step with {Tk - Tq} cached tokens, but the FocusCache "
-                    f"holds {None if past is None else tuple(past.shape)} token ids: start generation "
-                    "with a forward from position 0 through the same FocusCache")
-            seen = torch.cat([past, ids], 1)  # (B, T_seen), T_seen >= Tk under a sliding-window cache
-        if self.cache is not None:
-            self.cache.token_ids = seen
-        T = seen.shape[1]
-        pos = torch.arange(T, device=ids.device)  # absolute positions of every token seen
-        pairs = match_pairs(ids, seen, cfg.match_shifts, pos[T - Tq:], pos, cfg.window, cfg.sink_tokens,
-                            cfg.match_latest)  # (P, 3) over every token seen
-        if T > Tk:  # a sliding-window cache: keep the keys the layer holds, index them from its first
-            pairs = pairs[pairs[:, 2] >= T - Tk]
-            pairs[:, 2] -= T - Tk
-        self._match = ((Tq, Tk), pairs)
-        return pairs
+        Args: routing: the layer's Routing; query: (B, H, Tq, D); key: (B, Hkv, Tk, D); scaling:
+            logit scale; offset: absolute position of the first key (tokens).
+        Returns: (the routing to attend with, the pairs to keep beyond the groups (P, 3) long
+            rows (b, i, j) sorted, or None). Raises what a rule's hook raises (e.g. the token-match
+            pairs without input_ids)."""
+        step = PairStep(self.config, layer_idx, routing, query, key, scaling, offset, self)
+        for rule in self.config.rules_in_force():
+            rule.pairs(step)
+        return step.routing, step.pairs
 
     def is_plain_causal(self, attention_mask: torch.Tensor | None, keep: torch.Tensor) -> bool:
         """``is_plain_causal(keep)`` for transformers' mask (None: plain causality), computed

@@ -11,16 +11,14 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from focus_lab.method.spec import ConfigError, format_int_list, parse_int_list  # noqa: F401 (public here too)
+
 MODES = ("soft", "hard", "window", "dense")
 ASSIGNMENTS = ("router", "random", "shuffled")
 OBJECTIVES = ("lm", "coverage", "distill")
 CAPACITY_OVERFLOWS = ("second", "evict")  # FocusConfig.capacity_overflow (docs/method.md §2.9)
 # FocusConfig fields that fix the routers' tensors: set at attach, never changed by a forward
 SHAPE_FIELDS = ("num_groups", "router_dim", "layers", "key_router")
-
-
-class ConfigError(ValueError):
-    """An invalid Focus configuration; the message names the field and the fix."""
 
 
 def parse_random_layers(spec: str) -> list[int]:
@@ -63,33 +61,6 @@ def format_layer_top_k(layer_top_k: dict) -> str:
     for layer, k in layer_top_k.items():
         by_k.setdefault(int(k), []).append(int(layer))
     return ";".join(f"{format_int_list(by_k[k])}:{k}" for k in sorted(by_k)) or "none"
-
-
-def format_int_list(values) -> str:
-    """The inverse of ``parse_int_list``: integers -> ascending, runs as ranges, e.g.
-    [1, 2, 3, 7, 9, 10] -> '1-3,7,9-10'; [] -> ''."""
-    runs: list[list[int]] = []
-    for v in sorted(int(x) for x in values):
-        if runs and v == runs[-1][1] + 1:
-            runs[-1][1] = v
-        else:
-            runs.append([v, v])
-    return ",".join(f"{a}" if a == b else f"{a}-{b}" for a, b in runs)
-
-
-def parse_int_list(spec: str) -> list[int]:
-    """'0,3,5-7' -> [0, 3, 5, 6, 7] (layer or head indices, in the order given; spaces ignored).
-    Raises ValueError naming the spec and the accepted form."""
-    out: list[int] = []
-    for part in spec.replace(" ", "").split(","):
-        if not part:
-            continue
-        lo, _, hi = part.partition("-")
-        try:
-            out += list(range(int(lo), int(hi) + 1)) if hi else [int(lo)]
-        except ValueError:
-            raise ValueError(f"cannot read {spec!r} as a list of integers like '0,3,5-7'") from None
-    return out
 
 
 @dataclass(frozen=True)
@@ -191,6 +162,9 @@ class FocusConfig:
             CPU flash kernel), "torch", "flash" or "flex" (force that kernel; "flex" compiles
             one kernel per shape on first use, 4-20 s), or "dense" (the O(T^2) masked reference). All give the same outputs (max abs error <= 1e-5 in fp32
             on CPU, 1e-4 on CUDA); other modes always use the dense reference.
+        rules: the canonical spellings of the pattern's rules that own no field here (e.g.
+            ``("oracle",)``, ``focus_lab.patterns.rules``); ``rules_in_force`` gives every rule
+            in force as a value. Sorted, each once.
     """
 
     num_groups: int = 4
@@ -221,6 +195,7 @@ class FocusConfig:
     capacity_overflow: str = "second"
     capacity_top_k: list[int] | None = None
     backend: str = "auto"
+    rules: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         self.validate()
@@ -286,6 +261,14 @@ class FocusConfig:
         if self.capacity_overflow not in CAPACITY_OVERFLOWS:
             bad("capacity_overflow", f"choose one of {', '.join(CAPACITY_OVERFLOWS)} (a key over the capacity "
                 "moves to its second group, or leaves every group)")
+        if isinstance(self.rules, str) or not all(isinstance(r, str) for r in self.rules):
+            bad("rules", "need a tuple of rule spellings, e.g. ('oracle',)")
+        object.__setattr__(self, "rules", tuple(sorted(set(self.rules))))
+        for r in self.extra_rules():
+            if r.owns_fields:
+                bad("rules", f"rule {r.name!r} is held in its own fields: give it through a pattern "
+                    "(Pattern.parse(...).changes())")
+            r.check(self.num_groups, None)
         if self.backend not in ("auto", "dense", "torch", "flash", "flex"):
             bad("backend", "choose one of auto, dense, torch, flash, flex")
         if self.layers is not None:
@@ -316,6 +299,27 @@ class FocusConfig:
                 bad("top_k_budgets", f"need top_k keys in 1..num_groups={self.num_groups}, layer indices "
                     f">= 0 and k in 0..{self.num_groups}")
         return self
+
+    def extra_rules(self) -> tuple:
+        """The rules of ``rules`` as values (``focus_lab.patterns.rules.Rule``). Raises
+        PatternError (a ConfigError) naming a spelling that does not parse."""
+        if not self.rules:
+            return ()
+        from focus_lab.patterns.rules import parse_rule
+        return tuple(parse_rule(t) for t in self.rules)
+
+    def rules_in_force(self) -> tuple:
+        """Every rule this config puts in force, as values, in the order their hooks run
+        (``Rule.order``, then name): the levers held in fields (``Rule.from_config`` at this
+        config's ``top_k``) and ``rules``. Computed once per config (it is frozen)."""
+        got = self.__dict__.get("_rules_in_force")
+        if got is None:
+            from focus_lab.patterns.rules import RULES
+            found = [c.from_config(self, self.top_k) for c in RULES.values() if c.owns_fields]
+            got = tuple(sorted([r for r in found if r is not None] + list(self.extra_rules()),
+                               key=lambda r: (r.order, r.name)))
+            object.__setattr__(self, "_rules_in_force", got)
+        return got
 
     def layer_top_k_in_force(self) -> dict[int, int]:
         """The per-layer k overriding ``top_k`` in hard mode, {layer_idx: k}: ``layer_top_k`` when
@@ -353,7 +357,12 @@ class FocusConfig:
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        d = dataclasses.asdict(self)
+        if not d["rules"]:
+            del d["rules"]  # files written before the field read the same
+        else:
+            d["rules"] = list(d["rules"])
+        return d
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True)

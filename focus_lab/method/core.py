@@ -313,17 +313,6 @@ def sinkhorn(scores: torch.Tensor, tau: float, iters: int,
     return logits + u + v, v.squeeze(1)
 
 
-def shift_keys(x: torch.Tensor, first: torch.Tensor | None = None) -> torch.Tensor:
-    """The key role under ``FocusConfig.key_shift = 1`` (docs/method.md §1.7 [ours]): key j takes
-    what token j - 1 has (its top-1 group, its Sinkhorn probabilities).
-
-    x: (B, T, ...) per-token values of this forward's tokens; first: (B, 1, ...) the value of the
-    token before x[:, 0] (a KV-cache step: ``Routing.carry["key_shift"]`` of the step before), or
-    None at position 0, where the first token keeps its own. Returns (B, T, ...)."""
-    head = x[:, :1] if first is None else first.to(x.dtype)  # (B, 1, ...)
-    return torch.cat([head, x[:, :-1]], 1)  # (B, T, ...)
-
-
 def window_only_groups(batch: int, seq: int, device: torch.device | str = "cpu"
                        ) -> tuple[torch.Tensor, torch.Tensor]:
     """Groups under which no query shares a group with any key, so the hard mask keeps only the
@@ -375,52 +364,6 @@ def hard_logits(scores: torch.Tensor, tau: float, group_bias: torch.Tensor | Non
     return a if group_bias is None else a + group_bias.to(a.device)
 
 
-def capacity_key_group(logits: torch.Tensor, key_group: torch.Tensor, capacity: float, start: int,
-                       warmup: int, prev_counts: torch.Tensor | None = None, overflow: str = "second"
-                       ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The group capacity rule (``FocusConfig.group_capacity``, docs/method.md §2.9 [ours]).
-
-    Position ``p = start + t``'s first choice is ``key_group[:, t]`` (the top-1 of ``logits``);
-    ``n_g(p)`` counts the first choices equal to g among positions 0..p. When ``p >= warmup``
-    and ``n_{key_group}(p) > capacity * (p + 1)``, the key moves to its second-best group of
-    ``logits`` (``overflow="second"``) or to no group (``"evict"``: group id K, which no query
-    picks, so only the window, the sinks and token-match pairs keep it;
-    ``FocusConfig.capacity_overflow``). Counting first choices, not final groups, keeps the rule
-    causal and parallel over positions: a KV-cache step continues from ``prev_counts``.
-
-    Args:
-        logits: (B, T, K) the key role's ``S / tau + group_bias``; key_group: (B, T) long, its
-            top-1; capacity: share in (1/K, 1]; start: absolute position of the first token;
-            warmup: positions below it never move (tokens; the local window); prev_counts: (B, K)
-            first-choice counts of positions 0..start-1 (None: zeros, only when ``start == 0``);
-            overflow: "second" or "evict".
-    Returns:
-        key_group: (B, T) long in 0..K-1 (0..K with "evict"); counts: (B, K) long, the
-        first-choice counts of 0..start+T-1.
-    Raises:
-        RuntimeError: ``start > 0`` without ``prev_counts`` (a decode step whose earlier first
-            choices are unknown).
-    """
-    B, T, K = logits.shape
-    if prev_counts is None:
-        if start > 0:
-            raise RuntimeError(f"group capacity: a forward from position {start} without the first-choice "
-                               "counts of the positions before it: start with a forward from position 0 "
-                               "through the same FocusCache")
-        prev_counts = torch.zeros(B, K, dtype=torch.long, device=logits.device)
-    one_hot = key_group[..., None] == torch.arange(K, device=logits.device)  # (B, T, K); F.one_hot checks its range: a host sync
-    counts = prev_counts.to(logits.device)[:, None] + one_hot.long().cumsum(1)  # (B, T, K)
-    pos = torch.arange(start, start + T, device=logits.device)  # (T,) absolute positions
-    held = counts.gather(2, key_group[..., None])[..., 0]  # (B, T) first choices of this key's group so far
-    over = (held > capacity * (pos + 1)) & (pos >= warmup)  # (B, T)
-    if overflow == "evict":  # no host sync on whether any key moves: a decode step stays on the device
-        key_group = torch.where(over, torch.full_like(key_group, K), key_group)  # K: no group
-    elif K > 1:
-        second = logits.topk(2, dim=-1).indices[..., 1]  # (B, T)
-        key_group = torch.where(over, second, key_group)
-    return key_group, counts[:, -1]
-
-
 def local_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int, sinks: int = 0) -> torch.Tensor:
     """(Tq, Tk) bool, the always-kept causal pairs: ``0 <= i - j < window`` (docs/method.md §2), or
     ``j < sinks`` and ``j <= i`` (attention sinks, docs/method.md §6 [ours])."""
@@ -460,41 +403,6 @@ def hard_mask(query_groups: torch.Tensor, key_group: torch.Tensor, window: int,
     return causal_mask(q_pos, k_pos) & (same | local_mask(q_pos, k_pos, window, sinks))
 
 
-def match_pairs(query_ids: torch.Tensor, key_ids: torch.Tensor, shifts, q_pos: torch.Tensor,
-                k_pos: torch.Tensor, window: int, sinks: int = 0, latest: int = 0) -> torch.Tensor:
-    """Token-match pairs (docs/method.md §2.8 [ours]) as a list: the distant pairs (i, j) with
-    ``ids[j - s] == ids[i]`` for some s in ``shifts`` (``FocusConfig.match_shifts``). Shift 1
-    keeps the key right after an earlier occurrence of the query's token (the pair an induction
-    head reads to copy), shift 0 the earlier occurrence itself. With ``latest`` > 0 a query
-    keeps only its ``latest`` matching keys nearest to it (``FocusConfig.match_latest``).
-
-    Args:
-        query_ids: (B, Tq) long, the queries' token ids; key_ids: (B, Tk) long, the keys';
-        shifts: token shifts >= 0; q_pos: (Tq,), k_pos: (Tk,) absolute positions, k_pos
-            consecutive (a key's predecessor s tokens back is ``key_ids[:, j - s]``; none before
-            the first key); window, sinks: in tokens (a pair is distant when ``q - k >= window``
-            and ``k >= sinks``, ``distant_mask``); latest: 0 (every match) or the cap per query.
-    Returns:
-        (P, 3) long rows (b, i, j), i a query index, j a key index, sorted by (b, i, j).
-    """
-    B, Tk = key_ids.shape
-    m = torch.zeros(B, q_pos.numel(), Tk, dtype=torch.bool, device=key_ids.device)  # (B, Tq, Tk)
-    for s in shifts:
-        before = key_ids.new_full((B, Tk), -1)  # (B, Tk): before[j] = ids[j - s], -1 when unknown
-        before[:, s:] = key_ids[:, :Tk - s]
-        m |= query_ids[:, :, None] == before[:, None, :]
-    pairs = m.nonzero()  # (P, 3) sorted by (b, i, j)
-    qp, kp = q_pos[pairs[:, 1]], k_pos[pairs[:, 2]]
-    pairs = pairs[(qp - kp >= window) & (kp >= sinks)]  # distant only
-    if latest > 0 and pairs.shape[0]:
-        row = pairs[:, 0] * q_pos.numel() + pairs[:, 1]  # (P,) ascending
-        counts = torch.bincount(row, minlength=B * q_pos.numel())
-        end = counts.cumsum(0)  # one past each row's last pair
-        from_end = end[row] - 1 - torch.arange(pairs.shape[0], device=pairs.device)  # 0: nearest key
-        pairs = pairs[from_end < latest]
-    return pairs
-
-
 def other_group_pairs(pairs: torch.Tensor, query_groups: torch.Tensor, key_group: torch.Tensor,
                       Tq: int, Tk: int, window: int, sinks: int) -> torch.Tensor:
     """The listed pairs the group mask does not already keep (docs/method.md §2.8; what the
@@ -514,13 +422,6 @@ def pairs_mask(pairs: torch.Tensor, shape: tuple[int, int, int]) -> torch.Tensor
     m = torch.zeros(shape, dtype=torch.bool, device=pairs.device)
     m[pairs[:, 0], pairs[:, 1], pairs[:, 2]] = True
     return m
-
-
-def match_mask(query_ids: torch.Tensor, key_ids: torch.Tensor, shifts, q_pos: torch.Tensor,
-               k_pos: torch.Tensor, window: int, sinks: int = 0, latest: int = 0) -> torch.Tensor:
-    """``match_pairs`` as a (B, Tq, Tk) bool mask (same arguments)."""
-    pairs = match_pairs(query_ids, key_ids, shifts, q_pos, k_pos, window, sinks, latest)
-    return pairs_mask(pairs, (key_ids.shape[0], q_pos.numel(), key_ids.shape[1]))
 
 
 def soft_gate_bias(log_p_q: torch.Tensor, log_p_k: torch.Tensor, window: int,
@@ -619,7 +520,8 @@ def soft_roles(router: Router, h: torch.Tensor, config: FocusConfig
     Returns: (log_p of the queries (B, T, K), log_p of the keys (B, T, K), the keys' column
         potentials (B, K) (they drive the group bias), the keys' scores (B, T, K)); the key
         role is the query role's tensors unless the router has a ``key_proj`` (docs/method.md §1.6);
-        with ``config.key_shift`` the keys' log_p is shifted by one token (``shift_keys``).
+        each rule in force may change the keys' log_p (``Rule.soft_keys``: the key shift moves
+        it by one token).
     """
     scores = router(h, config)  # (B, T, K)
     log_p, col = sinkhorn(scores, config.tau, config.sinkhorn_iters)  # (B, T, K), (B, K)
@@ -628,8 +530,8 @@ def soft_roles(router: Router, h: torch.Tensor, config: FocusConfig
         log_p_k, key_scores = log_p, scores
     else:
         log_p_k, col = sinkhorn(key_scores, config.tau, config.sinkhorn_iters)
-    if config.key_shift:  # key j takes token j - 1's probabilities (docs/method.md §1.7)
-        log_p_k = shift_keys(log_p_k)
+    for rule in config.rules_in_force():  # e.g. the key shift: key j takes token j - 1's probabilities
+        log_p_k = rule.soft_keys(log_p_k)
     return log_p, log_p_k, col, key_scores
 
 
@@ -712,20 +614,107 @@ def route(router: Router, h: torch.Tensor, token_mask: torch.Tensor | None = Non
     key_log_p = None
     if key_scores is not None:
         key_log_p, col, kg = router.assign_keys(key_scores, cfg, kg, token_mask, start)
-    counts = None
-    capacity = cfg.capacity_at(router.layer_idx)
-    if (capacity and cfg.mode == "hard" and cfg.assignment_at(router.layer_idx) == "router"
-            and cfg.top_k_at(router.layer_idx) > 0):  # docs/method.md §2.9
-        logits = hard_logits(key_scores if key_scores is not None else scores, cfg.tau, router._bias(cfg))
-        kg, counts = capacity_key_group(logits, kg, capacity, start, cfg.window, carried.get("capacity"),
-                                        cfg.capacity_overflow)
-    if not cfg.key_shift:
-        return Routing(scores, log_p, col, qg, kg, key_scores=key_scores, key_log_p=key_log_p,
-                       carry={} if counts is None else {"capacity": counts})
-    lpk = key_log_p if key_log_p is not None else log_p  # (B, T, K) or None
-    carry = {"key_shift": kg[:, -1:]} | ({} if counts is None else {"capacity": counts})
-    return Routing(scores, log_p, col, qg, shift_keys(kg, carried.get("key_shift")), key_scores=key_scores,
-                   key_log_p=None if lpk is None else shift_keys(lpk), carry=carry)
+    step = RouteStep(cfg, router.layer_idx, start, scores, key_scores, router._bias(cfg), qg, kg, log_p,
+                     key_log_p, carried)
+    for rule in cfg.rules_in_force():  # docs/method.md §1.7 (key shift), §2.9 (capacity)
+        rule.route(step)
+    return Routing(scores, log_p, col, step.query_groups, step.key_group, key_scores=key_scores,
+                   key_log_p=step.key_log_p, carry=step.carry)
+
+
+@dataclass
+class RouteStep:
+    """What the rules in force (``Rule.route``, ``focus_lab.patterns.rules``) see and change of one
+    layer's routing, in ``route``.
+
+    Attributes:
+        config: the forward's FocusConfig; layer_idx: the layer; start: absolute position of the
+            first token (tokens); scores: (B, T, K) the query role's scores; key_scores: (B, T, K)
+            the key role's, or None (shared); group_bias: (K,) or None.
+        query_groups: (B, T, k) long; key_group: (B, T) long; log_p, key_log_p: (B, T, K) or None
+            (a rule may replace the groups and the key role's probabilities).
+        carried: {rule name: tensor} the state the rules carried from the KV-cache step before
+            ({} from position 0); carry: what they hand to the next step (filled by the rules).
+    """
+
+    config: FocusConfig
+    layer_idx: int
+    start: int
+    scores: torch.Tensor
+    key_scores: torch.Tensor | None
+    group_bias: torch.Tensor | None
+    query_groups: torch.Tensor
+    key_group: torch.Tensor
+    log_p: torch.Tensor | None
+    key_log_p: torch.Tensor | None
+    carried: dict[str, torch.Tensor]
+    carry: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    @property
+    def assignment(self) -> str:
+        """The layer's assignment ("router", "random", "shuffled"; ``FocusConfig.assignment_at``)."""
+        return self.config.assignment_at(self.layer_idx)
+
+    @property
+    def top_k(self) -> int:
+        """The layer's k in hard mode (``FocusConfig.top_k_at``; 0: window and sinks only)."""
+        return self.config.top_k_at(self.layer_idx)
+
+    def key_logits(self) -> torch.Tensor:
+        """(B, T, K) fp32 the key role's ``hard_logits``: what hard assignment ranks groups by."""
+        s = self.key_scores if self.key_scores is not None else self.scores
+        return hard_logits(s, self.config.tau, self.group_bias)
+
+
+@dataclass
+class PairStep:
+    """What the rules in force (``Rule.pairs``) see and change of the pairs one layer attends
+    with, in the attention function (hard and soft mode).
+
+    Attributes:
+        config: the forward's FocusConfig; layer_idx: the layer; routing: the layer's Routing
+            (groups of the Tq queries' tokens and of all Tk keys; a rule may replace it);
+        query: (B, H, Tq, D); key: (B, Hkv, Tk, D); scaling: the logit scale (None: 1/sqrt(D));
+        offset: absolute position of the first key (tokens; > 0 under a sliding-window cache);
+        forward: the FocusForward in flight (``token_ids``, its ``cache``; ``shared``: a dict
+            a rule may keep per-forward values in, e.g. pairs every layer shares);
+        pairs: (P, 3) long rows (b, i, j) sorted, each once (i a query index, j a key index), or None.
+    """
+
+    config: FocusConfig
+    layer_idx: int
+    routing: Routing
+    query: torch.Tensor
+    key: torch.Tensor
+    scaling: float | None
+    offset: int
+    forward: object
+    pairs: torch.Tensor | None = None
+
+    @property
+    def q_pos(self) -> torch.Tensor:
+        """(Tq,) absolute positions of the queries."""
+        Tq, Tk = self.query.shape[2], self.key.shape[2]
+        return torch.arange(self.offset + Tk - Tq, self.offset + Tk, device=self.query.device)
+
+    @property
+    def k_pos(self) -> torch.Tensor:
+        """(Tk,) absolute positions of the keys."""
+        return torch.arange(self.offset, self.offset + self.key.shape[2], device=self.query.device)
+
+    def add(self, pairs: torch.Tensor) -> None:
+        """Keep ``pairs`` (P, 3) long rows (b, i, j) too."""
+        self.pairs = merge_pairs(self.pairs, pairs, self.query.shape[2], self.key.shape[2])
+
+
+def merge_pairs(pairs: torch.Tensor | None, add: torch.Tensor, Tq: int, Tk: int) -> torch.Tensor:
+    """Two lists of pairs (P, 3) long rows (b, i, j) as one sorted by (b, i, j), each pair once
+    (``decomposition.hard_focus_attention``'s ``extra_pairs``); i < Tq, j < Tk."""
+    if pairs is None:
+        return add
+    both = torch.cat([pairs.to(add.device), add])
+    code = torch.unique((both[:, 0] * Tq + both[:, 1]) * Tk + both[:, 2])  # sorted
+    return torch.stack([code // (Tq * Tk), (code // Tk) % Tq, code % Tk], 1)
 
 
 def _gumbel(scores: torch.Tensor, cfg: FocusConfig) -> torch.Tensor:

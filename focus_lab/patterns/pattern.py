@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from focus_lab.patterns.rules import RULES, PatternError, Rule
+from focus_lab.patterns.rules import RULES, PatternError, Rule, known_rules, parse_rule, split_top_level
 
 MODES = ("dense", "window", "soft", "hard")
 ASSIGNMENTS = {"hard": "router", "random": "random", "shuffled": "shuffled"}  # head prefix -> groups
@@ -93,9 +93,12 @@ class Pattern:
         (absent rules off), the mode, assignment and k, then each present rule's changes. Dense
         and window patterns change only the mode (and their own rules): no group rule acts there."""
         out: dict[str, Any] = {}
+        extra = tuple(str(r) for r in self.rules if not r.owns_fields)  # FocusConfig.rules
         if self.mode in ("dense", "window"):  # no group, so no rule acts: the file's fields stay (the
             # passkey audit routes its uniform top-1 / top-2 masks from a dense forward's config)
-            return {"mode": self.mode, "assignment": "router", **{k: v for r in self.rules for k, v in r.changes().items()}}
+            return {"mode": self.mode, "assignment": "router", **({"rules": extra} if extra else {}),
+                    **{k: v for r in self.rules for k, v in r.changes().items()}}
+        out["rules"] = extra
         for cls in RULES.values():
             out.update(cls.neutral)
         if self.mode == "hard":
@@ -122,12 +125,13 @@ class Pattern:
         saved config with ``mode="hard"``): its mode, assignment, k and every rule it puts in
         force; rules that act on nothing under the assignment are left out."""
         mode = mode or config.mode
+        kinds = [c for c in RULES.values() if c.neutral or not c.owns_fields]  # window and sinks: the file's counts
         if mode != "hard":
-            rules = [c.from_config(config, None) for c in RULES.values() if mode in c.modes and c.neutral]
+            rules = [c.from_config(config, None) for c in kinds if mode in c.modes]
             return cls(mode, "router", None, tuple(r for r in rules if r is not None))
         assignment = assignment or config.assignment
         k = top_k or config.top_k
-        rules = [c.from_config(config, k) for c in RULES.values() if c.neutral and assignment in c.assignments]
+        rules = [c.from_config(config, k) for c in kinds if assignment in c.assignments]
         return cls("hard", assignment, k, tuple(r for r in rules if r is not None))
 
     # ---- parsing
@@ -145,33 +149,16 @@ class Pattern:
         parts = split_top_level(text, "+")
         head, rule_texts = parts[0].strip(), parts[1:]
         base = _head(head, routers)
-        rules = [_rule(t.strip(), text) for t in rule_texts]  # a rule given twice: Pattern refuses it
+        rules = [parse_rule(t, text) for t in rule_texts]  # a rule given twice: Pattern refuses it
         own = {r.name for r in rules}  # ... and replaces a named pattern's rule of that name
         return Pattern(base.mode, base.assignment, base.top_k,
                        tuple(r for r in base.rules if r.name not in own) + tuple(rules))
 
 
-def split_top_level(text: str, sep: str) -> list[str]:
-    """``text`` split at ``sep`` outside parentheses and brackets."""
-    out, depth, cur = [], 0, ""
-    for ch in text:
-        if ch in "([":
-            depth += 1
-        elif ch in ")]":
-            depth -= 1
-        if ch == sep and depth == 0:
-            out.append(cur)
-            cur = ""
-        else:
-            cur += ch
-    return out + [cur]
-
-
 def known() -> str:
     """One line: the heads, named patterns and rules a pattern may use."""
     return ("dense, window, soft, hard_topK, random_topK, shuffled_topK; the router file's default, default_topK, "
-            "random_default, shuffled_default; rules joined by '+': "
-            + ", ".join(RULES[n].example or n for n in sorted(RULES)))
+            "random_default, shuffled_default; " + known_rules())
 
 
 def _head(head: str, routers) -> Pattern:
@@ -187,28 +174,6 @@ def _head(head: str, routers) -> Pattern:
         p = Pattern.from_config(routers, mode="hard", assignment="router", top_k=k)
         return p.with_assignment(m.group(1)) if m.group(1) else p
     raise PatternError(f"unknown pattern {head!r}; choose from {known()}; e.g. {EXAMPLE}")
-
-
-ARG = re.compile(r"^([a-z_]+)(?:\((.*)\))?$", re.S)
-
-
-def _rule(text: str, whole: str) -> Rule:
-    m = ARG.match(text)
-    if not m:
-        raise PatternError(f"pattern {whole!r}: cannot read the rule {text!r}; {known()}")
-    name, body = m.group(1), m.group(2)
-    cls = RULES.get(name)
-    if cls is None:
-        raise PatternError(f"pattern {whole!r}: unknown rule {name!r}; {known()}")
-    args, kwargs = [], {}
-    for a in (split_top_level(body, ",") if body and body.strip() else []):
-        a = a.strip()
-        key, eq, value = a.partition("=")
-        if eq and re.fullmatch(r"[a-z_0-9]+", key.strip()):
-            kwargs[key.strip()] = value.strip()
-        else:
-            args.append(a)
-    return cls.from_args(args, kwargs)
 
 
 # ---- the spellings before patterns were values (one release, deprecated)

@@ -150,10 +150,10 @@ class Recording:
         if key.shape[2] != T:  # a decode step: nothing to audit
             return
         cfg = self.config = call.config
-        if call.match_pairs is not None:  # the forward keeps token-match pairs (FocusForward.match_pairs decides when)
-            raise ValueError("recording measures the groups' mask and does not count token-match pairs "
-                             "(FocusConfig.match_shifts, docs/method.md §2.8) yet: record with "
-                             "match_shifts=None (forward_state(model, match_shifts=None))")
+        if call.rule_pairs is not None:  # the rules in force keep pairs beyond the groups (FocusForward.layer_pairs)
+            raise ValueError("recording measures the groups' mask and does not count the pairs a rule adds "
+                             "(token-match pairs, FocusConfig.match_shifts, docs/method.md §2.8; the oracle) yet: "
+                             "record with match_shifts=None (forward_state(model, match_shifts=None)) and no such rule")
         if routing is None:
             if h is None:
                 raise RuntimeError(f"layer {layer}: the router input was not captured")

@@ -23,8 +23,8 @@ from __future__ import annotations
 import torch
 
 from focus_lab.method.config import FocusConfig
-from focus_lab.method.core import (masked_attention, match_mask, soft_gate_bias, soft_roles,
-                                   soft_top_k_membership)
+from focus_lab.method.core import masked_attention, soft_gate_bias, soft_roles, soft_top_k_membership
+from focus_lab.patterns.rules.match import match_mask
 
 
 def sample_queries(T: int, window: int, n: int, generator: torch.Generator,

@@ -1,11 +1,20 @@
 """The levers of an attention pattern, one rule class per module (docs/api.md "Patterns").
 
-A rule is a small frozen value: its spelling inside a pattern (``name(args)``), the FocusConfig
-fields it owns, their value when the rule is absent (``neutral``: the paper's rule), their value
-when it is present (``changes``), the file's rule of its kind read back from a FocusConfig
-(``from_config``) and its bounds (``check``). Every module of this folder is loaded and each
-``Rule`` subclass it defines is registered by its ``name``: adding a lever is its module and
-its test, nothing else.
+A rule is a small frozen value: its spelling inside a pattern (``name(args)``), how a FocusConfig
+holds it, its bounds (``check``) and what it does to a forward, through two hooks the forward
+calls for every rule in force (``FocusConfig.rules_in_force``), in ``order``:
+
+- ``route(step)``: change the layer's hard groups (``core.RouteStep``) and hand causal state to
+  the next KV-cache step (``step.carry[name]``, given back as ``step.carried[name]``);
+- ``pairs(step)``: add kept pairs, or replace the groups' pairs, at attention time
+  (``core.PairStep``: the layer's query and key, its routing, the forward's token ids).
+
+A rule owns no FocusConfig field: the config holds its spelling in ``FocusConfig.rules``. The
+levers written before patterns were values (``owns_fields``) keep their fields for one release:
+their value when the rule is absent (``neutral``: the paper's rule), when it is present
+(``changes``) and the file's rule read back from a config (``from_config``). Every module of this
+folder is loaded and each ``Rule`` subclass it defines is registered by its ``name``: adding a
+lever is its module and its test, nothing else (``oracle`` is one).
 
 Source: docs/method.md §2.6-§2.9 (per-layer k, random-group layers, key shift, token-match
 pairs, group capacity), §6 (sinks).
@@ -15,10 +24,11 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+import re
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from focus_lab.method.config import ConfigError, format_int_list, parse_int_list
+from focus_lab.method.spec import ConfigError, format_int_list, parse_int_list
 
 
 class PatternError(ConfigError):
@@ -37,6 +47,9 @@ class Rule:
         assignments: the group assignments it acts under (a rule that acts on no group of
             random groups, such as the capacity, is refused there).
         example: a spelling shown in error messages.
+        order: where its hooks run among the rules in force (ascending; ties by name).
+        owns_fields: True for the levers held in FocusConfig fields of their own (``neutral``);
+            False (a new rule): FocusConfig.rules holds its spelling.
     """
 
     name: ClassVar[str] = ""
@@ -44,6 +57,26 @@ class Rule:
     modes: ClassVar[tuple[str, ...]] = ("hard",)
     assignments: ClassVar[tuple[str, ...]] = ("router", "random", "shuffled")
     example: ClassVar[str] = ""
+    order: ClassVar[int] = 50
+    owns_fields: ClassVar[bool] = False
+
+    # ---- what it does to a forward (docs/api.md "Writing a rule")
+    def route(self, step) -> None:
+        """Change the layer's hard groups in place on ``step`` (``core.RouteStep``): its
+        ``query_groups`` (B, T, k), ``key_group`` (B, T), ``key_log_p`` (B, T, K) or None; read
+        ``step.carried.get(self.name)``, write ``step.carry[self.name]`` for the next KV-cache
+        step. Called by ``core.route`` in every routed layer; the default changes nothing."""
+
+    def soft_keys(self, log_p_keys):
+        """The key role's log probabilities (B, T, K) of the layer-local training objectives
+        (``core.soft_roles``) under this rule; the default returns them unchanged."""
+        return log_p_keys
+
+    def pairs(self, step) -> None:
+        """Change the pairs a layer attends with, in place on ``step`` (``core.PairStep``): add
+        (b, i, j) rows to ``step.pairs`` (``step.add``) or replace ``step.routing``'s groups.
+        Called by the attention function in every routed layer in hard and soft mode; the
+        default changes nothing."""
 
     @classmethod
     def from_args(cls, args: list[str], kwargs: dict[str, str]) -> "Rule":
@@ -61,14 +94,16 @@ class Rule:
         return f"{self.name}({','.join(a)})" if a else self.name
 
     def changes(self) -> dict[str, Any]:
-        """FocusConfig changes of this rule (the fields of ``neutral``)."""
-        raise NotImplementedError
+        """FocusConfig changes of a rule that ``owns_fields`` (the fields of ``neutral``); {} for
+        the others (``Pattern.changes`` puts their spelling in FocusConfig.rules)."""
+        return {}
 
     @classmethod
     def from_config(cls, config, top_k: int | None) -> "Rule | None":
         """The rule of this kind ``config`` (a router file's FocusConfig) puts in force for a hard
-        pattern at ``top_k`` (None: not a hard pattern); None when it puts none in force."""
-        return None
+        pattern at ``top_k`` (None: not a hard pattern); None when it puts none in force. The
+        default reads FocusConfig.rules."""
+        return next((r for r in config.extra_rules() if isinstance(r, cls)), None)
 
     def check(self, num_groups: int, num_layers: int | None) -> None:
         """Raise PatternError when the rule cannot apply to a model with ``num_layers`` layers
@@ -94,6 +129,11 @@ class TokenCount(Rule):
     minimum: ClassVar[int] = 0
     neutral: ClassVar[dict[str, Any]] = {}
     modes: ClassVar[tuple[str, ...]] = ("hard", "soft", "window")
+    owns_fields = True
+
+    @classmethod
+    def from_config(cls, config, top_k):
+        return None  # the file's count is kept as is, not a rule of its pattern
 
     @classmethod
     def from_args(cls, args, kwargs):
@@ -134,6 +174,52 @@ def read_int(rule: type[Rule], text: str, what: str) -> int:
     if not text.strip().isdigit():
         raise rule.error(f"cannot read {what} {text!r}: need an integer >= 0")
     return int(text)
+
+
+def split_top_level(text: str, sep: str) -> list[str]:
+    """``text`` split at ``sep`` outside parentheses and brackets."""
+    out, depth, cur = [], 0, ""
+    for ch in text:
+        if ch in "([":
+            depth += 1
+        elif ch in ")]":
+            depth -= 1
+        if ch == sep and depth == 0:
+            out.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    return out + [cur]
+
+
+ARG = re.compile(r"^([a-z_]+)(?:\((.*)\))?$", re.S)
+
+
+def known_rules() -> str:
+    """One line: the rules a pattern may add, each by an example."""
+    return "rules joined by '+': " + ", ".join(RULES[n].example or n for n in sorted(RULES))
+
+
+def parse_rule(text: str, whole: str | None = None) -> Rule:
+    """One rule from its spelling (``capacity(0.5,evict)``); ``whole``: the pattern it came from,
+    for the message. Raises PatternError naming the token that failed and the rules known."""
+    text, whole = text.strip(), whole or text.strip()
+    m = ARG.match(text)
+    if not m:
+        raise PatternError(f"pattern {whole!r}: cannot read the rule {text!r}; {known_rules()}")
+    name, body = m.group(1), m.group(2)
+    cls = RULES.get(name)
+    if cls is None:
+        raise PatternError(f"pattern {whole!r}: unknown rule {name!r}; {known_rules()}")
+    args, kwargs = [], {}
+    for a in (split_top_level(body, ",") if body and body.strip() else []):
+        a = a.strip()
+        key, eq, value = a.partition("=")
+        if eq and re.fullmatch(r"[a-z_0-9]+", key.strip()):
+            kwargs[key.strip()] = value.strip()
+        else:
+            args.append(a)
+    return cls.from_args(args, kwargs)
 
 
 RULES: dict[str, type[Rule]] = {}

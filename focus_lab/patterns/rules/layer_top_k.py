@@ -17,6 +17,7 @@ class LayerTopK(Rule):
     name = "layer_top_k"
     neutral = {"layer_top_k": {}}
     example = "layer_top_k(1=[0,5-6],3=[1-4])"
+    owns_fields = True
 
     @classmethod
     def from_mapping(cls, mapping: dict[int, int], top_k: int | None = None) -> "LayerTopK | None":

@@ -18,6 +18,7 @@ class RandomLayers(Rule):
     modes = ("hard", "soft")
     assignments = ("router", "shuffled")  # under random groups every layer is random already
     example = "random_layers([1-9])"
+    owns_fields = True
 
     @classmethod
     def from_args(cls, args, kwargs):
