@@ -139,9 +139,10 @@ def test_cli_defaults_are_the_dataclasses_defaults():
     import dataclasses
     import typer
     from focus_lab.cli import app
-    from focus_lab.method.config import FocusConfig, TrainConfig
+    from focus_lab.method.config import CONCERNS, TRAIN_CONCERNS
     cmd = typer.main.get_command(app).commands["train"]
-    fields = {f.name: f.default for dc in (FocusConfig, TrainConfig) for f in dataclasses.fields(dc)
+    concerns = [*CONCERNS.values(), *TRAIN_CONCERNS.values()]  # the fields, by concern
+    fields = {f.name: f.default for dc in concerns for f in dataclasses.fields(dc)
               if f.default is not dataclasses.MISSING}
     checked = 0
     for p in cmd.params:

@@ -78,7 +78,8 @@ def test_corrupted_or_missing_shipped_file_names_the_file_and_the_fix(tmp_path, 
 def test_pattern_names_and_changes():
     """A bare name is the paper's rule: its changes switch off every rule a router file could add."""
     off = {"layer_top_k": {}, "random_layers": [], "key_shift": 0, "match_shifts": None, "match_latest": 0,
-           "group_capacity": 0.0, "capacity_layers": None, "capacity_overflow": "second", "capacity_top_k": None}
+           "group_capacity": 0.0, "capacity_layers": None, "capacity_overflow": "second", "capacity_top_k": None,
+           "rules": ()}
     assert pattern_changes("random_top2", 4) == {"mode": "hard", "top_k": 2, "assignment": "random", **off}
     assert pattern_changes("shuffled_top1", 4) == {"mode": "hard", "top_k": 1, "assignment": "shuffled", **off}
     assert pattern_changes("hard_top4", 4)["assignment"] == "router"

@@ -615,7 +615,7 @@ def moba_patcher(model, restore: Callable[[], object], default_kept: float = 0.5
 
 def copy_pairs(ids: torch.Tensor, rows: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
     """(r, m) bool: pair (i, j) is a copy when key j follows an earlier occurrence of query i's
-    token, ``ids[j - 1] == ids[i]`` (the induction pair; ``core.match_pairs`` shift 1).
+    token, ``ids[j - 1] == ids[i]`` (the induction pair; ``rules.match.match_pairs`` shift 1).
     ids: (T,) the sequence; rows: (r,) query positions; keys: (m,) key positions >= 0."""
     prev = torch.where(keys > 0, ids[(keys - 1).clamp(min=0)], torch.full_like(keys, -1))  # (m,)
     return ids[rows][:, None] == prev[None, :]

@@ -25,7 +25,8 @@ from focus_lab.method.core import (Router, Routing, focus_bias, masked_attention
 from focus_lab.method.decomposition import GroupedKV, hard_focus_attention
 
 ATTN_NAME = "focus"
-_RECOMPUTING = [False]  # True while checkpointed_layers recomputes a layer for its backward
+_RECOMPUTING = [False]
+PAIRS_DENSE = 16  # rule pairs above 1/16 of the (B, Tq, Tk) grid take the masked reference path  # True while checkpointed_layers recomputes a layer for its backward
 
 
 def _focus_mask(*args, **kwargs):
@@ -143,6 +144,8 @@ def _focus_attention(module, query, key, value, attention_mask, scaling, **kwarg
     with _phase(tm, "mask"):
         path = _attention_path(state, query, key, attention_mask, keep, Tq, Tk, offset, softcap,
                                cfg.top_k_at(router.layer_idx))
+        if path == "decomposition" and pairs is not None and pairs.shape[0] * PAIRS_DENSE > B * Tq * Tk:
+            path = "reference"  # pairs this dense (the oracle's) cost less as one masked pass than gathered (part D)
     def pos() -> tuple[torch.Tensor, torch.Tensor]:  # absolute positions (Tq,), (Tk,): only where a mask is built
         return (torch.arange(offset + Tk - Tq, offset + Tk, device=query.device),
                 torch.arange(offset, offset + Tk, device=query.device))

@@ -63,9 +63,105 @@ def format_layer_top_k(layer_top_k: dict) -> str:
     return ";".join(f"{format_int_list(by_k[k])}:{k}" for k in sorted(by_k)) or "none"
 
 
+# ---- the concerns of a FocusConfig (docs/api.md "Configuration")
 @dataclass(frozen=True)
+class ShapeConfig:
+    """What fixes the routers' tensors, set at attach and never changed by a forward
+    (``SHAPE_FIELDS``): num_groups, router_dim, layers, key_router (FocusConfig's attributes)."""
+
+    num_groups: int = 4
+    router_dim: int = 16
+    layers: list[int] | None = None
+    key_router: bool = False
+
+
+@dataclass(frozen=True)
+class RoutingConfig:
+    """How scores become groups (tau, sinkhorn_iters, eps, normalize_input, bias_momentum, seed)
+    and the training noise (straight_through, gumbel_noise) (FocusConfig's attributes)."""
+
+    tau: float = 0.1
+    sinkhorn_iters: int = 10
+    eps: float = 1e-6
+    normalize_input: bool = True
+    bias_momentum: float = 0.05
+    seed: int = 0
+    straight_through: bool = False
+    gumbel_noise: float = 0.0
+
+
+@dataclass(frozen=True)
+class PatternConfig:
+    """The forward's pattern: mode, top_k, assignment, window and sink_tokens (tokens), and the
+    spellings of its rules that own no field (``rules``; ``focus_lab.patterns``)."""
+
+    mode: str = "soft"
+    top_k: int = 2
+    assignment: str = "router"
+    window: int = 128
+    sink_tokens: int = 0
+    rules: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class LeverConfig:
+    """The levers held in fields before they were rules (deprecated for one release: write them
+    as rules of a pattern, ``focus_lab.patterns.rules``): random_layers, layer_top_k,
+    top_k_budgets, key_shift, match_shifts, match_latest, group_capacity, capacity_layers,
+    capacity_overflow, capacity_top_k (FocusConfig's attributes)."""
+
+    random_layers: list[int] | None = None
+    layer_top_k: dict[int, int] | None = None
+    top_k_budgets: dict[int, dict[int, int]] | None = None
+    key_shift: int = 0
+    match_shifts: list[int] | None = None
+    match_latest: int = 0
+    group_capacity: float = 0.0
+    capacity_layers: list[int] | None = None
+    capacity_overflow: str = "second"
+    capacity_top_k: list[int] | None = None
+
+
+CONCERNS = {"shape": ShapeConfig, "routing": RoutingConfig, "pattern": PatternConfig, "levers": LeverConfig}
+HOME = {f.name: concern for concern, cls in CONCERNS.items() for f in dataclasses.fields(cls)}  # flat name -> concern
+# the flat order of the saved form (to_dict): the order the fields had before the concerns
+FLAT_ORDER = ("num_groups", "window", "router_dim", "tau", "sinkhorn_iters", "top_k", "mode", "eps",
+              "normalize_input", "bias_momentum", "assignment", "layers", "random_layers", "layer_top_k",
+              "top_k_budgets", "seed", "sink_tokens", "straight_through", "gumbel_noise", "key_router",
+              "key_shift", "match_shifts", "match_latest", "group_capacity", "capacity_layers",
+              "capacity_overflow", "capacity_top_k", "backend", "rules")
+LEVER_RULES = {"random_layers": "random_layers([...])", "layer_top_k": "layer_top_k(K=[...])",
+               "top_k_budgets": "a router file's default pattern", "key_shift": "key_shift",
+               "match_shifts": "match(shifts=[...])", "match_latest": "match(latest=N)",
+               "group_capacity": "capacity(SHARE)", "capacity_layers": "capacity(SHARE,layers=[...])",
+               "capacity_overflow": "capacity(SHARE,evict)", "capacity_top_k": "a router file's default pattern"}
+_WARNED: set[str] = set()
+
+
+def _warn_levers(names) -> None:
+    """One FutureWarning per lever field given as a flat keyword from outside focus_lab."""
+    import sys
+    import warnings
+    caller = sys._getframe(2).f_globals.get("__name__", "")
+    if caller.startswith("focus_lab") or caller == "dataclasses":
+        return
+    for n in sorted(set(names) - _WARNED):
+        _WARNED.add(n)
+        warnings.warn(f"FocusConfig({n}=...) is deprecated: write the lever as a rule of a pattern, "
+                      f"{LEVER_RULES[n]} (focus_lab.patterns; docs/api.md \"Patterns\")", FutureWarning, stacklevel=3)
+
+
+@dataclass(frozen=True, init=False)
 class FocusConfig:
-    """Hyper-parameters of Focus attention (docs/method.md §1-§3).
+    """Hyper-parameters of Focus attention (docs/method.md §1-§3), one sub-config per concern
+    (docs/api.md "Configuration"): ``shape`` (``ShapeConfig``, fixed at attach), ``routing``
+    (``RoutingConfig``: how scores become groups, and training noise), ``pattern``
+    (``PatternConfig``: the forward's mode, k, groups, window, sinks and rules), ``levers``
+    (``LeverConfig``: the levers held in fields before they were rules, for one release), and
+    ``backend``. Every field reads flat too (``config.tau``), and flat keywords build one
+    (``FocusConfig(num_groups=4, mode="hard")``); a lever given as a flat keyword from outside
+    focus_lab warns once (a FutureWarning naming its rule spelling). ``to_dict`` / ``from_dict``
+    keep the flat form saved in every router file.
 
     Frozen: a config is never changed in place (assigning a field raises
     ``dataclasses.FrozenInstanceError``); ``replace(**changes)`` (or ``dataclasses.replace``)
@@ -167,38 +263,37 @@ class FocusConfig:
             in force as a value. Sorted, each once.
     """
 
-    num_groups: int = 4
-    window: int = 128
-    router_dim: int = 16
-    tau: float = 0.1
-    sinkhorn_iters: int = 10
-    top_k: int = 2
-    mode: str = "soft"
-    eps: float = 1e-6
-    normalize_input: bool = True
-    bias_momentum: float = 0.05
-    assignment: str = "router"
-    layers: list[int] | None = None
-    random_layers: list[int] | None = None
-    layer_top_k: dict[int, int] | None = None
-    top_k_budgets: dict[int, dict[int, int]] | None = None
-    seed: int = 0
-    sink_tokens: int = 0
-    straight_through: bool = False
-    gumbel_noise: float = 0.0
-    key_router: bool = False
-    key_shift: int = 0
-    match_shifts: list[int] | None = None
-    match_latest: int = 0
-    group_capacity: float = 0.0
-    capacity_layers: list[int] | None = None
-    capacity_overflow: str = "second"
-    capacity_top_k: list[int] | None = None
+    shape: ShapeConfig
+    routing: RoutingConfig
+    pattern: PatternConfig
+    levers: LeverConfig
     backend: str = "auto"
-    rules: tuple[str, ...] = ()
 
-    def __post_init__(self) -> None:
+    def __init__(self, shape: ShapeConfig | None = None, routing: RoutingConfig | None = None,
+                 pattern: PatternConfig | None = None, levers: LeverConfig | None = None,
+                 backend: str = "auto", **flat: Any) -> None:
+        unknown = sorted(set(flat) - set(HOME))
+        if unknown:
+            raise TypeError(f"FocusConfig() got unknown fields {unknown}; the fields are {', '.join(FLAT_ORDER)}")
+        parts = {"shape": shape, "routing": routing, "pattern": pattern, "levers": levers}
+        by: dict[str, dict[str, Any]] = {}
+        for k, v in flat.items():
+            by.setdefault(HOME[k], {})[k] = v
+        for concern, cls in CONCERNS.items():
+            part = parts[concern] if parts[concern] is not None else cls()
+            if not isinstance(part, cls):
+                raise TypeError(f"FocusConfig({concern}=...) takes a {cls.__name__}, not {type(part).__name__}")
+            object.__setattr__(self, concern, dataclasses.replace(part, **by[concern]) if concern in by else part)
+        object.__setattr__(self, "backend", backend)
+        if "levers" in by:
+            _warn_levers(by["levers"])
         self.validate()
+
+    def _set(self, name: str, value: Any) -> None:
+        """Normalize a field in place during validation (its concern replaced by a copy)."""
+        concern = HOME[name]
+        object.__setattr__(self, concern, dataclasses.replace(getattr(self, concern), **{name: value}))
+
 
     def validate(self) -> "FocusConfig":
         """Check every field; raises ConfigError naming the bad field and the accepted range."""
@@ -237,7 +332,7 @@ class FocusConfig:
             if not (isinstance(self.match_shifts, (list, tuple))
                     and all(isinstance(x, int) and not isinstance(x, bool) for x in self.match_shifts)):
                 bad("match_shifts", "need a list of token shifts, e.g. [0, 1], or None")
-            object.__setattr__(self, "match_shifts", sorted(set(self.match_shifts)))
+            self._set("match_shifts", sorted(set(self.match_shifts)))
             if not all(0 <= x < self.window for x in self.match_shifts):
                 bad("match_shifts", f"need shifts in 0..window-1={self.window - 1} (1: the induction pair)")
         if isinstance(self.match_latest, bool) or not isinstance(self.match_latest, int) or self.match_latest < 0:
@@ -250,20 +345,20 @@ class FocusConfig:
             if not (isinstance(self.capacity_layers, (list, tuple))
                     and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in self.capacity_layers)):
                 bad("capacity_layers", "need a list of layer indices >= 0 (e.g. [13, 14, 15]), or None for every layer")
-            object.__setattr__(self, "capacity_layers", sorted(set(self.capacity_layers)))
+            self._set("capacity_layers", sorted(set(self.capacity_layers)))
         if self.capacity_top_k is not None:
             if not (isinstance(self.capacity_top_k, (list, tuple))
                     and all(isinstance(k, int) and not isinstance(k, bool) and 1 <= k <= self.num_groups
                             for k in self.capacity_top_k)):
                 bad("capacity_top_k", f"need a list of top_k values in 1..num_groups={self.num_groups} "
                     "(e.g. [2]), or None for every top_k")
-            object.__setattr__(self, "capacity_top_k", sorted(set(self.capacity_top_k)))
+            self._set("capacity_top_k", sorted(set(self.capacity_top_k)))
         if self.capacity_overflow not in CAPACITY_OVERFLOWS:
             bad("capacity_overflow", f"choose one of {', '.join(CAPACITY_OVERFLOWS)} (a key over the capacity "
                 "moves to its second group, or leaves every group)")
         if isinstance(self.rules, str) or not all(isinstance(r, str) for r in self.rules):
             bad("rules", "need a tuple of rule spellings, e.g. ('oracle',)")
-        object.__setattr__(self, "rules", tuple(sorted(set(self.rules))))
+        self._set("rules", tuple(sorted(set(self.rules))))
         for r in self.extra_rules():
             if r.owns_fields:
                 bad("rules", f"rule {r.name!r} is held in its own fields: give it through a pattern "
@@ -274,14 +369,14 @@ class FocusConfig:
         if self.layers is not None:
             if not all(isinstance(i, int) and i >= 0 for i in self.layers):
                 bad("layers", "need a list of layer indices >= 0, or None for all layers")
-            object.__setattr__(self, "layers", list(self.layers))  # its own list: no caller's list aliased
+            self._set("layers", list(self.layers))  # its own list: no caller's list aliased
         if self.random_layers is not None:
             if not all(isinstance(i, int) and i >= 0 for i in self.random_layers):
                 bad("random_layers", "need a list of layer indices >= 0 (e.g. [1, 2, ..., 9]), or None")
-            object.__setattr__(self, "random_layers", list(self.random_layers))
+            self._set("random_layers", list(self.random_layers))
         if self.layer_top_k is not None:
             try:  # a JSON round trip turns the keys into strings
-                object.__setattr__(self, "layer_top_k", {int(i): k for i, k in self.layer_top_k.items()})
+                self._set("layer_top_k", {int(i): k for i, k in self.layer_top_k.items()})
             except (AttributeError, TypeError, ValueError):
                 bad("layer_top_k", "need a dict {layer_idx: k}, e.g. {1: 0, 10: 2}, or None")
             if not all(i >= 0 and isinstance(k, int) and 0 <= k <= self.num_groups
@@ -290,7 +385,7 @@ class FocusConfig:
                     "(0: window and sinks only)")
         if self.top_k_budgets is not None:
             try:  # JSON turns both levels of keys into strings
-                object.__setattr__(self, "top_k_budgets", {int(t): {int(i): k for i, k in m.items()}
+                self._set("top_k_budgets", {int(t): {int(i): k for i, k in m.items()}
                                                            for t, m in self.top_k_budgets.items()})
             except (AttributeError, TypeError, ValueError):
                 bad("top_k_budgets", "need a dict {top_k: {layer_idx: k}}, e.g. {2: {0: 1, 1: 3}}, or None")
@@ -357,9 +452,12 @@ class FocusConfig:
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
+        """The flat form every router file and run saves ({field: value} in ``FLAT_ORDER``;
+        ``rules`` only when set, so files written before it read the same)."""
+        d = {n: (self.backend if n == "backend" else getattr(self, n)) for n in FLAT_ORDER}
+        d = {k: (dataclasses.replace(v) if dataclasses.is_dataclass(v) else _copy(v)) for k, v in d.items()}
         if not d["rules"]:
-            del d["rules"]  # files written before the field read the same
+            del d["rules"]
         else:
             d["rules"] = list(d["rules"])
         return d
@@ -369,23 +467,103 @@ class FocusConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "FocusConfig":
-        """Build from a dict; unknown keys are a ConfigError (a config from a newer version)."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - names)
+        """Build from the flat form (``to_dict``), or from {concern: {field: value}} for the
+        concerns given; unknown keys are a ConfigError (a config from a newer version)."""
+        flat = {}
+        for k, v in d.items():
+            if k in CONCERNS and isinstance(v, dict):
+                flat.update(v)
+            else:
+                flat[k] = v
+        unknown = sorted(set(flat) - set(FLAT_ORDER))
         if unknown:
             raise ConfigError(
                 f"unknown FocusConfig fields {unknown}: this file was written by another focus-lab "
                 "version; upgrade focus-lab or remove those fields")
-        return cls(**d)
+        return cls(**flat)
 
     @classmethod
     def from_json(cls, s: str) -> "FocusConfig":
         return cls.from_dict(json.loads(s))
 
 
+def _copy(v: Any) -> Any:
+    """A copy of a field's value: lists and dicts (two levels) of immutable values."""
+    if isinstance(v, list):
+        return list(v)
+    if isinstance(v, dict):
+        return {k: dict(x) if isinstance(x, dict) else x for k, x in v.items()}
+    return v
+
+
+def _flat(name: str) -> property:
+    concern = HOME[name]
+    return property(lambda self: getattr(getattr(self, concern), name),
+                    doc=f"``{concern}.{name}`` (see the FocusConfig docstring).")
+
+
+for _name in HOME:
+    setattr(FocusConfig, _name, _flat(_name))
+
+
 @dataclass
+class LossConfig:
+    """What router training minimizes (TrainConfig's attributes; docs/method.md §3)."""
+
+    objective: str = "lm"
+    distill_queries: int = 512
+    distill_copy_share: float = 0.0
+    distill_top_k: tuple[int, ...] = ()
+    tau_final: float | None = None
+    hard_phase: float = 0.0
+    hard_phase_noise: float = 1.0
+
+
+@dataclass
+class OptimConfig:
+    """How it is optimized: the schedule, the optimizer, checkpoints (TrainConfig's attributes)."""
+
+    steps: int = 60
+    batch_size: int = 2
+    lr: float = 3e-3
+    weight_decay: float = 0.0
+    warmup: int = 5
+    seed: int = 0
+    stop_after: int | None = None
+    checkpoint_every: int = 20
+    gradient_checkpointing: bool = False
+
+
+@dataclass
+class DataConfig:
+    """What it reads: window length (tokens), the file it starts from, the layers it leaves to
+    random groups, free provenance (TrainConfig's attributes)."""
+
+    seq_len: int = 512
+    init_routers: str | None = None
+    random_layers: list[int] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+TRAIN_CONCERNS = {"loss": LossConfig, "optim": OptimConfig, "data": DataConfig}
+TRAIN_HOME = {f.name: c for c, cls in TRAIN_CONCERNS.items() for f in dataclasses.fields(cls)}
+TRAIN_FLAT_ORDER = ("steps", "seq_len", "batch_size", "lr", "weight_decay", "warmup", "checkpoint_every", "seed",
+                    "tau_final", "hard_phase", "hard_phase_noise", "objective", "distill_queries",
+                    "distill_copy_share", "distill_top_k", "init_routers", "stop_after", "random_layers",
+                    "gradient_checkpointing", "extra")
+
+
+@dataclass(init=False)
 class TrainConfig:
     """Schedule of router-only training (docs/method.md §3). Saved with every checkpoint.
+
+    One sub-config per concern (docs/api.md "Training"): ``loss`` (``LossConfig``: objective,
+    distill_queries, distill_copy_share, distill_top_k, tau_final, hard_phase,
+    hard_phase_noise), ``optim`` (``OptimConfig``: steps, batch_size, lr, weight_decay, warmup,
+    seed, stop_after, checkpoint_every, gradient_checkpointing) and ``data`` (``DataConfig``:
+    seq_len, init_routers, random_layers, extra). Every field reads and writes flat too
+    (``cfg.steps``) and flat keywords build one; ``to_dict`` gives the flat form saved in
+    ``train_config.json``.
 
     Attributes:
         steps: optimizer steps.
@@ -430,28 +608,26 @@ class TrainConfig:
             the same gradients, for one more forward of each layer [ours].
     """
 
-    steps: int = 60
-    seq_len: int = 512
-    batch_size: int = 2
-    lr: float = 3e-3
-    weight_decay: float = 0.0
-    warmup: int = 5
-    checkpoint_every: int = 20
-    seed: int = 0
-    tau_final: float | None = None
-    hard_phase: float = 0.0
-    hard_phase_noise: float = 1.0
-    objective: str = "lm"
-    distill_queries: int = 512
-    distill_copy_share: float = 0.0
-    distill_top_k: tuple[int, ...] = ()
-    init_routers: str | None = None
-    stop_after: int | None = None
-    random_layers: list[int] | None = None
-    gradient_checkpointing: bool = False
-    extra: dict[str, Any] = field(default_factory=dict)
+    loss: LossConfig
+    optim: OptimConfig
+    data: DataConfig
 
-    def __post_init__(self) -> None:
+    def __init__(self, loss: LossConfig | None = None, optim: OptimConfig | None = None,
+                 data: DataConfig | None = None, **flat: Any) -> None:
+        unknown = sorted(set(flat) - set(TRAIN_HOME))
+        if unknown:
+            raise TypeError(f"TrainConfig() got unknown fields {unknown}; the fields are {', '.join(TRAIN_FLAT_ORDER)}")
+        given = {"loss": loss, "optim": optim, "data": data}
+        for concern, cls in TRAIN_CONCERNS.items():
+            part = given[concern] if given[concern] is not None else cls()
+            if not isinstance(part, cls):
+                raise TypeError(f"TrainConfig({concern}=...) takes a {cls.__name__}, not {type(part).__name__}")
+            mine = {k: v for k, v in flat.items() if TRAIN_HOME[k] == concern}
+            setattr(self, concern, dataclasses.replace(part, **mine))  # its own copy: no caller's part aliased
+        self.validate()
+
+    def validate(self) -> "TrainConfig":
+        """Check every field; raises ConfigError naming the bad field and the accepted range."""
         if self.objective not in OBJECTIVES:
             raise ConfigError(f"TrainConfig.objective={self.objective!r}: choose one of "
                               f"{', '.join(OBJECTIVES)}")
@@ -474,6 +650,19 @@ class TrainConfig:
                 raise ConfigError(f"TrainConfig.random_layers={self.random_layers!r}: need layer indices >= 0 "
                                   "(e.g. [1, ..., 9]), or None to keep the init file's")
             self.random_layers = list(self.random_layers)
+        return self
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """The flat form saved in ``train_config.json`` ({field: value} in ``TRAIN_FLAT_ORDER``)."""
+        return {n: _copy(getattr(self, n)) for n in TRAIN_FLAT_ORDER}
+
+
+def _train_flat(name: str) -> property:
+    concern = TRAIN_HOME[name]
+    return property(lambda self: getattr(getattr(self, concern), name),
+                    lambda self, v: setattr(getattr(self, concern), name, v),
+                    doc=f"``{concern}.{name}`` (see the TrainConfig docstring).")
+
+
+for _name in TRAIN_HOME:
+    setattr(TrainConfig, _name, _train_flat(_name))

@@ -54,7 +54,7 @@ def sample_queries(T: int, window: int, n: int, generator: torch.Generator,
 
 def copy_queries(ids: torch.Tensor, window: int, sinks: int) -> torch.Tensor:
     """(T,) bool: positions i of ``ids`` (B, T) whose next token a distant copy predicts, in
-    some batch row: a key j of their induction pairs (``core.match_mask`` with shift 1:
+    some batch row: a key j of their induction pairs (``rules.match.match_mask`` with shift 1:
     ``ids[j-1] == ids[i]``, i - j >= window, past the sinks) holds ``ids[j] == ids[i+1]``.
     (About a quarter to two fifths of the positions of a 4096-token window; an earlier
     occurrence alone marks about 70%.) The last position, with no next token, is never marked.
@@ -95,7 +95,7 @@ def layer_distill_loss(module: torch.nn.Module, router, h: torch.Tensor, query: 
         dense_out: (B, H, T, D) the layer's dense attention output; q_pos: (n,) query positions;
         config: window, sinks, tau, Sinkhorn iterations, eps; scaling: logit scale;
         top_ks: the top-k values whose relaxed masks are distilled (empty: the soft gate);
-        match: (B, n, T) bool, the sampled queries' token-match pairs (``core.match_mask``,
+        match: (B, n, T) bool, the sampled queries' token-match pairs (``rules.match.match_mask``,
             docs/method.md §2.8), kept by rule in the gate (bias 0), or None.
     Returns:
         (loss () float32, relative squared error; col_potential (B, K); scores (B, T, K) detached),
