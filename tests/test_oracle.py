@@ -102,7 +102,7 @@ def test_oracle_spelling_and_bounds():
     p = Pattern.parse("hard_top2+oracle")
     assert str(p) == "hard_top2+oracle" and Pattern.parse(str(p)) == p
     assert p.changes()["rules"] == ("oracle",)
-    cfg = FocusConfig(num_groups=4, **{k: v for k, v in p.changes().items() if k != "layer_top_k"})
+    cfg = FocusConfig(num_groups=4).replace(**p.changes())
     assert Pattern.from_config(cfg) == p  # the config holds the rule by its spelling
     assert FocusConfig.from_json(cfg.to_json()) == cfg
     with pytest.raises(focus_lab.ConfigError, match="oracle.*does not apply in soft mode"):
