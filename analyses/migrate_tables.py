@@ -40,9 +40,25 @@ RESULTS = Path(__file__).resolve().parents[1] / "figures" / "results"
 COLUMNS = ("canonical_pattern", "router_name")
 # the tables whose rows ran with one router file each, by how the table names it
 SHIPPED = "smollm2-135m/needle-mix-capacity"
-ONE_FILE = {"retrieval_cases.parquet": SHIPPED, "retrieval_cases_5710775e.parquet": "smollm2-135m/soup-budget"}
+ONE_FILE = {"retrieval_cases.parquet": SHIPPED, "retrieval_cases_5710775e.parquet": "smollm2-135m/soup-budget",
+            "retrieval_trace.parquet": SHIPPED, "retrieval_trace_5710775e.parquet": "smollm2-135m/soup-budget"}
 PER_ROW = ("length_cells.parquet", "copy_loss.parquet", "copy_pairs.parquet", "copy_pairs_cap.parquet",
            "copy_pairs_layers.parquet")
+# needle_mix_cases: its column ``routers`` names the run; "plain" (the same steps without needles) is
+# a file the manifest does not name
+NEEDLE_MIX = {"needle_mix": "smollm2-135m/needle-mix", "plain": None}
+# tables whose rows hold no one pattern get the router file's name only: passkey_needle_layers (each
+# row holds the uniform top-1 and top-2 masks' kept edges) and layer_budget (a sweep row changes one
+# layer of its study's base budget; its study page spells the variants)
+ROUTER_ONLY = ("passkey_needle_layers.parquet", "layer_budget.parquet")
+
+
+TABLES = set(ONE_FILE) | set(PER_ROW) | set(ROUTER_ONLY) | {"passkey_cases.parquet", "needle_mix_cases.parquet"}
+
+
+def columns_of(name: str) -> tuple[str, ...]:
+    """The columns the migration gives table ``name``."""
+    return ("router_name",) if name in ROUTER_ONLY else COLUMNS
 
 
 def file_config(name: str) -> FocusConfig:
@@ -118,12 +134,22 @@ def migrate(df: pd.DataFrame, name: str, passkey_tables: dict) -> pd.DataFrame:
 
     def config_of(router: str | None) -> FocusConfig | None:
         if router not in configs:
-            configs[router] = file_config(router) if router else None
+            configs[router] = file_config(router) if isinstance(router, str) and router else None
         return configs[router]
 
     label_col = "label" if "label" in df else "pattern"
     out = df.drop(columns=[c for c in COLUMNS if c in df])
-    if name in ONE_FILE:
+    if name == "needle_mix_cases.parquet":
+        out["router_name"] = out["routers"].map(NEEDLE_MIX)
+        out["canonical_pattern"] = [label_pattern(lab, config_of(r)) for lab, r in zip(out[label_col], out["router_name"])]
+    elif name == "passkey_needle_layers.parquet":
+        by = {t: named_file(((passkey_tables.get(t, {}).get("settings", {}).get("routers")) or {}).get("sha256", ""))
+              for t in out["table"].unique()}
+        out["router_name"] = out["table"].map(by)
+    elif name == "layer_budget.parquet":
+        shas = out["routers_sha256"].fillna("")
+        out["router_name"] = shas.map({s: named_file(s) if s else None for s in shas.unique()})
+    elif name in ONE_FILE:
         router = ONE_FILE[name]
         out["router_name"] = router
         cache = {lab: label_pattern(lab, config_of(router)) for lab in out[label_col].unique()}
@@ -164,20 +190,21 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     passkey_tables = json.loads((a.results / "passkey_tables.json").read_text())
     missing = 0
-    for name in sorted(set(ONE_FILE) | set(PER_ROW) | {"passkey_cases.parquet"}):
+    for name in sorted(TABLES):
         path = a.results / name
         df = pd.read_parquet(path)
+        want = columns_of(name)
         if a.check:
-            if not set(COLUMNS) <= set(df.columns):
-                print(f"{path}: no {', '.join(c for c in COLUMNS if c not in df)}; "
+            if not set(want) <= set(df.columns):
+                print(f"{path}: no {', '.join(c for c in want if c not in df)}; "
                       "rewrite it with `python -m analyses.migrate_tables`", file=sys.stderr)
                 missing += 1
             continue
         out = migrate(df, name, passkey_tables)
         write_parquet(path, out)
         n = len(out)
-        resolved = int(out["canonical_pattern"].notna().sum())
-        print(f"{name}: {resolved} of {n} rows resolved "
+        resolved = int(out["canonical_pattern"].notna().sum()) if "canonical_pattern" in want else 0
+        print(f"{name}: {resolved if 'canonical_pattern' in want else '-'} of {n} rows resolved "
               f"({out['router_name'].notna().sum()} with a named router file)")
     return 1 if missing else 0
 
