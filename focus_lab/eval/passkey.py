@@ -61,7 +61,8 @@ import pandas as pd
 import torch
 
 from focus_lab.eval.needle_trace import NeedleTrace
-from focus_lab.eval.probe import cache_ok, encode, eos_ids, fingerprint, forward, greedy  # noqa: F401  (the probe core)
+from focus_lab.eval.probe import (  # noqa: F401  (the probe core)
+    cache_ok, encode, eos_ids, fingerprint, forward, greedy, pairs_kept, run_units, teacher_forced, tidy_frame)
 from focus_lab.method.config import ConfigError
 
 PASSKEY_SCHEMA = 1
@@ -389,7 +390,6 @@ def run_case(model, tokenizer, case: PasskeyCase, patterns: list[tuple[str, dict
     Returns (case rows, layer rows): dicts with the columns of ``CASES_COLUMNS`` /
     ``LAYER_COLUMNS`` except ``schema_version``; layer rows are empty without ``audit``.
     """
-    from focus_lab.eval.evaluate import window_pairs_kept
     from focus_lab.hf.retrofit import forward_state
     labels = [lab for lab, _ in patterns]
     runs = list(patterns)
@@ -415,13 +415,9 @@ def run_case(model, tokenizer, case: PasskeyCase, patterns: list[tuple[str, dict
                            "key": case.key, **probe.layers[i]} for i in sorted(probe.layers)]
         if label == "__audit__":
             continue
-        logp = torch.log_softmax(logits, -1)  # (n, V)
+        logp, rank, m = teacher_forced(logits, case.answer_ids, case.key_index[0])  # rank 0: greedy picks it
         tok_lp = logp.gather(1, case.answer_ids[:, None])[:, 0]  # (n,)
         key_lp = float(tok_lp[case.key_index].sum())
-        k0 = case.key_index[0]
-        rank = int((logp[k0] > logp[k0, case.answer_ids[k0]]).sum())  # 0: greedy picks it
-        agree = (logits.argmax(-1) == case.answer_ids).tolist()
-        m = agree.index(False) if False in agree else n
         cont = case.answer_ids[:m].tolist()
         if m < n:
             def stop(new, base=list(cont)):
@@ -431,11 +427,7 @@ def run_case(model, tokenizer, case: PasskeyCase, patterns: list[tuple[str, dict
                                         max(1, max_new_tokens - m), cache_ok(cfg), stop, state)
         text = tokenizer.decode(cont)
         dt = time.perf_counter() - t0
-        frac = {"dense": 1.0, "soft": 1.0}.get(cfg.mode)
-        if cfg.mode == "window":
-            frac = window_pairs_kept(L + n, cfg.window, cfg.sink_tokens)
-        if cfg.mode == "hard":
-            frac = float(np.mean(probe.pairs_kept)) if probe.pairs_kept else float("nan")
+        frac = pairs_kept(cfg, probe.pairs_kept, L + n)
         rows.append({"format": case.format, "length": L, "depth": case.depth, "pattern": label,
                      "seed": case.seed, "key": case.key, "exact_match": case.key in text,
                      "key_logprob": key_lp, "key_tokens": len(case.key_index),
@@ -453,18 +445,12 @@ def run_case(model, tokenizer, case: PasskeyCase, patterns: list[tuple[str, dict
 
 def cases_frame(rows: list[dict]) -> pd.DataFrame:
     """The tidy ``cases`` table (``CASES_COLUMNS``) from ``run_case`` rows."""
-    df = pd.DataFrame(rows, columns=[c for c in CASES_COLUMNS if c != "schema_version"])
-    df.insert(0, "schema_version", PASSKEY_SCHEMA)
-    df["exact_match"] = df["exact_match"].astype(bool)
-    df["top_k"] = df["top_k"].astype("Int64")
-    return df
+    return tidy_frame(rows, CASES_COLUMNS, PASSKEY_SCHEMA, bools=("exact_match",))
 
 
 def layers_frame(rows: list[dict]) -> pd.DataFrame:
     """The tidy ``needle_layers`` table (``LAYER_COLUMNS``) from ``run_case`` layer rows."""
-    df = pd.DataFrame(rows, columns=[c for c in LAYER_COLUMNS if c != "schema_version"])
-    df.insert(0, "schema_version", PASSKEY_SCHEMA)
-    return df
+    return tidy_frame(rows, LAYER_COLUMNS, PASSKEY_SCHEMA, ints=())
 
 
 def run_passkey(model, tokenizer, haystack: Haystack, out_dir: str | os.PathLike,
@@ -521,35 +507,35 @@ def run_passkey(model, tokenizer, haystack: Haystack, out_dir: str | os.PathLike
     fp = fingerprint(fp_settings)
     cell_dir = out_dir / "cells" / fp
     t_all = time.perf_counter()
-    computed = 0
-    case_parts, layer_parts = [], []
-    for i, ((f, L, d), cases) in enumerate(cells.items(), 1):
-        stem = f"{f}_L{L}_d{d:g}"
-        cpath, lpath = cell_dir / f"{stem}.cases.parquet", cell_dir / f"{stem}.layers.parquet"
-        if cpath.is_file() and lpath.is_file():
-            case_parts.append(pd.read_parquet(cpath))
-            layer_parts.append(pd.read_parquet(lpath))
-            log(f"[passkey] cell {i}/{len(cells)} {stem}: done earlier ({cpath})")
-            continue
-        t0 = time.perf_counter()
+    units = [(i, f, L, d, cases) for i, ((f, L, d), cases) in enumerate(cells.items(), 1)]
+
+    def stem(u) -> str:
+        return f"{u[1]}_L{u[2]}_d{u[3]:g}"
+
+    def compute(u):  # one cell: its cases under every pattern
         rows, lrows = [], []
-        for case in cases:
+        for case in u[4]:
             t1 = time.perf_counter()
             r, lr = run_case(model, tokenizer, case, patterns, max_new_tokens)
             rows += r
             lrows += lr
-            log(f"[passkey]   {stem} seed {case.seed} key {case.key} ({time.perf_counter() - t1:.0f} s): "
+            log(f"[passkey]   {stem(u)} seed {case.seed} key {case.key} ({time.perf_counter() - t1:.0f} s): "
                 + ", ".join(f"{x['pattern']} {'hit' if x['exact_match'] else 'miss'} {x['key_logprob']:.1f}"
                             for x in r))
-        cdf, ldf = cases_frame(rows), layers_frame(lrows)
-        write_parquet(lpath, ldf)
-        write_parquet(cpath, cdf)  # written last: its presence marks the cell done
-        case_parts.append(cdf)
-        layer_parts.append(ldf)
-        computed += 1
-        hits = cdf.groupby("pattern", sort=False)["exact_match"].mean()
-        log(f"[passkey] cell {i}/{len(cells)} {stem}: {time.perf_counter() - t0:.0f} s; exact match "
+        return layers_frame(lrows), cases_frame(rows)
+
+    def logged(u, frames, seconds, earlier):
+        if earlier:
+            log(f"[passkey] cell {u[0]}/{len(cells)} {stem(u)}: done earlier ({cell_dir / stem(u)}.cases.parquet)")
+            return
+        hits = frames[1].groupby("pattern", sort=False)["exact_match"].mean()
+        log(f"[passkey] cell {u[0]}/{len(cells)} {stem(u)}: {seconds:.0f} s; exact match "
             + ", ".join(f"{p} {v:.2f}" for p, v in hits.items()))
+
+    computed, frames = run_units(units, lambda u: (cell_dir / f"{stem(u)}.layers.parquet",
+                                                   cell_dir / f"{stem(u)}.cases.parquet"),
+                                 compute, write_parquet, logged)
+    layer_parts, case_parts = [f[0] for f in frames], [f[1] for f in frames]
     from focus_lab.eval.provenance import with_provenance
     cases_df = with_provenance(pd.concat(case_parts, ignore_index=True), "pattern", forward_state(model).config,
                                patterns, ((settings or {}).get("routers") or {}).get("path"))

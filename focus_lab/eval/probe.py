@@ -1,7 +1,9 @@
 """The core both probes share (passkey, ``focus_lab.eval.passkey``; the retrieval suite,
 ``focus_lab.eval.retrieval``): prompt encoding, one forward with the logits of the last positions
-only, which patterns decode through the KV cache, the fingerprint of a resumable cell, and the
-``torchrun`` shard of a process, greedy decoding. Source: docs/passkey_reference.md, docs/retrieval.md."""
+only, which patterns decode through the KV cache, the teacher-forced answer's log-probabilities,
+rank and agreement, greedy decoding, the distant pairs a pattern kept, the tidy tables, and the
+resumable runner (the fingerprint of a unit's settings, atomic unit files, the ``torchrun``
+shard of a process). The probes keep what differs: their cases, prompts and traces. Source: docs/passkey_reference.md, docs/retrieval.md."""
 
 from __future__ import annotations
 
@@ -91,3 +93,82 @@ def greedy(model, seq: torch.Tensor, steps: int, stop, eos: set[int], use_cache:
         seq = torch.cat([seq, torch.tensor([nxt], dtype=seq.dtype, device=seq.device)])
         if nxt in eos or stop(out) or len(out) >= steps:
             return out
+
+
+def teacher_forced(logits: torch.Tensor, answer_ids: torch.Tensor, first: int) -> tuple[torch.Tensor, int, int]:
+    """What a teacher-forced answer says: its log-probabilities, the rank of its token at
+    ``first`` (0: greedy picks it) and how many of its first tokens greedy agrees with.
+
+    Args: logits: (n, V) at the positions that predict the answer's n tokens; answer_ids: (n,)
+        long; first: index of the first token that counts (the key's or value's first token).
+    Returns: (log_softmax (n, V), rank, m), m in 0..n: greedy decoding picks answer_ids[:m].
+    """
+    logp = torch.log_softmax(logits, -1)  # (n, V)
+    target = answer_ids.to(logits.device)
+    rank = int((logp[first] > logp[first, target[first]]).sum())
+    agree = (logits.argmax(-1) == target).tolist()
+    return logp, rank, agree.index(False) if False in agree else len(agree)
+
+
+def pairs_kept(config, kept_by_layer: list[float], tokens: int) -> float:
+    """The distant pairs a pattern kept on a case (docs/method.md §2.5): 1 for dense and soft
+    mode, the window's share for window mode (``evaluate.window_pairs_kept`` over ``tokens``), the
+    mean over layers of ``core.distant_pairs_kept`` (``kept_by_layer``, nan when empty) in hard mode."""
+    import numpy as np
+
+    from focus_lab.eval.evaluate import window_pairs_kept
+    if config.mode == "window":
+        return window_pairs_kept(tokens, config.window, config.sink_tokens)
+    if config.mode == "hard":
+        return float(np.mean(kept_by_layer)) if kept_by_layer else float("nan")
+    return 1.0
+
+
+def tidy_frame(rows: list[dict], columns, schema: int, bools=(), ints=("top_k",)):
+    """A probe's tidy table: ``rows`` in ``columns`` (``schema_version`` first, set to ``schema``),
+    ``bools`` as bool, ``ints`` as nullable Int64 (pandas)."""
+    import pandas as pd
+    df = pd.DataFrame(rows, columns=[c for c in columns if c != "schema_version"])
+    df.insert(0, "schema_version", schema)
+    for c in bools:
+        df[c] = df[c].astype(bool)
+    for c in ints:
+        df[c] = df[c].astype("Int64")
+    return df
+
+
+def run_units(units, paths, compute, write, log, sharded: bool = False, read_done: bool = True) -> tuple[int, list]:
+    """The resumable runner both probes share: each unit (a passkey cell, a retrieval case) is
+    computed once and written atomically; a rerun reads what is on disk instead.
+
+    Args:
+        units: the units in order; paths(unit) -> tuple of Paths, the last one written last (its
+            presence marks the unit done); compute(unit) -> tuple of DataFrames, one per path;
+        write(path, frame): the atomic writer (``io.write_parquet``); log(unit, frames, seconds,
+            done_earlier); sharded: under ``torchrun`` process r of w takes every w-th unit
+            (``shard``) and does not read the others'; read_done: read a unit done earlier (False:
+            its frames are None, for a caller that reads every unit's files itself).
+    Returns: (units computed here, [frames of each unit this process took, in order]).
+    """
+    import time
+
+    import pandas as pd
+    rank, world = shard() if sharded else (0, 1)
+    computed, out = 0, []
+    for i, unit in enumerate(units):
+        if i % world != rank:
+            continue
+        ps = paths(unit)
+        if all(p.is_file() for p in ps):
+            frames = tuple(pd.read_parquet(p) for p in ps) if read_done else None
+            log(unit, frames, 0.0, True)
+            out.append(frames)
+            continue
+        t0 = time.perf_counter()
+        frames = compute(unit)
+        for p, f in zip(ps, frames):  # the last path last: its presence marks the unit done
+            write(p, f)
+        computed += 1
+        log(unit, frames, time.perf_counter() - t0, False)
+        out.append(frames)
+    return computed, out

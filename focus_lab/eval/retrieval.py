@@ -76,7 +76,9 @@ import pandas as pd
 import torch
 
 from focus_lab.eval.needle_trace import NeedleTrace
-from focus_lab.eval.probe import barrier, cache_ok, encode, eos_ids, fingerprint, forward, greedy, shard  # noqa: F401  (the probe core)
+from focus_lab.eval.probe import (  # noqa: F401  (the probe core)
+    barrier, cache_ok, encode, eos_ids, fingerprint, forward, greedy, pairs_kept, run_units, shard, teacher_forced,
+    tidy_frame)
 from focus_lab.method.config import ConfigError
 
 RETRIEVAL_SCHEMA = 1
@@ -666,7 +668,6 @@ def run_case(model, tokenizer, case: RetrievalCase, patterns: list[tuple[str, di
     Returns (case rows, trace rows) without ``schema_version``.
     """
     import contextlib
-    from focus_lab.eval.evaluate import window_pairs_kept
     from focus_lab.hf.retrofit import FocusCache, FocusForward, forward_state
     from focus_lab.hf.state import rewind_point
     dev = next(model.parameters()).device
@@ -702,12 +703,7 @@ def run_case(model, tokenizer, case: RetrievalCase, patterns: list[tuple[str, di
                     logits = forward(model, ids, keep=n + 1, use_cache=False,
                                       focus=state).logits[0, -(n + 1):-1].float()  # (n, V)
                     t_pre = time.perf_counter() - t0
-            logp = torch.log_softmax(logits, -1)  # (n, V)
-            target = case.answer_ids.to(dev)
-            a0 = case.answer_index[0]
-            rank = int((logp[a0] > logp[a0, target[a0]]).sum())
-            agree = (logits.argmax(-1) == target).tolist()
-            m = agree.index(False) if False in agree else n
+            _, rank, m = teacher_forced(logits, case.answer_ids, case.answer_index[0])
             if not use_cache:  # soft mode: Sinkhorn sees the whole sequence, so greedy from the prompt
                 m = 0
             forced = case.answer_ids[:m].tolist()
@@ -727,15 +723,9 @@ def run_case(model, tokenizer, case: RetrievalCase, patterns: list[tuple[str, di
             bare = bare_forward_seconds(model, case.input_ids.to(dev), ch) if label in time_bare else None
         text = tokenizer.decode(cont)
         sc, found = score(text, answers)
+        frac = pairs_kept(cfg, trace.pairs_kept, P)
         if cfg.mode == "dense":
-            frac = 1.0
             dense_probs, dense_argmax = trace.probs, trace.argmax
-        elif cfg.mode == "window":
-            frac = window_pairs_kept(P, cfg.window, cfg.sink_tokens)
-        elif cfg.mode == "hard":
-            frac = float(np.mean(trace.pairs_kept)) if trace.pairs_kept else float("nan")
-        else:
-            frac = 1.0
         traces[label] = trace.kept
         rows_out.append({"task": case.task, "length": case.length, "seed": case.seed, "pattern": label,
                          "score": sc, "answers_found": found, "answers": len(answers),
@@ -803,16 +793,12 @@ def _trace_rows(case: RetrievalCase, ids: torch.Tensor, rows: torch.Tensor, need
 
 def cases_frame(rows: list[dict]) -> pd.DataFrame:
     """The tidy ``cases`` table (``CASES_COLUMNS``) from ``run_case`` rows."""
-    df = pd.DataFrame(rows, columns=[c for c in CASES_COLUMNS if c != "schema_version"])
-    df.insert(0, "schema_version", RETRIEVAL_SCHEMA)
-    df["top_k"] = df["top_k"].astype("Int64")
-    return df
+    return tidy_frame(rows, CASES_COLUMNS, RETRIEVAL_SCHEMA)
 
 
 def trace_frame(rows: list[dict]) -> pd.DataFrame:
     """The tidy ``trace`` table (``TRACE_COLUMNS``) from ``run_case`` trace rows (float32 masses)."""
-    df = pd.DataFrame(rows, columns=[c for c in TRACE_COLUMNS if c != "schema_version"])
-    df.insert(0, "schema_version", RETRIEVAL_SCHEMA)
+    df = tidy_frame(rows, TRACE_COLUMNS, RETRIEVAL_SCHEMA, ints=())
     for c in ("dense_mass", "mass_kept", "copy_mass", "copy_mass_kept", "pairs_kept", "copy_pairs_kept",
               "retrieval_score"):
         df[c] = df[c].astype("float32")
@@ -884,41 +870,42 @@ def run_retrieval(model, tokenizer, haystack, out_dir: str | os.PathLike, tasks:
     fp = fingerprint(fp_settings)
     case_dir = out_dir / "cases" / fp
     rank, world = shard()
-    dev = next(model.parameters()).device
     bare: dict[tuple[int, str], tuple[float, int]] = {}  # (length, label) -> (seconds, case count then)
     t_all = time.perf_counter()
-    computed = 0
-    for i, (t, L, s) in enumerate(todo):
-        if i % world != rank:
-            continue
-        stem = f"{t.name}_L{L}_s{s}"
-        cpath, tpath = case_dir / f"{stem}.cases.parquet", case_dir / f"{stem}.trace.parquet"
-        if cpath.is_file() and tpath.is_file():
-            continue
+    done = [0]  # cases computed by this process so far
+
+    def paths(u):
+        stem = f"{u[0].name}_L{u[1]}_s{u[2]}"
+        return case_dir / f"{stem}.trace.parquet", case_dir / f"{stem}.cases.parquet"
+
+    def compute(u):
+        t, L, s = u
         case = make_case(t, haystack, tokenizer, L, s, fmt)
         pats = [(lab, ch) for lab, ch, k in patterns if s - seed < k]
-        t0 = time.perf_counter()
         # the unit of cost, one bare forward of the prompt per pattern, re-timed every BARE_EVERY
         # cases of this process (and on a length's first), so it follows the machine's load
-        stale = [lab for lab, _ in pats if (L, lab) not in bare or computed - bare[(L, lab)][1] >= BARE_EVERY]
+        stale = [lab for lab, _ in pats if (L, lab) not in bare or done[0] - bare[(L, lab)][1] >= BARE_EVERY]
         rows, trows = run_case(model, tokenizer, case, pats, t, moba, time_bare=stale)
         for r in rows:  # a stale label's row carries its new timing, every other row takes the last one
             if "bare_forward_seconds" in r:
-                bare[(L, r["pattern"])] = (r["bare_forward_seconds"], computed)
+                bare[(L, r["pattern"])] = (r["bare_forward_seconds"], done[0])
             r["bare_forward_seconds"] = bare[(L, r["pattern"])][0]
-        write_parquet(tpath, trace_frame(trows))
-        write_parquet(cpath, cases_frame(rows))  # written last: its presence marks the case done
-        computed += 1
-        log(f"[retrieval] {stem} ({time.perf_counter() - t0:.0f} s): "
-            + ", ".join(f"{r['pattern']} {r['score']:.2f} {r['answer_logprob']:.1f}" for r in rows))
+        done[0] += 1
+        return trace_frame(trows), cases_frame(rows)
+
+    def logged(u, frames, seconds, earlier):
+        if not earlier:
+            log(f"[retrieval] {u[0].name}_L{u[1]}_s{u[2]} ({seconds:.0f} s): "
+                + ", ".join(f"{r.pattern} {r.score:.2f} {r.answer_logprob:.1f}" for r in frames[1].itertuples()))
+
+    computed, _ = run_units(todo, paths, compute, write_parquet, logged, sharded=True, read_done=False)
     bare_last = {k: v for k, (v, _) in bare.items()}
     if world > 1:
         barrier()
         if rank != 0:
             return {"cases": None, "trace": None, "seconds": time.perf_counter() - t_all, "computed": computed,
                     "bare_forward_seconds": bare_last}
-    parts = [(case_dir / f"{t.name}_L{L}_s{s}.cases.parquet", case_dir / f"{t.name}_L{L}_s{s}.trace.parquet")
-             for t, L, s in todo]
+    parts = [paths(u)[::-1] for u in todo]  # (cases, trace) of every case
     from focus_lab.eval.provenance import with_provenance
     cases_df = with_provenance(pd.concat([pd.read_parquet(c) for c, _ in parts if c.is_file()], ignore_index=True),
                                "pattern", forward_state(model).config, patterns,
