@@ -109,3 +109,15 @@ def test_oracle_spelling_and_bounds():
         Pattern.parse("soft+oracle")
     with pytest.raises(focus_lab.ConfigError, match="takes no arguments"):
         Pattern.parse("hard_top2+oracle(3)")
+
+
+def test_a_router_file_can_carry_a_rule_without_fields():
+    """``routers set-rules``: a rule that owns no field is saved in the file's FocusConfig.rules and
+    comes back in its named patterns (for every k) and through the saved JSON."""
+    from focus_lab.hf.router_files import rules_config
+    cfg = rules_config(FocusConfig(num_groups=4), Pattern.parse("hard_top2+oracle+capacity(0.5)"))
+    assert cfg.rules == ("oracle",) and cfg.to_dict()["rules"] == ["oracle"]
+    back = FocusConfig.from_json(cfg.to_json())
+    assert str(Pattern.parse("default", back)) == "hard_top2+capacity(0.5)+oracle"
+    assert str(Pattern.parse("default_top1", back)) == "hard_top1+oracle"
+    assert str(Pattern.parse("hard_top2", back)) == "hard_top2"  # a bare name: the paper's rule, whatever the file

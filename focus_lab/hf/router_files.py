@@ -220,8 +220,9 @@ def rules_config(config: FocusConfig, pattern) -> FocusConfig:
     """``config`` (a router file's) with ``pattern``'s rules saved as the file's own for hard
     top-k at the pattern's k, so that the file's ``default_top{k}`` is ``pattern``: its per-layer
     k becomes ``top_k_budgets[k]``, its capacity ``group_capacity`` / ``capacity_layers`` /
-    ``capacity_overflow`` with ``capacity_top_k = [k]``, and its random-group layers, key shift
-    and token-match pairs the file's (these hold for every k). ``top_k`` becomes k.
+    ``capacity_overflow`` with ``capacity_top_k = [k]``, and its random-group layers, key shift,
+    token-match pairs and the rules that own no field (``FocusConfig.rules``) the file's (these
+    hold for every k). ``top_k`` becomes k.
     Raises PatternError when ``pattern`` is not a hard pattern on the router's groups, or when
     the result's ``default_top{k}`` would differ from it (a rule the file cannot carry)."""
     from focus_lab.patterns import RULES, Pattern, PatternError
@@ -239,6 +240,7 @@ def rules_config(config: FocusConfig, pattern) -> FocusConfig:
     if fields["group_capacity"]:
         fields["capacity_top_k"] = [k]
     fields["random_layers"] = fields["random_layers"] or None
+    fields["rules"] = tuple(str(r) for r in pattern.rules if not r.owns_fields)  # rules without fields: for every k
     out = config.replace(top_k=k, layer_top_k=None, top_k_budgets=budgets or None, **fields)
     got = Pattern.parse(f"default_top{k}", out)
     want = Pattern("hard", "router", k, tuple(r for r in pattern.rules if r.name not in ("sinks", "window")))
