@@ -398,11 +398,7 @@ def test_no_import_circle_in_focus_lab():
     for n in sorted(graph):
         if n not in state:
             visit(n, [n])
-    # train/loop <-> train/distill import each other inside functions (layerwise_step / distill_step):
-    # the one known circle, outside focus_lab/hf
-    known = [{"focus_lab.train.loop", "focus_lab.train.distill"}]
-    assert [c for c in cycles if set(c) not in known] == [], cycles
-    assert not [c for c in cycles if any(m.startswith("focus_lab.hf.") for m in c)]
+    assert cycles == [], cycles  # none, inside functions included (train/loop and train/distill: layerwise)
     assert "focus_lab.hf.retrofit" not in graph["focus_lab.hf.hooks"]
 
 
