@@ -30,7 +30,7 @@ import focus_lab
 from focus_lab.data import load_corpus, make_windows
 from focus_lab.eval.evaluate import paired_change, parse_patterns
 from focus_lab.hf.models import load_model
-from focus_lab.hf.shipped import code_commit, router_path
+from focus_lab.hf.shipped import code_commit, named_file, router_path
 from focus_lab.io import file_sha256, write_parquet
 
 PATTERNS = ("dense,hard_top1,hard_top1+oracle,random_top1,hard_top2,hard_top2+oracle,hard_top2+moba,random_top2,"
@@ -75,8 +75,8 @@ def main(argv=None) -> None:
             continue
         df = focus_lab.evaluate(model, [w], todo, batch_size=1, progress=False)
         df.insert(1, "window", int(w.index))
-        df = df.assign(seq_len=args.seq_len, corpus=corp.name, router_name=str(args.routers), router_sha256=sha,
-                       commit=code_commit())
+        df = df.assign(seq_len=args.seq_len, corpus=corp.name, router_name=named_file(sha) or str(path),
+                       router_sha256=sha, commit=code_commit())
         rows.append(df)
         write_parquet(out, pd.concat(rows, ignore_index=True))
         print(f"window {w.index}: " + ", ".join(f"{r.label} {r.perplexity:.3f}" for r in df.itertuples()), flush=True)
@@ -96,8 +96,8 @@ def report(res: pd.DataFrame, path: Path) -> None:
         d, lo, hi = paired_change(by[a], by[b])
         lines.append(f"| `{a}` | `{b}` | {d:+.2f}% | [{lo:+.2f}, {hi:+.2f}] | "
                      f"{by[a].distant_pairs_kept.mean():.3f} | {len(by[a])} |")
-    head = (f"Held-out {res.corpus.iloc[0]}, {n} windows of {int(res.seq_len.iloc[0])} tokens; router file "
-            f"`{res.router_name.iloc[0]}` ({res.router_sha256.iloc[0][:8]}); commit {res.commit.iloc[0]}.")
+    head = (f"Held-out text of `{res.corpus.iloc[0]}`, {n} windows of {int(res.seq_len.iloc[0])} tokens; router file "
+            f"`{res.router_name.iloc[0]}` ({res.router_sha256.iloc[0][:8]}); commits {', '.join(sorted(res.commit.unique()))}.")
     path.write_text(head + "\n\n" + "\n".join(lines) + "\n")
     print(path.read_text())
 

@@ -424,14 +424,22 @@ class FocusConfig:
         return (self.top_k_budgets or {}).get(self.top_k, {})
 
     def top_k_at(self, layer_idx: int) -> int:
-        """Groups a query joins at layer ``layer_idx`` in hard mode: the entry of
-        ``layer_top_k_in_force()``, else ``top_k`` (0: window and sinks only; docs/method.md §2.7)."""
-        return self.layer_top_k_in_force().get(layer_idx, self.top_k)
+        """Groups a query joins at layer ``layer_idx`` in hard mode: ``top_k`` as each rule in
+        force sets it there (``Rule.top_k_at``: the per-layer k, docs/method.md §2.7; 0: window
+        and sinks only)."""
+        k = self.top_k
+        for rule in self.rules_in_force():
+            k = rule.top_k_at(layer_idx, k)
+        return k
 
     def assignment_at(self, layer_idx: int) -> str:
-        """The assignment in force at layer ``layer_idx``: "random" in ``random_layers``, else
-        ``assignment`` (docs/method.md §7)."""
-        return "random" if self.random_layers and layer_idx in self.random_layers else self.assignment
+        """The assignment in force at layer ``layer_idx``: ``assignment`` as each rule in force
+        sets it there (``Rule.assignment_at``: "random" in the random-group layers,
+        docs/method.md §2.6)."""
+        a = self.assignment
+        for rule in self.rules_in_force():
+            a = rule.assignment_at(layer_idx, a)
+        return a
 
     def capacity_at(self, layer_idx: int) -> float:
         """The group capacity in force at layer ``layer_idx``: ``group_capacity`` where

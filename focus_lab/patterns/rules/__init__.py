@@ -4,6 +4,8 @@ A rule is a small frozen value: its spelling inside a pattern (``name(args)``), 
 holds it, its bounds (``check``) and what it does to a forward, through two hooks the forward
 calls for every rule in force (``FocusConfig.rules_in_force``), in ``order``:
 
+- ``top_k_at(layer_idx, k)`` and ``assignment_at(layer_idx, a)``: a layer's k and groups (the
+  per-layer k, the random-group layers);
 - ``route(step)``: change the layer's hard groups (``core.RouteStep``) and hand causal state to
   the next KV-cache step (``step.carry[name]``, given back as ``step.carried[name]``);
 - ``pairs(step)``: add kept pairs, or replace the groups' pairs, at attention time
@@ -61,6 +63,16 @@ class Rule:
     owns_fields: ClassVar[bool] = False
 
     # ---- what it does to a forward (docs/api.md "Writing a rule")
+    def top_k_at(self, layer_idx: int, top_k: int) -> int:
+        """The groups a query joins at layer ``layer_idx`` (hard mode) given ``top_k`` there so
+        far (``FocusConfig.top_k_at`` folds every rule in force); the default keeps it."""
+        return top_k
+
+    def assignment_at(self, layer_idx: int, assignment: str) -> str:
+        """The groups' assignment at layer ``layer_idx`` given ``assignment`` so far
+        (``FocusConfig.assignment_at``); the default keeps it."""
+        return assignment
+
     def route(self, step) -> None:
         """Change the layer's hard groups in place on ``step`` (``core.RouteStep``): its
         ``query_groups`` (B, T, k), ``key_group`` (B, T), ``key_log_p`` (B, T, K) or None; read

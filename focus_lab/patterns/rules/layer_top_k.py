@@ -62,3 +62,6 @@ class LayerTopK(Rule):
             if k > num_groups:
                 raise self.error(f"sets k = {k} above num_groups = {num_groups} (k in 0..{num_groups})")
         self.check_layers(sorted(self.mapping()), num_layers)
+
+    def top_k_at(self, layer_idx, top_k):
+        return self.mapping().get(layer_idx, top_k)

@@ -39,3 +39,6 @@ class RandomLayers(Rule):
 
     def check(self, num_groups, num_layers):
         self.check_layers(self.layers, num_layers)
+
+    def assignment_at(self, layer_idx, assignment):
+        return "random" if layer_idx in self.layers else assignment
