@@ -17,7 +17,7 @@ mask keeps, ``core.distant_pairs_kept``, is reported for every hard pattern).
 | ``kmeans`` | ``KMeansRouter``: scikit-learn k-means on the router inputs, score ``-||x - mu_c||^2`` | the recorder's k-means baseline |
 | ``online_kmeans`` | ``OnlineKMeansRouter``: centroids = EMA of assigned router inputs over a pass of training text, no gradient | Routing Transformer (Roy et al. 2021) |
 | ``moba`` | ``MoBARouter``: key group = its block of positions; a query picks its top-k past blocks by ``q . mean(k)`` | MoBA (Lu et al. 2025), training-free |
-| ``lora`` | peft LoRA on q/v at the router's parameter budget, trained like the router | Hu et al. 2021; docs/method.md §5 |
+| ``lora`` | peft LoRA on q/v at the router's parameter budget, trained like the router | Hu et al. 2022; docs/method.md §7 |
 
 Two more Router subclasses serve the analyses: ``SoftmaxRouter`` (plain softmax over groups
 instead of Sinkhorn: the collapse, docs/method.md §1) and ``PrefixCausalRouter`` (Sinkhorn over the
