@@ -28,15 +28,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--seq-len", type=int, default=4096)
     a = ap.parse_args(argv)
-    import focus_lab
-    from focus_lab.data import load_corpus, make_windows
+    from analyses.common import shipped_window
     from focus_lab.hf.retrofit import forward_state
-    from focus_lab.hf.shipped import shipped_router_file
     from focus_lab.patterns import Pattern
     from focus_lab.patterns.legacy import legacy_changes
-    model, tok = focus_lab.load_model()
-    cfg = focus_lab.load_routers(model, shipped_router_file())
-    ids = make_windows(load_corpus("austen").heldout, tok, a.seq_len, max_windows=1)[0].input_ids[None]  # (1, T)
+    model, cfg, ids = shipped_window(a.seq_len)  # ids: (1, T)
     ways = {(old, new): (cfg.replace(**legacy_changes(old, cfg.num_groups)),
                          cfg.replace(**Pattern.parse(new, cfg).changes())) for old, new in PAIRS}
     times: dict[tuple, list[tuple[float, float]]] = {k: [] for k in ways}

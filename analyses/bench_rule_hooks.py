@@ -28,15 +28,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--seq-len", type=int, default=4096)
     a = ap.parse_args(argv)
-    import focus_lab
-    from focus_lab.data import load_corpus, make_windows
+    from analyses.common import shipped_window
     from focus_lab.hf.retrofit import forward_state
-    from focus_lab.hf.shipped import shipped_router_file
     from focus_lab.method.config import FocusConfig
     from focus_lab.patterns import Pattern
-    model, tok = focus_lab.load_model()
-    cfg = focus_lab.load_routers(model, shipped_router_file())
-    ids = make_windows(load_corpus("austen").heldout, tok, a.seq_len, max_windows=1)[0].input_ids[None]  # (1, T)
+    model, cfg, ids = shipped_window(a.seq_len)  # ids: (1, T)
     changes = {p: Pattern.parse(p, cfg).changes() for p in PATTERNS}
     secs = {(p, w): [] for p in PATTERNS for w in ("hooked", "bypassed")}
     logits = {}

@@ -406,6 +406,18 @@ def evaluate_with_random(model, windows: list, patterns: list, top_k: int) -> pd
 RECORD_METHODS = ("focus", "kmeans", "online_kmeans", "moba")
 
 
+def shipped_window(seq_len: int):
+    """The embedded model with the shipped router file loaded, its config, and the first held-out
+    Austen window of ``seq_len`` tokens as (1, T) ids: the setup of the in-process benchmarks."""
+    import focus_lab
+    from focus_lab.data import load_corpus, make_windows
+    from focus_lab.hf.shipped import shipped_router_file
+    model, tok = focus_lab.load_model()
+    cfg = focus_lab.load_routers(model, shipped_router_file())
+    ids = make_windows(load_corpus("austen").heldout, tok, seq_len, max_windows=1)[0].input_ids[None]  # (1, T)
+    return model, cfg, ids
+
+
 def bench_dir(out: Path) -> Path | None:
     """Where the benchmark's outputs are: ``<out>/bench_attention`` (the benchmark's own default
     folder when ``out`` is figures/), else ``<out>/data/bench_attention``, else None."""

@@ -400,8 +400,12 @@ class FocusConfig:
         PatternError (a ConfigError) naming a spelling that does not parse."""
         if not self.rules:
             return ()
-        from focus_lab.patterns.rules import parse_rule
-        return tuple(parse_rule(t) for t in self.rules)
+        got = self.__dict__.get("_extra_rules")
+        if got is None or got[0] != self.rules:  # validate() parses them once, the forward reuses them
+            from focus_lab.patterns.rules import parse_rule
+            got = (self.rules, tuple(parse_rule(t) for t in self.rules))
+            object.__setattr__(self, "_extra_rules", got)
+        return got[1]
 
     def rules_in_force(self) -> tuple:
         """Every rule this config puts in force, as values, in the order their hooks run
@@ -462,8 +466,7 @@ class FocusConfig:
     def to_dict(self) -> dict[str, Any]:
         """The flat form every router file and run saves ({field: value} in ``FLAT_ORDER``;
         ``rules`` only when set, so files written before it read the same)."""
-        d = {n: (self.backend if n == "backend" else getattr(self, n)) for n in FLAT_ORDER}
-        d = {k: (dataclasses.replace(v) if dataclasses.is_dataclass(v) else _copy(v)) for k, v in d.items()}
+        d = {n: _copy(getattr(self, n)) for n in FLAT_ORDER}
         if not d["rules"]:
             del d["rules"]
         else:

@@ -29,7 +29,12 @@ class LayerTopK(Rule):
         return cls(tuple((k, tuple(sorted(v))) for k, v in sorted(by_k.items()))) if by_k else None
 
     def mapping(self) -> dict[int, int]:
-        return {layer: k for k, layers in self.budget for layer in layers}
+        """{layer_idx: k}, built once per rule value (``top_k_at`` reads it in every routed layer)."""
+        got = self.__dict__.get("_mapping")
+        if got is None:
+            got = {layer: k for k, layers in self.budget for layer in layers}
+            object.__setattr__(self, "_mapping", got)
+        return got
 
     @classmethod
     def from_args(cls, args, kwargs):
@@ -49,7 +54,7 @@ class LayerTopK(Rule):
         return [f"{k}={write_layers(layers)}" for k, layers in self.budget]
 
     def changes(self):
-        return {"layer_top_k": self.mapping()}
+        return {"layer_top_k": dict(self.mapping())}
 
     @classmethod
     def from_config(cls, config, top_k):
