@@ -497,3 +497,44 @@ def open_retrieval(name: str, root: Path | None = None) -> tuple[pd.DataFrame, p
         raise RunError(f"{name!r} is not a retrieval suite output below the runs root {root} (it needs "
                        f"{' and '.join(RETRIEVAL_FILES)}): `{RETRIEVAL_HINT}`")
     return _read_retrieval(str(p), tuple(stat_key(p / f) for f in RETRIEVAL_FILES))
+
+
+# ---------------------------------------------------------------------------------------------
+# committed results (figures/results/ of the checkout): what the probe pages show without output
+
+def _committed_key(kind: str) -> tuple:
+    """The mtimes and sizes of the files a committed result is read from (cache key)."""
+    from focus_lab.eval import committed
+    from focus_lab.hf.shipped import MANIFEST as ROUTER_MANIFEST
+    files = (["retrieval_cases.parquet"] if kind == "retrieval" else ["passkey_cases.parquet", "passkey_tables.json"])
+    extra = sorted(committed.RESULTS.glob("retrieval_cases_*.parquet")) if kind == "retrieval" else []
+    return tuple(stat_key(p) for p in [*(committed.RESULTS / f for f in files), *extra, ROUTER_MANIFEST])
+
+
+@st.cache_resource(show_spinner=False, max_entries=4)
+def _read_committed(kind: str, key: tuple):
+    """``committed_retrieval()`` / ``committed_passkey()`` of the shipped file, shared read-only;
+    (result, None), or (None, the reason) when there is none."""
+    from focus_lab.eval import committed
+    try:
+        return (committed.committed_retrieval() if kind == "retrieval" else committed.committed_passkey()), None
+    except committed.NoCommittedResults as e:
+        return None, str(e)
+
+
+def committed_result(kind: str):
+    """The committed ``kind`` ("retrieval" or "passkey") results of the shipped router file
+    (``focus_lab.eval.committed``), re-read when a table or the router manifest changes:
+    (CommittedResult, None), or (None, why there is none)."""
+    return _read_committed(kind, _committed_key(kind))
+
+
+def committed_intro(what: str, root: Path, source, hint: str, doc: str, inline_command: bool = True) -> None:
+    """The info line of a probe page showing committed results because the runs root holds no
+    output: the runs root, the router file (name, sha256 prefix), the command that made the rows
+    (inline, or in a code block below when ``inline_command`` is False), and how to make one's own."""
+    made = f"made by `{source.command}`" if inline_command else "made by the commands below"
+    st.info(f"No {what} output under `{root}`. Showing the committed results of {source.label()}, {made} "
+            f"(`{source.table}`, {source.docs}). Make your own with `{hint}` ({doc}), then reload this page.")
+    if not inline_command:
+        st.code("\n".join(source.commands), language="bash", wrap_lines=True)

@@ -5,7 +5,9 @@ the patterns and controls of §2.4 and §7).
 Reads a passkey output folder below the runs root (``cases.parquet``, ``needle_layers.parquet``,
 ``passkey.json``; not a recorder run): the length x depth heatmaps and the pattern x length table
 are computed here from ``cases.parquet`` (the probe's HTML figure is not read), the per-layer
-needle audit of one case from ``needle_layers.parquet``.
+needle audit of one case from ``needle_layers.parquet``. Where the runs root holds none: the committed
+probe tables of the shipped router file (``figures/results/passkey_cases.parquet`` via
+``focus_lab.eval.committed``: heatmaps and table, no needle audit).
 """
 
 from __future__ import annotations
@@ -92,16 +94,63 @@ def settings_caption(name: str, info: dict) -> str:
     return " · ".join(parts)
 
 
+ABOUT = ("a 5-digit key hidden at a depth of held-out text; exact match: the key in the greedy answer; key "
+         "log-prob: teacher forced, nats (0 = certain)")
+
+
+def committed_page(root) -> None:
+    """No passkey output below the runs root: the committed probe tables of the shipped router file
+    (``focus_lab.eval.committed.committed_passkey``: its tables plus dense rows of the same cases),
+    the length x depth heatmaps and the pattern x length table, or a message that there is none
+    (no ``figures/results`` beside the installed package)."""
+    res, why = lib.committed_result("passkey")
+    if res is None:
+        st.info(f"No passkey output below the runs root `{root}`. Make one with `{lib.PASSKEY_HINT}` "
+                f"(docs/passkey.md), then reload this page. No committed result to show either: {why}.")
+        return
+    src = res.source
+    lib.committed_intro("passkey", root, src, lib.PASSKEY_HINT, "docs/passkey.md", inline_command=False)
+    ref = (f"; dense rows of the same cases from the tables {', '.join(f'`{t}`' for t in src.reference_tables)} "
+           "(dense does not depend on the router file)" if src.reference_tables else "")
+    st.caption(f"tables {', '.join(f'`{t}`' for t in src.tables)}{ref} · {ABOUT}")
+    cases = res.cases
+    formats = list(dict.fromkeys(cases["format"]))
+    fmt = formats[0]
+    if len(formats) > 1:
+        fmt = st.selectbox("Prompt format", formats, index=formats.index("chat") if "chat" in formats else 0,
+                           key="passkey_format")
+    st.subheader("Retrieval by length and depth")
+    st.plotly_chart(heatmap_figure(cases[cases["format"] == fmt]), width="stretch")
+    st.subheader("Per pattern and length")
+    st.caption("dense hits kept: of the cases dense retrieves, those the pattern retrieves too (paired on the "
+               "same cases)")
+    tab = res.summary[res.summary["format"] == fmt].drop(columns="format")
+    st.dataframe(tab, hide_index=True, width="stretch", key="passkey_summary",
+                 column_config={"exact_match": st.column_config.NumberColumn("exact match", format="%.2f"),
+                                "key_logprob": st.column_config.NumberColumn("mean key log-prob (nats)",
+                                                                             format="%.2f"),
+                                "distant_pairs_kept": st.column_config.NumberColumn("distant pairs kept",
+                                                                                    format="%.3f"),
+                                "needle_edges_kept": st.column_config.NumberColumn("needle edges kept",
+                                                                                   format="%.3f"),
+                                "dense_hits": st.column_config.NumberColumn("dense hits"),
+                                "dense_hits_kept": st.column_config.NumberColumn("dense hits kept")})
+    lib.download_csv(tab, f"passkey_committed_{src.router_name.replace('/', '_')}_{fmt}.csv")
+
+
 def page() -> None:
     st.title("Passkey")
     root = lib.runs_root()
-    name = lib.pick_probe_output("Passkey", lib.passkey_dirs(root), "passkey_dir", root, lib.PASSKEY_FILES,
+    dirs = lib.passkey_dirs(root)
+    if not dirs:
+        committed_page(root)
+        return
+    name = lib.pick_probe_output("Passkey", dirs, "passkey_dir", root, lib.PASSKEY_FILES,
                                  lib.PASSKEY_HINT, "docs/passkey.md")
     if name is None:
         return
     cases, layers, info = lib.open_passkey(name, root)
-    st.caption(settings_caption(name, info) + " · a 5-digit key hidden at a depth of held-out text; exact match: "
-               "the key in the greedy answer; key log-prob: teacher forced, nats (0 = certain)")
+    st.caption(settings_caption(name, info) + " · " + ABOUT)
     if cases.empty:
         st.info(f"The cases table of **{name}** is empty; run the probe again: `{lib.PASSKEY_HINT}`.")
         return

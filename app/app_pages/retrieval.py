@@ -2,7 +2,9 @@
 (``focus-lab probe retrieval``, docs/retrieval.md).
 
 Reads a retrieval output folder below the runs root (``cases.parquet``, ``trace.parquet``; not a
-recorder run). The grid is each pattern's score relative to dense per task and length, with a
+recorder run); where the runs root holds none, the committed suite of the shipped router file
+(``figures/results/retrieval_cases.parquet`` via ``focus_lab.eval.committed``: grid and table, no
+case view). The grid is each pattern's score relative to dense per task and length, with a
 paired 95% bootstrap interval over the cases (``eval.retrieval_tables.summary``); a case view shows
 the needle in its haystack, each pattern's answer, and a layer x head map of the dense attention
 to the needle that the chosen pattern's mask drops, the retrieval heads marked (Wu et al.).
@@ -65,10 +67,51 @@ def dropped_figure(tr: pd.DataFrame, heads: pd.DataFrame, title: str) -> go.Figu
     return fig
 
 
+def summary_table(s: pd.DataFrame, L: int, csv_name: str) -> None:
+    """The summary rows at length ``L`` as a table, with a CSV download named ``csv_name``."""
+    cols = ["task", "pattern", "cases", "score", "relative", "relative_lo", "relative_hi", "logprob_change",
+            "distant_pairs_kept", "needle_pairs_kept", "dense_below_half"]
+    if "canonical_pattern" in s.columns:
+        cols.insert(2, "canonical_pattern")
+    tab = s[s["length"] == L][cols]
+    st.dataframe(tab, hide_index=True, width="stretch", key="retrieval_summary",
+                 column_config={c: st.column_config.NumberColumn(format="%.2f")
+                                for c in ("score", "relative", "relative_lo", "relative_hi", "logprob_change",
+                                          "distant_pairs_kept", "needle_pairs_kept")})
+    lib.download_csv(tab, csv_name)
+
+
+SCORE_CAPTION = ("RULER's score: the share of the expected answers in the greedy output; answer log-prob: "
+                 "teacher forced, nats, summed over the answers' tokens (0 = certain).")
+
+
+def committed_page(root) -> None:
+    """No retrieval output below the runs root: the committed suite of the shipped router file
+    (``focus_lab.eval.committed.committed_retrieval``), its grid and table, or a message that
+    there is none (no ``figures/results`` beside the installed package)."""
+    res, why = lib.committed_result("retrieval")
+    if res is None:
+        st.info(f"No retrieval output below the runs root `{root}`. Make one with `{lib.RETRIEVAL_HINT}` "
+                f"(docs/retrieval.md), then reload this page. No committed result to show either: {why}.")
+        return
+    lib.committed_intro("retrieval", root, res.source, lib.RETRIEVAL_HINT, "docs/retrieval.md")
+    devices = list(dict.fromkeys(res.cases["device"].dropna())) if "device" in res.cases.columns else []
+    st.caption(SCORE_CAPTION + (f" Measured on: {'; '.join(devices)}." if devices else ""))
+    s = res.summary
+    lengths = sorted(int(x) for x in s["length"].unique())
+    L = st.selectbox("length (tokens)", lengths, key="retrieval_length") if len(lengths) > 1 else lengths[0]
+    st.plotly_chart(grid_figure(s, L), width="stretch")
+    summary_table(s, L, f"retrieval_committed_{res.source.router_name.replace('/', '_')}_{L}.csv")
+
+
 def page() -> None:
     st.title("Retrieval")
     root = lib.runs_root()
-    name = lib.pick_probe_output("Retrieval", lib.retrieval_dirs(root), "retrieval_dir", root, lib.RETRIEVAL_FILES,
+    dirs = lib.retrieval_dirs(root)
+    if not dirs:
+        committed_page(root)
+        return
+    name = lib.pick_probe_output("Retrieval", dirs, "retrieval_dir", root, lib.RETRIEVAL_FILES,
                                  lib.RETRIEVAL_HINT, "docs/retrieval.md")
     if name is None:
         return
@@ -76,19 +119,12 @@ def page() -> None:
     if cases.empty:
         st.info(f"The cases table of **{name}** is empty; run the suite again: `{lib.RETRIEVAL_HINT}`.")
         return
-    st.caption("RULER's score: the share of the expected answers in the greedy output; answer log-prob: "
-               "teacher forced, nats, summed over the answers' tokens (0 = certain).")
+    st.caption(SCORE_CAPTION)
     s = summary(cases)
     lengths = sorted(int(x) for x in s["length"].unique())
     L = st.selectbox("length (tokens)", lengths, key="retrieval_length") if len(lengths) > 1 else lengths[0]
     st.plotly_chart(grid_figure(s, L), width="stretch")
-    tab = s[s["length"] == L][["task", "pattern", "cases", "score", "relative", "relative_lo", "relative_hi",
-                               "logprob_change", "distant_pairs_kept", "needle_pairs_kept", "dense_below_half"]]
-    st.dataframe(tab, hide_index=True, width="stretch", key="retrieval_summary",
-                 column_config={c: st.column_config.NumberColumn(format="%.2f")
-                                for c in ("score", "relative", "relative_lo", "relative_hi", "logprob_change",
-                                          "distant_pairs_kept", "needle_pairs_kept")})
-    lib.download_csv(tab, f"retrieval_{name.replace('/', '_')}_{L}.csv")
+    summary_table(s, L, f"retrieval_{name.replace('/', '_')}_{L}.csv")
 
     st.subheader("One case")
     c1, c2, c3 = st.columns(3)
