@@ -534,9 +534,31 @@ def figures(
     render_only: Optional[str] = typer.Option(None, help="re-render only these outputs from the data they read, "
                                               "e.g. fig02_speedup_length (no experiment runs; their rows of "
                                               "README.md are rewritten, the rest left as it was)"),
+    docs: bool = typer.Option(False, "--docs", help="only rewrite the generated result blocks of README.md, docs/ "
+                              "and figures/ from the committed tables (analyses/doc_blocks.py; seconds, no "
+                              "experiment runs); --check: only say which differ"),
+    check: bool = typer.Option(False, "--check", help="with --docs: write nothing, list the blocks that differ "
+                               "from what --docs writes; exit 1 if any"),
 ) -> None:
-    """Regenerate every paper figure and the reproduction table (cached, resumable experiments)."""
+    """Regenerate every paper figure and the reproduction table (cached, resumable experiments);
+    ``--docs``: the docs' generated result blocks only."""
     from focus_lab.errors import guard
+
+    if check and not docs:
+        raise typer.BadParameter("--check goes with --docs (it checks the docs' generated blocks)")
+    if docs:
+        from analyses import doc_blocks
+        if check:
+            problems = doc_blocks.check()
+        else:
+            changed, problems = doc_blocks.write()
+            typer.echo(f"rewrote the generated blocks of {len(changed)} page(s)"
+                       + (": " + ", ".join(changed) if changed else ""))
+        for line in problems:
+            typer.echo(line, err=True)
+        if check and not problems:
+            typer.echo(f"every generated block is what `{doc_blocks.COMMAND}` writes")
+        raise typer.Exit(1 if problems else 0)
 
     def run():
         if render_only is not None:

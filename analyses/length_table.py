@@ -31,6 +31,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from focus_lab.io import write_text
+
 PATTERNS = "dense,window,hard_top1,hard_top2,random_top1,random_top2,shuffled_top1,shuffled_top2"
 WINDOWS = "512:8,1024:8,2048:8,4096:8,8192:4"
 SCHEMA_VERSION = 1
@@ -410,7 +412,20 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
 def report(out: Path, against: Path | str | None = None, table: str | None = None,
            pairs: dict[str, str] | None = None) -> str:
     """``<out>/length_table.md`` (and ``<out>/length_table.parquet``, the ``summarize`` rows) from
-    the cells under ``<out>/cells``, or, with ``table``, from that committed table (markdown only)."""
+    the cells under ``<out>/cells``, or, with ``table``, from that committed table (markdown only).
+    The text is ``report_text``'s; returns it."""
+    text = report_text(out, against, table, pairs)
+    Path(out).mkdir(parents=True, exist_ok=True)
+    write_text(Path(out) / "length_table.md", text)
+    return text
+
+
+def report_text(out: Path | None, against: Path | str | None = None, table: str | None = None,
+                pairs: dict[str, str] | None = None) -> str:
+    """The markdown of ``report``, written nowhere (the docs' generated blocks embed it): the cells
+    under ``<out>/cells`` (their ``summarize`` rows go to ``<out>/length_table.parquet``), or, with
+    ``table``, the committed table of that name. Raises SystemExit naming the choices when the table
+    or the cells are missing."""
     if table is not None:
         df = committed_cells()
         df = df[df["table"] == table].drop(columns="table")
@@ -515,10 +530,7 @@ def report(out: Path, against: Path | str | None = None, table: str | None = Non
                     if p in h.index else "" for p in labels) + " |")
         else:
             lines.append("(no cell of the same corpus and length there)")
-    text = "\n".join(lines) + "\n"
-    Path(out).mkdir(parents=True, exist_ok=True)
-    (Path(out) / "length_table.md").write_text(text)
-    return text
+    return "\n".join(lines) + "\n"
 
 
 def main(argv=None) -> None:

@@ -81,6 +81,12 @@ def write_json(path: str | os.PathLike, obj: Any) -> None:
         tmp.write_text(json.dumps(obj, indent=2, sort_keys=True, default=str))
 
 
+def write_text(path: str | os.PathLike, text: str) -> None:
+    """Write ``text`` (UTF-8), atomically: a reader sees the old file or the new one, never half."""
+    with atomic_path(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+
+
 def write_parquet(path: str | os.PathLike, df) -> None:
     """Write a pandas DataFrame as parquet (pyarrow), atomically."""
     with atomic_path(path) as tmp:

@@ -446,8 +446,9 @@ def _length_table_problems(intro: str, header: list[str], body: list[list[str]])
     from the per-window rows (``analyses.length_table.summarize``) and formatted as shown."""
     import pandas as pd
     from analyses.length_table import summarize
-    data = [t for t in markdown_links(intro) if t.endswith(".parquet")]
-    table = re.search(r"table `([\w-]+)`", intro)
+    # the paragraph before, or the begin marker of the generated block (analyses/doc_blocks.py)
+    data = [t for t in markdown_links(intro) if t.endswith(".parquet")] or re.findall(r"(figures/[\w/.-]+\.parquet)", intro)
+    table = re.search(r"table `([\w-]+)`", intro) or re.search(r"\(table ([\w-]+)\)", intro)
     if not data or not table:
         return [f"length table: the paragraph before it links no .parquet file and names no table `...`: {intro[-200:]!r}"]
     cells = pd.read_parquet(REPO / data[0])
@@ -514,5 +515,5 @@ def test_readme_number_check_fails_on_a_changed_number():
     bad = text.replace(row, "|".join(cells))
     assert bad != text and readme_table_problems(bad)
     assert readme_table_problems(text.replace("| 27.60 |", "| 27.61 |"))
-    linked = re.search(r"table `([a-z0-9_]+)`", text).group(0)  # the committed table the README's table cites
-    assert readme_table_problems(text.replace(linked, "table `nothing`"))
+    linked = re.search(r"\(table ([a-z0-9_]+)\)", text).group(0)  # the committed table the block's marker cites
+    assert readme_table_problems(text.replace(linked, "(table nothing)"))

@@ -1,0 +1,416 @@
+"""Generated result blocks: every results table of README.md and docs/ is written by one command
+(``focus-lab-figures --docs``) from the committed tables, between two markers that name the block,
+the command and its inputs::
+
+    <!-- BEGIN generated:length-table | focus-lab-figures --docs | inputs: ... -->
+
+    | tokens | ... |
+
+    <!-- END generated:length-table -->
+
+``BLOCKS`` maps a block's name to its maker (``Block``): a function of nothing that reads the
+committed tables and returns ``Generated(inputs, body)``: the inputs line of the begin marker
+(table files, router file name and sha256, windows, patterns) and the markdown between the markers.
+A page may hold any block, and the same block may stand on several pages (the same text on each).
+
+* ``render(name)``: the block's whole text, markers included;
+* ``check()``: one line per block whose committed text differs from ``render`` (naming the file
+  and the block) or whose maker fails (naming the missing input); tests/test_doc_blocks.py fails
+  on any;
+* ``write()``: rewrites every block in place (each page atomically); a block whose maker fails is
+  left as it was and reported.
+
+Sources: the issue "Every number in the docs comes from the data"; the tables' own scripts
+(``analyses.length_table``, ``analyses.studies.domain_table``, ``analyses.studies.retrieval_table``,
+``analyses.output_error_table``, ``analyses.studies.copy_loss``) make the numbers, this module only
+lays them out.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import pandas as pd
+
+REPO = Path(__file__).resolve().parent.parent
+COMMAND = "focus-lab-figures --docs"
+BEGIN = re.compile(r"^<!-- BEGIN generated:(?P<name>[a-z0-9-]+) \| (?P<rest>.*) -->$")
+END = "<!-- END generated:{name} -->"
+
+
+class MissingInput(Exception):
+    """A block's input (a committed table, a column, a table name inside it) is absent: ``path`` is
+    what is missing, relative to the repository."""
+
+    def __init__(self, path: str):
+        super().__init__(path)
+        self.path = path
+
+
+@dataclass(frozen=True)
+class Generated:
+    """What a block's maker returns: ``inputs``, the begin marker's description of what made the
+    numbers (files, router file name and sha256, windows, patterns; one line), and ``body``, the
+    markdown between the markers (no leading or trailing blank line)."""
+
+    inputs: str
+    body: str
+
+
+@dataclass(frozen=True)
+class Block:
+    """A named block and its maker; ``inputs`` are the repository paths the maker reads (checked
+    before it runs, so a missing file is named, not a traceback)."""
+
+    name: str
+    make: Callable[[], Generated]
+    inputs: tuple[str, ...]
+
+
+BLOCKS: dict[str, Block] = {}
+
+
+def block(name: str, *inputs: str):
+    """Register the decorated function as the maker of block ``name`` reading ``inputs``."""
+    def register(fn: Callable[[], Generated]) -> Callable[[], Generated]:
+        if name in BLOCKS:
+            raise ValueError(f"block {name!r} is registered twice")
+        BLOCKS[name] = Block(name, fn, inputs)
+        return fn
+    return register
+
+
+def render(name: str) -> str:
+    """The whole text of block ``name``: begin marker, blank line, body, blank line, end marker.
+
+    Raises:
+        KeyError: no block of that name (the message lists the names).
+        MissingInput: an input file (or a table inside one) is absent.
+    """
+    if name not in BLOCKS:
+        raise KeyError(f"no generated block {name!r}; known: {', '.join(sorted(BLOCKS))}")
+    b = BLOCKS[name]
+    for rel in b.inputs:
+        if not (REPO / rel).exists():
+            raise MissingInput(rel)
+    g = b.make()
+    return (f"<!-- BEGIN generated:{name} | {COMMAND} | inputs: {g.inputs} -->\n\n{g.body.strip()}\n\n"
+            + END.format(name=name))
+
+
+def pages(root: Path = REPO) -> list[Path]:
+    """The markdown pages that may hold blocks: README.md, docs/**.md and figures/**.md of the
+    repository (tracked, or new and not ignored; every such file when git is absent)."""
+    try:
+        out = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "--", "*.md"], cwd=root,
+                             capture_output=True, text=True, check=True).stdout.split()
+        files = [root / f for f in out]
+    except (OSError, subprocess.CalledProcessError):
+        files = list(root.rglob("*.md"))
+    keep = [f for f in files if f.is_file() and (f.relative_to(root).parts[0] in ("docs", "figures")
+                                                 or f.relative_to(root).as_posix() == "README.md")]
+    return sorted(keep)
+
+
+@dataclass
+class Found:
+    """One block found on a page: its name, the slice of the page's lines it spans (markers
+    included) and its text."""
+
+    name: str
+    start: int
+    stop: int
+    text: str
+
+
+def find_blocks(text: str, rel: str = "page") -> list[Found]:
+    """Every block of a page's ``text``. Raises ValueError naming the page and line of a begin
+    marker without its end marker."""
+    lines = text.split("\n")
+    found, i = [], 0
+    while i < len(lines):
+        m = BEGIN.match(lines[i])
+        if m:
+            end = END.format(name=m["name"])
+            try:
+                j = lines.index(end, i + 1)
+            except ValueError:
+                raise ValueError(f"{rel}:{i + 1}: block {m['name']!r} has no end marker {end!r}") from None
+            found.append(Found(m["name"], i, j + 1, "\n".join(lines[i:j + 1])))
+            i = j + 1
+        else:
+            i += 1
+    return found
+
+
+def _rendered(cache: dict, name: str) -> str | Exception:
+    if name not in cache:
+        try:
+            cache[name] = render(name)
+        except (MissingInput, KeyError) as e:
+            cache[name] = e
+    return cache[name]
+
+
+def _problem(rel: str, name: str, e: Exception) -> str:
+    if isinstance(e, MissingInput):
+        return f"{rel}: block {name}: missing input {e.path}"
+    return f"{rel}: block {name}: {e.args[0] if e.args else e}"
+
+
+def check(root: Path = REPO) -> list[str]:
+    """One line per problem: a block whose committed text is not what ``render`` writes, a block
+    whose input is missing or whose name is unknown, a begin marker without its end."""
+    problems, cache = [], {}
+    for page in pages(root):
+        rel = page.relative_to(root).as_posix()
+        try:
+            found = find_blocks(page.read_text(encoding="utf-8"), rel)
+        except ValueError as e:
+            problems.append(str(e))
+            continue
+        for f in found:
+            new = _rendered(cache, f.name)
+            if isinstance(new, Exception):
+                problems.append(_problem(rel, f.name, new))
+            elif new != f.text:
+                problems.append(f"{rel}: block {f.name} differs from what `{COMMAND}` writes: run it")
+    return problems
+
+
+def write(root: Path = REPO) -> tuple[list[str], list[str]]:
+    """Rewrite every block of every page; returns (pages changed, problems). A block whose maker
+    fails stays as it was; each page is written atomically, and only when it changed."""
+    from focus_lab.io import write_text
+    changed, problems, cache = [], [], {}
+    for page in pages(root):
+        rel = page.relative_to(root).as_posix()
+        text = page.read_text(encoding="utf-8")
+        try:
+            found = find_blocks(text, rel)
+        except ValueError as e:
+            problems.append(str(e))
+            continue
+        if not found:
+            continue
+        lines = text.split("\n")
+        for f in reversed(found):
+            new = _rendered(cache, f.name)
+            if isinstance(new, Exception):
+                problems.append(_problem(rel, f.name, new))
+                continue
+            lines[f.start:f.stop] = new.split("\n")
+        new_text = "\n".join(lines)
+        if new_text != text:
+            write_text(page, new_text)
+            changed.append(rel)
+    return changed, problems
+
+
+# ============================================================================================
+# shared inputs
+
+LENGTH_CELLS = "figures/results/length_cells.parquet"
+SHIPPED_TABLE = "capacity_length"
+HELD_NAMES = {"persuasion": "*Persuasion*", "hamlet": "*Hamlet*"}
+
+
+def router_label(sha256: str) -> str:
+    """``name (sha256 abcdef123456)`` for a router file's sha256: its manifest name, or the
+    hash alone for a file the manifest does not name."""
+    from focus_lab.hf.shipped import named_file
+    name = named_file(sha256)
+    return f"`{name}` (sha256 {sha256[:12]})" if name else f"sha256 {sha256[:12]}"
+
+
+def name_sha256(name: str) -> str:
+    """The sha256 the router manifest gives the file ``name``. Raises MissingInput when it names none."""
+    from focus_lab.hf.shipped import registry
+    entry = registry().get("files", {}).get(name)
+    if entry is None:
+        raise MissingInput(f"focus_lab/routers/MANIFEST.json (file {name})")
+    return entry["sha256"]
+
+
+def _cells(table: str) -> pd.DataFrame:
+    from analyses.length_table import committed_cells
+    df = committed_cells(REPO / LENGTH_CELLS)
+    df = df[df["table"] == table]
+    if not len(df):
+        raise MissingInput(f"{LENGTH_CELLS} (table {table})")
+    return df.drop(columns="table")
+
+
+def _windows_text(df: pd.DataFrame) -> str:
+    """``8 windows a length, 4 at 8192``: windows per (corpus, length), the most common count
+    first, then the lengths that differ."""
+    per = df.groupby(["seq_len", "corpus"]).window.nunique().groupby("seq_len").max()
+    common = per.mode().iloc[0]
+    others = [f"{n} at {L}" for L, n in per.items() if n != common]
+    return f"{common} windows a length" + (", " + ", ".join(others) if others else "")
+
+
+def _routers_text(df: pd.DataFrame) -> str:
+    return "; ".join(router_label(s) for s in sorted(df.routers_sha256.unique()))
+
+
+# ============================================================================================
+# the blocks
+
+@block("length-table", LENGTH_CELLS)
+def length_table_readme() -> Generated:
+    """The README's length table: per length and held-out corpus, dense perplexity, hard top-2 and
+    top-1 (change over dense, distant pairs kept) and the router's margin over random groups."""
+    from analyses.length_table import summarize
+    df = _cells(SHIPPED_TABLE)
+    s = summarize(df).set_index(["corpus", "seq_len", "label"])
+    corpora = sorted(df.corpus.unique())
+    held = {c: HELD_NAMES.get(df[df.corpus == c].heldout.iloc[0], c) for c in corpora}
+    head = "| tokens | " + " | ".join(f"{held[c]} dense | hard top-2 | hard top-1 | vs random top-1 / top-2"
+                                        for c in corpora) + " |"
+    rule = "|---:|" + "---:|---|---|---|" * len(corpora)
+    lines = [head, rule]
+    for L in sorted(df.seq_len.unique()):
+        cells = []
+        for c in corpora:
+            r = lambda p: s.loc[(c, L, p)]  # noqa: E731
+            cells += [f"{r('dense').perplexity:.2f}",
+                      f"{r('hard_top2').delta_vs_dense_pct:+.1f}% [{r('hard_top2').distant_pairs_kept:.2f}]",
+                      f"{r('hard_top1').delta_vs_dense_pct:+.1f}% [{r('hard_top1').distant_pairs_kept:.2f}]",
+                      f"{r('random_top1').control_vs_router_pct:+.1f}% / {r('random_top2').control_vs_router_pct:+.1f}%"]
+        lines.append(f"| {L} | " + " | ".join(cells) + " |")
+    inputs = (f"{LENGTH_CELLS} (table {SHIPPED_TABLE}); routers {_routers_text(df)}; "
+              f"{_windows_text(df)}; patterns dense, hard_top1, hard_top2, random_top1, random_top2")
+    return Generated(inputs, "\n".join(lines))
+
+
+@block("length-table-full", LENGTH_CELLS)
+def length_table_full() -> Generated:
+    """figures/length_table.md: every pattern of the shipped table with its interval
+    (``analyses.length_table.report_text``)."""
+    from analyses.length_table import report_text
+    df = _cells(SHIPPED_TABLE)
+    text = report_text(None, table=SHIPPED_TABLE)
+    inputs = f"{LENGTH_CELLS} (table {SHIPPED_TABLE}); routers {_routers_text(df)}; {_windows_text(df)}"
+    return Generated(inputs, text)
+
+
+DOMAIN_TABLES = ("capacity_length", "capacity_per_domain", "capacity_heldout_8k",
+                 "needle_mix_length", "needle_mix_per_domain", "needle_mix_heldout_8k")
+
+
+@block("per-domain", LENGTH_CELLS)
+def per_domain() -> Generated:
+    """docs/results.md's per-domain table (``analyses.studies.domain_table``)."""
+    from analyses.length_table import committed_cells
+    from analyses.studies.domain_table import domain_table
+    cells = committed_cells(REPO / LENGTH_CELLS)
+    missing = [t for t in DOMAIN_TABLES if t not in set(cells["table"])]
+    if missing:
+        raise MissingInput(f"{LENGTH_CELLS} (tables {', '.join(missing)})")
+    shipped = cells[cells["table"].isin(DOMAIN_TABLES[:3])]
+    inputs = (f"{LENGTH_CELLS} (tables {', '.join(DOMAIN_TABLES)}); routers {_routers_text(shipped)}; "
+              "4 windows a domain at 4096 (the length table's 8 on Persuasion and Hamlet), 4 at 8192 where "
+              "the text holds them")
+    return Generated(inputs, domain_table(cells))
+
+
+RETRIEVAL_CASES = "figures/results/retrieval_cases.parquet"
+
+
+@block("retrieval", RETRIEVAL_CASES)
+def retrieval() -> Generated:
+    """docs/results.md's retrieval table (``analyses.studies.retrieval_table.results_markdown``)."""
+    from analyses.studies.retrieval_table import results_markdown
+    cases = pd.read_parquet(REPO / RETRIEVAL_CASES)
+    if "router_name" not in cases:
+        raise MissingInput(f"{RETRIEVAL_CASES} (column router_name: python -m analyses.migrate_tables)")
+    routers = "; ".join(router_label(name_sha256(n)) for n in
+                        sorted(cases.loc[cases.pattern == "hard_top2", "router_name"].dropna().unique()))
+    inputs = f"{RETRIEVAL_CASES}; hard top-2 routers {routers}; every case of each task and length"
+    return Generated(inputs, results_markdown(cases).strip())
+
+
+OUTPUT_ERROR = "figures/results/output_error_8192.parquet"
+
+
+@block("output-error", OUTPUT_ERROR)
+def output_error() -> Generated:
+    """docs/results.md's attention recall and output error table, one row per audited mask
+    (``analyses.output_error_table.mask_rows``), and the correlation over heads."""
+    from analyses.output_error_table import MASKS, mask_rows
+    heads = pd.read_parquet(REPO / OUTPUT_ERROR)
+    t = mask_rows(heads)
+    lines = ["| mask | attention recall (coverage), mean over heads | output error, median [quartiles] | "
+             "worst head | correlation over heads |", "|---|---:|---|---:|---:|"]
+    for r in t.itertuples():
+        lines.append(f"| {r.mask} | {r.recall:.3f} | {r.error} | {getattr(r, '_4')} | {r.correlation:+.2f} |")
+    n = heads.groupby("pattern").size()
+    inputs = (f"{OUTPUT_ERROR}; one window of 8192 tokens of Persuasion, {int(n.max())} heads a mask; masks "
+              + ", ".join(m for m in MASKS if m in n.index))
+    return Generated(inputs, "\n".join(lines))
+
+
+COPY_LOSS = "figures/results/copy_loss.parquet"
+COPY_DOMAINS = {"austen": "austen (Persuasion)", "shakespeare": "shakespeare (Hamlet)"}
+
+
+@block("loss-split", COPY_LOSS)
+def loss_split() -> Generated:
+    """docs/results.md's "Where the loss goes" table from ``analyses.studies.copy_loss.summarize``:
+    per domain, hard top-2's change over dense (nats/token), the distant copies' and the new
+    tokens' share of tokens, share of the change and mean change, and random top-2's mean change
+    on distant copies; domains in order of hard top-2's change."""
+    from analyses.studies.copy_loss import summarize
+    df = pd.read_parquet(REPO / COPY_LOSS)
+    s = summarize(df).set_index(["corpus", "pattern", "copy_class"])
+    total = df.groupby(["corpus", "pattern"]).apply(lambda d: d.delta_nll.sum() / d.tokens.sum(),
+                                                    include_groups=False)
+    lines = ["| domain | top-2: change (nats/token) | distant copies: tokens / share of change / nats | "
+             "new: tokens / share / nats | random top-2: distant copies, nats |", "|---|---:|---|---|---:|"]
+    cls = lambda c, p, k: s.loc[(c, p, k)]  # noqa: E731
+    for corpus in total.xs("hard_top2", level="pattern").sort_values().index:
+        d, n = cls(corpus, "hard_top2", "distant copy"), cls(corpus, "hard_top2", "new")
+        rnd = (f"{cls(corpus, 'random_top2', 'distant copy').mean_delta:+.3f}"
+               if (corpus, "random_top2", "distant copy") in s.index else "-")
+        lines.append(f"| {COPY_DOMAINS.get(corpus, corpus)} | {total[(corpus, 'hard_top2')]:+.3f} | "
+                     f"{d.token_share:.2f} / {d.loss_share:.2f} / {d.mean_delta:+.3f} | "
+                     f"{n.token_share:.2f} / {n.loss_share:.2f} / {n.mean_delta:+.3f} | {rnd} |")
+    windows = int(df.groupby("corpus").window.nunique().max())
+    inputs = f"{COPY_LOSS}; {windows} windows of 4096 tokens a domain; patterns hard_top2, random_top2"
+    return Generated(inputs, "\n".join(lines))
+
+
+E2E = "figures/bench_attention/e2e.csv"
+
+
+@block("speed-e2e", E2E)
+def speed_e2e() -> Generated:
+    """docs/results.md's end-to-end CPU speed table from ``analyses/bench_attention.py``'s e2e rows:
+    dense time over each pattern's (bare prefill forward; decode per token)."""
+    df = pd.read_csv(REPO / E2E)
+    pre = df[df.phase == "prefill"]
+    dec = df[df.phase == "decode"]
+    cols = ["window", "hard_top1", "hard_top2", "random_top2"]
+    lines = ["| dense / pattern | window + sinks (the bound) | hard top-1 | hard top-2 | random top-2 |",
+             "|---|---:|---:|---:|---:|"]
+    for L, g in pre.groupby("tokens"):
+        g = g.set_index("pattern")
+        lines.append(f"| prefill {L}, bare forward (dense {g.loc['dense'].bare_tokens_per_s:.1f} tokens/s) | "
+                     + " | ".join(f"{g.loc[p].speedup_bare:.2f}x" if p in g.index else "-" for p in cols) + " |")
+    if len(dec):
+        sizes = sorted(dec.tokens.unique())
+        d = dec.set_index(["pattern", "tokens"])
+        per = lambda p: (" / ".join(f"{d.loc[(p, L)].speedup_decode:.2f}x" for L in sizes)  # noqa: E731
+                         if all((p, L) in d.index for L in sizes) else "-")
+        lines.append(f"| decode after {' / '.join(str(L) for L in sizes)} tokens (dense "
+                     + " / ".join(f"{d.loc[('dense', L)].ms_per_token:.1f}" for L in sizes) + " ms a token) | "
+                     + " | ".join(per(p) for p in cols) + " |")
+    repeats = int(df.repeats.max())
+    inputs = (f"{E2E}; the first Persuasion window of each length; medians over {repeats} repeats; "
+              f"patterns {', '.join(['dense'] + cols)}")
+    return Generated(inputs, "\n".join(lines))

@@ -1,0 +1,108 @@
+"""The docs' generated result blocks (analyses/doc_blocks.py, ``focus-lab-figures --docs``).
+
+- every block committed in README.md, docs/ and figures/ is byte for byte what the command writes
+  from the committed tables (the failure names the file and the block);
+- the numbers a block prints agree with a computation straight from the committed rows;
+- a changed number, a missing input, an unknown block and a begin marker without its end are
+  each named in one line, and ``write`` leaves a failing block as it was.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from analyses import doc_blocks
+from analyses.doc_blocks import REPO
+
+
+def test_committed_blocks_are_what_the_command_writes():
+    problems = doc_blocks.check()
+    assert not problems, "\n".join(problems) + "\nrun `focus-lab-figures --docs`"
+
+
+def test_the_main_pages_hold_blocks():
+    # the README's length table and the results page's tables are blocks, not hand-typed
+    found = {p.relative_to(REPO).as_posix(): {f.name for f in doc_blocks.find_blocks(p.read_text())}
+             for p in doc_blocks.pages()}
+    assert "length-table" in found["README.md"]
+    assert {"per-domain", "retrieval", "output-error", "loss-split", "speed-e2e"} <= found["docs/results.md"]
+    assert "length-table-full" in found["figures/length_table.md"]
+
+
+def _table_row(text: str, first: str) -> list[str]:
+    for line in text.splitlines():
+        if line.startswith(f"| {first} |"):
+            return [c.strip() for c in line.strip("|").split("|")]
+    raise AssertionError(f"no row {first!r}")
+
+
+def test_length_table_numbers_from_the_rows():
+    # independent reference: pool the committed per-window rows by hand (exp of the token-weighted
+    # mean NLL) for Persuasion at 4096 tokens
+    cells = pd.read_parquet(REPO / doc_blocks.LENGTH_CELLS)
+    cells = cells[(cells.table == doc_blocks.SHIPPED_TABLE) & (cells.corpus == "austen") & (cells.seq_len == 4096)]
+
+    def ppl(label):
+        g = cells[cells.label == label]
+        return float(np.exp((g.nll * g.tokens).sum() / g.tokens.sum()))
+
+    row = _table_row(doc_blocks.render("length-table"), "4096")
+    assert row[1] == f"{ppl('dense'):.2f}"
+    change = 100 * (ppl("hard_top2") / ppl("dense") - 1)
+    kept = cells[cells.label == "hard_top2"].distant_pairs_kept.mean()
+    assert row[2] == f"{change:+.1f}% [{kept:.2f}]"
+
+
+def test_output_error_numbers_from_the_rows():
+    heads = pd.read_parquet(REPO / doc_blocks.OUTPUT_ERROR)
+    focus = heads[heads.pattern == "focus"]
+    row = _table_row(doc_blocks.render("output-error"), "Focus hard top-k")
+    assert row[1] == f"{focus.coverage.mean():.3f}"
+    assert row[2].startswith(f"{focus.output_error.median():.3f} [")
+
+
+def _page(tmp_path, text: str):
+    (tmp_path / "docs").mkdir(exist_ok=True)
+    page = tmp_path / "docs" / "x.md"
+    page.write_text(text)
+    return page
+
+
+def test_a_changed_number_is_named(tmp_path):
+    good = doc_blocks.render("speed-e2e")
+    bad = good.replace("1.19x", "1.91x")
+    assert bad != good
+    _page(tmp_path, f"# x\n\n{bad}\n")
+    problems = doc_blocks.check(tmp_path)
+    assert problems == ["docs/x.md: block speed-e2e differs from what `focus-lab-figures --docs` writes: run it"]
+    changed, problems = doc_blocks.write(tmp_path)
+    assert changed == ["docs/x.md"] and not problems
+    assert (tmp_path / "docs" / "x.md").read_text() == f"# x\n\n{good}\n"
+    assert doc_blocks.check(tmp_path) == []
+
+
+def test_a_missing_input_is_named_and_the_block_kept(tmp_path, monkeypatch):
+    monkeypatch.setitem(doc_blocks.BLOCKS, "gone", doc_blocks.Block(
+        "gone", lambda: doc_blocks.Generated("x", "y"), ("figures/results/no_such_table.parquet",)))
+    text = "<!-- BEGIN generated:gone | focus-lab-figures --docs | inputs: old -->\n\nold\n\n<!-- END generated:gone -->\n"
+    page = _page(tmp_path, text)
+    assert doc_blocks.check(tmp_path) == ["docs/x.md: block gone: missing input figures/results/no_such_table.parquet"]
+    changed, problems = doc_blocks.write(tmp_path)
+    assert changed == [] and len(problems) == 1
+    assert page.read_text() == text
+
+
+def test_unknown_block_and_missing_end_marker(tmp_path):
+    _page(tmp_path, "<!-- BEGIN generated:nope | focus-lab-figures --docs | inputs: - -->\n\n<!-- END generated:nope -->\n")
+    (problem,) = doc_blocks.check(tmp_path)
+    assert problem.startswith("docs/x.md: block nope: no generated block 'nope'")
+    _page(tmp_path, "a\n<!-- BEGIN generated:speed-e2e | focus-lab-figures --docs | inputs: - -->\n| x |\n")
+    assert doc_blocks.check(tmp_path) == [
+        "docs/x.md:2: block 'speed-e2e' has no end marker '<!-- END generated:speed-e2e -->'"]
+
+
+def test_render_unknown_name_lists_the_known():
+    with pytest.raises(KeyError, match="known: .*length-table"):
+        doc_blocks.render("no-such-block")
