@@ -414,3 +414,71 @@ def speed_e2e() -> Generated:
     inputs = (f"{E2E}; the first Persuasion window of each length; medians over {repeats} repeats; "
               f"patterns {', '.join(['dense'] + cols)}")
     return Generated(inputs, "\n".join(lines))
+
+
+
+@block("windows", LENGTH_CELLS)
+def windows() -> Generated:
+    """docs/results.md's "Which windows" table: dense perplexity of *Persuasion* at 4096 tokens on
+    the three window sets the pages use, pooled from the length table's per-window dense rows (the
+    figures' 4 windows and the first window are subsets of its 8; dense does not depend on the
+    router file)."""
+    import numpy as np
+    df = _cells(SHIPPED_TABLE)
+    dense = df[(df.corpus == "austen") & (df.seq_len == 4096) & (df.label == "dense")]
+    all8 = sorted(int(w) for w in dense.window.unique())
+    sets = [("the length table", all8, "the [README's table](../README.md#what-it-finds), figure 10, "
+             "[per domain](#per-domain-trained-and-held-out-text) below"),
+            ("the figures' experiments", [0, 7, 14, 21], "baselines (figures 1, 4), the [reproduction](reproduction.md) "
+             "rows at 4 x 4096 tokens (`focus-lab-figures`, setting `eval_windows = 4`)"),
+            ("the first window", [0], "the [speed benchmark](#speed), the main job's perplexity table")]
+    lines = ["| window set | windows (indices) | dense perplexity | used by |", "|---|---|---:|---|"]
+    for name, ws, used in sets:
+        g = dense[dense.window.isin(ws)]
+        if sorted(int(w) for w in g.window.unique()) != sorted(ws):
+            raise MissingInput(f"{LENGTH_CELLS} (table {SHIPPED_TABLE}: dense at 4096 on windows {ws})")
+        ppl = float(np.exp((g.nll * g.tokens).sum() / g.tokens.sum()))
+        lines.append(f"| {name} | {len(ws)} ({', '.join(map(str, ws))}) | {ppl:.2f} | {used} |")
+    inputs = f"{LENGTH_CELLS} (table {SHIPPED_TABLE}, dense rows of austen at 4096 tokens)"
+    return Generated(inputs, "\n".join(lines))
+
+
+BENCH = "figures/bench_attention"
+RUNS_KERNEL = "../figures/bench_attention/RUNS.md#2026-11-21-1839-2-core-amd-epyc-one-attention-call-1k-64k-tokens"
+# (machine and dtype, data file, backend per top-k (None: the file has one), sizes shown, the link of the data column)
+KERNEL_ROWS = (
+    ("2-core AMD EPYC, fp32, 2 threads", "kernel.csv", None, (4096, 32768, 65536),
+     f"[`kernel.csv`]({RUNS_KERNEL})"),
+    ("NVIDIA H100, fp32", "gpu_h100_kernel_fp32.csv", None, (16384, 65536, 131072),
+     "[gpu_h100.md](../figures/bench_attention/gpu_h100.md)"),
+    ("NVIDIA H100, bf16 (flash)", "gpu_h100_kernel_bf16.csv", None, (16384, 65536, 131072),
+     "[gpu_h100.md](../figures/bench_attention/gpu_h100.md)"),
+    ("NVIDIA H200, bf16 (flash for top-1, flex for top-2: what `auto` picks)", "gpu_h200_kernel_bf16.csv",
+     {1: "flash", 2: "flex"}, (16384, 65536, 131072), "[gpu_h200.md](../figures/bench_attention/gpu_h200.md)"),
+)
+
+
+@block("speed-kernel", *(f"{BENCH}/{r[1]}" for r in KERNEL_ROWS))
+def speed_kernel() -> Generated:
+    """docs/results.md's one-attention-call table: dense time over Focus's, K = 4 balanced groups,
+    hard top-1 and top-2, per machine and dtype (``analyses/bench_attention.py``'s kernel rows)."""
+    def size(n: int) -> str:
+        return f"{n // 1024}K"
+    lines = ["| machine, dtype | tokens | hard top-1 | hard top-2 | data |", "|---|---:|---:|---:|---|"]
+    for machine, name, backend, sizes, link in KERNEL_ROWS:
+        df = pd.read_csv(REPO / BENCH / name)
+        df = df[(df.K == 4) & (df.groups == "balanced")]
+        cells = []
+        for k in (1, 2):
+            g = df[df.k == k]
+            if backend is not None:
+                g = g[g.backend == backend[k]]
+            by = g.drop_duplicates("n", keep="first").set_index("n").speedup  # a size run twice: its first run
+            cells.append(" / ".join(f"{by.loc[n]:.2f}x" if n in by.index else "-" for n in sizes))
+        lines.append(f"| {machine} | {' / '.join(size(n) for n in sizes)} | {cells[0]} | {cells[1]} | {link} |")
+    inputs = (", ".join(f"{BENCH}/{r[1]}" for r in KERNEL_ROWS)
+              + "; K = 4, balanced groups; SmolLM2's attention shapes; a size run twice shows its first run")
+    return Generated(inputs, "\n".join(lines))
+
+# ============================================================================================
+# passkey blocks (docs/passkey_reference.md)
