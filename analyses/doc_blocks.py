@@ -480,5 +480,274 @@ def speed_kernel() -> Generated:
               + "; K = 4, balanced groups; SmolLM2's attention shapes; a size run twice shows its first run")
     return Generated(inputs, "\n".join(lines))
 
+
+AUDIT_DROPPED = "figures/results/audit_dropped_mass.parquet"
+AUDIT_COSTLY = "figures/results/audit_costly.parquet"
+
+
+def _audit_inputs(df: pd.DataFrame, path: str) -> str:
+    r = df.iloc[0]
+    return (f"{path} (python -m analyses.audit_table runs/smollm2-austen --save: the main job's run); routers "
+            f"{router_label(r.routers_sha256)}; {int(r.windows)} windows of {int(r.seq_len)} tokens of Persuasion; "
+            "hard top-2 mask audited against dense")
+
+
+@block("audit-summary", AUDIT_DROPPED, AUDIT_COSTLY)
+def audit_summary() -> Generated:
+    """docs/results.md's audit summary: the share of the dropped dense mass on edges of at least
+    512 tokens (mean and range over layers, the highest layers) and where the costly queries'
+    heaviest dropped edges end (on " the", on the query's own token, with a spaCy relation, in
+    the random-group layers 1-9)."""
+    layers = pd.read_parquet(REPO / AUDIT_DROPPED)
+    heavy = pd.read_parquet(REPO / AUDIT_COSTLY)
+    top = layers.sort_values("far_share", ascending=False).layer_idx.head(6).tolist()
+    pct = lambda x: f"{100 * x:.0f}%"  # noqa: E731
+    rows = [("dropped dense mass on edges of 512 tokens or more, mean over layers", pct(layers.far_share.mean())),
+            ("the same, per layer", f"{pct(layers.far_share.min())} to {pct(layers.far_share.max())}"),
+            ("layers where it is highest", ", ".join(map(str, top))),
+            (f"costly queries (the {len(heavy)} whose next-token loss rises most), their heaviest dropped edge: "
+             "on a \" the\" key", pct((heavy.key_token.str.strip() == "the").mean())),
+            ("... on the query's own token", pct((heavy.key_token.str.strip() == heavy.query_token.str.strip()).mean())),
+            ("... with a spaCy relation", pct((heavy.relation.fillna("") != "").mean())),
+            ("... in layers 1-9 (random groups)", pct(heavy.layer_idx.between(1, 9).mean()))]
+    lines = ["| measure | value |", "|---|---:|"] + [f"| {a} | {b} |" for a, b in rows]
+    return Generated(_audit_inputs(heavy, f"{AUDIT_DROPPED}, {AUDIT_COSTLY}"), "\n".join(lines))
+
+
+def _quoted(*tokens: str) -> str:
+    """Tokens as the audit shows them: each in double quotes, a newline as \\n."""
+    return " ".join('"' + t.replace("\n", "\\n").replace("|", "\\|") + '"' for t in tokens if t != "")
+
+
+@block("audit-costliest", AUDIT_COSTLY)
+def audit_costliest() -> Generated:
+    """docs/results.md's six costliest drops: query (with the token before it) and next token, the
+    loss delta (nats), the heaviest dropped key (with the token before it), distance (tokens),
+    layer / head with the dense weight, and the spaCy relation."""
+    heavy = pd.read_parquet(REPO / AUDIT_COSTLY).head(6)
+    lines = ["| query -> next token | loss delta (nats) | heaviest dropped key | distance | layer / head, dense weight | relation |",
+             "|---|---:|---|---:|---|---|"]
+    for r in heavy.itertuples():
+        lines.append(f"| {_quoted(r.query_prev, r.query_token)} -> {_quoted(r.next_token)} | {r.delta:.2f} | "
+                     f"{_quoted(r.key_prev, r.key_token)} | {int(r.distance)} | L{int(r.layer_idx)} H{int(r.head)}, "
+                     f"{r.weight:.2f} | {r.relation or ''} |")
+    return Generated(_audit_inputs(heavy, AUDIT_COSTLY), "\n".join(lines))
+
 # ============================================================================================
 # passkey blocks (docs/passkey_reference.md)
+
+PASSKEY_CASES = "figures/results/passkey_cases.parquet"
+PASSKEY_TABLES = "figures/results/passkey_tables.json"
+#: the file whose per-layer budget the budget columns run under (its rows: the same tensors
+#: before the budget was saved, under that budget as ``--layer-top-k``)
+PASSKEY_BUDGET_FILE = "smollm2-135m/soup-budget"
+#: the broad-mix file is not in the manifest: its tables by name (uniform top-2)
+PASSKEY_BROAD_MIX = ("broad_mix_4k", "broad_mix_4k_seeds6-11")
+
+
+@dataclass(frozen=True)
+class _PasskeyColumn:
+    heading: str  # the table's column heading
+    source: str  # what ran, for the inputs line (router file, k rule)
+    cases: pd.DataFrame  # its rows (pattern: the heading), every length
+
+
+def _short(name: str) -> str:
+    return f"`{name.split('/')[-1]}`"
+
+
+def _provenance(name: str) -> dict:
+    """The manifest's provenance record of the file ``name`` (the shipped file's, or one of the
+    records it nests). Raises MissingInput when none has its sha256."""
+    from focus_lab.hf.shipped import registry
+    sha = name_sha256(name)
+    todo = list(registry().get("provenance", {}).values())
+    while todo:
+        rec = todo.pop()
+        if rec.get("sha256") == sha:
+            return rec
+        todo += [v for v in rec.values() if isinstance(v, dict)]
+    raise MissingInput(f"focus_lab/routers/MANIFEST.json (provenance of {name})")
+
+
+def _budget_spec(name: str) -> dict[int, int]:
+    """{layer: k} of the top-2 per-layer budget the file ``name`` carries (its provenance's
+    ``top_k_budgets`` spec ``layers:k;layers:k``)."""
+    spec = _provenance(name).get("top_k_budgets", {}).get("spec", {}).get("2")
+    if not spec:
+        raise MissingInput(f"focus_lab/routers/MANIFEST.json (top-2 budget of {name})")
+    return {int(layer): int(k) for part in spec.split(";") for layers, k in [part.split(":")]
+            for layer in layers.split(",")}
+
+
+def _table_budget(meta: dict, table: str) -> dict[int, int]:
+    """{layer: k} of a probe table's ``--layer-top-k`` ({}: the file's own configuration)."""
+    over = meta[table].get("settings", {}).get("config_overrides") or {}
+    return {int(layer): int(k) for layer, k in (over.get("layer_top_k") or {}).items()}
+
+
+def _passkey_columns() -> tuple[pd.DataFrame, list[_PasskeyColumn]]:
+    """The dense reference rows (the shipped file's cases, ``committed_passkey``) and the depth
+    tables' columns: the shipped file's hard top-2; the budget file's tensors under its budget and
+    at uniform top-2 (``budget_only_sha256``: the file before its budget); the broad-mix file."""
+    import json
+
+    from focus_lab.eval.committed import committed_passkey
+    shipped = committed_passkey()
+    meta = json.loads((REPO / PASSKEY_TABLES).read_text())
+    cases = shipped.cases
+    dense = cases[cases.pattern == "dense"]
+    own = cases[cases.pattern != "dense"]
+    src = shipped.source
+    cols = [_PasskeyColumn(f"hard top-2, {_short(src.router_name)} (shipped)",
+                           f"{router_label(src.router_sha256)}, its own configuration", own)]
+
+    spec = _budget_spec(PASSKEY_BUDGET_FILE)
+    before = _provenance(PASSKEY_BUDGET_FILE).get("budget_only_sha256", [])
+    from focus_lab.hf.shipped import named_file
+    names = [named_file(s) for s in before]
+    if len(names) != 1 or names[0] is None:
+        raise MissingInput(f"focus_lab/routers/MANIFEST.json (the file {PASSKEY_BUDGET_FILE} is before its budget)")
+    tensors = committed_passkey(names[0])
+    budget_t = [t for t in tensors.source.tables if _table_budget(meta, t) == spec]
+    uniform_t = [t for t in tensors.source.tables if not _table_budget(meta, t)]
+    rows = tensors.cases[tensors.cases.pattern == "hard_top2"]
+    label = router_label(tensors.source.router_sha256)
+    cols.append(_PasskeyColumn(f"hard top-2, {_short(PASSKEY_BUDGET_FILE)}",
+                               f"{label} under {_short(PASSKEY_BUDGET_FILE)}'s per-layer k",
+                               rows[rows.table.isin(budget_t)]))
+    cols.append(_PasskeyColumn(f"{_short(PASSKEY_BUDGET_FILE)}, uniform top-2",
+                               f"{label}, {_short(PASSKEY_BUDGET_FILE)} without its budget, every layer at k = 2",
+                               rows[rows.table.isin(uniform_t)]))
+
+    missing = [t for t in PASSKEY_BROAD_MIX if t not in meta]
+    if missing:
+        raise MissingInput(f"{PASSKEY_TABLES} (tables {', '.join(missing)})")
+    shas = {meta[t]["settings"]["routers"]["sha256"] for t in PASSKEY_BROAD_MIX}
+    broad = pd.read_parquet(REPO / PASSKEY_CASES)
+    broad = broad[broad.table.isin(PASSKEY_BROAD_MIX) & (broad.pattern == "hard_top2")]
+    if len(shas) != 1 or any(_table_budget(meta, t) for t in PASSKEY_BROAD_MIX):
+        raise ValueError(f"the broad-mix tables {PASSKEY_BROAD_MIX} do not share one file at uniform top-2")
+    cols.append(_PasskeyColumn("uniform top-2, broad mix", f"the broad-mix file, {router_label(shas.pop())}, "
+                               "every layer at k = 2", broad))
+    return dense, [c for c in cols if len(c.cases)]
+
+
+def _passkey_cell(r, is_dense: bool, all_row: bool, dense_misses: bool) -> str:
+    """``hits/cases, log-prob``; on the "all" row of a pattern also ``(K of dense's N)`` (when dense
+    misses a key of those cases) and ``[distant pairs kept]``."""
+    out = f"{r.hits}/{r.cases}"
+    if all_row and not is_dense and dense_misses:
+        out += (f" (all {r.dense_hits} of dense's)" if r.dense_hits_kept == r.dense_hits
+                else f" ({r.dense_hits_kept} of dense's {r.dense_hits})")
+    out += f", {r.key_logprob:.2f}"
+    if all_row and not is_dense:
+        out += f" [{r.distant_pairs_kept:.3f}]"
+    return out
+
+
+def _tables_text(df: pd.DataFrame) -> str:
+    return ", ".join(dict.fromkeys(df.table))
+
+
+def _passkey_depth_table(length: int) -> Generated:
+    """One depth table: per depth and column, exact matches / cases and mean key log-prob (nats);
+    the "all" row adds, of the keys dense retrieves, how many the pattern keeps, and the mean
+    share of distant pairs kept (``focus_lab.eval.committed.passkey_summary``, paired on the
+    same cases)."""
+    from focus_lab.eval.committed import PASSKEY_CASE, passkey_summary
+    dense, cols = _passkey_columns()
+    dense = dense[dense.length == length]
+    cols = [c for c in cols if (c.cases.length == length).any()]
+    if not len(dense) or not cols:
+        raise MissingInput(f"{PASSKEY_CASES} (rows at {length} tokens)")
+    keys = dense[PASSKEY_CASE].drop_duplicates()
+    parts = [dense]
+    for c in cols:
+        rows = c.cases[c.cases.length == length]
+        if len(rows.merge(keys, on=PASSKEY_CASE)) != len(keys) or len(rows) != len(keys):
+            raise ValueError(f"{c.heading} at {length} tokens: not the dense rows' {len(keys)} cases "
+                             f"(tables {_tables_text(rows)})")
+        parts.append(rows.assign(pattern=c.heading))
+    cases = pd.concat(parts, ignore_index=True)
+    heads = ["dense"] + [c.heading for c in cols]
+    per = passkey_summary(cases, by=("depth",)).set_index(["depth", "pattern"])
+    tot = passkey_summary(cases).set_index("pattern")
+    dense_misses = bool(tot.loc["dense"].hits < tot.loc["dense"].cases)
+    lines = ["| depth | " + " | ".join(heads) + " |", "|---" * (len(heads) + 1) + "|"]
+    for d in sorted(cases.depth.unique()):
+        lines.append(f"| {d:g} | " + " | ".join(_passkey_cell(per.loc[(d, h)], h == "dense", False, dense_misses)
+                                               for h in heads) + " |")
+    lines.append("| all | " + " | ".join(_passkey_cell(tot.loc[h], h == "dense", True, dense_misses)
+                                         for h in heads) + " |")
+    seeds = sorted(keys.seed.unique())
+    inputs = (f"{PASSKEY_CASES} with {PASSKEY_TABLES}; chat format, {length} tokens, {len(seeds)} keys (case seeds "
+              f"{seeds[0]}-{seeds[-1]}) x depths {', '.join(f'{d:g}' for d in sorted(keys.depth.unique()))}; "
+              f"dense: tables {_tables_text(dense)}; "
+              + "; ".join(f"{c.heading}: {c.source}, tables {_tables_text(c.cases[c.cases.length == length])}"
+                          for c in cols))
+    return Generated(inputs, "\n".join(lines))
+
+
+@block("passkey-4k", PASSKEY_CASES, PASSKEY_TABLES)
+def passkey_4k() -> Generated:
+    """docs/passkey_reference.md's 4096-token depth table (``_passkey_depth_table``)."""
+    return _passkey_depth_table(4096)
+
+
+@block("passkey-8k", PASSKEY_CASES, PASSKEY_TABLES)
+def passkey_8k() -> Generated:
+    """docs/passkey_reference.md's 8184-token depth table (``_passkey_depth_table``)."""
+    return _passkey_depth_table(8184)
+
+
+@block("passkey-random", PASSKEY_CASES, PASSKEY_TABLES)
+def passkey_random() -> Generated:
+    """docs/passkey_reference.md's random-group rows: balanced random groups at top-2
+    (``random_top2``) on the depth tables' cases, every layer at k = 2 and under the budget file's
+    per-layer k; random groups do not depend on the router file, so every committed table with
+    the shipped tables' prompt settings counts (the first by name gives a case's row)."""
+    import json
+
+    from focus_lab.eval import committed as ck
+    meta = json.loads((REPO / PASSKEY_TABLES).read_text())
+    shipped = ck.committed_passkey()
+    dense = shipped.cases[shipped.cases.pattern == "dense"]
+
+    def prompt(t: str) -> dict:
+        return {k: meta[t].get("settings", {}).get(k) for k in ck.PASSKEY_SAME_PROMPT}
+
+    same = [t for t in sorted(meta) if prompt(t) == prompt(shipped.source.tables[0])]
+    rows = pd.read_parquet(REPO / PASSKEY_CASES)
+    rows = rows[rows.table.isin(same) & (rows.pattern == "random_top2")]
+    rows = rows.assign(_o=rows.table.map(same.index)).sort_values("_o", kind="stable").drop(columns="_o")
+    rows = rows.merge(dense[ck.PASSKEY_CASE], on=ck.PASSKEY_CASE)
+    spec = _budget_spec(PASSKEY_BUDGET_FILE)
+    kinds = {"every layer at k = 2": [t for t in same if not _table_budget(meta, t)],
+             f"{_short(PASSKEY_BUDGET_FILE)}'s per-layer k": [t for t in same if _table_budget(meta, t) == spec]}
+    parts = [dense]
+    for kind, tables in kinds.items():
+        parts.append(rows[rows.table.isin(tables)].drop_duplicates(ck.PASSKEY_CASE).assign(pattern=kind))
+    cases = pd.concat(parts, ignore_index=True)
+    if not (cases.pattern != "dense").any():
+        raise MissingInput(f"{PASSKEY_CASES} (random_top2 rows)")
+    s = ck.passkey_summary(cases).set_index(["length", "pattern"])
+    lengths = sorted(cases.length.unique())
+    lines = ["| random groups, top-2 | " + " | ".join(f"{L} tokens" for L in lengths) + " |",
+             "|---" * (len(lengths) + 1) + "|"]
+    described = []
+    for kind in kinds:
+        mine = cases[cases.pattern == kind]
+        cells = []
+        for L in lengths:
+            r = s.loc[(L, kind)] if (L, kind) in s.index else None
+            cells.append("-" if r is None else _passkey_cell(r, False, True, bool(r.dense_hits < r.cases)))
+        lines.append(f"| {kind} | " + " | ".join(cells) + " |")
+        seeds = [sorted(mine[mine.length == L].seed.unique()) for L in lengths]
+        described.append(f"{kind}: tables {_tables_text(mine)} (case seeds "
+                         + ", ".join(f"{x[0]}-{x[-1]} at {L}" for L, x in zip(lengths, seeds) if x) + ")")
+    depths = ", ".join(f"{L} tokens depths " + ", ".join(f"{d:g}" for d in sorted(cases[cases.length == L].depth.unique()))
+                       for L in lengths)
+    inputs = (f"{PASSKEY_CASES} with {PASSKEY_TABLES}; chat format; pattern random_top2 on the depth tables' "
+              f"cases ({depths}); " + "; ".join(described) + f"; dense: tables {_tables_text(dense)}")
+    return Generated(inputs, "\n".join(lines))
