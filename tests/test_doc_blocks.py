@@ -106,3 +106,26 @@ def test_unknown_block_and_missing_end_marker(tmp_path):
 def test_render_unknown_name_lists_the_known():
     with pytest.raises(KeyError, match="known: .*length-table"):
         doc_blocks.render("no-such-block")
+
+
+def test_passkey_cells_from_the_rows():
+    # independent reference: the 4096-token table's cells by hand from passkey_cases.parquet, the
+    # tables named by the page; dense from the tables of the same cases made with other files
+    rows = pd.read_parquet(REPO / doc_blocks.PASSKEY_CASES)
+    rows = rows[rows.length == 4096]
+    dense = rows[rows.table.isin(["every_layer_routed_4k", "every_layer_routed_4k_seeds3-5",
+                                  "stage2_distill64_4k_budget_top2_seeds6-11"]) & (rows.pattern == "dense")]
+    shipped = rows[rows.table.isin(["capacity_4k", "capacity_4k_seeds6-11"])]
+    uniform = rows[rows.table.isin(["shipped_4k", "shipped_4k_seeds6-11"])]
+    assert len(dense) == len(shipped) == len(uniform) == 60
+    page = (REPO / "docs" / "passkey_reference.md").read_text()
+    assert {"passkey-4k", "passkey-8k", "passkey-random"} <= {f.name for f in doc_blocks.find_blocks(page)}
+    text = doc_blocks.render("passkey-4k")
+    at0 = shipped[shipped.depth == 0]
+    assert _table_row(text, "0")[2] == f"{int(at0.exact_match.sum())}/{len(at0)}, {at0.key_logprob.mean():.2f}"
+    case = ["seed", "depth"]
+    paired = uniform.merge(dense[case + ["exact_match"]], on=case, suffixes=("", "_dense"))
+    kept = int((paired.exact_match & paired.exact_match_dense).sum())
+    assert _table_row(text, "all")[4] == (
+        f"{int(uniform.exact_match.sum())}/60 ({kept} of dense's {int(dense.exact_match.sum())}), "
+        f"{uniform.key_logprob.mean():.2f} [{uniform.distant_pairs_kept.mean():.3f}]")
