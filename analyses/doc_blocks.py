@@ -480,6 +480,59 @@ def speed_kernel() -> Generated:
               + "; K = 4, balanced groups; SmolLM2's attention shapes; a size run twice shows its first run")
     return Generated(inputs, "\n".join(lines))
 
+
+AUDIT_DROPPED = "figures/results/audit_dropped_mass.parquet"
+AUDIT_COSTLY = "figures/results/audit_costly.parquet"
+
+
+def _audit_inputs(df: pd.DataFrame, path: str) -> str:
+    r = df.iloc[0]
+    return (f"{path} (python -m analyses.audit_table runs/smollm2-austen --save: the main job's run); routers "
+            f"{router_label(r.routers_sha256)}; {int(r.windows)} windows of {int(r.seq_len)} tokens of Persuasion; "
+            "hard top-2 mask audited against dense")
+
+
+@block("audit-summary", AUDIT_DROPPED, AUDIT_COSTLY)
+def audit_summary() -> Generated:
+    """docs/results.md's audit summary: the share of the dropped dense mass on edges of at least
+    512 tokens (mean and range over layers, the highest layers) and where the costly queries'
+    heaviest dropped edges end (on " the", on the query's own token, with a spaCy relation, in
+    the random-group layers 1-9)."""
+    layers = pd.read_parquet(REPO / AUDIT_DROPPED)
+    heavy = pd.read_parquet(REPO / AUDIT_COSTLY)
+    top = layers.sort_values("far_share", ascending=False).layer_idx.head(6).tolist()
+    pct = lambda x: f"{100 * x:.0f}%"  # noqa: E731
+    rows = [("dropped dense mass on edges of 512 tokens or more, mean over layers", pct(layers.far_share.mean())),
+            ("the same, per layer", f"{pct(layers.far_share.min())} to {pct(layers.far_share.max())}"),
+            ("layers where it is highest", ", ".join(map(str, top))),
+            (f"costly queries (the {len(heavy)} whose next-token loss rises most), their heaviest dropped edge: "
+             "on a \" the\" key", pct((heavy.key_token.str.strip() == "the").mean())),
+            ("... on the query's own token", pct((heavy.key_token.str.strip() == heavy.query_token.str.strip()).mean())),
+            ("... with a spaCy relation", pct((heavy.relation.fillna("") != "").mean())),
+            ("... in layers 1-9 (random groups)", pct(heavy.layer_idx.between(1, 9).mean()))]
+    lines = ["| measure | value |", "|---|---:|"] + [f"| {a} | {b} |" for a, b in rows]
+    return Generated(_audit_inputs(heavy, f"{AUDIT_DROPPED}, {AUDIT_COSTLY}"), "\n".join(lines))
+
+
+def _quoted(*tokens: str) -> str:
+    """Tokens as the audit shows them: each in double quotes, a newline as \\n."""
+    return " ".join('"' + t.replace("\n", "\\n").replace("|", "\\|") + '"' for t in tokens if t != "")
+
+
+@block("audit-costliest", AUDIT_COSTLY)
+def audit_costliest() -> Generated:
+    """docs/results.md's six costliest drops: query (with the token before it) and next token, the
+    loss delta (nats), the heaviest dropped key (with the token before it), distance (tokens),
+    layer / head with the dense weight, and the spaCy relation."""
+    heavy = pd.read_parquet(REPO / AUDIT_COSTLY).head(6)
+    lines = ["| query -> next token | loss delta (nats) | heaviest dropped key | distance | layer / head, dense weight | relation |",
+             "|---|---:|---|---:|---|---|"]
+    for r in heavy.itertuples():
+        lines.append(f"| {_quoted(r.query_prev, r.query_token)} -> {_quoted(r.next_token)} | {r.delta:.2f} | "
+                     f"{_quoted(r.key_prev, r.key_token)} | {int(r.distance)} | L{int(r.layer_idx)} H{int(r.head)}, "
+                     f"{r.weight:.2f} | {r.relation or ''} |")
+    return Generated(_audit_inputs(heavy, AUDIT_COSTLY), "\n".join(lines))
+
 # ============================================================================================
 # passkey blocks (docs/passkey_reference.md)
 
