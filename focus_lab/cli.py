@@ -659,15 +659,23 @@ def app_cmd(runs: Path = typer.Option(Path("runs"), help="runs root folder"),
     os.execv(sys.executable, _app_command(runs, host, port))
 
 
-def _invoke(*args: str) -> None:
+def _invoke(*args: str) -> int:
     """Run one of this CLI's commands in a fresh Python process, exactly as from a shell
     (``python -m focus_lab ARGS``): each step of the main job holds only its own memory, so the
     job's peak RSS is its largest step's, not that step plus the heap an earlier step left behind
     (measured at 4096 tokens: eval then record in one process 5.61 GiB, record alone 4.87 GiB).
-    Raises typer.Exit with the step's exit code when it fails."""
-    rc = subprocess.call([sys.executable, "-m", "focus_lab", *args])
+    Returns the step's peak resident set size in bytes (``ru_maxrss`` of the child, from
+    ``os.wait4``). Raises typer.Exit with the step's exit code when it fails."""
+    proc = subprocess.Popen([sys.executable, "-m", "focus_lab", *args])
+    try:
+        _, status, usage = os.wait4(proc.pid, 0)
+    except KeyboardInterrupt:
+        proc.kill()
+        raise
+    proc.returncode = rc = os.waitstatus_to_exitcode(status)
     if rc != 0:
         raise typer.Exit(rc)
+    return usage.ru_maxrss * 1024  # Linux reports KiB
 
 
 QUICKSTART_PATTERNS = "dense,window,default_top1,default,random_default"
@@ -688,29 +696,37 @@ def _report_recorded_perplexity(run_dir: Path) -> None:
                f"({100 * (math.exp(ld.nll_hard.mean() - ld.nll_dense.mean()) - 1):+.1f}%)")
 
 
-def _parse_stage_times(specs: list[str]) -> list[tuple[str, float]]:
-    """``--stage-time NAME=SECONDS`` values as [(name, seconds)] in the given order; one error
-    line (exit 2) for a malformed one."""
+def _parse_stage_times(specs: list[str]) -> list[tuple[str, float, float | None]]:
+    """``--stage-time NAME=SECONDS[/PEAK_GIB]`` values as [(name, seconds, peak bytes or None)] in
+    the given order; one error line (exit 2) for a malformed one."""
     out = []
     for spec in specs:
-        name, _, secs = spec.partition("=")
+        name, _, value = spec.partition("=")
+        secs, _, peak = value.partition("/")
         try:
-            value = float(secs)
+            seconds, peak_gib = float(secs), (float(peak) if peak else None)
         except ValueError:
-            value = -1.0
-        if not name.strip() or not value >= 0:
-            _fail(f"--stage-time {spec!r}: write NAME=SECONDS, e.g. setup=12.5")
-        out.append((name.strip(), value))
+            seconds, peak_gib = -1.0, None
+        if not name.strip() or not seconds >= 0 or (peak_gib is not None and not peak_gib >= 0):
+            _fail(f"--stage-time {spec!r}: write NAME=SECONDS or NAME=SECONDS/PEAK_GIB, e.g. setup=12.5/0.4")
+        out.append((name.strip(), seconds, None if peak_gib is None else peak_gib * 2**30))
     return out
 
 
-def stage_times_table(stages: list[tuple[str, float]], total: float) -> str:
-    """The stage-time lines the main job prints at its end: one line per (stage, seconds), then
-    the total (seconds; also in minutes from 60 s on), aligned."""
+def stage_times_table(stages: list[tuple[str, float, float | None]], total: float) -> str:
+    """The stage lines the main job prints at its end: one line per (stage, seconds, peak RSS in
+    bytes or None), then the total (seconds; also in minutes from 60 s on) with the job's peak, the
+    largest stage's, and which stage it is; aligned. GiB = 2^30 bytes."""
     def fmt(x: float) -> str:
-        return f"{x:6.0f} s" + (f"  ({int(x // 60)} min {x % 60:02.0f} s)" if x >= 60 else "")
-    width = max(len(n) for n, _ in [*stages, ("total", 0)])
-    return "\n".join([f"  {n:<{width}} {fmt(x)}" for n, x in stages] + [f"  {'total':<{width}} {fmt(total)}"])
+        return f"{x:6.0f} s" + (f"  ({int(x // 60)} min {x % 60:02.0f} s)" if x >= 60 else "").ljust(16)
+
+    def mem(b: float | None) -> str:
+        return "" if b is None else f"  peak {b / 2**30:5.2f} GiB"
+    width = max(len(n) for n, *_ in [*stages, ("total", 0)])
+    lines = [f"  {n:<{width}} {fmt(x)}{mem(b)}".rstrip() for n, x, b in stages]
+    known = [(b, n) for n, _, b in stages if b is not None]
+    top = f"{mem(max(known)[0])} ({max(known)[1]})" if known else ""
+    return "\n".join(lines + [f"  {'total':<{width}} {fmt(total)}{top}".rstrip()])
 
 
 @app.command()
@@ -726,13 +742,13 @@ def quickstart(
                                       "(as focus-lab eval --patterns)"),
     serve: bool = typer.Option(True, help="start the dashboard at the end"),
     port: int = typer.Option(8501),
-    stage_time: Optional[list[str]] = typer.Option(None, hidden=True, help="NAME=SECONDS of a stage run before "
+    stage_time: Optional[list[str]] = typer.Option(None, hidden=True, help="NAME=SECONDS[/PEAK_GIB] of a stage run before "
                                                    "this command (scripts/quickstart.sh: setup, prepare), "
                                                    "listed first in the stage times"),
 ):
     """The main job on the embedded defaults: (train ->) record -> eval of the recorded windows -> dashboard."""
     stages = _parse_stage_times(stage_time or [])
-    before = sum(x for _, x in stages)  # the stages run before this command
+    before = sum(x for _, x, _ in stages)  # the stages run before this command
     if eval_windows < 1:
         _fail(f"--eval-windows {eval_windows}: at least one window")
     t0 = time.perf_counter()
@@ -740,8 +756,8 @@ def quickstart(
 
     def step(name: str, *args: str) -> None:
         t = time.perf_counter()
-        _invoke(*args)
-        stages.append((name, time.perf_counter() - t))
+        peak = _invoke(*args)
+        stages.append((name, time.perf_counter() - t, peak))
 
     routers: list[str] = []
     if train_routers:
@@ -760,7 +776,8 @@ def quickstart(
                 f"written into the run", bold=True)
     step("eval", "eval", "--run", str(run_dir), "--patterns", eval_patterns, "--max-windows", str(eval_windows))
     main_job = time.perf_counter() - t0
-    typer.secho(f"main job done in {main_job:.0f} s; stage times on this machine:", bold=True)
+    typer.secho(f"main job done in {main_job:.0f} s; stage times and peak memory (RSS of the stage's "
+                "largest process) on this machine:", bold=True)
     typer.echo(stage_times_table(stages, before + main_job))
     if serve:
         typer.secho("[4/4] dashboard", bold=True)

@@ -133,24 +133,48 @@ def test_quickstart_records_then_evaluates_into_the_run_and_prints_stage_times(m
     clock = [1000.0]
     calls = []
 
-    def fake_step(*args: str) -> None:
+    def fake_step(*args: str) -> int:
         calls.append(args)
         clock[0] += {"record": 70.0, "eval": 30.0}[args[0]]
+        return {"record": 3 * 2**30, "eval": 1.5 * 2**30}[args[0]]
 
     monkeypatch.setattr(cli, "_invoke", fake_step)
     monkeypatch.setattr(cli, "_report_recorded_perplexity", lambda run_dir: None)
     monkeypatch.setattr(cli.time, "perf_counter", lambda: clock[0])
     monkeypatch.chdir(tmp_path)
-    res = invoke("quickstart", "--no-serve", "--stage-time", "setup=12", "--stage-time", "prepare=3")
+    res = invoke("quickstart", "--no-serve", "--stage-time", "setup=12/0.5", "--stage-time", "prepare=3")
     assert res.exit_code == 0, res.output
     run_dir = str(Path("runs") / cli.DEFAULT_NAME)
     assert calls == [("record", "--seq-len", "4096", "--max-windows", "4", "--out", run_dir),
                      ("eval", "--run", run_dir, "--patterns", cli.QUICKSTART_PATTERNS, "--max-windows", "1")]
-    table = res.output[res.output.index("stage times on this machine:"):].splitlines()[1:]
+    table = res.output[res.output.index("on this machine:"):].splitlines()[1:]
     assert [line.split()[0] for line in table] == ["setup", "prepare", "record", "eval", "total"]
     assert [line.split()[1] for line in table] == ["12", "3", "70", "30", "115"]
-    assert table[-1].endswith("(1 min 55 s)")
+    # each stage's peak: the one handed over for setup, none for prepare, the children's for record
+    # and eval; the total names the largest
+    assert table[0].endswith("peak  0.50 GiB") and "peak" not in table[1]
+    assert table[2].endswith("peak  3.00 GiB") and table[3].endswith("peak  1.50 GiB")
+    assert "(1 min 55 s)" in table[-1] and table[-1].endswith("peak  3.00 GiB (record)")
     one_error_line(invoke("quickstart", "--no-serve", "--stage-time", "setup"), "--stage-time 'setup'")
+    one_error_line(invoke("quickstart", "--no-serve", "--stage-time", "setup=3/x"), "--stage-time 'setup=3/x'")
+
+
+def test_invoke_reports_the_child_peak_memory():
+    """cli._invoke returns the step's own peak RSS: a child that holds a 300 MB buffer reports at
+    least that, and a failing step exits with its code."""
+    import sys as _sys
+    import typer
+    code = "import sys; b = bytearray(300 * 2**20); b[::4096] = b'x' * len(b[::4096]); sys.exit(0)"
+    real = cli.subprocess.Popen
+    try:
+        cli.subprocess.Popen = lambda argv: real([_sys.executable, "-c", code])
+        assert cli._invoke("anything") >= 300 * 2**20
+        cli.subprocess.Popen = lambda argv: real([_sys.executable, "-c", "import sys; sys.exit(3)"])
+        with pytest.raises(typer.Exit) as e:
+            cli._invoke("anything")
+        assert e.value.exit_code == 3
+    finally:
+        cli.subprocess.Popen = real
 
 
 def test_quickstart_script_hands_its_setup_and_prepare_times_over(tmp_path):
@@ -173,4 +197,7 @@ def test_quickstart_script_hands_its_setup_and_prepare_times_over(tmp_path):
     assert words[:2] == ["focus-lab", "quickstart"] and words[-3:] == ["--no-serve", "--port", "9"]
     times = dict(w.split("=") for w in words[3:-3:2])
     assert words[2:-3:2] == ["--stage-time", "--stage-time"] and list(times) == ["setup", "prepare"]
-    assert 0.3 <= float(times["setup"]) < 30 and 0 <= float(times["prepare"]) < 30
+    (setup, setup_peak), (prep, prep_peak) = (times[k].split("/") for k in ("setup", "prepare"))
+    assert 0.3 <= float(setup) < 30 and 0 <= float(prep) < 30
+    # the peaks are of the stand-ins (a sleep, a bash script): a few MiB, not zero, not GiB
+    assert 0 < float(setup_peak) < 0.5 and 0 < float(prep_peak) < 0.5
