@@ -211,6 +211,75 @@ def write(root: Path = REPO) -> tuple[list[str], list[str]]:
     return changed, problems
 
 
+
+# ============================================================================================
+# numbers in prose
+
+#: the pages whose prose must take its measured numbers from generated blocks (their own, or those
+#: of a page they link)
+PROSE_PAGES = ("README.md", "docs/results.md", "docs/reproduction.md", "docs/levers.md", "docs/recipes.md",
+               "docs/studies/README.md")
+#: a measured number: a decimal (27.60, 0.112), a percentage (+0.6%, 51%) or a ratio (1.19x)
+MEASURED = re.compile(r"(?<![\w.\-/#`\u00a7])[+\-\u2212]?\d+(?:\.\d+)?(?:%|x\b)|(?<![\w.\-/#`\u00a7])[+\-]?\d+\.\d+(?![\w.])")
+_FENCE = re.compile(r"^```.*?^```", re.S | re.M)
+_MD_LINK = re.compile(r"\]\(([^)#\s]+\.md)(?:#[^)]*)?\)")
+#: numbers that are not measurements: settings, criteria, the paper's own numbers, identifiers
+#: (page -> the number strings allowed in its prose, as written)
+ALLOWED = {
+    "*": {"2604.03260"},
+    "README.md": {"2x", "1%", "2%", "3.11"},
+    "docs/results.md": {"50%"},
+    "docs/recipes.md": {"1.5%", "55%", "+4%", "2%", "90%", "+1.0%", "3%"},
+    "docs/levers.md": {"1.6", "1.7", "2.6", "2.7", "2.8", "2.9", "0.5"},
+}
+
+
+def _number(s: str) -> str:
+    return s.lstrip("+-\u2212").rstrip("%x")
+
+
+def prose_lines(text: str) -> list[tuple[int, str]]:
+    """(line number, text) of a page's prose: not in a code fence, a generated block or a table;
+    inline code and link targets blanked."""
+    fenced = set()
+    for m in _FENCE.finditer(text):
+        a = text.count("\n", 0, m.start())
+        fenced.update(range(a, a + m.group(0).count("\n") + 1))
+    out, inside = [], False
+    for n, line in enumerate(text.split("\n")):
+        if BEGIN.match(line):
+            inside = True
+        elif inside:
+            inside = not line.startswith("<!-- END generated:")
+        elif n not in fenced and not line.lstrip().startswith("|"):
+            out.append((n + 1, re.sub(r"\]\([^)]*\)", "]", re.sub(r"`[^`]*`", "", line))))
+    return out
+
+
+def prose_problems(root: Path = REPO, pages_: tuple[str, ...] = PROSE_PAGES) -> list[str]:
+    """One line per measured number in the prose of ``pages_`` that no generated block holds, on
+    its page or on a page it links (compared without sign, % or x), and that ``ALLOWED`` does not
+    list: ``page:line: number N is in no generated block here or on a linked page``."""
+    problems, blocks_of = [], {}
+
+    def numbers(path: Path) -> set[str]:
+        if path not in blocks_of:
+            text = path.read_text(encoding="utf-8") if path.is_file() else ""
+            blocks_of[path] = {_number(m.group(0)) for f in find_blocks(text) for m in MEASURED.finditer(f.text)}
+        return blocks_of[path]
+    for rel in pages_:
+        page = root / rel
+        text = page.read_text(encoding="utf-8")
+        pool = set(numbers(page))
+        for link in _MD_LINK.findall(text):
+            pool |= numbers((page.parent / link).resolve())
+        allowed = ALLOWED["*"] | ALLOWED.get(rel, set())
+        for n, line in prose_lines(text):
+            for m in MEASURED.finditer(line):
+                if m.group(0) not in allowed and _number(m.group(0)) not in pool:
+                    problems.append(f"{rel}:{n}: number {m.group(0)} is in no generated block here or on a linked page")
+    return problems
+
 # ============================================================================================
 # shared inputs
 
@@ -443,6 +512,29 @@ def windows() -> Generated:
     return Generated(inputs, "\n".join(lines))
 
 
+@block("speed-breakdown", E2E)
+def speed_breakdown() -> Generated:
+    """docs/results.md's "where the time goes" table from the same e2e rows: per prefill length and
+    pattern, the share of the bare forward spent in the attention calls and in gather/scatter, the
+    attention calls' time over dense's, the distant pairs kept and ``pairs_bound`` (the speed-up if
+    each kept pair cost what it costs inside dense attention), where the run measured them."""
+    df = pd.read_csv(REPO / E2E)
+    pre = df[df.phase == "prefill"].copy()
+    pre["attention_s"] = pre.share_attention * pre.bare_s
+    lines = ["| prefill | pattern | in attention calls | in gather / scatter | attention time / dense's | "
+             "distant pairs kept | pairs bound |", "|---:|---|---:|---:|---:|---:|---:|"]
+    opt = lambda v, f: "-" if pd.isna(v) else format(v, f)  # noqa: E731
+    for L, g in pre.groupby("tokens"):
+        dense_attention = g.loc[g.pattern == "dense", "attention_s"].iloc[0]
+        for r in g.itertuples():
+            lines.append(f"| {L} | {r.pattern} | {100 * r.share_attention:.0f}% | {100 * r.share_gather_scatter:.0f}% | "
+                         f"{100 * r.attention_s / dense_attention:.0f}% | "
+                         f"{opt(r.distant_pairs_kept, '.2f') if r.pattern != 'dense' else '1'} | "
+                         f"{opt(r.pairs_bound, '.2f') + ('x' if not pd.isna(r.pairs_bound) else '')} |")
+    inputs = f"{E2E} (prefill rows: share_attention, share_gather_scatter, bare_s, distant_pairs_kept, pairs_bound)"
+    return Generated(inputs, "\n".join(lines))
+
+
 BENCH = "figures/bench_attention"
 RUNS_KERNEL = "../figures/bench_attention/RUNS.md#2026-11-21-1839-2-core-amd-epyc-one-attention-call-1k-64k-tokens"
 # (machine and dtype, data file, backend per top-k (None: the file has one), sizes shown, the link of the data column)
@@ -455,6 +547,8 @@ KERNEL_ROWS = (
      "[gpu_h100.md](../figures/bench_attention/gpu_h100.md)"),
     ("NVIDIA H200, bf16 (flash for top-1, flex for top-2: what `auto` picks)", "gpu_h200_kernel_bf16.csv",
      {1: "flash", 2: "flex"}, (16384, 65536, 131072), "[gpu_h200.md](../figures/bench_attention/gpu_h200.md)"),
+    ("NVIDIA H100, fp32, trained groups (layer 15 of a shipped file, unbalanced)", "gpu_h100_kernel_fp32.csv", None,
+     (16384, 65536, 131072), "[gpu_h100.md](../figures/bench_attention/gpu_h100.md)"),
 )
 
 
@@ -467,7 +561,7 @@ def speed_kernel() -> Generated:
     lines = ["| machine, dtype | tokens | hard top-1 | hard top-2 | data |", "|---|---:|---:|---:|---|"]
     for machine, name, backend, sizes, link in KERNEL_ROWS:
         df = pd.read_csv(REPO / BENCH / name)
-        df = df[(df.K == 4) & (df.groups == "balanced")]
+        df = df[(df.K == 4) & (df.groups == ("trained" if "trained groups" in machine else "balanced"))]
         cells = []
         for k in (1, 2):
             g = df[df.k == k]
@@ -477,7 +571,8 @@ def speed_kernel() -> Generated:
             cells.append(" / ".join(f"{by.loc[n]:.2f}x" if n in by.index else "-" for n in sizes))
         lines.append(f"| {machine} | {' / '.join(size(n) for n in sizes)} | {cells[0]} | {cells[1]} | {link} |")
     inputs = (", ".join(f"{BENCH}/{r[1]}" for r in KERNEL_ROWS)
-              + "; K = 4, balanced groups; SmolLM2's attention shapes; a size run twice shows its first run")
+              + "; K = 4, balanced groups unless the row says trained; SmolLM2's attention shapes; a size run twice "
+              "shows its first run")
     return Generated(inputs, "\n".join(lines))
 
 
