@@ -535,6 +535,34 @@ def speed_breakdown() -> Generated:
     return Generated(inputs, "\n".join(lines))
 
 
+STUDIES = "docs/studies"
+#: the studies index's order (a page not listed follows, by file name)
+STUDY_ORDER = ("chain-variants", "recipes-sweep", "broad-mix", "calibrated-bias", "key-router", "layer-top-k",
+               "dense-layers-budget", "tech-budget-top2", "key-shift", "key-shift-trained", "copies-by-layer",
+               "tech-budget-top1", "three-times-training", "secondary-sinks", "routers-in-early-layers",
+               "eight-groups", "copy-weighted-distillation", "lm-objective", "token-match-pairs", "trained-with-pairs",
+               "retrieval-suite", "needle-mix-distillation", "restored-rows", "restored-drops", "group-capacity",
+               "oracle-gap")
+_INDEX_LINE = re.compile(r"^<!-- index (title|question|verdict): (.*) -->$", re.M)
+
+
+@block("studies-index", STUDIES)
+def studies_index() -> Generated:
+    """docs/studies/README.md's table: one row per study page, its title, question and verdict
+    taken from the page's own ``<!-- index title|question|verdict: ... -->`` lines (so the index
+    says what the page says, numbers included). Raises MissingInput naming a page without them."""
+    pages_ = {p.stem: p for p in (REPO / STUDIES).glob("*.md") if p.name != "README.md"}
+    order = [n for n in STUDY_ORDER if n in pages_] + sorted(set(pages_) - set(STUDY_ORDER))
+    lines = ["| study | question | verdict |", "|---|---|---|"]
+    for name in order:
+        fields = dict(_INDEX_LINE.findall(pages_[name].read_text(encoding="utf-8")))
+        missing = [k for k in ("title", "question", "verdict") if k not in fields]
+        if missing:
+            raise MissingInput(f"{STUDIES}/{name}.md (its <!-- index {missing[0]}: ... --> line)")
+        lines.append(f"| [{fields['title']}]({name}.md) | {fields['question']} | {fields['verdict']} |")
+    return Generated(f"{STUDIES}/*.md, each page's index lines", "\n".join(lines))
+
+
 BENCH = "figures/bench_attention"
 RUNS_KERNEL = "../figures/bench_attention/RUNS.md#2026-11-21-1839-2-core-amd-epyc-one-attention-call-1k-64k-tokens"
 # (machine and dtype, data file, backend per top-k (None: the file has one), sizes shown, the link of the data column)
