@@ -535,6 +535,28 @@ def speed_breakdown() -> Generated:
     return Generated(inputs, "\n".join(lines))
 
 
+FIGURE_DATA = "figures/data"
+#: the experiments of ``focus-lab-figures`` the reproduction table reads (``table_reproduction._claims``)
+REPRODUCTION_INPUTS = ("router", "baselines", "causal_leak", "transfer_domain", "records", "transfer_length", "lora",
+                       "collapse", "ablation", "bench")
+
+
+@block("reproduction", *(f"{FIGURE_DATA}/{n}.parquet" for n in REPRODUCTION_INPUTS))
+def reproduction() -> Generated:
+    """docs/reproduction.md's table: each claim of the paper against our measurement, its setting
+    and verdict (``analyses.table_reproduction``: the verdict rules), from the committed results of
+    ``focus-lab-figures``'s experiments (``figures/data/<experiment>.parquet``, their settings and
+    the router file in ``figures/data/router.json``)."""
+    import json
+    from analyses.table_reproduction import make_table, to_markdown
+    meta = json.loads((REPO / FIGURE_DATA / "router.json").read_text())
+    seconds = sum(json.loads(f.read_text()).get("seconds") or 0 for f in (REPO / FIGURE_DATA).glob("*.json"))
+    inputs = (f"{FIGURE_DATA}/{{{','.join(REPRODUCTION_INPUTS)}}}.parquet (focus-lab-figures, {seconds / 60:.0f} min of "
+              f"experiments); routers {router_label(meta['routers_sha256'])}; figures/length_table.md's windows for "
+              "the length rows, 4 x 4096 tokens of Persuasion for the baselines")
+    return Generated(inputs, to_markdown(make_table(REPO / FIGURE_DATA)))
+
+
 STUDIES = "docs/studies"
 #: the studies index's order (a page not listed follows, by file name)
 STUDY_ORDER = ("chain-variants", "recipes-sweep", "broad-mix", "calibrated-bias", "key-router", "layer-top-k",

@@ -129,3 +129,22 @@ def test_passkey_cells_from_the_rows():
     assert _table_row(text, "all")[4] == (
         f"{int(uniform.exact_match.sum())}/60 ({kept} of dense's {int(dense.exact_match.sum())}), "
         f"{uniform.key_logprob.mean():.2f} [{uniform.distant_pairs_kept.mean():.3f}]")
+
+
+def test_numbers_in_prose_come_from_blocks():
+    problems = doc_blocks.prose_problems()
+    assert not problems, "\n".join(problems)
+
+
+def test_prose_check_flags_a_number_no_block_holds(tmp_path):
+    (tmp_path / "docs").mkdir()
+    block = doc_blocks.render("speed-e2e")
+    (tmp_path / "docs" / "speed.md").write_text(f"# speed\n\n{block}\n")
+    page = ("# x\n\nTop-1 is 1.19x dense ([speed](speed.md)), top-2 1.77x; K = 4 and `0.333` are not prose.\n\n"
+            "| a |\n|---|\n| 9.99 |\n\n```\n5.55\n```\n")
+    (tmp_path / "docs" / "x.md").write_text(page)
+    problems = doc_blocks.prose_problems(tmp_path, ("docs/x.md",))
+    # 1.19x is in the linked page's block; 1.77x is in none; tables, code and integers are not prose
+    assert problems == ["docs/x.md:3: number 1.77x is in no generated block here or on a linked page"]
+    (tmp_path / "docs" / "x.md").write_text(page.replace(" ([speed](speed.md))", ""))
+    assert len(doc_blocks.prose_problems(tmp_path, ("docs/x.md",))) == 2
