@@ -277,6 +277,20 @@ def make_synthetic_passkey_dir(path: str | Path, seed: int = 0) -> Path:
     return path
 
 
+def decode(arr):
+    """A plotly figure's array as numpy: plotly 6 serializes arrays as {"bdata": base64, "dtype",
+    "shape"}; plain lists pass through as floats."""
+    import base64
+    import numpy as np
+    if isinstance(arr, dict) and "bdata" in arr:
+        out = np.frombuffer(base64.b64decode(arr["bdata"]), dtype=np.dtype(arr["dtype"]))
+        if "shape" in arr:
+            shape = arr["shape"]
+            return out.reshape([int(x) for x in shape.split(",")] if isinstance(shape, str) else shape)
+        return out
+    return np.asarray(arr, dtype=float)
+
+
 if __name__ == "__main__":  # python tests/run_fixtures.py <runs-root>
     import time
     root = Path(sys.argv[1] if len(sys.argv) > 1 else "tmp/runs")

@@ -6,7 +6,6 @@ Without a committed results folder they say so, and show no figure."""
 
 from __future__ import annotations
 
-import base64
 import json
 from pathlib import Path
 
@@ -15,6 +14,7 @@ import pandas as pd
 import pytest
 
 import focus_lab.app
+from run_fixtures import decode
 from focus_lab.app import lib
 from focus_lab.eval import committed
 
@@ -36,16 +36,6 @@ def open_page(root: Path, page: str, monkeypatch):
     assert not at.exception, [e.value for e in at.exception]
     assert not at.error, [e.value for e in at.error]
     return at
-
-
-def decode(arr):
-    if isinstance(arr, dict) and "bdata" in arr:
-        out = np.frombuffer(base64.b64decode(arr["bdata"]), dtype=np.dtype(arr["dtype"]))
-        if "shape" in arr:
-            shape = arr["shape"]
-            return out.reshape([int(x) for x in shape.split(",")] if isinstance(shape, str) else shape)
-        return out
-    return np.asarray(arr, dtype=float)
 
 
 @pytest.fixture()

@@ -4,7 +4,6 @@ the layer x head map checked against values computed here from the parquet files
 
 from __future__ import annotations
 
-import base64
 import json
 import shutil
 from pathlib import Path
@@ -14,6 +13,7 @@ import pandas as pd
 import pytest
 
 import focus_lab.app
+from run_fixtures import decode
 from focus_lab.app import lib
 
 MAIN = Path(focus_lab.app.__file__).parent / "main.py"
@@ -40,16 +40,6 @@ def open_page(root, monkeypatch):
     at.run()
     assert not at.exception, [e.value for e in at.exception]
     return at
-
-
-def decode(arr):
-    if isinstance(arr, dict) and "bdata" in arr:
-        out = np.frombuffer(base64.b64decode(arr["bdata"]), dtype=np.dtype(arr["dtype"]))
-        if "shape" in arr:
-            shape = arr["shape"]
-            return out.reshape([int(x) for x in shape.split(",")] if isinstance(shape, str) else shape)
-        return out
-    return np.asarray(arr, dtype=float)
 
 
 def test_retrieval_outputs_are_found_and_are_not_runs(root):

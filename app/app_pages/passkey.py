@@ -126,16 +126,21 @@ def committed_page(root) -> None:
                "same cases)")
     tab = res.summary[res.summary["format"] == fmt].drop(columns="format")
     st.dataframe(tab, hide_index=True, width="stretch", key="passkey_summary",
-                 column_config={"exact_match": st.column_config.NumberColumn("exact match", format="%.2f"),
-                                "key_logprob": st.column_config.NumberColumn("mean key log-prob (nats)",
-                                                                             format="%.2f"),
-                                "distant_pairs_kept": st.column_config.NumberColumn("distant pairs kept",
-                                                                                    format="%.3f"),
-                                "needle_edges_kept": st.column_config.NumberColumn("needle edges kept",
-                                                                                   format="%.3f"),
-                                "dense_hits": st.column_config.NumberColumn("dense hits"),
-                                "dense_hits_kept": st.column_config.NumberColumn("dense hits kept")})
+                 column_config=summary_columns(committed=True))
     lib.download_csv(tab, f"passkey_committed_{src.router_name.replace('/', '_')}_{fmt}.csv")
+
+
+def summary_columns(committed: bool = False) -> dict:
+    """The per-pattern table's column labels and formats (a run's, or the committed results' with
+    the dense-paired counts)."""
+    num = st.column_config.NumberColumn
+    cols = {"exact_match": num("exact match", format="%.2f"),
+            "key_logprob": num("mean key log-prob (nats)", format="%.2f"),
+            "distant_pairs_kept": num("distant pairs kept", format="%.3f"),
+            "needle_edges_kept": num("needle edges kept", format="%.3f")}
+    if committed:
+        cols |= {"dense_hits": num("dense hits"), "dense_hits_kept": num("dense hits kept")}
+    return cols
 
 
 def page() -> None:
@@ -168,13 +173,7 @@ def page() -> None:
     st.subheader("Per pattern and length")
     tab = summary_table(cases)
     st.dataframe(tab, hide_index=True, width="stretch", key="passkey_summary",
-                 column_config={"exact_match": st.column_config.NumberColumn("exact match", format="%.2f"),
-                                "key_logprob": st.column_config.NumberColumn("mean key log-prob (nats)",
-                                                                             format="%.2f"),
-                                "distant_pairs_kept": st.column_config.NumberColumn("distant pairs kept",
-                                                                                    format="%.3f"),
-                                "needle_edges_kept": st.column_config.NumberColumn("needle edges kept",
-                                                                                   format="%.3f")})
+                 column_config=summary_columns())
     lib.download_csv(tab, f"passkey_{name.replace('/', '_')}_{fmt}.csv")
 
     st.subheader("Needle audit of one case")
