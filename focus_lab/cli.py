@@ -128,6 +128,23 @@ def _routers(routers, model_name) -> Path:
     return path
 
 
+def _routers_unless_group_free(routers, model_name, patterns: str, pattern_file) -> Path | None:
+    """``_routers``, or None when no router file is given, none ships for the model
+    (``shipped.ships``) and every requested pattern uses no groups (``Pattern.uses_groups``:
+    dense, window), which run without one. Otherwise as ``_routers``: where no file ships, its
+    one-line refusal names ``focus-lab train`` ('all' and 'default' need the file's groups)."""
+    from focus_lab.hf.shipped import ships
+    from focus_lab.patterns import PatternError, parse_pattern_file, parse_patterns
+    if routers is None and not ships(model_name):
+        try:
+            pats = parse_pattern_file(pattern_file) if pattern_file else parse_patterns(patterns)
+        except PatternError:
+            pats = None  # 'all', 'default', ... name the router file's groups or rules: refused below
+        if pats and not any(p.uses_groups for _, p in pats):
+            return None
+    return _routers(routers, model_name)
+
+
 def _load(model_name, corpus, seq_len):
     """(model, tokenizer, corpus, seq_len): seq_len is capped at the model's positions, said once."""
     from focus_lab.data import load_corpus
@@ -321,7 +338,8 @@ def eval_cmd(
                                            "the run (eval.parquet; docs/run_schema.md); only --patterns and "
                                            "--max-windows (the run's first N windows) apply"),
     routers_opt: Optional[Path] = typer.Option(None, "--routers", help="router file; default: the routers shipped "
-                                           "with focus-lab for the model (focus_lab/routers/)"),
+                                           "with focus-lab for the model (focus_lab/routers/); where none ships, "
+                                           "dense and window run without one"),
     model: Optional[str] = typer.Option(None), corpus: str = typer.Option("austen"),
     seq_len: int = typer.Option(512), max_windows: int = typer.Option(8, help="held-out windows (with --run: the "
                                                                      "run's first N; default every recorded one)"),
@@ -362,16 +380,23 @@ def eval_cmd(
         from focus_lab.eval.evaluate import evaluate, parse_patterns
         from focus_lab.hf.shipped import router_columns
         from focus_lab.io import write_parquet
-        from focus_lab.hf.retrofit import load_routers
-        routers = _routers(routers_opt, model)
+        from focus_lab.hf.retrofit import attach, load_routers
+        routers = _routers_unless_group_free(routers_opt, model, patterns, pattern_file)
         overrides = {"assignment": "random"} if random_groups else {}
         overrides.update(_config_overrides(random_layers, layer_top_k, match_shifts))
         # the file's rules (reached through 'default'), as the options change them; fail before loading
-        cfg0, layers = _pattern_context(routers, **{k: v for k, v in overrides.items() if k != "assignment"})
+        shape = {k: v for k, v in overrides.items() if k != "assignment"}
+        cfg0, layers = _pattern_context(routers, **shape) if routers is not None else (_F.replace(**shape), None)
         pats = parse_patterns(patterns, cfg0, pattern_file, layers)
         dev = _device(device)
         m, tok, corp, seq_len = _load(model, corpus, seq_len)
-        cfg = load_routers(m, routers, config_overrides=overrides or None)
+        if routers is None:  # dense / window only: no router acts, so untrained ones stand in
+            attach(m, cfg := _F.replace(**overrides))
+            typer.echo(f"no router file ships for model {model!r}; {', '.join(lab for lab, _ in pats)} use no "
+                       f"groups and run without one (window {cfg.window} tokens, {cfg.sink_tokens} sink tokens: "
+                       "the FocusConfig defaults)")
+        else:
+            cfg = load_routers(m, routers, config_overrides=overrides or None)
         m.to(dev, dtype=torch_dtype)
         if random_groups:
             pats = [(lab, {**c, "assignment": "random"} if c.get("assignment") == "router" else c)

@@ -398,3 +398,39 @@ def test_router_files_are_the_same_bytes_in_every_process(tmp_path):
         subprocess.run([sys.executable, "-c", code, str(out)], check=True)
         shas.add(hashlib.sha256(out.read_bytes()).hexdigest())
     assert len(shas) == 1
+
+
+def test_eval_cli_runs_group_free_patterns_without_a_router_file(tmp_path):
+    """A model for which no router file ships (a local tiny Llama): dense and window, which use no
+    groups, run without one; dense equals the plain model's full-logits cross-entropy on the same
+    windows, the window keeps fewer pairs (FocusConfig's 128 tokens < 256). A pattern that uses
+    groups ('all' among them) is refused in one line naming 'focus-lab train'."""
+    import pandas as pd
+    import torch.nn.functional as F
+    from run_fixtures import TEXT, make_tokenizer
+    from focus_lab.cli import app
+    from focus_lab.data import load_corpus, make_windows
+    from focus_lab.hf.models import load_model
+    model_dir, corpus, out = tmp_path / "model", tmp_path / "corpus.txt", tmp_path / "eval.parquet"
+    tiny_llama().save_pretrained(model_dir)
+    make_tokenizer().save_pretrained(model_dir)
+    corpus.write_text("\n\n".join([TEXT] * 30))
+    common = ["eval", "--model", str(model_dir), "--corpus", str(corpus), "--seq-len", "256", "--max-windows", "2"]
+    res = CliRunner().invoke(app, [*common, "--patterns", "dense,window", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "run without one" in res.output
+    df = pd.read_parquet(out).set_index("label")
+    assert list(df.index) == ["dense", "window"] and set(df.router_name) == {"none"}
+    assert df.window_tokens["window"] == 128 and df.perplexity["window"] != df.perplexity["dense"]
+    model, tok = load_model(str(model_dir), verbose=False)
+    windows = make_windows(load_corpus(str(corpus)).heldout, tok, 256, max_windows=2)
+    assert len(windows) == 2
+    with torch.no_grad():
+        nll = torch.stack([F.cross_entropy(model(w.input_ids[None]).logits[0, :-1].double(), w.input_ids[1:])
+                           for w in windows]).mean().item()
+    assert df.nll["dense"] == pytest.approx(nll, abs=1e-5)
+    for patterns in ("dense,hard_top2", "window,default", "all"):
+        res = CliRunner().invoke(app, [*common, "--patterns", patterns, "--out", str(out)])
+        assert res.exit_code == 2, res.output
+        line, = res.output.strip().splitlines()
+        assert "no router file ships" in line and "focus-lab train" in line

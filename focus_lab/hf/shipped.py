@@ -76,10 +76,13 @@ def router_path(name: str, model_name: str | None = None) -> Path:
                         f"{', '.join(sorted(files))} ('focus-lab routers list')")
 
 
-def router_columns(path: str | Path) -> dict[str, str]:
+def router_columns(path: str | Path | None) -> dict[str, str]:
     """What a result records of the router file that made it: ``router_name`` (the manifest's
     name, else the file's path), ``router_sha256``, and ``commit`` (``git describe`` of the
-    checkout running, or the package version)."""
+    checkout running, or the package version). ``path`` None: no router file (patterns that use
+    no groups, ``Pattern.uses_groups``): router_name 'none', router_sha256 ''."""
+    if path is None:
+        return {"router_name": "none", "router_sha256": "", "commit": code_commit()}
     sha = file_sha256(path)
     return {"router_name": named_file(sha) or str(path), "router_sha256": sha, "commit": code_commit()}
 
@@ -98,6 +101,13 @@ def code_commit() -> str:
     except (OSError, subprocess.SubprocessError):
         from importlib.metadata import version
         return f"focus-lab {version('focus-lab')}"
+
+
+def ships(model_name: str | None = None) -> bool:
+    """Whether the manifest lists a router file shipped for ``model_name`` (None: the embedded
+    SmolLM2-135M); says nothing of the file's presence or checksum (``shipped_router_file``)."""
+    from focus_lab.hf.models import EMBEDDED
+    return manifest().get(EMBEDDED if model_name in (None, "", "embedded") else model_name) is not None
 
 
 def shipped_router_file(model_name: str | None = None) -> Path:

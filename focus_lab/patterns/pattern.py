@@ -30,6 +30,7 @@ from typing import Any
 from focus_lab.patterns.rules import RULES, PatternError, Rule, known_rules, parse_rule, split_top_level
 
 MODES = ("dense", "window", "soft", "hard")
+GROUP_FREE = ("dense", "window")  # modes in which no router acts: they run without a router file
 ASSIGNMENTS = {"hard": "router", "random": "random", "shuffled": "shuffled"}  # head prefix -> groups
 HEADS = {v: k for k, v in ASSIGNMENTS.items()}  # groups -> head prefix
 HEAD = re.compile(r"^(hard|random|shuffled)_top(\d+)$")
@@ -77,6 +78,12 @@ class Pattern:
         head = self.mode if self.mode != "hard" else f"{HEADS[self.assignment]}_top{self.top_k}"
         return "+".join([head] + [str(r) for r in self.rules])
 
+    @property
+    def uses_groups(self) -> bool:
+        """Whether the pattern needs trained routers: False for the ``GROUP_FREE`` modes (dense,
+        window), whose masks no router acts on, so that they run without a router file."""
+        return self.mode not in GROUP_FREE
+
     def rule(self, name: str) -> Rule | None:
         """The rule called ``name`` in force, or None."""
         return next((r for r in self.rules if r.name == name), None)
@@ -94,7 +101,7 @@ class Pattern:
         and window patterns change only the mode (and their own rules): no group rule acts there."""
         out: dict[str, Any] = {}
         extra = tuple(str(r) for r in self.rules if not r.owns_fields)  # FocusConfig.rules
-        if self.mode in ("dense", "window"):  # no group, so no rule acts: the file's fields stay (the
+        if not self.uses_groups:  # no group, so no rule acts: the file's fields stay (the
             # passkey audit routes its uniform top-1 / top-2 masks from a dense forward's config)
             return {"mode": self.mode, "assignment": "router", **({"rules": extra} if extra else {}),
                     **{k: v for r in self.rules for k, v in r.changes().items()}}
