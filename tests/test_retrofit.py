@@ -66,6 +66,33 @@ def test_causal_modes_never_see_the_future(tiny_model, mode):
     assert not torch.allclose(la[:, i + 1:], lb[:, i + 1:], atol=1e-3)
 
 
+@pytest.mark.parametrize("mode", ["soft", "hard", "window", "dense"])
+def test_inference_mode_equals_no_grad(tiny_model, mode):
+    """Under ``torch.inference_mode()`` (whose tensors keep no version counter, which the
+    plain-causality check reads otherwise) a Focus forward, padded, and a KV-cache decode step
+    (every mode but soft, which refuses decode steps) give exactly the no_grad outputs."""
+    focus_lab.attach(tiny_model, FocusConfig(mode=mode, window=4, num_groups=4, top_k=2))
+    ids = _ids(4)
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0  # left padding in one row: transformers builds a mask that is not plain causal
+
+    def run():
+        full = tiny_model(ids, attention_mask=mask, use_cache=False).logits
+        if mode == "soft":
+            return (full,)
+        state = focus_lab.forward_state(tiny_model, cache=True)
+        pre = tiny_model(ids[:, :-1], focus=state, use_cache=True)
+        step = tiny_model(ids[:, -1:], focus=state, past_key_values=pre.past_key_values, use_cache=True).logits
+        return full, step
+
+    with torch.no_grad():
+        ref = run()
+    with torch.inference_mode():
+        out = run()
+    for a, b in zip(out, ref):
+        assert torch.equal(a, b), (a - b).abs().max()
+
+
 def test_attention_function_applies_causality_when_mask_is_none():
     from focus_lab.hf.retrofit import focus_attention
     torch.manual_seed(0)

@@ -142,7 +142,12 @@ class PlainCausalCheck:
     35-60 ms a layer at 4K tokens). Used by ``FocusForward`` and by the recorder.
 
     Call: ``check(attention_mask, keep)`` with transformers' 4-D mask (or None: plain causality)
-    and its (B, Tq, Tk) bool keep mask -> bool."""
+    and its (B, Tq, Tk) bool keep mask -> bool.
+
+    The result is reused while the mask is the same tensor object of the same shape, unchanged
+    in place (its version counter). Inference tensors (made under ``torch.inference_mode()``)
+    keep no version counter: for them the object and shape alone decide (transformers builds a
+    new mask per forward and never writes into it)."""
 
     def __init__(self) -> None:
         self._entry: tuple | None = None  # (weakref to the mask, (version, shape), result)
@@ -150,7 +155,8 @@ class PlainCausalCheck:
     def __call__(self, attention_mask: torch.Tensor | None, keep: torch.Tensor) -> bool:
         if attention_mask is None:
             return True
-        key = (attention_mask._version, tuple(keep.shape))
+        version = None if attention_mask.is_inference() else attention_mask._version
+        key = (version, tuple(keep.shape))
         e = self._entry
         if e is not None and e[0]() is attention_mask and e[1] == key:
             return e[2]
