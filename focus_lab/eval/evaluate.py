@@ -88,6 +88,56 @@ def window_pairs_kept(T: int, window: int, sinks: int) -> float:
     return distant_pairs_kept(one[..., None] + 1, one, window, sinks) if sinks else 0.0
 
 
+NLL_CHUNK = 512  # positions per slice of the output head: at Gemma-3's 262,144-token vocabulary a
+# slice's fp32 logits take 0.5 GiB, where the full (T, vocab) logits take 17 GB at 16K tokens
+
+
+def output_head(model):
+    """The map from the body's final hidden states to the logits, as the model's forward applies
+    it: the output embeddings (``model.get_output_embeddings()``, ``lm_head``), then, where the
+    config sets ``final_logit_softcapping`` (Gemma-2, Gemma-3), ``cap * tanh(logits / cap)``
+    (transformers' ``Gemma3ForCausalLM.forward``). Returns a function (..., d_model) -> (..., vocab)
+    in the model's dtype. Raises ValueError when the model has no output head."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if head is None:
+        raise ValueError(f"{type(model).__name__} has no output head (get_output_embeddings() is None): "
+                         "pass the causal-LM model (e.g. LlamaForCausalLM), not its body")
+    cap = getattr(model.config, "final_logit_softcapping", None)
+
+    def logits(hidden: torch.Tensor) -> torch.Tensor:
+        out = head(hidden)
+        return out if cap is None else torch.tanh(out / cap) * cap
+    return logits
+
+
+def next_token_nll(model, ids: torch.Tensor, chunk: int = NLL_CHUNK, **forward_kwargs) -> torch.Tensor:
+    """Per-token negative log-likelihood (nats) of ``ids[:, 1:]`` given their prefixes, without the
+    full logits: the model's body (``model.base_model``) gives the final hidden states, and the
+    output head (``output_head``) runs on ``chunk`` positions at a time, each slice's NLL being
+    ``logsumexp(logits) - logits[target]`` in fp32 (the logits cast as ``cross_entropy`` of the
+    full logits cast them). Peak memory beyond the forward: O(chunk x vocab).
+
+    Args:
+        ids: (batch, seq) token ids.
+        chunk: positions per slice of the head (>= 1), counted over batch x (seq - 1).
+        forward_kwargs: passed to the body (e.g. ``use_cache=False``, ``focus=...``).
+    Returns: (batch, seq - 1) float32 NLL, nats.
+    Raises ValueError: ``chunk`` < 1, or no output head (``output_head``)."""
+    if chunk < 1:
+        raise ValueError(f"chunk {chunk}: need at least one position per slice")
+    head = output_head(model)
+    body = model.base_model
+    hidden = body(input_ids=ids, **forward_kwargs).last_hidden_state[:, :-1]  # (b, T-1, d)
+    b, n = hidden.shape[:2]
+    flat, targets = hidden.reshape(b * n, -1), ids[:, 1:].reshape(b * n)
+    out = torch.empty(b * n, dtype=torch.float32, device=hidden.device)
+    for s in range(0, b * n, chunk):
+        logits = head(flat[s:s + chunk]).float()  # (c, vocab)
+        tgt = targets[s:s + chunk, None]
+        out[s:s + chunk] = torch.logsumexp(logits, -1) - logits.gather(-1, tgt).squeeze(-1)
+    return out.view(b, n)
+
+
 @torch.no_grad()
 def evaluate(model, windows: list, patterns: list[tuple[str, dict]] | None = None,
              batch_size: int = 1, progress: bool = True, per_window: bool = False) -> pd.DataFrame:
@@ -141,10 +191,8 @@ def evaluate(model, windows: list, patterns: list[tuple[str, dict]] | None = Non
             for i in tqdm(range(0, len(windows), batch_size), desc=f"eval {label}",
                           disable=not progress, leave=False, dynamic_ncols=True):
                 ids = torch.stack([w.input_ids for w in windows[i:i + batch_size]]).to(device)  # (b, T)
-                logits = model(input_ids=ids, use_cache=False, focus=state).logits  # (b, T, V)
-                nll = torch.nn.functional.cross_entropy(
-                    logits[:, :-1].flatten(0, 1).float(), ids[:, 1:].flatten(), reduction="sum")
-                nll_sum += float(nll)
+                # (b, T-1) nats, the head applied NLL_CHUNK positions at a time: no (b, T, V) logits
+                nll_sum += float(next_token_nll(model, ids, use_cache=False, focus=state).sum())
                 n_tok += ids[:, 1:].numel()
             dt = time.perf_counter() - t0
             mean = nll_sum / max(1, n_tok)
