@@ -203,3 +203,50 @@ def test_top_k_aware_loss_matches_brute_force():
     with pytest.raises(Exception, match="distill_top_k"):
         TrainConfig(distill_top_k=(0,))
     assert TrainConfig(distill_top_k=[1, 2]).distill_top_k == (1, 2)
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2", "gemma3_text"])
+@pytest.mark.parametrize("objective", ["distill", "distill_match", "coverage"])
+def test_layerwise_steps_run_the_body_alone_with_the_full_forwards_losses_and_gradients(family, objective,
+                                                                                       monkeypatch):
+    """``layerwise_step`` (distill, distill with token-match pairs, coverage) runs the model's body
+    without its output head (no logits: 4.3 GB at 4K tokens for Gemma-3) and gives exactly the
+    loss, router gradients, group biases and shares of the same step through the whole causal LM
+    (``base_model`` made the model itself, as the step ran before)."""
+    from conftest import FAMILIES
+    from focus_lab.train.layerwise import coverage_step
+    cfg = FocusConfig(window=4)
+    if objective == "distill_match":  # the token-match rule's fields, as a pattern gives them
+        cfg = cfg.replace(match_shifts=[0, 1])
+    ids = torch.randint(3, 97, (2, 40), generator=torch.Generator().manual_seed(5))
+    ids[:, 20:30] = ids[:, 5:15]  # repeats: token-match pairs to keep
+
+    def step(whole: bool):
+        model = FAMILIES[family]()
+        attach(model, FocusConfig(window=4, mode="soft"))
+        for r in routers(model).values():
+            r.train()
+        heads = []
+        model.get_output_embeddings().register_forward_hook(lambda *a: heads.append(1))
+        shares = {}
+        with monkeypatch.context() as mp:
+            if whole:
+                mp.setattr(type(model), "base_model", property(lambda self: self))
+            if objective == "coverage":
+                loss = coverage_step(model, ids, cfg, shares)
+            else:
+                loss = distill_step(model, ids, cfg, step=3, num_queries=8, shares=shares)
+        rs = routers(model)
+        grads = {f"{i}.{n}": p.grad for i, r in rs.items() for n, p in r.named_parameters()}
+        return loss, grads, {i: r.group_bias.clone() for i, r in rs.items()}, shares, len(heads)
+
+    loss, grads, bias, shares, heads = step(whole=False)
+    ref_loss, ref_grads, ref_bias, ref_shares, ref_heads = step(whole=True)
+    assert heads == 0 and ref_heads == 1  # the head ran only in the whole forward
+    assert torch.allclose(loss, ref_loss, atol=1e-7, rtol=0) and float(loss) > 0
+    assert grads.keys() == ref_grads.keys() and any(g is not None for g in grads.values())
+    for k, g in grads.items():
+        assert (g is None) == (ref_grads[k] is None)
+        assert g is None or torch.allclose(g, ref_grads[k], atol=1e-7, rtol=0), k
+    for i in bias:
+        assert torch.allclose(bias[i], ref_bias[i], atol=1e-7) and torch.allclose(shares[i], ref_shares[i])

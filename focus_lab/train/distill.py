@@ -136,7 +136,8 @@ def distill_step(model, ids: torch.Tensor, config: FocusConfig, step: int, num_q
                  copy_share: float = 0.0) -> torch.Tensor:
     """Gradients of the distillation objective for one batch; returns the mean loss over layers.
 
-    One dense forward of the frozen model under ``torch.no_grad``; at each routed layer the
+    One dense forward of the frozen model's body (no output head: ``layerwise_step``) under
+    ``torch.no_grad``; at each routed layer the
     captured router input, q/k/v and dense output give ``layer_distill_loss`` on
     ``num_queries`` query positions drawn from (seed, step), backpropagated into that layer's
     router alone (memory: one layer's (B, H, n_q, T) logits at a time). The group bias follows

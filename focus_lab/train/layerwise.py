@@ -15,13 +15,13 @@ from focus_lab.method.core import hard_group_shares
 def layerwise_step(model, ids: torch.Tensor, config: FocusConfig, layer_loss, shares: dict | None = None
                    ) -> torch.Tensor:
     """Gradients of a per-layer objective (coverage, distill): one dense forward of the frozen
-    model under ``torch.no_grad``; at each routed layer whose router routes (``Router.routes``)
-    ``layer_loss(call, config)`` gives ``(loss, col_potential (B, K), scores (B, T, K))``, those
-    of the key role (``core.soft_roles``), from
-    the layer's ``hooks.LayerCall`` (router input, q/k/v, dense output); the loss is
-    backpropagated into that layer's router alone (routers are independent: no gradient flows
-    through the model) and the group bias follows Sinkhorn's column potentials as in LM
-    training (docs/method.md §1.3). Memory: one layer's objective graph at a time.
+    model's body (``model.base_model``: no output head, no logits) under ``torch.no_grad``; at
+    each routed layer whose router routes (``Router.routes``) ``layer_loss(call, config)`` gives
+    ``(loss, col_potential (B, K), scores (B, T, K))``, those of the key role
+    (``core.soft_roles``), from the layer's ``hooks.LayerCall`` (router input, q/k/v, dense
+    output); the loss is backpropagated into that layer's router alone (routers are independent:
+    no gradient flows through the model) and the group bias follows Sinkhorn's column potentials
+    as in LM training (docs/method.md §1.3). Memory: one layer's objective graph at a time.
 
     Args:
         model: Focus-attached causal LM (routers in train mode); ids: (B, T) input ids;
@@ -49,7 +49,9 @@ def layerwise_step(model, ids: torch.Tensor, config: FocusConfig, layer_loss, sh
             shares[r.layer_idx] = hard_group_shares(kg, config.num_groups)
 
     with hooks(model, {"attn_out": at_layer}), torch.no_grad():
-        model(input_ids=ids, use_cache=False, focus=FocusForward(config.replace(mode="dense")))
+        # the body alone (model.base_model): no layer loss reads the logits, which at Gemma-3's
+        # 262K vocabulary take 4.3 GB at 4K tokens; attach's pre-hook on the body hands it the ids
+        model.base_model(input_ids=ids, use_cache=False, focus=FocusForward(config.replace(mode="dense")))
     if not losses:
         name = getattr(layer_loss, "__name__", "per-layer").removesuffix("_layer_loss")
         raise RuntimeError(f"{name} objective: no routed layer ran (is Focus attached?)")
