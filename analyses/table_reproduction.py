@@ -186,13 +186,15 @@ def _claims(c: _Ctx) -> list:
         b = c("baselines")
         T = int(b["seq_len"].iloc[0])
         sp = {k: float(b.loc[(b.method == "focus") & (b.label == f"hard_top{k}"), "speedup"].iloc[0]) for k in (1, c.k)}
+        # the evaluation's own timings share the CPU with whatever else runs: they speak only where
+        # the dedicated benchmark (patterns interleaved in one run, its load recorded) is absent
         txt = f"end to end at {T} tokens (inside the evaluation): top-1 x{sp[1]:.2f}, top-{c.k} x{sp[c.k]:.2f}"
         best = max(sp.values())
         bd = bench_dir(c.d.parent)
         e = pd.read_csv(bd / "e2e.csv") if bd is not None and (bd / "e2e.csv").is_file() else None
         if e is not None and "phase" in e:
             pre = e[(e.phase == "prefill") & e.pattern.str.startswith("hard_top")]
-            txt += "; benchmark (analyses/bench_attention.py, shipped routers, bare forward vs dense): prefill " + \
+            txt = "benchmark (analyses/bench_attention.py, shipped routers, bare forward vs dense): prefill " + \
                 ", ".join(f"{int(t)}: " + " ".join(f"{p.replace('hard_', '')} x{x:.2f}" for p, x in zip(g.pattern, g.speedup_bare))
                           + f" (window bound x{g.window_bound.iloc[0]:.2f})" for t, g in pre.groupby("tokens"))
             dec = e[(e.phase == "decode") & e.pattern.str.startswith("hard_top")]
@@ -201,7 +203,7 @@ def _claims(c: _Ctx) -> list:
                 d = dec[dec.tokens == t]
                 txt += f"; decode at {t} tokens of context: " + ", ".join(
                     f"{p.replace('hard_', '')} x{x:.2f}" for p, x in zip(d.pattern, d.speedup_decode))
-            best = max([best, *pre.speedup_bare.tolist(), *dec.speedup_decode.tolist()])
+            best = max([*pre.speedup_bare.tolist(), *dec.speedup_decode.tolist()])
         return txt, "CPU (2 cores, shared), hard mode through the decomposition", HOLDS if best >= 2 else \
             f"{FAILS} at these lengths on CPU"
 
