@@ -438,30 +438,35 @@ def shown_path(path: Path | None) -> str:
         return str(path)
 
 
-def gpu_kernel_tables(bench: Path | None) -> tuple[str, dict[str, pd.DataFrame]]:
-    """The newest GPU kernel benchmark beside the CPU one: ``gpu_<tag>_kernel_<dtype>.csv`` in the
-    ``bench_dir`` folder, of the ``<tag>`` whose ``gpu_<tag>_env.json`` finished last
-    (figures/bench_attention/gpu_h200.md; older GPU runs stay in their own files).
-
-    Returns (the GPU's name, e.g. "H200", {dtype: rows}); each dtype's rows are the mean ``speedup``
-    per (n, K, k, groups, backend) over repeated rows (``backend`` "auto" where a table predates
-    the column). ("", {}) when there is none."""
+def gpu_kernel_runs(bench: Path | None) -> list[tuple[str, dict[str, pd.DataFrame]]]:
+    """Every GPU kernel benchmark beside the CPU one, oldest first: per ``gpu_<tag>_env.json`` in the
+    ``bench_dir`` folder (figures/bench_attention/gpu_h100.md, gpu_h200.md), (the GPU's name, e.g.
+    "H200", {dtype: rows}) from its ``gpu_<tag>_kernel_<dtype>.csv``; each dtype's rows are the mean
+    ``speedup`` per (n, K, k, groups, backend) over repeated rows (``backend`` "auto" where a table
+    predates the column). [] when there is none."""
     if bench is None:
-        return "", {}
+        return []
     runs = []
     for env in Path(bench).glob("gpu_*_env.json"):
         info = json.loads(env.read_text())
         runs.append((str(info.get("finished", "")), env.name[len("gpu_"):-len("_env.json")], info.get("gpu", "")))
-    if not runs:
-        return "", {}
-    _, tag, gpu = max(runs)
-    tables = {}
-    for f in sorted(Path(bench).glob(f"gpu_{tag}_kernel_*.csv")):
-        df = pd.read_csv(f)
-        df = df.assign(backend=df["backend"] if "backend" in df else "auto")
-        tables[f.stem.rsplit("_", 1)[-1]] = (df.groupby(["n", "K", "k", "groups", "backend"], as_index=False)
-                                             .speedup.mean())
-    return gpu.replace("NVIDIA ", "") or tag.upper(), tables
+    out = []
+    for _, tag, gpu in sorted(runs):
+        tables = {}
+        for f in sorted(Path(bench).glob(f"gpu_{tag}_kernel_*.csv")):
+            df = pd.read_csv(f)
+            df = df.assign(backend=df["backend"] if "backend" in df else "auto")
+            tables[f.stem.rsplit("_", 1)[-1]] = (df.groupby(["n", "K", "k", "groups", "backend"], as_index=False)
+                                                 .speedup.mean())
+        out.append((gpu.replace("NVIDIA ", "") or tag.upper(), tables))
+    return out
+
+
+def gpu_kernel_tables(bench: Path | None) -> tuple[str, dict[str, pd.DataFrame]]:
+    """The newest GPU kernel benchmark of ``gpu_kernel_runs`` (the one whose env.json finished
+    last); ("", {}) when there is none."""
+    runs = gpu_kernel_runs(bench)
+    return runs[-1] if runs else ("", {})
 
 
 # ============================================================================================
