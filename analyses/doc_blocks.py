@@ -583,6 +583,26 @@ def baselines() -> Generated:
     return Generated(inputs, "\n".join(lines))
 
 
+MAIN_JOB = "figures/results/main_job_stages.parquet"
+
+
+@block("main-job-memory", MAIN_JOB)
+def main_job_memory() -> Generated:
+    """docs/reliability.md's per-stage peak memory of the main job on a fresh clone: the stage table
+    ``focus-lab quickstart`` prints (each stage's largest process, ``ru_maxrss``), as recorded with
+    its commit, machine and load."""
+    df = pd.read_parquet(REPO / MAIN_JOB)
+    what = {"setup": "setup (`scripts/setup.sh`: venv, packages)", "prepare": "prepare (`focus-lab prepare austen`)",
+            "record": "record (4 windows x 4096 tokens, every metric)", "eval": "eval (1 window x 4096 tokens, 5 patterns)"}
+    top = df.peak_gib.max()
+    lines = ["| stage | peak RSS |", "|---|---:|"] + [
+        f"| {what.get(r.stage, r.stage)} | " + (f"**{r.peak_gib:.2f} GiB**" if r.peak_gib == top else f"{r.peak_gib:.2f} GiB")
+        + " |" for r in df.itertuples()]
+    r = df.iloc[0]
+    inputs = f"{MAIN_JOB}; `{r.command}` on a fresh clone of {r.commit}; {r.machine}; {r.load}"
+    return Generated(inputs, "\n".join(lines))
+
+
 STUDIES = "docs/studies"
 #: the studies index's order (a page not listed follows, by file name)
 STUDY_ORDER = ("chain-variants", "recipes-sweep", "broad-mix", "calibrated-bias", "key-router", "layer-top-k",
