@@ -24,16 +24,15 @@ from focus_lab.eval.passkey_figure import heatmap_figure
 
 
 def summary_table(cases: pd.DataFrame) -> pd.DataFrame:
-    """Per (pattern, length): cases, hits, exact-match rate, mean key log-prob (nats), mean
-    distant pairs kept (the pattern's sparsity, docs/method.md §2.5) and needle edges kept."""
+    """Per (pattern, length) of one format's cases: cases, hits, exact-match rate, mean key log-prob
+    (nats), mean distant pairs kept (the pattern's sparsity, docs/method.md §2.5) and needle edges
+    kept: ``committed.passkey_summary``'s table (the committed view's), patterns in first-seen order."""
+    from focus_lab.eval.committed import passkey_summary
+    tab = passkey_summary(cases).drop(columns=["format", "dense_hits", "dense_hits_kept"])
     order = {p: i for i, p in enumerate(dict.fromkeys(cases["pattern"]))}
-    g = cases.assign(exact_match=cases["exact_match"].astype(bool)).groupby(["pattern", "length"])
-    tab = g.agg(cases=("exact_match", "size"), hits=("exact_match", "sum"), exact_match=("exact_match", "mean"),
-                key_logprob=("key_logprob", "mean"), distant_pairs_kept=("distant_pairs_kept", "mean"),
-                needle_edges_kept=("needle_edges_kept", "mean")).reset_index()
-    tab["hits"] = tab["hits"].astype(int)
-    tab = tab.sort_values(["pattern", "length"], key=lambda s: s.map(order) if s.name == "pattern" else s)
-    return tab.reset_index(drop=True)
+    tab = tab.sort_values(["pattern", "length"], key=lambda s: s.map(order) if s.name == "pattern" else s,
+                          kind="stable")
+    return tab[["pattern", "length", *[c for c in tab.columns if c not in ("pattern", "length")]]].reset_index(drop=True)
 
 
 def audit_figure(lay: pd.DataFrame, title: str) -> go.Figure:
