@@ -45,6 +45,7 @@ from focus_lab.method.cpu import torch_threads
 from focus_lab.hf.hooks import hooks
 from focus_lab.hf.retrofit import attention_modules, forward_state, model_identity
 from focus_lab.runs import MANIFEST, SCHEMA, SCHEMA_VERSION
+from focus_lab.eval.evaluate import NLL_CHUNK, next_token_nll as window_nll
 from focus_lab.recording.options import ALL_METRICS, DEFAULT_METRICS, RecordOptions  # noqa: F401  (re-exported)
 
 PACKAGES = ("torch", "transformers", "spacy", "pandas", "pyarrow", "scikit-learn", "streamlit", "focus-lab")
@@ -315,31 +316,16 @@ def assignments_for_window(model, input_ids: torch.Tensor) -> pd.DataFrame:
     return rec.tables()["assignments"].drop(columns=["window"])
 
 
-#: Positions per ``cross_entropy`` call of the next-token NLL (bounds the log-softmax copy of
-#: the (T, V) logits; results do not depend on it).
-NLL_CHUNK = 1024
-
-
-def _logits_nll(logits: torch.Tensor, ids: torch.Tensor, chunk: int = NLL_CHUNK) -> torch.Tensor:
-    """(T - 1,) float32 next-token NLL (nats) from one window's ``logits: (T, V)`` and
-    ``ids: (T,)``, ``chunk`` positions per ``cross_entropy`` call (bounds the log-softmax copy)."""
-    n = ids.shape[0] - 1
-    nll = torch.empty(n, dtype=torch.float32)
-    for s in range(0, n, chunk):
-        e = min(n, s + chunk)
-        nll[s:e] = torch.nn.functional.cross_entropy(logits[s:e].float(), ids[s + 1:e + 1].to(logits.device),
-                                                     reduction="none").cpu()
-    return nll
-
-
 @torch.no_grad()
 def next_token_nll(model, input_ids: torch.Tensor, chunk: int = NLL_CHUNK, focus=None) -> torch.Tensor:
-    """Next-token negative log-likelihood of one window, in nats.
+    """Next-token negative log-likelihood of one window, in nats, without its (T, V) logits
+    (``evaluate.next_token_nll``: the body's hidden states, then the output head ``chunk``
+    positions at a time).
 
     Args:
         input_ids: (T,) long, T >= 2, one unpadded window.
-        chunk: positions per ``cross_entropy`` call (bounds the log-softmax copy of the
-            (T, V) logits; the result does not depend on it).
+        chunk: positions per slice of the output head (bounds its logits at (chunk, V); the
+            result does not depend on it).
         focus: the forward's ``retrofit.FocusForward``; None: the model's
             default (and a model without Focus runs as it is).
     Returns:
@@ -348,10 +334,8 @@ def next_token_nll(model, input_ids: torch.Tensor, chunk: int = NLL_CHUNK, focus
         ValueError: ``input_ids`` is not 1-D or has fewer than 2 tokens.
     """
     _check_window(input_ids)
-    ids = input_ids.long()
     kw = {} if focus is None else {"focus": focus}
-    logits = model(input_ids=ids[None], use_cache=False, **kw).logits[0]  # (T, V)
-    return _logits_nll(logits, ids, chunk)
+    return window_nll(model, input_ids.long()[None], chunk, use_cache=False, **kw)[0].cpu()  # (T - 1,)
 
 
 def _check_window(input_ids: torch.Tensor) -> None:
@@ -523,12 +507,13 @@ def memory_parts(shape: ModelShape, seq_len: int, windows: int, layers: int, hea
     # freed chunks of a recorded layer the allocator keeps: activations, per-chunk index tables
     elems = min(chunk_elements, Hs * T * T)  # dense-attention floats per chunk
     slack = 4 * T * (3 * f + 6 * d) + ((150 if not whole else 60) * elems // max(Hs, 1) if att else 0)
-    # the largest transient of the recorded forwards: a layer's buffers or the (T, V) logits
+    # the largest transient of the recorded forwards: a layer's buffers or the output head's
+    # (chunk, V) logits slice and its fp32 copy (next_token_nll), beside the (T, d) hidden states
     mask = {"dense": 1, "hard": 2, "soft": 13}.get(mode, 13) * T * T
     layer = mask + ((12 * elems + 16 * Hs * T * D + (2 * T * T if whole else 0)) if att else 0)
     ld = "loss_delta" in want
-    # logits (T, V), plus a log-softmax chunk when loss_delta reads the recorded forward's own NLL
-    record = max(4 * T * V + (4 * min(T, NLL_CHUNK) * V if ld and mode in ("dense", "hard") else 0), layer)
+    head = 8 * min(T, NLL_CHUNK) * V + 4 * T * d  # a (chunk, V) logits slice, its logsumexp copy, the hidden states
+    record = max(head if ld and mode in ("dense", "hard") else 0, layer)
     # tables(): what it keeps, and the largest build of one table family
     tabs = {"assignments": ROW_BYTES["assignments"] * tok if "assignments" in want else 0,
             "coverage_query": 4 * ROW_BYTES["coverage_query"] * nq if cov and per_query else 0,
@@ -544,7 +529,7 @@ def memory_parts(shape: ModelShape, seq_len: int, windows: int, layers: int, hea
     parts = {"runtime": RUNTIME_BYTES + (SPACY_BYTES if with_pos else 0), "model": int(shape.param_bytes),
              "recorded": int(recorded), "slack": int(slack), "record": int(record), "tables": int(kept + build),
              # the other mode's forwards after the recording, before tables(): logits + a chunk
-             "loss_delta": int(4 * T * V + 4 * min(T, NLL_CHUNK) * V) if ld else 0,
+             "loss_delta": int(head) if ld else 0,
              "write": int(held + max(tabs.values()))}
     parts["peak"] = (parts["runtime"] + parts["model"] + parts["recorded"] + parts["slack"]
                      + max(parts[k] for k in ("record", "tables", "loss_delta", "write")))
@@ -730,12 +715,11 @@ def record_run(model, tokenizer, windows: list, texts: dict[str, str], out_dir: 
                 "token": [tokenizer.decode([int(i)]) for i in ids],
                 "char_start": offs[:, 0], "char_end": offs[:, 1],
             }))
-            with torch.no_grad():
-                out = model(input_ids=ids[None], use_cache=False)
+            with torch.no_grad():  # the body alone: no (T, V) logits (at Gemma-3's vocabulary 34 GB at 32K)
                 if own is not None:
-                    _check_window(ids)
-                    nll[own].append(_logits_nll(out.logits[0], ids.long()).numpy())
-                del out
+                    nll[own].append(next_token_nll(model, ids).numpy())
+                else:
+                    model.base_model(input_ids=ids[None], use_cache=False)
             if pos_table is not None:
                 p = pos_table(texts[w.doc], offs)
                 p.insert(0, "window", np.int32(w_idx))
