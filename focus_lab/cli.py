@@ -767,6 +767,9 @@ def quickstart(
                                       "(as focus-lab eval --patterns)"),
     serve: bool = typer.Option(True, help="start the dashboard at the end"),
     port: int = typer.Option(8501),
+    model: Optional[str] = typer.Option(None, help="gemma3-270m: the main job on Gemma-3-270M with its shipped routers "
+                                        "(runs/gemma3-austen; --train runs its chain, focus-lab routers build "
+                                        "--model gemma3-270m); default: the embedded SmolLM2-135M"),
     stage_time: Optional[list[str]] = typer.Option(None, hidden=True, help="NAME=SECONDS[/PEAK_GIB] of a stage run before "
                                                    "this command (scripts/quickstart.sh: setup, prepare), "
                                                    "listed first in the stage times"),
@@ -776,8 +779,15 @@ def quickstart(
     before = sum(x for _, x, _ in stages)  # the stages run before this command
     if eval_windows < 1:
         _fail(f"--eval-windows {eval_windows}: at least one window")
+    from focus_lab.hf.models import EMBEDDED, GEMMA3, GEMMA3_ALIASES
+    gemma = model in GEMMA3_ALIASES
+    if model not in (None, EMBEDDED) and not gemma:
+        _fail(f"--model {model!r}: the main job runs on the embedded SmolLM2-135M or on {GEMMA3}; for another "
+              "model train routers with 'focus-lab train --model ...' and run record / eval yourself")
     t0 = time.perf_counter()
-    run_dir = Path("runs") / DEFAULT_NAME
+    name = "gemma3-austen" if gemma else DEFAULT_NAME
+    run_dir = Path("runs") / name
+    model_args = ["--model", GEMMA3] if gemma else []
 
     def step(name: str, *args: str) -> None:
         t = time.perf_counter()
@@ -785,7 +795,12 @@ def quickstart(
         stages.append((name, time.perf_counter() - t, peak))
 
     routers: list[str] = []
-    if train_routers:
+    if train_routers and gemma:
+        chain_dir = Path("checkpoints") / "gemma3_chain"
+        typer.secho(f"[1/4] train routers (Gemma-3-270M's chain into {chain_dir}: Austen, Persuasion held out)", bold=True)
+        step("train", "routers", "build", "--model", GEMMA3, "--out", str(chain_dir))
+        routers = ["--routers", str(chain_dir / "routers.safetensors")]
+    elif train_routers:
         ckpt = str(Path("checkpoints") / DEFAULT_NAME / "routers.safetensors")
         typer.secho("[1/4] train routers (SmolLM2-135M, Austen: 5 novels train, Persuasion held out)", bold=True)
         step("train", "train", "--steps", str(steps), *(["--full"] if full else []))
@@ -793,7 +808,7 @@ def quickstart(
     else:
         typer.secho("[1/4] routers: the ones shipped with focus-lab (--train trains new ones)", bold=True)
     typer.secho(f"[2/4] record {record_windows} x {seq_len} tokens into {run_dir}", bold=True)
-    step("record", "record", *routers, "--seq-len", str(seq_len), "--max-windows", str(record_windows),
+    step("record", "record", *model_args, *routers, "--seq-len", str(seq_len), "--max-windows", str(record_windows),
          "--out", str(run_dir))
     _report_recorded_perplexity(run_dir)
     n_eval = min(record_windows, eval_windows)
@@ -908,17 +923,27 @@ def routers_set_rules(
 
 @routers_app.command("build")
 def routers_build(
-    out: Path = typer.Option(Path("checkpoints") / "shipped_chain", "--out", help="folder of the chain"),
+    out: Optional[Path] = typer.Option(None, "--out", help="folder of the chain (default: checkpoints/shipped_chain; "
+                                       "gemma3-270m: checkpoints/gemma3_chain)"),
     data: Path = typer.Option(Path("data"), help="the prepared corpora's folder"),
     mix: str = typer.Option("austen-shakespeare", help="the training mix (austen-shakespeare: the shipped "
                             "file; broad: the broad mix, docs/studies/broad-mix.md)"),
     base: Optional[Path] = typer.Option(None, help="a router file standing for stages 1-4 (e.g. smollm2-135m/soup)"),
     runs: int = typer.Option(2, help="distill runs of 30 steps on a mix other than the default"),
+    model: str = typer.Option("smollm2-135m-instruct", help="whose router file: smollm2-135m-instruct or gemma3-270m "
+                              "(its global layers 5, 11, 17; focus_lab.train.chain.gemma_stages)"),
+    steps: int = typer.Option(30, help="gemma3-270m: optimizer steps of each of its two distill stages"),
 ):
-    """Train the shipped SmolLM2 router file from scratch as one resumable chain, timing every stage
-    (docs/recipes.md, 'The recipe, and what it costs'; focus_lab.train.chain)."""
-    from focus_lab.train.chain import main as chain
-    args = ["--out", str(out), "--data", str(data), "--mix", mix, "--runs", str(runs)]
+    """Train a shipped router file (SmolLM2's, or Gemma-3-270M's with --model gemma3-270m) from scratch
+    as one resumable chain, timing every stage (docs/recipes.md, 'The recipe, and what it costs';
+    focus_lab.train.chain)."""
+    from focus_lab.train.chain import CHAINS, main as chain
+    if model not in CHAINS:
+        _fail(f"--model {model!r}: a chain exists for {' and '.join(CHAINS)}; for another model train with "
+              f"'focus-lab train --model {model} --recipe distill64 --seq-len 4096'")
+    out = out or Path("checkpoints") / ("gemma3_chain" if model == "gemma3-270m" else "shipped_chain")
+    args = ["--out", str(out), "--data", str(data), "--mix", mix, "--runs", str(runs), "--model", model,
+            "--steps", str(steps)]
     code = chain(args + (["--base", str(base)] if base else []))
     if code:
         raise typer.Exit(code)

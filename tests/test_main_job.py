@@ -135,8 +135,8 @@ def test_quickstart_records_then_evaluates_into_the_run_and_prints_stage_times(m
 
     def fake_step(*args: str) -> int:
         calls.append(args)
-        clock[0] += {"record": 70.0, "eval": 30.0}[args[0]]
-        return {"record": 3 * 2**30, "eval": 1.5 * 2**30}[args[0]]
+        clock[0] += {"record": 70.0, "eval": 30.0, "routers": 900.0}[args[0]]
+        return {"record": 3 * 2**30, "eval": 1.5 * 2**30, "routers": 2 * 2**30}[args[0]]
 
     monkeypatch.setattr(cli, "_invoke", fake_step)
     monkeypatch.setattr(cli, "_report_recorded_perplexity", lambda run_dir: None)
@@ -155,6 +155,20 @@ def test_quickstart_records_then_evaluates_into_the_run_and_prints_stage_times(m
     assert table[0].endswith("peak  0.50 GiB") and "peak" not in table[1]
     assert table[2].endswith("peak  3.00 GiB") and table[3].endswith("peak  1.50 GiB")
     assert "(1 min 55 s)" in table[-1] and table[-1].endswith("peak  3.00 GiB (record)")
+    # --model gemma3-270m: the same steps on Gemma-3-270M into its own run; --train runs its chain
+    calls.clear()
+    res = invoke("quickstart", "--no-serve", "--model", "gemma3-270m")
+    assert res.exit_code == 0, res.output
+    assert calls == [("record", "--model", "gemma3-270m", "--seq-len", "4096", "--max-windows", "4", "--out",
+                      str(Path("runs") / "gemma3-austen")),
+                     ("eval", "--run", str(Path("runs") / "gemma3-austen"), "--patterns", cli.QUICKSTART_PATTERNS,
+                      "--max-windows", "1")]
+    calls.clear()
+    assert invoke("quickstart", "--no-serve", "--model", "gemma3-270m", "--train").exit_code == 0
+    chain = str(Path("checkpoints") / "gemma3_chain")
+    assert calls[0] == ("routers", "build", "--model", "gemma3-270m", "--out", chain)
+    assert calls[1][:5] == ("record", "--model", "gemma3-270m", "--routers", str(Path(chain) / "routers.safetensors"))
+    one_error_line(invoke("quickstart", "--no-serve", "--model", "gpt2"), "--model 'gpt2'")
     one_error_line(invoke("quickstart", "--no-serve", "--stage-time", "setup"), "--stage-time 'setup'")
     one_error_line(invoke("quickstart", "--no-serve", "--stage-time", "setup=3/x"), "--stage-time 'setup=3/x'")
 

@@ -217,6 +217,39 @@ def test_soup_averages_router_files_tensor_by_tensor_and_refuses_mixed_files(tmp
     assert not (tmp_path / "x.safetensors").exists()
 
 
+def test_gemma_chain_distills_then_continues_on_its_needle_corpus_in_its_own_tokens(tmp_path):
+    """focus_lab.train.chain.gemma_stages: g1 distills Gemma's routers from fresh ones (no
+    --init-routers), g2 writes the needle corpus with Gemma's tokenizer, g3 continues g1's file on
+    it, g4 writes the chain's file; every training stage names the model."""
+    from focus_lab.train.chain import GEMMA3, gemma_stages
+    out = tmp_path / "g"
+    todo = gemma_stages(out, steps=7)
+    assert [n for n, _, _ in todo] == ["g1_distill64_4096", "g2_needle_corpus", "g3_needle_mix_seed0", "g4_rules"]
+    g1, g2, g3, g4 = (args for _, args, _ in todo)
+    for args in (g1, g3):
+        assert args[args.index("--model") + 1] == GEMMA3 and args[args.index("--steps") + 1] == "7"
+        assert args[args.index("--recipe") + 1] == "distill64" and args[args.index("--seq-len") + 1] == "4096"
+    assert "--init-routers" not in g1
+    assert g2[:2] == ["-m", "focus_lab.train.needle_corpus"] and g2[g2.index("--model") + 1] == GEMMA3
+    assert g3[g3.index("--corpus") + 1] == str(todo[1][2].parent)
+    assert g3[g3.index("--init-routers") + 1] == str(todo[0][2])
+    assert g4[:3] == ["routers", "set-rules", str(todo[2][2])] and todo[3][2] == out / "routers.safetensors"
+
+
+def test_chain_refuses_a_folder_of_another_models_chain(tmp_path, capsys):
+    """A chain folder holds one model's chain: --model gemma3-270m on a SmolLM2 chain's folder is
+    one error line, before any stage runs."""
+    from focus_lab.train.chain import main
+    data = tmp_path / "data"
+    (data / "austen").mkdir(parents=True)
+    (data / "austen" / "persuasion.txt").write_text("x")
+    out = tmp_path / "chain"
+    out.mkdir()
+    (out / "chain.json").write_text('{"stages": {"s1_sinks64_512": {"seconds": 1}}}')
+    assert main(["--model", "gemma3-270m", "--out", str(out), "--data", str(data), "--reference", str(out / "none")]) == 2
+    assert "holds the chain of smollm2-135m-instruct" in capsys.readouterr().err
+
+
 def test_train_shipped_chain_builds_the_mix_folder_and_chains_each_stage_to_the_last(tmp_path):
     """focus_lab/train/chain.py (focus-lab routers build): a mix folder links every prepared file of its corpora but the
     held-out ones (named files and prefixes) and ends with Persuasion (its held-out file); each training stage starts from the last

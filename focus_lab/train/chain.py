@@ -27,6 +27,13 @@ of (4) and that with equal weights.
 
 ``--base FILE`` stands a finished file in for stages 1-4 (e.g. ``smollm2-135m/soup``).
 
+``--model gemma3-270m`` runs Gemma-3-270M's chain instead (``gemma_stages``; issue 73,
+docs/recipes.md): only its global layers 5, 11 and 17 are routed (its other layers keep their own
+512-token sliding window), so of the chain above the distillation at 4096 tokens (stage 2, from
+fresh routers) and the needle corpus's distillation (stages 6-7, the corpus in Gemma's tokens)
+carry over; the 512-token LM stage, the random layers 1-9, the top-2 budget and the group
+capacity are SmolLM2's per-layer findings and are not applied.
+
 Writes ``<out>/chain.json`` (per stage: command, seconds, peak RSS in GiB, sha256; the total)
 after every stage, so a stopped chain resumes where it was (a stage whose file exists is not
 re-run). With ``--reference`` (default: the shipped file) it says how far the result's tensors
@@ -35,6 +42,7 @@ are from the reference's on the layers that route (random layers' routers are no
     focus-lab routers build --out checkpoints/shipped_chain        # the shipped file
     focus-lab routers build --out checkpoints/needle_chain --base <smollm2-135m/soup>  # stages 5-9
     focus-lab routers build --out checkpoints/broad_chain --mix broad --base <smollm2-135m/soup> --runs 1
+    focus-lab routers build --model gemma3-270m --out checkpoints/gemma3_chain   # Gemma's file
 """
 
 from __future__ import annotations
@@ -148,6 +156,28 @@ def stages(out: Path, data: Path, mix: str = MIX, base: Path | None = None,
     return todo
 
 
+GEMMA3 = "gemma3-270m"
+CHAINS = ("smollm2-135m-instruct", GEMMA3)  # the models whose router file a chain makes
+
+
+def gemma_stages(out: Path, steps: int = 30) -> list[tuple[str, list[str], Path]]:
+    """Gemma-3-270M's chain, (name, arguments, output file) as ``stages``: g1 ``distill64`` at 4096
+    tokens on Austen's training novels (Persuasion held out) from fresh routers, ``steps`` steps;
+    g2 the needle corpus (64 windows of 4096 Gemma tokens); g3 ``distill64`` on it from g1,
+    ``steps`` steps, seed 0; g4 ``routers set-rules`` with ``hard_top2``: ``<out>/routers.safetensors``."""
+    g1, g3, needles = out / "g1_distill64_4096", out / "g3_needle_mix_seed0", out / "needle_mix"
+    distill = ["train", "--model", GEMMA3, "--recipe", "distill64", "--seq-len", "4096", "--batch-size", "1",
+               "--steps", str(steps), "--lr", "1e-3", "--checkpoint-every", "10", "--seed", "0"]
+    final = out / "routers.safetensors"
+    return [("g1_distill64_4096", distill + ["--out", str(g1)], g1 / "routers.safetensors"),
+            ("g2_needle_corpus", ["-m", "focus_lab.train.needle_corpus", "--model", GEMMA3, "--out", str(needles),
+                                  "--docs", "64"], needles / "MANIFEST.json"),
+            ("g3_needle_mix_seed0", distill + ["--corpus", str(needles), "--init-routers", str(g1 / "routers.safetensors"),
+                                               "--out", str(g3)], g3 / "routers.safetensors"),
+            ("g4_rules", ["routers", "set-rules", str(g3 / "routers.safetensors"), "--pattern", "hard_top2",
+                          "--out", str(final)], final)]
+
+
 def run_stage(args: list[str], log: Path) -> tuple[float, float, int]:
     """Run ``focus-lab <args>`` (``python <args>`` when ``args`` starts with ``-m``) with output to
     ``log``; (seconds, peak RSS in GiB, exit code)."""
@@ -189,22 +219,38 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--base", type=Path, default=None,
                     help="a router file standing for stage 4 (e.g. the earlier shipped file): only stages 5-6 run")
     ap.add_argument("--runs", type=int, default=2, help="distill runs of 30 steps on the mix in stage 5")
-    ap.add_argument("--reference", type=Path,
-                    default=ROOT / "focus_lab" / "routers" / "smollm2-135m-instruct.safetensors")
+    ap.add_argument("--model", choices=CHAINS, default=CHAINS[0],
+                    help="whose router file the chain makes (default: %(default)s)")
+    ap.add_argument("--steps", type=int, default=30, help="gemma3-270m: optimizer steps of each distill stage")
+    ap.add_argument("--reference", type=Path, default=None,
+                    help="a router file to compare the result with (default: the file shipped for the model)")
     a = ap.parse_args(argv)
+    if a.reference is None:
+        from focus_lab.hf.shipped import manifest
+        entry = manifest().get(a.model)
+        a.reference = ROOT / "focus_lab" / "routers" / entry["file"] if entry else None
     os.chdir(ROOT)  # the commands run from the repository root, with the paths as given
     out = a.out
     out.mkdir(parents=True, exist_ok=True)
     try:
-        mix_folder(a.data, a.mix)
-        if a.mix != "austen-shakespeare":
+        if a.model == GEMMA3:
+            if not (a.data / "austen" / "persuasion.txt").is_file():
+                raise FileNotFoundError(f"{a.data / 'austen'} is not prepared: run `focus-lab prepare austen` first")
+        else:
+            mix_folder(a.data, a.mix)
+        if a.model != GEMMA3 and a.mix != "austen-shakespeare":
             mix_folder(a.data, "austen-shakespeare")
     except FileNotFoundError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     record_path = out / "chain.json"
     record = json.loads(record_path.read_text()) if record_path.is_file() else {"stages": {}}
-    for name, args, routers_file in stages(out, a.data, a.mix, a.base, a.runs):
+    todo = gemma_stages(out, a.steps) if a.model == GEMMA3 else stages(out, a.data, a.mix, a.base, a.runs)
+    record.setdefault("model", a.model if not record["stages"] else CHAINS[0])  # older chains: SmolLM2's
+    if record["model"] != a.model:
+        print(f"error: {out} holds the chain of {record['model']}; give another --out", file=sys.stderr)
+        return 2
+    for name, args, routers_file in todo:
         done = record["stages"].get(name)
         if done and routers_file.is_file() and done.get("sha256") == file_sha256(routers_file):
             print(f"{name}: done before ({done['seconds']:.0f} s)")

@@ -97,6 +97,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--needles", type=int, default=12, help="facts per document")
     ap.add_argument("--seq-len", type=int, default=4096, help="tokens per training window")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--model", default=None, help="whose tokenizer counts the tokens (default: the embedded "
+                    "SmolLM2-135M; gemma3-270m for Gemma's routers)")
     a = ap.parse_args(argv)
     if a.out.exists():
         print(f"{a.out} exists: give a new --out", file=sys.stderr)
@@ -108,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     rng = np.random.default_rng(a.seed)
     keys = sorted({f"{x}-{y}" for x, y in zip(rng.choice(adjs, 4000), rng.choice(nouns, 4000))})
     corp = load_corpus(a.corpus)
-    _, tok = load_model(None, verbose=False)
+    _, tok = load_model(a.model, verbose=False)
     tmp = a.out.with_name(a.out.name + ".tmp")
     tmp.mkdir(parents=True, exist_ok=False)
     dists = []
@@ -120,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     write_json(tmp / "MANIFEST.json", {
         "what": "training prose with needles recalled far back (focus_lab/train/needle_corpus.py)",
         "corpus": corp.name, "prose_from": [x.name for x in corp.train], "docs": a.docs,
-        "needles_per_doc": a.needles, "seq_len": a.seq_len, "seed": a.seed,
+        "needles_per_doc": a.needles, "seq_len": a.seq_len, "seed": a.seed, "tokenizer": a.model or "smollm2-135m-instruct",
         "distance_tokens": {"min": int(min(dists)), "median": int(np.median(dists)), "max": int(max(dists))}})
     tmp.rename(a.out)
     print(f"{a.out}: {a.docs} documents of {a.needles} needles; fact-to-restatement distance "
