@@ -20,6 +20,8 @@ Usage (background; ~25 min per corpus on 2 CPU cores at the default windows)::
     python -m analyses.length_table --out checkpoints/lt --reuse shipped          # run / resume
     python -m analyses.length_table --out checkpoints/lt --report                 # tables only
     python -m analyses.length_table --table shipped --out figures --report        # figures/length_table.md
+    python -m analyses.length_table --model gemma3-270m --out checkpoints/lt_gemma --lengths 4096,8192 \
+        --windows 4096:4,8192:2 --patterns dense,window,hard_top1,hard_top2,random_top2,shuffled_top2
 """
 
 from __future__ import annotations
@@ -262,8 +264,8 @@ def run_cells(args) -> None:
     from focus_lab.hf.shipped import resolve_routers
 
     torch.set_num_threads(args.threads)
-    routers = resolve_routers(args.routers)
-    model, tok = load_model()
+    routers = resolve_routers(args.routers, args.model)
+    model, tok = load_model(args.model)
     from focus_lab.method.config import parse_layer_top_k, parse_match_shifts, parse_random_layers
     overrides = {}
     if args.random_layers is not None:
@@ -305,6 +307,7 @@ def run_cells(args) -> None:
             out["reused_from"] = out["reused_from"].fillna("") if "reused_from" in out else ""
             out["corpus"], out["seq_len"] = corpus, L
             out["heldout"] = ",".join(d.name for d in corp.heldout)
+            out["model"] = args.model or "smollm2-135m-instruct"
             out["routers"] = str(routers)
             out["routers_sha256"] = file_sha256(routers)
             out["random_layers"] = args.random_layers or ""
@@ -535,7 +538,9 @@ def report_text(out: Path | None, against: Path | str | None = None, table: str 
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--routers", type=Path, default=None, help="default: the shipped routers")
+    ap.add_argument("--model", default=None, help="gemma3-270m, an HF id or a local path; default: the embedded "
+                    "SmolLM2-135M (a cell records its model)")
+    ap.add_argument("--routers", type=Path, default=None, help="default: the routers shipped for the model")
     ap.add_argument("--out", type=Path, default=Path("checkpoints/length_table"))
     ap.add_argument("--corpora", default="austen,shakespeare")
     ap.add_argument("--lengths", default="512,1024,2048,4096,8192")
