@@ -729,6 +729,8 @@ def audit_costliest() -> Generated:
 
 PASSKEY_CASES = "figures/results/passkey_cases.parquet"
 PASSKEY_TABLES = "figures/results/passkey_tables.json"
+#: the model whose shipped file the passkey tables measure (the manifest ships files for several)
+PASSKEY_MODEL = "smollm2-135m-instruct"
 #: the file whose per-layer budget the budget columns run under (its rows: the same tensors
 #: before the budget was saved, under that budget as ``--layer-top-k``)
 PASSKEY_BUDGET_FILE = "smollm2-135m/soup-budget"
@@ -784,7 +786,7 @@ def _passkey_columns() -> tuple[pd.DataFrame, list[_PasskeyColumn]]:
     import json
 
     from focus_lab.eval.committed import committed_passkey
-    shipped = committed_passkey()
+    shipped = committed_passkey(model=PASSKEY_MODEL)
     meta = json.loads((REPO / PASSKEY_TABLES).read_text())
     cases = shipped.cases
     dense = cases[cases.pattern == "dense"]
@@ -902,7 +904,7 @@ def passkey_random() -> Generated:
 
     from focus_lab.eval import committed as ck
     meta = json.loads((REPO / PASSKEY_TABLES).read_text())
-    shipped = ck.committed_passkey()
+    shipped = ck.committed_passkey(model=PASSKEY_MODEL)
     dense = shipped.cases[shipped.cases.pattern == "dense"]
 
     def prompt(t: str) -> dict:
