@@ -944,3 +944,29 @@ def passkey_random() -> Generated:
     inputs = (f"{PASSKEY_CASES} with {PASSKEY_TABLES}; chat format; pattern random_top2 on the depth tables' "
               f"cases ({depths}); " + "; ".join(described) + f"; dense: tables {_tables_text(dense)}")
     return Generated(inputs, "\n".join(lines))
+
+# ============================================================================================
+# intervention blocks (docs/intervene.md)
+
+INTERVENE_NOUNS = "figures/results/intervene_nouns.json"
+
+
+def _nats(x: float) -> str:
+    """A mean change of the loss (nats) with its sign: four decimals, five where four would round
+    it to zero."""
+    return f"{x:+.4f}" if abs(x) >= 5e-5 else f"{x:+.5f}"
+
+
+@block("intervene-nouns", INTERVENE_NOUNS)
+def intervene_nouns() -> Generated:
+    """docs/intervene.md's noun table: a window's noun tokens moved into each group of layer 15 (the
+    page's ``move_into_group`` example), per group the mean change of the next-token loss over all
+    predictions and over those made at a noun, and the largest rise and fall of one prediction."""
+    import json
+    d = json.loads((REPO / INTERVENE_NOUNS).read_text())
+    lines = ["| group | all predictions | at a noun | largest rise / fall of one prediction |", "|---|---:|---:|---|"]
+    for g, r in sorted(d["groups"].items(), key=lambda kv: int(kv[0])):
+        lines.append(f"| {g} | {_nats(r['mean_all'])} | {_nats(r['mean_at_nouns'])} | {r['max']:+.2f} / {r['min']:+.2f} |")
+    inputs = (f"{INTERVENE_NOUNS} (mean_all, mean_at_nouns, max, min per group); {d['nouns']} noun tokens of one "
+              f"window of {d['tokens']} tokens moved into each group of layer 15, hard mode")
+    return Generated(inputs, "\n".join(lines))

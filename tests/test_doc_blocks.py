@@ -63,6 +63,25 @@ def test_output_error_numbers_from_the_rows():
     assert row[2].startswith(f"{focus.output_error.median():.3f} [")
 
 
+def test_intervene_nouns_cells_from_the_data():
+    # independent reference: the JSON's numbers, compared as numbers within the cell's rounding
+    import json
+    d = json.loads((REPO / doc_blocks.INTERVENE_NOUNS).read_text())
+    page = (REPO / "docs" / "intervene.md").read_text()
+    assert "intervene-nouns" in {f.name for f in doc_blocks.find_blocks(page)}
+    text = doc_blocks.render("intervene-nouns")
+
+    def close(cell: str, x: float) -> bool:
+        decimals = len(cell.split(".")[1])
+        return abs(float(cell) - x) <= 0.5 * 10 ** -decimals + 1e-12 and float(cell) != 0
+
+    for g in ("0", "2"):
+        row, r = _table_row(text, g), d["groups"][g]
+        assert close(row[1], r["mean_all"]) and close(row[2], r["mean_at_nouns"])
+        rise, fall = row[3].split(" / ")
+        assert close(rise, r["max"]) and close(fall, r["min"])
+
+
 def _page(tmp_path, text: str):
     (tmp_path / "docs").mkdir(exist_ok=True)
     page = tmp_path / "docs" / "x.md"
