@@ -970,3 +970,374 @@ def intervene_nouns() -> Generated:
     inputs = (f"{INTERVENE_NOUNS} (mean_all, mean_at_nouns, max, min per group); {d['nouns']} noun tokens of one "
               f"window of {d['tokens']} tokens moved into each group of layer 15, hard mode")
     return Generated(inputs, "\n".join(lines))
+
+# ============================================================================================
+# the alternatives table (docs/recipes.md)
+
+RECIPES_SWEEP = "figures/results/recipes.parquet"
+#: the held-out technical domains, in the order the alternatives table names them
+TECHNICAL = ("python-docs", "man-pages", "debian-reference")
+#: the retrieval task whose repeated noise sentences the suite's pair bound is about
+NOISE_TASK = "niah_single_1"
+
+
+class _Cells:
+    """The committed length-table cells (``LENGTH_CELLS``) and retrieval cases, read once:
+    ``summarize`` rows per table, paired changes between tables on the windows both have, the
+    retrieval summary. Raises MissingInput naming a table, cell or pattern that is absent."""
+
+    def __init__(self):
+        from analyses.length_table import committed_cells
+        self.cells = committed_cells(REPO / LENGTH_CELLS)
+        self._summaries: dict[str, pd.DataFrame] = {}
+        self._retrieval = None
+
+    def rows(self, table: str, corpus: str, L: int, label: str) -> pd.DataFrame:
+        c = self.cells
+        g = c[(c["table"] == table) & (c.corpus == corpus) & (c.seq_len == L) & (c.label == label)]
+        if not len(g):
+            raise MissingInput(f"{LENGTH_CELLS} (table {table}: {label} on {corpus} at {L})")
+        return g
+
+    def summary(self, table: str, corpus: str, L: int, label: str) -> pd.Series:
+        from analyses.length_table import summarize
+        if table not in self._summaries:
+            df = self.cells[self.cells["table"] == table]
+            if not len(df):
+                raise MissingInput(f"{LENGTH_CELLS} (table {table})")
+            self._summaries[table] = summarize(df.drop(columns="table")).set_index(["corpus", "seq_len", "label"])
+        s = self._summaries[table]
+        if (corpus, L, label) not in s.index:
+            raise MissingInput(f"{LENGTH_CELLS} (table {table}: {label} on {corpus} at {L})")
+        return s.loc[(corpus, L, label)]
+
+    def dense(self, table: str, corpus: str, L: int, label: str) -> float:
+        """Change of perplexity over dense, %."""
+        return float(self.summary(table, corpus, L, label).delta_vs_dense_pct)
+
+    def kept(self, table: str, corpus: str, L: int, label: str) -> float:
+        return float(self.summary(table, corpus, L, label).distant_pairs_kept)
+
+    def margin(self, table: str, corpus: str, L: int, control: str) -> float:
+        """The control's change over the router at the same k, % (> 0: the router is better)."""
+        return float(self.summary(table, corpus, L, control).control_vs_router_pct)
+
+    def paired(self, a: tuple[str, str], b: tuple[str, str], corpus: str, L: int) -> float:
+        """Paired change of perplexity of ``a`` = (table, label) over ``b``, %, on their common windows."""
+        from focus_lab.eval.evaluate import paired_change
+        return float(paired_change(self.rows(a[0], corpus, L, a[1]), self.rows(b[0], corpus, L, b[1]))[0])
+
+    def paired_cells(self, a: tuple[str, str], b: tuple[str, str], labels: tuple[str, ...] | None = None,
+                     corpora: tuple[str, ...] | None = None, lengths: tuple[int, ...] | None = None,
+                     min_windows: int = 1) -> list[float]:
+        """``paired`` on every (corpus, length) of table ``a`` (restricted to ``corpora`` and
+        ``lengths``) that both tables hold with at least ``min_windows`` common windows; with
+        ``labels``, each label against the same label of table ``b``."""
+        c = self.cells
+        out = []
+        for (corpus, L), g in c[c["table"] == a[0]].groupby(["corpus", "seq_len"], sort=True):
+            if (corpora and corpus not in corpora) or (lengths and L not in lengths):
+                continue
+            for la, lb in ([(x, x) for x in labels] if labels else [(a[1], b[1])]):
+                other = c[(c["table"] == b[0]) & (c.corpus == corpus) & (c.seq_len == L) & (c.label == lb)]
+                mine = g[g.label == la]
+                if len(mine) and len(set(mine.window) & set(other.window)) >= min_windows:
+                    out.append(self.paired((a[0], la), (b[0], lb), corpus, L))
+        if not out:
+            raise MissingInput(f"{LENGTH_CELLS} (tables {a[0]} and {b[0]}: no common cells)")
+        return out
+
+    def retrieval(self, pattern: str, L: int, task: str = NOISE_TASK) -> pd.Series:
+        """The retrieval summary row (``focus_lab.eval.retrieval_tables.summary``) of a pattern."""
+        from focus_lab.eval.retrieval_tables import summary
+        if self._retrieval is None:
+            self._retrieval = summary(pd.read_parquet(REPO / RETRIEVAL_CASES)).set_index(["task", "length", "pattern"])
+        if (task, L, pattern) not in self._retrieval.index:
+            raise MissingInput(f"{RETRIEVAL_CASES} ({pattern} on {task} at {L})")
+        return self._retrieval.loc[(task, L, pattern)]
+
+
+def _pct(x: float, nd: int = 1) -> str:
+    return f"{x:+.{nd}f}%"
+
+
+def _slashed(xs, nd: int = 1) -> str:
+    return " / ".join(_pct(x, nd) for x in xs)
+
+
+def _span(xs, nd: int = 2) -> str:
+    """``+a% to +b%``: the lowest and highest of ``xs``."""
+    return f"{_pct(min(xs), nd)} to {_pct(max(xs), nd)}"
+
+
+def _points(xs, nd: int = 2) -> str:
+    """``a-b``: the smallest and largest size of ``xs`` (points, no sign)."""
+    a = sorted(abs(x) for x in xs)
+    return f"{a[0]:.{nd}f}-{a[-1]:.{nd}f}"
+
+
+def _within(xs, nd: int = 2) -> str:
+    """The largest size of ``xs`` (points, no sign)."""
+    return f"{max(abs(x) for x in xs):.{nd}f}"
+
+
+def _count(n: int) -> str:
+    """A small count as a word (``two``), a larger one in digits."""
+    return ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten")[n] if n <= 10 else str(n)
+
+
+def _sized(xs, word: str, nd: int = 2) -> str:
+    """``a-b points worse`` (or ``better``, by ``word``) when every change of ``xs`` has the sign
+    ``word`` says, else the signed span (``-a% to +b%``)."""
+    sign = 1 if word == "worse" else -1
+    if all(sign * x > 0 for x in xs):
+        return f"{_points(xs, nd)} points {word}"
+    return _span(xs, nd)
+
+
+def _alternative_rows(c: _Cells) -> list[tuple[str, str, str, str, str]]:
+    """The alternatives table's rows: (routers or lever, tables, result, why not shipped, study),
+    the numbers of result and why computed from the committed cells (the needles from the
+    retrieval cases, the recipes from the recipe sweep); the criteria (+1.0%, 3%, 0.60, 90%, ...)
+    are the rules the page states."""
+    T, P, H = TECHNICAL, "austen", "shakespeare"
+    cv = "[chain variants](studies/chain-variants.md)"
+    gc = "[group capacity](studies/group-capacity.md)"
+
+    def tech(table: str, label: str, L: int = 4096) -> list[float]:
+        return [c.dense(table, d, L, label) for d in T]
+
+    def pairs(pattern: str, nd: int) -> str:
+        return " / ".join(f"{c.retrieval(pattern, L).distant_pairs_kept:.{nd}f}" for L in (4096, 8192))
+
+    def rel(pattern: str, L: int) -> str:
+        return f"{c.retrieval(pattern, L).relative:.2f}"
+
+    def n(pattern: str, L: int) -> int:
+        return int(c.retrieval(pattern, L).cases)
+
+    def windows(table: str, corpus: str, L: int) -> int:
+        return int(c.summary(table, corpus, L, "dense").windows)
+
+    def hamlet_margin(table: str, L: int = 8192) -> str:
+        return _slashed([c.margin(table, H, L, "random_top1"), c.margin(table, H, L, "shuffled_top1")])
+
+    def tech_paired(a: tuple[str, str], b: tuple[str, str]) -> list[float]:
+        return [c.paired(a, b, d, 4096) for d in T]
+
+    # the shipped file and the one before it: technical text at 4096 and 8192 (cells of more than
+    # one window), paired with the file before; the length table, each pattern paired
+    held = {"corpora": T, "min_windows": 2}
+    cap_tech = (c.paired_cells(("capacity_per_domain", "hard_top2"), ("needle_mix_per_domain", "hard_top2"), **held)
+                + c.paired_cells(("capacity_heldout_8k", "hard_top2"), ("needle_mix_heldout_8k", "hard_top2"), **held))
+    cap_len = c.paired_cells(("capacity_length", ""), ("needle_mix_length", ""),
+                             labels=("hard_top1", "hard_top2", "random_top1", "random_top2", "shuffled_top1", "window"))
+    mix_tech = (c.paired_cells(("needle_mix_per_domain", "hard_top2"), ("shipped_per_domain", "hard_top2"), **held)
+                + c.paired_cells(("needle_mix_heldout_8k", "hard_top2"), ("shipped_heldout_8k", "hard_top2"), **held))
+    mix_len = c.paired_cells(("needle_mix_length", ""), ("shipped", ""), labels=("hard_top1", "hard_top2"))
+    nocap, shipped = "hard_top2_nocap", "hard_top2"
+
+    # the recipe sweep at 512 tokens: sinks64 and the paper's recipe against dense
+    sweep = pd.read_parquet(REPO / RECIPES_SWEEP)
+    sweep = sweep[sweep.sweep == "30 steps"]
+
+    def ppl(recipe: str, label: str) -> float:
+        r = sweep[(sweep.recipe == recipe) & (sweep.label == label)]
+        if len(r) != 1:
+            raise MissingInput(f"{RECIPES_SWEEP} (30 steps, {recipe} {label})")
+        return float(r.perplexity.iloc[0])
+    dense512 = ppl("controls", "dense")
+    sinks = [100 * (ppl("sinks64", f"hard_top{k}") / dense512 - 1) for k in (1, 2)]
+
+    # the capacity variants: technical text paired with the same file without the capacity
+    def capacity(table: str, label: str) -> tuple[list[float], list[float], float | None]:
+        corpora = sorted(set(c.cells.loc[c.cells["table"] == table, "corpus"]))
+        other = [d for d in corpora if d not in (P, "bible-kjv")]
+        ch = [c.paired((table, label), (table, "hard_top2"), d, 4096) for d in other]
+        bible = [c.paired((table, label), (table, "hard_top2"), "bible-kjv", 4096)] if "bible-kjv" in corpora else []
+        prose = c.paired((table, label), (table, "hard_top2"), P, 4096) if P in corpora else None
+        return ch, bible, prose
+
+    cap = capacity("capacity", "hard_top2_cap")
+    nine = capacity("capacity_layers", "hard_top2_cap@0+13+15-16+21+24-25+28-29")
+    evict = capacity("capacity_evict", "hard_top2_evict@13+15-16+21+24-25+28-29")
+    evict7 = capacity("capacity_evict7", "hard_top2_evict@13+15-16+21+25+28-29")
+
+    def prose(x: float | None) -> str:
+        # the size to a hundredth of a point, 0.01 at least (never "within 0.00%")
+        return "" if x is None else f"; *Persuasion* within {max(round(abs(x), 2), 0.01):.2f}%"
+
+    def five(v) -> str:
+        return f"({_count(len(v[0]))} corpora; Bible {_pct(v[1][0], 2)})" if v[1] else f"({_count(len(v[0]))} corpora)"
+
+    # key shift, trained, with both budgets: which technical domains meet the three held-out criteria
+    kt = "keyshift_top1_budget_domains"
+    meets = [d for d in T if c.dense(kt, d, 4096, "hard_top2_keyshift") <= 1.5
+             and c.dense(kt, d, 4096, "hard_top1_keyshift") <= 4 and c.margin(kt, d, 4096, "random_top2_keyshift") >= 2]
+    names = {"python-docs": "Python docs", "man-pages": "man pages", "debian-reference": "Debian Reference"}
+    missed = [d for d in T if d not in meets]
+    top1_budgets = ("keyshift_pooled_top1", "keyshift_tech_top1")
+    literary = ("keyshift_budgets_persuasion", "hard_top1_keyshift")
+    match_trained = tech_paired(("match_trained_domains", "hard_top2"), ("broad_s5_match_domains", "hard_top2"))
+    match_margin = [c.margin("match_trained_domains", d, 4096, "random_top2") for d in T]
+    ks_budgets, ks_top1 = ("keyshift_budgets_domains", "hard_top2_keyshift"), ("keyshift_tech_top1_domains", "hard_top1_keyshift")
+
+    rows = [
+        ("**shipped** (stages 1-9: the needle-mix file with a group capacity for top-2)",
+         "`capacity_length`, `capacity_per_domain`, `capacity_heldout_8k`",
+         (f"{NOISE_TASK} at {pairs(shipped, 2)} of the distant pairs ({pairs(nocap, 2)} before) and {rel(shipped, 4096)} / "
+         f"{rel(shipped, 8192)} of dense's needles at 4096 / 8192; technical top-2 {_sized(cap_tech, 'worse')}, "
+         f"paired; the length table at most {max(cap_len):.2f} points worse"), "-", gc),
+        ("needle-mix file (stages 1-8: the file before distilled on the needle mix)",
+         "`needle_mix_length`, `needle_mix_per_domain`, `needle_mix_heldout_8k`",
+         (f"single needles found at 4096 and 8192 tokens; technical top-2 {_sized(mix_tech, 'better')} than the "
+         f"file before, paired; the length table at most {max(mix_len):.2f} points worse"),
+         (f"keeps {c.retrieval(nocap, 4096).distant_pairs_kept:.2f} of the pairs on repeated noise sentences, above "
+         "the suite's 0.60"), "[needle mix](studies/needle-mix-distillation.md)"),
+        ("the two-domain file (stages 1-5: average of stages 2 and 3, top-2 budget)", "`shipped`, `shipped_8k_all_*`",
+         (f"*Persuasion* 8192, {windows('shipped_8k_all_persuasion', P, 8192)} windows: "
+         f"uniform top-2 {_pct(c.dense('shipped_8k_all_persuasion', P, 8192, 'hard_top2'), 2)} "
+         f"[{c.kept('shipped_8k_all_persuasion', P, 8192, 'hard_top2'):.2f}]; *Hamlet* 8192, "
+         f"{windows('shipped_8k_all_hamlet', H, 8192)} windows: top-1 margin "
+         f"{hamlet_margin('shipped_8k_all_hamlet')}"), "misses 90% of dense's score on the single needles", cv),
+        ("stage 2 alone", "`stage2_distill64`, `stage2_distill64_8k_all_*`",
+         (f"top-2 {_pct(c.dense('stage2_distill64_8k_all_persuasion', P, 8192, 'hard_top2'), 2)} on the "
+         f"{windows('stage2_distill64_8k_all_persuasion', P, 8192)} windows; "
+         f"*Hamlet* margin {hamlet_margin('stage2_distill64_8k_all_hamlet')}"), "margin over shuffled groups below 3%", cv),
+        ("stage 3 alone (90 steps)", "`two_domain90*`",
+         (f"*Hamlet* margin {hamlet_margin('two_domain90_8k_all_hamlet')}; top-2 "
+         f"{_pct(c.dense('two_domain90_8k_all_persuasion', P, 8192, 'hard_top2'), 2)} on the "
+         f"{windows('two_domain90_8k_all_persuasion', P, 8192)} windows"),
+         "top-2 over +1.0%", cv),
+        ("stage 3 after 60 steps", "`two_domain60*`",
+         (f"*Hamlet* 8192 margin {hamlet_margin('two_domain60')} ({windows('two_domain60', H, 8192)} "
+         f"windows); top-2 {_pct(c.dense('two_domain60_top2_8k', P, 8192, 'hard_top2'))} at 8192"), "top-2 over +1.0%", cv),
+        ("stage 2 with every layer routed", "`every_layer_routed`, `distill4k`",
+         (f"8192: top-2 {_slashed([c.dense('every_layer_routed', x, 8192, 'hard_top2') for x in (P, H)])} (*Persuasion* / "
+         f"*Hamlet*); loses to random groups ({_slashed([c.margin('every_layer_routed', x, 8192, 'random_top1') for x in (P, H)])})"),
+         "does not transfer to 8192", cv),
+        ("stage 1 alone (`sinks64`, 512 tokens)", "`sinks64_512`",
+         (f"4096: top-2 {_pct(c.dense('sinks64_512', P, 4096, 'hard_top2'))} [{c.kept('sinks64_512', P, 4096, 'hard_top2'):.2f}], "
+         f"top-1 {_pct(c.dense('sinks64_512', P, 4096, 'hard_top1'))}"), "trained at too short a context", cv),
+        ("distill64 at 8192 tokens, 24 more steps", "`distill8k`",
+         f"8192: top-2 {_pct(c.dense('distill8k', P, 8192, 'hard_top2'))}; "
+         + ("still loses to random groups" if c.margin("distill8k", P, 8192, "random_top2") < 0 else
+            f"random groups {_pct(c.margin('distill8k', P, 8192, 'random_top2'))}"), "no better than 4096", cv),
+        ("distillation against the top-k masks", "`distill4k_topk`",
+         (f"4096: top-2 {_pct(c.dense('distill4k_topk', P, 4096, 'hard_top2'))} [{c.kept('distill4k_topk', P, 4096, 'hard_top2'):.2f}], "
+         f"margin {_slashed([c.margin('distill4k_topk', P, 4096, x) for x in ('random_top1', 'shuffled_top1')])}"),
+         "worse at both k, less balanced", cv),
+        ("the two-domain routers in 5 layers only", "`merge5*`",
+         (f"top-2 {_pct(c.dense('merge5_top2', P, 8192, 'hard_top2'))} ({windows('merge5_top2', P, 8192)} "
+         f"windows); *Hamlet* margin {hamlet_margin('merge5')}"), "keeps a third of the margin gain", cv),
+        ("two-domain file, group bias re-calibrated at 8192", "`two_domain60_calibrated_top2`",
+         f"top-2 {_pct(c.dense('two_domain60_calibrated_top2', P, 8192, 'hard_top2'))} at 8192", "top-2 worse", cv),
+        ("other recipes, 30 steps at 512 tokens", "[recipes.parquet](../figures/results/recipes.parquet)",
+         (f"`sinks64` top-1 / top-2 {_slashed(sinks)}; the paper's recipe collapses (top-2 {ppl('paper', 'hard_top2'):.1f} "
+         f"against {dense512:.1f})"), "`sinks64` is the best", "[recipes at 512 tokens](studies/recipes-sweep.md)"),
+        ("a broader training mix (five domains)", "`broad_mix_*`",
+         (f"technical, uniform top-2: {_slashed(tech('broad_mix_domains', 'hard_top2'))} (shipped "
+         f"{_slashed(tech('shipped_domains', 'hard_top2'))})"),
+         (f"{_points(tech_paired(('broad_mix_domains', 'hard_top2'), ('shipped_domains', 'hard_top2')), 1)} points, "
+         "criteria missed"), "[broad mix](studies/broad-mix.md)"),
+        ("group bias re-fitted on the user's text", "`calibrated_*`",
+         (f"technical top-2 {_span([c.paired((f'calibrated_{d}', 'hard_top2'), ('shipped_per_domain', 'hard_top2'), d, 4096) for d in T])} "
+         f"worse, at {_points([c.kept(f'calibrated_{d}', d, 4096, 'hard_top2') for d in T])} of the pairs"),
+         "worse", "[re-fitted bias](studies/calibrated-bias.md)"),
+        ("a key projection of its own", "`key_router_domains`, `key_fit_domains`",
+         f"top-2 {_span(tech_paired(('key_router_domains', 'hard_top2'), ('broad_unsouped_domains', 'hard_top2')))}, within noise",
+         "no gain", "[key router](studies/key-router.md)"),
+        ("top-1 budget per layer", "`shipped_budget_top1*`",
+         (f"technical top-1 {_slashed(tech('shipped_budget_top1_domains', 'hard_top1'))} (uniform "
+         f"{_slashed(tech('shipped_domains', 'hard_top1'))})"),
+         (f"*Hamlet* margin {_slashed([c.margin('shipped_budget_top1_hamlet', H, L, 'random_top1') for L in (4096, 8192)])}, "
+         "below 3%; an option"), "[top-k per layer](studies/layer-top-k.md)"),
+        ("dense layers in the top-2 budget", "`budget_dense6*`, `budget_dense8*`",
+         "*Persuasion* " + _slashed([c.paired((t, "hard_top2"), ("shipped_budget_top2_persuasion", "hard_top2"), P, 4096)
+                                     for t in ("budget_dense6", "budget_dense8")], 2)
+         + ", man pages " + _slashed([c.paired((f"{t}_domains", "hard_top2"), ("shipped_budget_top2_domains", "hard_top2"),
+                                                "man-pages", 4096) for t in ("budget_dense6", "budget_dense8")], 2) + " paired",
+         "worse everywhere", "[dense layers](studies/dense-layers-budget.md)"),
+        ("a top-2 budget chosen on technical text", "`tech_budget_*`, `pooled_budget_*`",
+         f"`pooled`: technical top-2 {_slashed(tech('pooled_budget_domains', 'hard_top2'))}, *Persuasion* unchanged",
+         "criteria missed; margin below 2% on prose", "[technical top-2 budget](studies/tech-budget-top2.md)"),
+        ("keys in their predecessor's group (`_keyshift`)", "`keyshift_domains`, `keyshift_persuasion`, `keyshift_hamlet`",
+         (f"technical top-2 {_slashed(tech('keyshift_domains', 'hard_top2_keyshift'))}, top-1 "
+         f"{_slashed(tech('keyshift_domains', 'hard_top1_keyshift'))}, same pairs"), "criteria missed; an option",
+         "[key shift](studies/key-shift.md)"),
+        ("routers trained with the key shift, budgets in the file",
+         "`keyshift_trained_*`, `keyshift_budgets_*`, `keyshift_top1_budget_domains`",
+         (", ".join(names[d] for d in meets) + " meet all three held-out criteria; " if meets else "")
+         + ", ".join(f"{names[d]} {_slashed([c.dense(kt, d, 4096, 'hard_top2_keyshift'), c.dense(kt, d, 4096, 'hard_top1_keyshift')])}"
+                     for d in missed),
+         f"criteria missed on {_count(len(missed))} domains; fewer passkeys", "[key shift, trained](studies/key-shift-trained.md)"),
+        ("a top-1 budget chosen on technical text", "`keyshift_tech_top1_*`, `keyshift_pooled_top1_*`",
+         "technical top-1 at best " + ", ".join(
+             f"{_pct(min(c.dense(f'{b}_domains', d, 4096, 'hard_top1_keyshift') for b in top1_budgets))} ({names[d]})"
+             for d in ("man-pages", "debian-reference")),
+         "*Persuasion* top-1 " + _span([c.paired((f"{b}_persuasion", "hard_top1_keyshift"), literary, P, L)
+                                        for b in top1_budgets for L in (4096, 8192)]) + " paired",
+         "[technical top-1 budget](studies/tech-budget-top1.md)"),
+        ("three times the training (90 steps)", "`keyshift90_domains`, `keyshift90_controls_domains`, `keyshift90_heldout_8k`",
+         f"every paired change within {_within(tech_paired(('keyshift90_domains', 'hard_top2_keyshift'), ks_budgets) + tech_paired(('keyshift90_domains', 'hard_top1_keyshift'), ks_top1), 1)} points",
+         "no gain", "[three times the training](studies/three-times-training.md)"),
+        ("routers instead of random groups in layers 1-9", "`keyshift90_all_routed_domains`",
+         f"top-2 {_span(tech_paired(('keyshift90_all_routed_domains', 'hard_top2_keyshift'), ('keyshift90_domains', 'hard_top2_keyshift')))} worse",
+         "worse", "[routers in layers 1-9](studies/routers-in-early-layers.md)"),
+        ("a group capacity (`_cap`)", "`capacity`",
+         (f"technical top-2 {_slashed([c.paired(('capacity', 'hard_top2_cap'), ('capacity', 'hard_top2'), d, 4096) for d in T], 2)} "
+         f"paired{prose(cap[2])}; {NOISE_TASK} {c.retrieval('hard_top2_cap', 4096).distant_pairs_kept:.2f} of the pairs at "
+         f"{rel('hard_top2_cap', 4096)} of dense"), "worse on technical text; an option", gc),
+        ("the group capacity in nine layers (`_cap@0+13+15-16+21+24-25+28-29`)", "`capacity_layers`",
+         (f"technical top-2 {_span(nine[0] + nine[1])} paired ({_count(len(nine[0]) + len(nine[1]))} corpora){prose(nine[2])}; "
+         f"{NOISE_TASK} {c.retrieval('hard_top2_cap@0+13+15-16+21+24-25+28-29', 4096).distant_pairs_kept:.3f} of the pairs at "
+         f"{rel('hard_top2_cap@0+13+15-16+21+24-25+28-29', 4096)} of dense (4096), {rel('hard_top2_cap@0+13+15-16+21+24-25+28-29', 8192)} "
+         f"at 8192 ({n('hard_top2_cap@0+13+15-16+21+24-25+28-29', 8192)} cases)"),
+         (f"meets the suite's pair bound by {0.60 - c.retrieval('hard_top2_cap@0+13+15-16+21+24-25+28-29', 4096).distant_pairs_kept:.3f}, "
+         "not its 0.90 at 8192; an option"), gc),
+        ("the group capacity evicting in eight layers (`_evict@13+15-16+21+24-25+28-29`)", "`capacity_evict`",
+         (f"technical top-2 {_span(evict[0])} paired {five(evict)}{prose(evict[2])}; {NOISE_TASK} "
+         f"{pairs('hard_top2_evict@13+15-16+21+24-25+28-29', 3)} of the pairs at {rel('hard_top2_evict@13+15-16+21+24-25+28-29', 4096)} / "
+         f"{rel('hard_top2_evict@13+15-16+21+24-25+28-29', 8192)} of dense (4096 / 8192, "
+         f"{n('hard_top2_evict@13+15-16+21+24-25+28-29', 4096)} / {n('hard_top2_evict@13+15-16+21+24-25+28-29', 8192)} cases)"),
+         "meets both of the suite's bounds, worse on technical text; an option", gc),
+        ("the same without layer 24 (`_evict@13+15-16+21+25+28-29`)", "`capacity_evict7`",
+         (f"technical top-2 {_span(evict7[0])} paired {five(evict7)}{prose(evict7[2])}; {NOISE_TASK} {pairs(shipped, 3)} of the pairs "
+         f"at {rel(shipped, 4096)} / {rel(shipped, 8192)} of dense (4096 / 8192, {n(shipped, 4096)} / {n(shipped, 8192)} cases)"),
+         ("meets both of the suite's bounds; shipped: the top-2 `default` of `smollm2-135m/needle-mix-capacity`, measured "
+         "on all 11 tasks ([retrieval](results.md#retrieval-beyond-passkey))"), gc),
+        ("eight groups at top-4", "`k8_split_domains`",
+         f"every paired change within {_within(tech_paired(('k8_split_domains', 'hard_top2_keyshift'), ks_top1) + tech_paired(('k8_split_domains', 'hard_top4_keyshift'), ks_budgets), 1)} points",
+         "no gain", "[eight groups](studies/eight-groups.md)"),
+        ("distillation weighted to copies", "`copy_share_domains`",
+         f"within {_within(tech_paired(('copy_share_domains', 'hard_top2_keyshift'), ks_budgets) + tech_paired(('copy_share_domains', 'hard_top1_keyshift'), ks_top1))} points",
+         "no gain", "[copy-weighted distillation](studies/copy-weighted-distillation.md)"),
+        ("the LM objective at 4096 tokens", "`lm_objective_domains`",
+         f"within {_within([x for lab in ('hard_top2_keyshift', 'hard_top1_keyshift') for x in tech_paired(('lm_objective_domains', lab), ('keyshift90_domains', lab))])} points",
+         "no gain", "[LM objective](studies/lm-objective.md)"),
+        ("token-match pairs (`--match-shifts 0,1`)", "`match_per_domain`, `match_persuasion`, `keyshift90_match_domains`",
+         (f"technical top-2 {_slashed(tech('match_per_domain', 'hard_top2'))}, top-1 {_slashed(tech('match_per_domain', 'hard_top1'))}, "
+         f"about {100 * sum(c.kept('match_per_domain', d, 4096, 'hard_top2') - c.kept('shipped_per_domain', d, 4096, 'hard_top2') for d in T) / len(T):.0f}% more pairs"),
+         (f"random groups with the pairs within {_points([c.margin('match_per_domain', d, 4096, 'random_top2') for d in T], 1)}%; "
+         f"*Persuasion* 8192 {_pct(c.dense('match_persuasion', P, 8192, 'hard_top2'), 2)}; an option"),
+         "[token-match pairs](studies/token-match-pairs.md)"),
+        ("routers trained with the pairs kept", "`match_trained_*`, `broad_s5_match_domains`",
+         f"top-2 changes by at most {_within(match_trained)}%",
+         f"margin over random groups {_span(match_margin, 1)}", "[trained with the pairs](studies/trained-with-pairs.md)"),
+    ]
+    return rows
+
+
+@block("alternatives", LENGTH_CELLS, RETRIEVAL_CASES, RECIPES_SWEEP)
+def alternatives() -> Generated:
+    """docs/recipes.md's "Alternatives measured" table: per router file or lever measured, the
+    tables, the result, why it was not shipped and its study (``_alternative_rows``)."""
+    rows = _alternative_rows(_Cells())
+    lines = ["| routers or lever | table(s) | result | why not shipped | study |", "|---|---|---|---|---|"]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    inputs = (f"{LENGTH_CELLS} (the tables each row names and the tables they are paired with: changes over dense, "
+              "margins over random / shuffled groups, paired changes on the windows both tables have; technical text "
+              f"at 4096 and 8192 tokens on cells of more than one window), {RETRIEVAL_CASES} ({NOISE_TASK}), "
+              f"{RECIPES_SWEEP} (30 steps at 512 tokens)")
+    return Generated(inputs, "\n".join(lines))
+

@@ -82,6 +82,43 @@ def test_intervene_nouns_cells_from_the_data():
         assert close(rise, r["max"]) and close(fall, r["min"])
 
 
+def test_alternatives_cells_from_the_rows():
+    # independent reference: pooled perplexities by hand from the committed per-window rows (exp of
+    # the token-weighted mean NLL), a paired change on the windows both tables have, the recipe
+    # sweep's perplexities and the retrieval cases' mean pairs kept
+    page = (REPO / "docs" / "recipes.md").read_text()
+    assert "alternatives" in {f.name for f in doc_blocks.find_blocks(page)}
+    text = doc_blocks.render("alternatives")
+    cells = pd.read_parquet(REPO / doc_blocks.LENGTH_CELLS)
+
+    def rows(table, corpus, label):
+        return cells[(cells.table == table) & (cells.corpus == corpus) & (cells.seq_len == 4096) & (cells.label == label)]
+
+    def ppl(g):
+        return float(np.exp((g.nll * g.tokens).sum() / g.tokens.sum()))
+
+    top2, dense = rows("sinks64_512", "austen", "hard_top2"), rows("sinks64_512", "austen", "dense")
+    row = _table_row(text, "stage 1 alone (`sinks64`, 512 tokens)")
+    assert f"top-2 {100 * (ppl(top2) / ppl(dense) - 1):+.1f}% [{top2.distant_pairs_kept.mean():.2f}]" in row[2]
+
+    a = rows("calibrated_python-docs", "python-docs", "hard_top2").set_index("window")
+    b = rows("shipped_per_domain", "python-docs", "hard_top2").set_index("window")
+    w = a.index.intersection(b.index)
+    paired = 100 * (np.exp(((a.nll * a.tokens)[w].sum() - (b.nll * b.tokens)[w].sum()) / a.tokens[w].sum()) - 1)
+    assert _table_row(text, "group bias re-fitted on the user's text")[2].startswith(f"technical top-2 {paired:+.2f}% to ")
+
+    sweep = pd.read_parquet(REPO / doc_blocks.RECIPES_SWEEP)
+    sweep = sweep[sweep.sweep == "30 steps"].set_index(["recipe", "label"]).perplexity
+    assert (f"(top-2 {sweep[('paper', 'hard_top2')]:.1f} against {sweep[('controls', 'dense')]:.1f})"
+            in _table_row(text, "other recipes, 30 steps at 512 tokens")[2])
+
+    cases = pd.read_parquet(REPO / doc_blocks.RETRIEVAL_CASES)
+    kept = [cases[(cases.task == "niah_single_1") & (cases.length == L) & (cases.pattern == "hard_top2")]
+            .distant_pairs_kept.mean() for L in (4096, 8192)]
+    shipped = _table_row(text, "**shipped** (stages 1-9: the needle-mix file with a group capacity for top-2)")
+    assert shipped[2].startswith(f"niah_single_1 at {kept[0]:.2f} / {kept[1]:.2f} of the distant pairs")
+
+
 def _page(tmp_path, text: str):
     (tmp_path / "docs").mkdir(exist_ok=True)
     page = tmp_path / "docs" / "x.md"
