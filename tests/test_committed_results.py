@@ -160,3 +160,14 @@ def test_the_sources_name_pages_and_headings_that_exist():
         headings = [line.lstrip("#").strip().lower().replace(" ", "-")
                     for line in (REPO / page).read_text().splitlines() if line.startswith("#")]
         assert anchor in headings, docs
+
+
+def test_committed_results_default_to_the_embedded_models_file():
+    """With files shipped for two models (SmolLM2-135M, Gemma-3-270M) the committed results of no
+    named model are the embedded model's; its name is models.EMBEDDED's literal copy."""
+    from focus_lab.eval import committed
+    from focus_lab.hf.models import EMBEDDED
+    from focus_lab.hf.shipped import registry
+    assert committed.EMBEDDED == EMBEDDED
+    assert committed.router_file() == (registry()["shipped"][EMBEDDED], registry()["files"][registry()["shipped"][EMBEDDED]]["sha256"])
+    assert committed.router_file(model="gemma3-270m")[0] == registry()["shipped"]["gemma3-270m"]

@@ -120,19 +120,19 @@ def results_dir(results: str | Path | None = None) -> Path:
     return p
 
 
+EMBEDDED = "smollm2-135m-instruct"  # focus_lab.hf.models.EMBEDDED, copied: importing it loads torch
+
+
 def router_file(router: str | None = None, model: str | None = None) -> tuple[str, str]:
     """(manifest name, sha256) of a router file: ``router`` by its manifest name, or by default the
-    file shipped for ``model`` (None: the only model the manifest ships a file for).
+    file shipped for ``model`` (None: the embedded SmolLM2-135M, ``EMBEDDED``).
 
-    Raises NoCommittedResults: no manifest, an unknown name or model, or several shipped models and
-    no ``model``."""
+    Raises NoCommittedResults: no manifest, an unknown name, or a model no file ships for."""
     reg = registry()
     files = reg.get("files", {})
     if router is None:
         shipped = reg.get("shipped", {})
-        if model is None and len(shipped) != 1:
-            raise NoCommittedResults(f"name a model: the manifest ships files for {sorted(shipped) or 'none'}")
-        model = model if model is not None else next(iter(shipped))
+        model = model if model is not None else EMBEDDED
         if model not in shipped:
             raise NoCommittedResults(f"no router file ships for model {model!r} (shipped: {sorted(shipped)})")
         router = shipped[model]
