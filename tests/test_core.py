@@ -156,3 +156,36 @@ def test_shared_small_concepts_against_hand_values():
     # per-layer seeds: distinct across layers and seeds
     seeds = {layer_seed(s, i) for s in range(3) for i in range(30)}
     assert len(seeds) == 90
+
+
+@pytest.mark.parametrize("band", [None, 5, 23])
+def test_masked_attention_in_key_sliced_chunks_equals_the_manual_softmax(band, monkeypatch):
+    """Above ``SDPA_QUERY_CHUNK`` queries on the host, ``masked_attention`` under a bool mask runs
+    chunk by chunk on each chunk's span of kept keys: under a causal mask, a sliding window of
+    ``band`` keys (Gemma-3's local layers) and a random mask with an empty row, with GQA, it equals
+    the manual softmax over the whole (T, T) mask; the chunks did cut the keys (a sliding window
+    leaves a chunk far fewer keys than T)."""
+    from focus_lab.method import core
+    monkeypatch.setattr(core, "SDPA_QUERY_CHUNK", 8)
+    torch.manual_seed(5)
+    B, H, Hkv, T, D = 2, 4, 1, 61, 8
+    q, k, v = torch.randn(B, H, T, D), torch.randn(B, Hkv, T, D), torch.randn(B, Hkv, T, D)
+    i, j = torch.arange(T)[:, None], torch.arange(T)[None, :]
+    mask = (j <= i) if band is None else (j <= i) & (j > i - band)
+    mask = mask.expand(B, T, T).clone()
+    if band == 23:  # and a random mask inside the band, one row empty
+        mask &= torch.rand(B, T, T) > 0.3
+        mask[1, 40] = False
+    spans = []
+    real = F.scaled_dot_product_attention
+    monkeypatch.setattr(core.F, "scaled_dot_product_attention",
+                        lambda *a, **kw: spans.append(a[1].shape[2]) or real(*a, **kw))
+    out = masked_attention(q, k, v, mask)
+    assert len(spans) == -(-T // 8)  # one call per chunk of 8 queries
+    if band == 5:
+        assert max(spans) <= 5 + 8 - 1
+    kk, vv = k.repeat_interleave(H // Hkv, 1), v.repeat_interleave(H // Hkv, 1)
+    logits = (q @ kk.transpose(-1, -2)) / math.sqrt(D)
+    m = torch.where(mask.any(-1, keepdim=True), mask, mask | torch.eye(T, dtype=torch.bool))
+    ref = torch.softmax(logits.masked_fill(~m[:, None], float("-inf")), -1) @ vv
+    assert torch.allclose(out, ref, atol=1e-5)

@@ -783,9 +783,36 @@ def masked_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
         return _softcapped_attention(query, key, value, bias, scaling, float(softcap))
     if bias.dtype != torch.bool:
         bias = bias.to(query.dtype)
+    elif not off_host and query.shape[2] > SDPA_QUERY_CHUNK:
+        return _key_sliced_attention(query, key, value, bias, scaling, SDPA_QUERY_CHUNK)
     return F.scaled_dot_product_attention(
         query, key, value, attn_mask=bias[:, None], scale=scaling,
         enable_gqa=query.shape[1] != key.shape[1])  # (B, H, Tq, D)
+
+
+SDPA_QUERY_CHUNK = 512  # queries per SDPA call of ``masked_attention`` under a long bool mask on the host
+
+
+def _key_sliced_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, keep: torch.Tensor,
+                          scaling: float | None, chunk: int) -> torch.Tensor:
+    """``masked_attention`` under a bool mask, ``chunk`` queries at a time, each chunk attending
+    only to the keys from its first to its last kept column: the same result (a key no query of
+    the chunk keeps adds nothing), in O(chunk x span) per chunk. Under a causal mask the work
+    halves; under a sliding window of w keys (Gemma-3's local layers, w = 512) it is
+    O(T x (w + chunk)) instead of O(T^2) (docs/studies/gemma-routers.md).
+
+    query: (B, H, Tq, D); key, value: (B, Hkv, Tk, D); keep: (B, Tq, Tk) bool with at least one
+    kept key per row (``masked_attention`` fills empty rows' diagonal first). Returns (B, H, Tq, D)."""
+    gqa = query.shape[1] != key.shape[1]
+    outs = []
+    for s in range(0, query.shape[2], chunk):
+        k = keep[:, s:s + chunk]  # (B, c, Tk)
+        cols = k.any(1).any(0).nonzero()  # (n, 1): the keys some query of the chunk keeps
+        lo, hi = int(cols[0]), int(cols[-1]) + 1
+        outs.append(F.scaled_dot_product_attention(
+            query[:, :, s:s + chunk], key[:, :, lo:hi], value[:, :, lo:hi], attn_mask=k[:, None, :, lo:hi],
+            scale=scaling, enable_gqa=gqa))  # (B, H, c, D)
+    return torch.cat(outs, dim=2)
 
 
 def _softcapped_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
