@@ -373,6 +373,97 @@ def length_table_full() -> Generated:
     return Generated(inputs, text)
 
 
+GEMMA_TABLE = "gemma3_needle_mix"  # Gemma-3-270M's shipped file (docs/studies/gemma-routers.md)
+
+
+def _change(r, column: str = "delta_vs_dense_pct", lo: str = "ci_lo", hi: str = "ci_hi", windows: int = 3) -> str:
+    """``+0.6% [+0.2, +1.0]``: a change in % with its 95% paired interval; the change alone under
+    3 windows, where a bootstrap over windows gives no interval worth printing."""
+    if windows < 3:
+        return f"{getattr(r, column):+.1f}%"
+    return f"{getattr(r, column):+.1f}% [{getattr(r, lo):+.1f}, {getattr(r, hi):+.1f}]"
+
+
+@block("gemma-length-table", LENGTH_CELLS)
+def gemma_length_table() -> Generated:
+    """Gemma-3-270M's length table: per held-out corpus and length, dense perplexity, the change of
+    window, hard top-1 and hard top-2 over dense (95% paired interval over windows from 3 windows
+    up; distant pairs kept), and random groups' change over the router at the same k (> 0: the
+    router is better)."""
+    from analyses.length_table import summarize
+    df = _cells(GEMMA_TABLE)
+    s = summarize(df).set_index(["corpus", "seq_len", "label"])
+    lines = ["| held out | tokens | windows | dense | window | hard top-1 | hard top-2 | random top-1 vs router "
+             "| random top-2 vs router |", "|---|---:|---:|---:|---|---|---|---|---|"]
+    for (c, L), g in df.groupby(["corpus", "seq_len"], sort=True):
+        r = lambda p: s.loc[(c, L, p)]  # noqa: E731
+        kept = lambda p: f" {{{r(p).distant_pairs_kept:.2f}}}"  # noqa: E731
+        n = g.window.nunique()
+        vs = lambda p: _change(r(p), "control_vs_router_pct", "control_ci_lo", "control_ci_hi", n)  # noqa: E731
+        lines.append(f"| {HELD_NAMES.get(g.heldout.iloc[0], g.heldout.iloc[0])} | {L} | {n} | "
+                     f"{r('dense').perplexity:.2f} | {_change(r('window'), windows=n)} | "
+                     f"{_change(r('hard_top1'), windows=n)}{kept('hard_top1')} | "
+                     f"{_change(r('hard_top2'), windows=n)}{kept('hard_top2')} | {vs('random_top1')} | {vs('random_top2')} |")
+    inputs = (f"{LENGTH_CELLS} (table {GEMMA_TABLE}); model gemma3-270m; routers {_routers_text(df)}; "
+              f"{_windows_text(df)}; patterns dense, window, hard_top1, hard_top2, random_top1, random_top2")
+    return Generated(inputs, "\n".join(lines))
+
+
+GEMMA_CHAIN = "figures/gemma/chain.json"
+GEMMA_KEY_SLICED = "figures/gemma/bench_key_sliced.csv"
+
+
+@block("gemma-chain", GEMMA_CHAIN)
+def gemma_chain() -> Generated:
+    """Gemma-3-270M's router chain (``focus-lab routers build --model gemma3-270m``): each stage's
+    seconds and peak RSS as its ``chain.json`` recorded them, and the total."""
+    import json
+    rec = json.loads((REPO / GEMMA_CHAIN).read_text())
+    if rec.get("model") != "gemma3-270m":
+        raise MissingInput(f"{GEMMA_CHAIN} (a gemma3-270m chain)")
+    lines = ["| stage | command | seconds | peak RSS |", "|---|---|---:|---:|"]
+    for name, st in rec["stages"].items():
+        cmd = st["command"].replace("checkpoints/gemma3_chain/", "")
+        lines.append(f"| {name} | `{cmd}` | {st['seconds']:.0f} | {st['peak_rss_gb']:.2f} GiB |")
+    lines.append(f"| total | | **{rec['total_seconds']:.0f}** ({rec['total_seconds'] / 60:.1f} min) | "
+                 f"{max(st['peak_rss_gb'] for st in rec['stages'].values()):.2f} GiB |")
+    from focus_lab.hf.shipped import named_file
+    final = list(rec["stages"].values())[-1]["sha256"]
+    inputs = (f"{GEMMA_CHAIN}; result {named_file(final) or final[:12]} (sha256 {final[:12]}); this 2-core CPU, "
+              "tests running beside it part of the time")
+    return Generated(inputs, "\n".join(lines))
+
+
+@block("gemma-key-sliced", GEMMA_KEY_SLICED)
+def gemma_key_sliced() -> Generated:
+    """``analyses.bench_key_sliced``: Gemma-3-270M's Focus body forward with the whole masked
+    product against key-sliced attention, per length and pattern, and the global layers' share."""
+    df = pd.read_csv(REPO / GEMMA_KEY_SLICED)
+    lines = ["| tokens | pattern | whole (s) | key-sliced (s) | speed-up | global layers' share (key-sliced) "
+             "| max abs difference |", "|---:|---|---:|---:|---:|---:|---:|"]
+    for (T, pat), g in df.groupby(["seq_len", "pattern"], sort=False):
+        w, k = g.set_index("path").loc["whole"], g.set_index("path").loc["key_sliced"]
+        lines.append(f"| {T} | {pat} | {w.body_s:.1f} | {k.body_s:.1f} | {w.body_s / k.body_s:.2f}x | "
+                     f"{k.global_share_of_body:.0%} | {k.max_abs_diff:.1e} |")
+    r = df.iloc[0]
+    inputs = (f"{GEMMA_KEY_SLICED}; routers {r.router_name}; commit {r.commit}; {r.machine}; one Persuasion window a "
+              f"length; load average {df.load_before.min():.1f}-{df.load_before.max():.1f} before a forward")
+    return Generated(inputs, "\n".join(lines))
+
+
+GEMMA_ORACLE = "figures/gemma/oracle/oracle_gap.parquet"
+
+
+@block("gemma-oracle", GEMMA_ORACLE)
+def gemma_oracle() -> Generated:
+    """Gemma-3-270M's oracle gap (``analyses.studies.oracle_gap --model gemma3-270m``): the router,
+    random groups and the oracle (each query's heaviest distant keys at its groups' budget) against
+    dense and against each other."""
+    from analyses.studies.oracle_gap import gap_table
+    head, table = gap_table(pd.read_parquet(REPO / GEMMA_ORACLE))
+    return Generated(f"{GEMMA_ORACLE}; {head}", table)
+
+
 DOMAIN_TABLES = ("capacity_length", "capacity_per_domain", "capacity_heldout_8k",
                  "needle_mix_length", "needle_mix_per_domain", "needle_mix_heldout_8k")
 

@@ -221,6 +221,8 @@ def commit_table(out: Path, name: str, path: Path | None = None) -> int:
             both[col] = both[col].fillna("").astype(str)
     if "seed" in both:
         both["seed"] = both["seed"].fillna(0).astype("int64")
+    if "model" in both:  # tables made before cells named their model are SmolLM2's
+        both["model"] = both["model"].fillna("smollm2-135m-instruct").astype(str)
     from analyses.migrate_tables import migrate  # each row's canonical pattern and router name
     write_parquet(path, migrate(both, "length_cells.parquet", {}))
     return len(new)

@@ -55,6 +55,25 @@ def test_length_table_numbers_from_the_rows():
     assert row[2] == f"{change:+.1f}% [{kept:.2f}]"
 
 
+def test_gemma_length_table_numbers_from_the_rows():
+    # Gemma-3-270M's table: pooled by hand from the committed rows of Persuasion at 4096 tokens;
+    # the router's margin is random groups' perplexity over the router's at the same k
+    cells = pd.read_parquet(REPO / doc_blocks.LENGTH_CELLS)
+    cells = cells[(cells.table == doc_blocks.GEMMA_TABLE) & (cells.corpus == "austen") & (cells.seq_len == 4096)]
+    assert set(cells.model) == {"gemma3-270m"}
+
+    def ppl(label):
+        g = cells[cells.label == label]
+        return float(np.exp((g.nll * g.tokens).sum() / g.tokens.sum()))
+
+    row = _table_row(doc_blocks.render("gemma-length-table"), "*Persuasion*")
+    assert row[1:4] == ["4096", str(cells.window.nunique()), f"{ppl('dense'):.2f}"]
+    kept = cells[cells.label == "hard_top2"].distant_pairs_kept.mean()
+    assert row[6].startswith(f"{100 * (ppl('hard_top2') / ppl('dense') - 1):+.1f}% [")
+    assert row[6].endswith(f"{{{kept:.2f}}}")
+    assert row[8].startswith(f"{100 * (ppl('random_top2') / ppl('hard_top2') - 1):+.1f}% [")
+
+
 def test_output_error_numbers_from_the_rows():
     heads = pd.read_parquet(REPO / doc_blocks.OUTPUT_ERROR)
     focus = heads[heads.pattern == "focus"]

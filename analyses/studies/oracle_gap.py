@@ -86,7 +86,16 @@ def main(argv=None) -> None:
 
 
 def report(res: pd.DataFrame, path: Path) -> None:
-    """The table of gaps (perplexity change %, paired 95% interval over windows; distant pairs kept)."""
+    """Write ``gap_table``'s head and table to ``path`` and print it."""
+    head, table = gap_table(res)
+    path.write_text(head + "\n\n" + table + "\n")
+    print(path.read_text())
+
+
+def gap_table(res: pd.DataFrame) -> tuple[str, str]:
+    """(head, table): what ran (corpus, windows, router file, commits), and the table of gaps
+    (perplexity change %, paired 95% interval over windows; distant pairs kept) of ``GAPS`` rows
+    whose two patterns ran."""
     by = {lab: g for lab, g in res.groupby("label")}
     n = res.window.nunique()
     lines = [f"| pattern | against | change | 95% interval | distant pairs kept | windows |",
@@ -99,8 +108,7 @@ def report(res: pd.DataFrame, path: Path) -> None:
                      f"{by[a].distant_pairs_kept.mean():.3f} | {len(by[a])} |")
     head = (f"Held-out text of `{res.corpus.iloc[0]}`, {n} windows of {int(res.seq_len.iloc[0])} tokens; router file "
             f"`{res.router_name.iloc[0]}` ({res.router_sha256.iloc[0][:8]}); commits {', '.join(sorted(res.commit.unique()))}.")
-    path.write_text(head + "\n\n" + "\n".join(lines) + "\n")
-    print(path.read_text())
+    return head, "\n".join(lines)
 
 
 if __name__ == "__main__":
