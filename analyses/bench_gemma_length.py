@@ -70,12 +70,8 @@ def _cell(T: int, pattern: str, out: Path, seed: int) -> None:
             router = getattr(layer.self_attn, "focus_router", None)
             if router is not None:
                 router.register_forward_hook(lambda m, a, o, i=i: scores.__setitem__(i, o.detach()))
-    layer_s: dict[int, float] = {}
-    t_in: dict[int, float] = {}
-    for i, layer in enumerate(model.model.layers):
-        layer.register_forward_pre_hook(lambda m, a, i=i: t_in.__setitem__(i, time.perf_counter()))
-        layer.register_forward_hook(
-            lambda m, a, o, i=i: layer_s.__setitem__(i, layer_s.get(i, 0.0) + time.perf_counter() - t_in[i]))
+    from analyses.common import layer_seconds
+    layer_s = layer_seconds(model.model.layers)  # {layer index: seconds} of the forward
     rss_loaded = gib(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
     # torch.no_grad, not inference_mode: under inference_mode the Focus path fails
     # (focus_lab/hf/state.py PlainCausalCheck reads attention_mask._version, which inference tensors

@@ -46,12 +46,8 @@ def main(argv: list[str] | None = None) -> int:
     model, tok = load_model("gemma3-270m", verbose=False)
     routers = shipped_router_file("gemma3-270m")
     cfg = focus_lab.load_routers(model, routers)
-    layer_s: dict[int, float] = {}
-    t_in: dict[int, float] = {}
-    for i, layer in enumerate(model.model.layers):
-        layer.register_forward_pre_hook(lambda m, a, i=i: t_in.__setitem__(i, time.perf_counter()))
-        layer.register_forward_hook(
-            lambda m, a, o, i=i: layer_s.__setitem__(i, layer_s.get(i, 0.0) + time.perf_counter() - t_in[i]))
+    from analyses.common import layer_seconds
+    layer_s = layer_seconds(model.model.layers)  # {layer index: seconds} of the forward
     rows = []
     chunk = core.SDPA_QUERY_CHUNK
     for T in (int(x) for x in a.lengths.split(",")):

@@ -555,3 +555,16 @@ def pareto_front(x: np.ndarray, y: np.ndarray, larger_x_better: bool) -> np.ndar
             front.append(i)
             best = y[i]
     return np.array(sorted(front, key=lambda i: x[i]), dtype=int)
+
+
+def layer_seconds(layers) -> dict[int, float]:
+    """Time each decoder layer of ``layers`` (a ``ModuleList``) by a forward pre-hook and hook:
+    returns the dict {layer index: seconds} that the hooks add to, for the caller to clear between
+    forwards. The hooks stay registered: for benchmark processes only."""
+    seconds: dict[int, float] = {}
+    start: dict[int, float] = {}
+    for i, layer in enumerate(layers):
+        layer.register_forward_pre_hook(lambda m, a, i=i: start.__setitem__(i, time.perf_counter()))
+        layer.register_forward_hook(
+            lambda m, a, o, i=i: seconds.__setitem__(i, seconds.get(i, 0.0) + time.perf_counter() - start[i]))
+    return seconds

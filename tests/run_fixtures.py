@@ -158,7 +158,8 @@ def make_main_job_run(path: str | Path, source: str | Path, patterns: str | None
     for name in ("eval", "train_log"):
         (path / f"{name}.parquet").unlink()
     mf["tables"] = [t for t in mf["tables"] if t not in ("eval", "train_log")]
-    model, entry = next(iter(shipped.manifest().items()))
+    model = "smollm2-135m-instruct"  # the main job's model (the manifest ships Gemma's file too)
+    entry = shipped.manifest()[model]
     mf["routers"]["shipped"] = cli._shipped_provenance(entry["sha256"])
     assert mf["routers"]["shipped"]["model"] == model
     (path / "manifest.json").write_text(json.dumps(mf, indent=2))
