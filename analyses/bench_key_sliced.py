@@ -28,6 +28,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--lengths", default="4096,8192")
     ap.add_argument("--patterns", default="dense,hard_top1,hard_top2")
+    ap.add_argument("--paths", default="whole,key_sliced", help="key_sliced alone at lengths where the whole "
+                    "product takes too long (rows are added to --out, a length's earlier rows replaced)")
     ap.add_argument("--out", type=Path, default=Path("figures/gemma/bench_key_sliced.csv"))
     a = ap.parse_args(argv)
     import pandas as pd
@@ -57,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
             hidden = {}
             with torch.no_grad():
                 model.model(input_ids=ids[:, :256], use_cache=False, focus=state)  # warm-up
-                for path, c in (("whole", 10 ** 9), ("key_sliced", chunk)):
+                for path, c in ((p, {"whole": 10 ** 9, "key_sliced": chunk}[p]) for p in a.paths.split(",")):
                     core.SDPA_QUERY_CHUNK = c
                     layer_s.clear()
                     load = os.getloadavg()[0]
@@ -68,6 +70,12 @@ def main(argv: list[str] | None = None) -> int:
                                  "global_share_of_body": round(sum(layer_s.get(i, 0.0) for i in GLOBAL_LAYERS) / body, 3),
                                  "load_before": round(load, 2)})
             core.SDPA_QUERY_CHUNK = chunk
+            if len(hidden) < 2:
+                r = rows[-1]
+                r["max_abs_diff"] = float("nan")
+                print(f"{T:>6} {label:<10} {r['path']} {r['body_s']:7.1f} s  global layers "
+                      f"{r['global_share_of_body']:.0%} of the body", flush=True)
+                continue
             diff = float((hidden["whole"] - hidden["key_sliced"]).abs().max())
             w, s = rows[-2], rows[-1]
             w["max_abs_diff"] = s["max_abs_diff"] = diff
@@ -84,6 +92,9 @@ def main(argv: list[str] | None = None) -> int:
     df["router_name"], df["commit"] = meta["router_name"], meta["commit"]
     df["machine"] = f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}"
     a.out.parent.mkdir(parents=True, exist_ok=True)
+    if a.out.is_file():  # earlier lengths stay; this run's lengths replace theirs
+        old = pd.read_csv(a.out)
+        df = pd.concat([old[~old.seq_len.isin(df.seq_len)], df], ignore_index=True)
     write_text(a.out, df.to_csv(index=False))
     print(f"wrote {a.out}")
     return 0

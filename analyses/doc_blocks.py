@@ -439,14 +439,21 @@ def gemma_key_sliced() -> Generated:
     """``analyses.bench_key_sliced``: Gemma-3-270M's Focus body forward with the whole masked
     product against key-sliced attention, per length and pattern, and the global layers' share."""
     df = pd.read_csv(REPO / GEMMA_KEY_SLICED)
-    lines = ["| tokens | pattern | whole (s) | key-sliced (s) | speed-up | global layers' share (key-sliced) "
-             "| max abs difference |", "|---:|---|---:|---:|---:|---:|---:|"]
+    sliced = df[df.path == "key_sliced"].set_index(["seq_len", "pattern"]).body_s
+    lines = ["| tokens | pattern | whole (s) | key-sliced (s) | speed-up | dense / pattern, key-sliced | global "
+             "layers' share (key-sliced) | max abs difference |", "|---:|---|---:|---:|---:|---:|---:|---:|"]
     for (T, pat), g in df.groupby(["seq_len", "pattern"], sort=False):
-        w, k = g.set_index("path").loc["whole"], g.set_index("path").loc["key_sliced"]
-        lines.append(f"| {T} | {pat} | {w.body_s:.1f} | {k.body_s:.1f} | {w.body_s / k.body_s:.2f}x | "
-                     f"{k.global_share_of_body:.0%} | {k.max_abs_diff:.1e} |")
+        g = g.set_index("path")
+        k = g.loc["key_sliced"]
+        w = g.loc["whole"] if "whole" in g.index else None
+        whole = f"{w.body_s:.1f} | {w.body_s / k.body_s:.2f}x" if w is not None else "- | -"
+        ratio = f"{sliced[(T, 'dense')] / k.body_s:.2f}x" if (T, "dense") in sliced.index else "-"
+        diff = f"{k.max_abs_diff:.1e}" if pd.notna(k.max_abs_diff) else "-"
+        lines.append(f"| {T} | {pat} | {whole.split(' | ')[0]} | {k.body_s:.1f} | {whole.split(' | ')[1]} | {ratio} | "
+                     f"{k.global_share_of_body:.0%} | {diff} |")
     r = df.iloc[0]
-    inputs = (f"{GEMMA_KEY_SLICED}; routers {r.router_name}; commit {r.commit}; {r.machine}; one Persuasion window a "
+    inputs = (f"{GEMMA_KEY_SLICED}; routers {r.router_name}; commits {', '.join(sorted(df.commit.unique()))}; "
+              f"{r.machine}; one Persuasion window a "
               f"length; load average {df.load_before.min():.1f}-{df.load_before.max():.1f} before a forward")
     return Generated(inputs, "\n".join(lines))
 
