@@ -430,7 +430,7 @@ def gemma_chain() -> Generated:
     from focus_lab.hf.shipped import named_file
     final = list(rec["stages"].values())[-1]["sha256"]
     inputs = (f"{GEMMA_CHAIN}; result {named_file(final) or final[:12]} (sha256 {final[:12]}); this 2-core CPU, "
-              "tests running beside it part of the time")
+              "load average 2.2-2.8")
     return Generated(inputs, "\n".join(lines))
 
 
@@ -445,12 +445,11 @@ def gemma_key_sliced() -> Generated:
     for (T, pat), g in df.groupby(["seq_len", "pattern"], sort=False):
         g = g.set_index("path")
         k = g.loc["key_sliced"]
-        w = g.loc["whole"] if "whole" in g.index else None
-        whole = f"{w.body_s:.1f} | {w.body_s / k.body_s:.2f}x" if w is not None else "- | -"
+        w = g.body_s.get("whole")  # None where only the key-sliced path ran
         ratio = f"{sliced[(T, 'dense')] / k.body_s:.2f}x" if (T, "dense") in sliced.index else "-"
         diff = f"{k.max_abs_diff:.1e}" if pd.notna(k.max_abs_diff) else "-"
-        lines.append(f"| {T} | {pat} | {whole.split(' | ')[0]} | {k.body_s:.1f} | {whole.split(' | ')[1]} | {ratio} | "
-                     f"{k.global_share_of_body:.0%} | {diff} |")
+        lines.append(f"| {T} | {pat} | {'-' if w is None else f'{w:.1f}'} | {k.body_s:.1f} | "
+                     f"{'-' if w is None else f'{w / k.body_s:.2f}x'} | {ratio} | {k.global_share_of_body:.0%} | {diff} |")
     r = df.iloc[0]
     inputs = (f"{GEMMA_KEY_SLICED}; routers {r.router_name}; commits {', '.join(sorted(df.commit.unique()))}; "
               f"{r.machine}; one Persuasion window a "

@@ -45,7 +45,7 @@ from focus_lab.method.cpu import torch_threads
 from focus_lab.hf.hooks import hooks
 from focus_lab.hf.retrofit import attention_modules, forward_state, model_identity
 from focus_lab.runs import MANIFEST, SCHEMA, SCHEMA_VERSION
-from focus_lab.eval.evaluate import NLL_CHUNK, next_token_nll as window_nll
+from focus_lab.eval.evaluate import NLL_CHUNK, next_token_nll as batch_next_token_nll
 from focus_lab.recording.options import ALL_METRICS, DEFAULT_METRICS, RecordOptions  # noqa: F401  (re-exported)
 
 PACKAGES = ("torch", "transformers", "spacy", "pandas", "pyarrow", "scikit-learn", "streamlit", "focus-lab")
@@ -335,7 +335,7 @@ def next_token_nll(model, input_ids: torch.Tensor, chunk: int = NLL_CHUNK, focus
     """
     _check_window(input_ids)
     kw = {} if focus is None else {"focus": focus}
-    return window_nll(model, input_ids.long()[None], chunk, use_cache=False, **kw)[0].cpu()  # (T - 1,)
+    return batch_next_token_nll(model, input_ids.long()[None], chunk, use_cache=False, **kw)[0].cpu()  # (T - 1,)
 
 
 def _check_window(input_ids: torch.Tensor) -> None:
