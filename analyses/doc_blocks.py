@@ -1468,3 +1468,8 @@ def alternatives() -> Generated:
               f"{RECIPES_SWEEP} (30 steps at 512 tokens)")
     return Generated(inputs, "\n".join(lines))
 
+
+
+# the blocks of the other pages (studies, the recipe's stages, reference tables): analyses/blocks/,
+# one module per page or group of pages; importing the package registers them
+import analyses.blocks  # noqa: E402,F401

@@ -178,16 +178,23 @@ def gemma_stages(out: Path, steps: int = 30) -> list[tuple[str, list[str], Path]
                           "--out", str(final)], final)]
 
 
-def run_stage(args: list[str], log: Path) -> tuple[float, float, int]:
+def run_stage(args: list[str], log: Path, poll: float = 2.0) -> tuple[float, float, int, float]:
     """Run ``focus-lab <args>`` (``python <args>`` when ``args`` starts with ``-m``) with output to
-    ``log``; (seconds, peak RSS in GiB, exit code)."""
+    ``log``; (seconds, peak RSS in GiB, exit code, highest 1-minute load average seen while it ran,
+    sampled every ``poll`` seconds: about 2 on a quiet 2-core machine, higher when others share it)."""
     t0 = time.perf_counter()
     cmd = [sys.executable, *args] if args[0] == "-m" else [sys.executable, "-m", "focus_lab", *args]
+    load = os.getloadavg()[0]
     with open(log, "w") as fh:
         proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, cwd=ROOT)
-        _, status, usage = os.wait4(proc.pid, 0)
+        while True:
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                break
+            load = max(load, os.getloadavg()[0])
+            time.sleep(poll)
     proc.returncode = os.waitstatus_to_exitcode(status)
-    return time.perf_counter() - t0, usage.ru_maxrss / 2**20, proc.returncode
+    return time.perf_counter() - t0, usage.ru_maxrss / 2**20, proc.returncode, load
 
 
 def compare(path: Path, reference: Path) -> dict:
@@ -256,12 +263,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name}: done before ({done['seconds']:.0f} s)")
             continue
         print(f"{name}: {'python' if args[0] == '-m' else 'focus-lab'} {' '.join(args)}", flush=True)
-        seconds, rss, code = run_stage(args, out / f"{name}.log")
+        seconds, rss, code, load = run_stage(args, out / f"{name}.log")
         if code != 0 or not routers_file.is_file():
             print(f"error: {name} failed (exit {code}); see {out / (name + '.log')}", file=sys.stderr)
             return 1
         record["stages"][name] = {"command": ("python " if args[0] == "-m" else "focus-lab ") + " ".join(args), "seconds": round(seconds, 1),
-                                  "peak_rss_gb": round(rss, 2), "sha256": file_sha256(routers_file)}
+                                  "peak_rss_gb": round(rss, 2), "max_load_1min": round(load, 2),
+                                  "sha256": file_sha256(routers_file)}
         record["total_seconds"] = round(sum(s["seconds"] for s in record["stages"].values()), 1)
         write_json(record_path, record)
         print(f"{name}: {seconds:.0f} s, peak RSS {rss:.2f} GiB", flush=True)
