@@ -258,11 +258,34 @@ def prose_lines(text: str) -> list[tuple[int, str]]:
     return out
 
 
-def prose_problems(root: Path = REPO, pages_: tuple[str, ...] = PROSE_PAGES) -> list[str]:
+def _block_modules() -> list:
+    """The modules of analyses/blocks/ (each may declare ``PROSE_PAGES`` and ``ALLOWED`` of its own)."""
+    import sys
+    return [m for name, m in sorted(sys.modules.items()) if name.startswith("analyses.blocks.") and m is not None]
+
+
+def prose_pages() -> tuple[str, ...]:
+    """The pages whose prose the check reads: ``PROSE_PAGES`` and each analyses/blocks/ module's
+    ``PROSE_PAGES`` (the pages whose tables that module generates)."""
+    extra = [p for m in _block_modules() for p in getattr(m, "PROSE_PAGES", ())]
+    return tuple(dict.fromkeys([*PROSE_PAGES, *extra]))
+
+
+def allowed_numbers(rel: str) -> set[str]:
+    """The number strings allowed in ``rel``'s prose (settings, criteria, identifiers): ``ALLOWED``
+    here and in each analyses/blocks/ module."""
+    out = set(ALLOWED["*"]) | ALLOWED.get(rel, set())
+    for m in _block_modules():
+        out |= getattr(m, "ALLOWED", {}).get(rel, set())
+    return out
+
+
+def prose_problems(root: Path = REPO, pages_: tuple[str, ...] | None = None) -> list[str]:
     """One line per measured number in the prose of ``pages_`` that no generated block holds, on
     its page or on a page it links (compared without sign, % or x), and that ``ALLOWED`` does not
     list: ``page:line: number N is in no generated block here or on a linked page``."""
     problems, blocks_of = [], {}
+    pages_ = prose_pages() if pages_ is None else pages_
 
     def numbers(path: Path) -> set[str]:
         if path not in blocks_of:
@@ -275,7 +298,7 @@ def prose_problems(root: Path = REPO, pages_: tuple[str, ...] = PROSE_PAGES) -> 
         pool = set(numbers(page))
         for link in _MD_LINK.findall(text):
             pool |= numbers((page.parent / link).resolve())
-        allowed = ALLOWED["*"] | ALLOWED.get(rel, set())
+        allowed = allowed_numbers(rel)
         for n, line in prose_lines(text):
             for m in MEASURED.finditer(line):
                 x = _number(m.group(0))
