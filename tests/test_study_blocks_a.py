@@ -1,0 +1,72 @@
+"""The study pages' generated blocks (analyses/blocks/: broad-mix, calibrated-bias, chain-variants,
+copies-by-layer, copy-weighted-distillation, dense-layers-budget, eight-groups, group-capacity):
+each page holds its block, and cells of each block agree with a computation by hand from the
+committed rows (perplexity = exp of the token-weighted mean NLL over the windows; a paired change
+over the windows both patterns have), independent of ``analyses.length_table.summarize``."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from analyses import doc_blocks
+from analyses.doc_blocks import REPO
+
+STUDIES = REPO / "docs" / "studies"
+
+
+@pytest.fixture(scope="module")
+def cells() -> pd.DataFrame:
+    return pd.read_parquet(REPO / doc_blocks.LENGTH_CELLS)
+
+
+def rows(cells: pd.DataFrame, table: str, corpus: str, L: int, label: str) -> pd.DataFrame:
+    g = cells[(cells["table"] == table) & (cells.corpus == corpus) & (cells.seq_len == L) & (cells.label == label)]
+    assert len(g), (table, corpus, L, label)
+    return g
+
+
+def ppl(g: pd.DataFrame) -> float:
+    return float(np.exp((g.nll * g.tokens).sum() / g.tokens.sum()))
+
+
+def change(a: pd.DataFrame, b: pd.DataFrame) -> float:
+    """% change of perplexity of ``a`` over ``b`` on the windows both have."""
+    a, b = a.set_index("window"), b.set_index("window")
+    w = a.index.intersection(b.index)
+    assert len(w)
+    return float(100 * (np.exp(((a.nll * a.tokens)[w].sum() - (b.nll * b.tokens)[w].sum()) / a.tokens[w].sum()) - 1))
+
+
+def table_row(text: str, first: str) -> list[str]:
+    for line in text.splitlines():
+        if line.startswith(f"| {first} |"):
+            return [c.strip() for c in line.strip("|").split("|")]
+    raise AssertionError(f"no row {first!r} in\n{text}")
+
+
+def on_page(page: str, name: str) -> str:
+    """The block's rendered text, after checking the page holds it."""
+    found = {f.name for f in doc_blocks.find_blocks((STUDIES / page).read_text())}
+    assert name in found, f"{page} holds no block {name}"
+    return doc_blocks.render(name)
+
+
+def test_every_page_is_in_the_prose_check():
+    pages = set(doc_blocks.prose_pages())
+    for stem in ("calibrated-bias",):
+        assert f"docs/studies/{stem}.md" in pages
+
+
+def test_calibrated_bias_cells(cells):
+    text = on_page("calibrated-bias.md", "calibrated-bias")
+    d = "man-pages"
+    shipped = rows(cells, "shipped_per_domain", d, 4096, "hard_top2")
+    refit = rows(cells, f"calibrated_{d}", d, 4096, "hard_top2")
+    dense = rows(cells, f"calibrated_{d}", d, 4096, "dense")
+    row = table_row(text, "man pages")
+    assert row[2] == f"{100 * (ppl(refit) / ppl(dense) - 1):+.1f}% [{refit.distant_pairs_kept.mean():.2f}]"
+    assert row[3].startswith(f"{change(refit, shipped):+.2f}% [")
+    top1 = change(rows(cells, f"calibrated_{d}", d, 4096, "hard_top1"), rows(cells, "shipped_per_domain", d, 4096, "hard_top1"))
+    assert row[4].endswith(f"({top1:+.2f}%)")
