@@ -55,7 +55,7 @@ def on_page(page: str, name: str) -> str:
 
 def test_every_page_is_in_the_prose_check():
     pages = set(doc_blocks.prose_pages())
-    for stem in ("calibrated-bias",):
+    for stem in ("calibrated-bias", "copy-weighted-distillation"):
         assert f"docs/studies/{stem}.md" in pages
 
 
@@ -70,3 +70,19 @@ def test_calibrated_bias_cells(cells):
     assert row[3].startswith(f"{change(refit, shipped):+.2f}% [")
     top1 = change(rows(cells, f"calibrated_{d}", d, 4096, "hard_top1"), rows(cells, "shipped_per_domain", d, 4096, "hard_top1"))
     assert row[4].endswith(f"({top1:+.2f}%)")
+
+
+def test_copy_weighted_distillation_cells(cells):
+    text = on_page("copy-weighted-distillation.md", "copy-weighted-distillation")
+    d = "python-docs"
+    top2 = rows(cells, "copy_share_domains", d, 4096, "hard_top2_keyshift")
+    dense = rows(cells, "copy_share_domains", d, 4096, "dense")
+    uniform1 = rows(cells, "keyshift_tech_top1_domains", d, 4096, "hard_top1_keyshift")
+    top1 = rows(cells, "copy_share_domains", d, 4096, "hard_top1_keyshift")
+    rnd = rows(cells, "copy_share_domains", d, 4096, "random_top2_keyshift")
+    row = table_row(text, d)
+    assert row[1].startswith(f"{100 * (ppl(top2) / ppl(dense) - 1):+.1f}% [")
+    assert row[1].endswith(f"[{top2.distant_pairs_kept.mean():.2f}]")
+    assert row[2].startswith(f"{change(top2, rows(cells, 'keyshift_budgets_domains', d, 4096, 'hard_top2_keyshift')):+.2f}% [")
+    assert row[4].startswith(f"{change(top1, uniform1):+.2f}% [")
+    assert row[5].startswith(f"{100 * (ppl(rnd) / ppl(top2) - 1):+.1f}% [")
