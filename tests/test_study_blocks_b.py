@@ -1,0 +1,96 @@
+"""The study pages' generated blocks (analyses/blocks/: key router, key shift, key shift trained,
+top-k per layer, LM objective, needle mix, oracle gap, recipes at 512 tokens, restored drops,
+restored rows): each page holds its block, and cells of each block agree with a computation
+straight from the committed rows (an independent reference: per-window rows pooled by hand,
+perplexity = exp of the token-weighted mean NLL; passkey and retrieval cases counted by hand).
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from analyses import doc_blocks
+from analyses.doc_blocks import REPO
+
+CELLS = pd.read_parquet(REPO / doc_blocks.LENGTH_CELLS)
+
+
+def rows(table: str, corpus: str, label: str, L: int = 4096) -> pd.DataFrame:
+    g = CELLS[(CELLS.table == table) & (CELLS.corpus == corpus) & (CELLS.seq_len == L) & (CELLS.label == label)]
+    assert len(g), (table, corpus, label, L)
+    return g.set_index("window")
+
+
+def ppl(g: pd.DataFrame) -> float:
+    return float(np.exp((g.nll * g.tokens).sum() / g.tokens.sum()))
+
+
+def over_dense(table: str, corpus: str, label: str, L: int = 4096) -> float:
+    """% change of ``label`` over dense in one table's cell, pooled over its windows."""
+    return 100 * (ppl(rows(table, corpus, label, L)) / ppl(rows(table, corpus, "dense", L)) - 1)
+
+
+def paired(a: tuple[str, str], b: tuple[str, str], corpus: str, L: int = 4096) -> float:
+    """% change of a = (table, label) over b on the windows both have."""
+    x, y = rows(*a[:1], corpus, a[1], L), rows(b[0], corpus, b[1], L)
+    w = x.index.intersection(y.index)
+    assert len(w)
+    return 100 * (np.exp(((x.nll * x.tokens)[w].sum() - (y.nll * y.tokens)[w].sum()) / x.tokens[w].sum()) - 1)
+
+
+def kept(table: str, corpus: str, label: str, L: int = 4096) -> float:
+    return float(rows(table, corpus, label, L).distant_pairs_kept.mean())
+
+
+def row(text: str, first: str, nth: int = 0) -> list[str]:
+    """The cells of the ``nth`` table row of ``text`` whose first cell is ``first``."""
+    found = [[c.strip() for c in line.strip().strip("|").split("|")] for line in text.splitlines()
+             if line.startswith(f"| {first} |")]
+    assert len(found) > nth, f"no row {first!r}"
+    return found[nth]
+
+
+def on_page(page: str, name: str) -> str:
+    """The block's text, after checking the page holds it."""
+    text = (REPO / "docs" / "studies" / page).read_text()
+    assert name in {f.name for f in doc_blocks.find_blocks(text)}, f"{page} holds no block {name}"
+    return doc_blocks.render(name)
+
+
+def passkey_hits(tables, pattern: str) -> tuple[int, int, int, float]:
+    """(hits, cases, hits among the cases dense retrieves, mean key log-prob) at 4096 tokens, dense
+    from the tables that hold dense rows of the same cases."""
+    p = pd.read_parquet(REPO / doc_blocks.PASSKEY_CASES)
+    mine = p[p.table.isin(tables) & (p.pattern == pattern) & (p.length == 4096)]
+    case = ["format", "length", "depth", "seed", "key"]
+    dense = p[(p.pattern == "dense") & (p.length == 4096)].drop_duplicates(case)
+    both = mine.merge(dense[case + ["exact_match"]], on=case, suffixes=("", "_dense"))
+    assert len(both) == len(mine)
+    return (int(mine.exact_match.sum()), len(mine), int((both.exact_match & both.exact_match_dense).sum()),
+            float(mine.key_logprob.mean()))
+
+
+# --------------------------------------------------------------------------------------------
+# key shift
+
+def test_key_shift_cells():
+    text = on_page("key-shift.md", "key-shift")
+    r = row(text, "man-pages")
+    assert r[4].startswith(f"{over_dense('keyshift_domains', 'man-pages', 'hard_top2_keyshift'):+.1f}% [")
+    assert r[4].endswith(f"[{kept('keyshift_domains', 'man-pages', 'hard_top2_keyshift'):.2f}]")
+    shift = paired(("keyshift_domains", "hard_top2_keyshift"), ("keyshift_domains", "hard_top2"), "man-pages")
+    assert r[5].startswith(f"{shift:+.2f}% [")
+    # the router's margin: random groups over the router, both shifted
+    lead = 100 * (ppl(rows("keyshift_domains", "man-pages", "random_top2_keyshift"))
+                  / ppl(rows("keyshift_domains", "man-pages", "hard_top2_keyshift")) - 1)
+    assert r[6].startswith(f"{lead:+.1f}% (")
+    r = row(text, "*Persuasion* 8192")
+    assert r[1] == "4" and r[2].startswith(f"{over_dense('keyshift_persuasion', 'austen', 'hard_top1_keyshift', 8192):+.1f}% [")
+    pooled = row(text, "python-docs", 1)
+    assert pooled[2].startswith(f"{paired(('keyshift_pooled_budget_domains', 'hard_top2_keyshift'), ('keyshift_domains', 'hard_top2_keyshift'), 'python-docs'):+.2f}% [")
+    hits, cases, of_dense, lp = passkey_hits(("keyshift_4k", "keyshift_4k_seeds6-11"), "hard_top2_keyshift")
+    assert row(text, "hard top-2, keyshift")[2].startswith(f"{hits}/{cases} ({of_dense} of dense's 59), {lp:.2f} [")
