@@ -55,7 +55,7 @@ def on_page(page: str, name: str) -> str:
 
 def test_every_page_is_in_the_prose_check():
     pages = set(doc_blocks.prose_pages())
-    for stem in ("calibrated-bias", "copy-weighted-distillation"):
+    for stem in ("calibrated-bias", "copy-weighted-distillation", "eight-groups"):
         assert f"docs/studies/{stem}.md" in pages
 
 
@@ -86,3 +86,18 @@ def test_copy_weighted_distillation_cells(cells):
     assert row[2].startswith(f"{change(top2, rows(cells, 'keyshift_budgets_domains', d, 4096, 'hard_top2_keyshift')):+.2f}% [")
     assert row[4].startswith(f"{change(top1, uniform1):+.2f}% [")
     assert row[5].startswith(f"{100 * (ppl(rnd) / ppl(top2) - 1):+.1f}% [")
+
+
+def test_eight_groups_cells(cells):
+    text = on_page("eight-groups.md", "eight-groups")
+    d = "man-pages"
+    top4 = rows(cells, "k8_split_domains", d, 4096, "hard_top4_keyshift")
+    dense = rows(cells, "k8_split_domains", d, 4096, "dense")
+    four = rows(cells, "keyshift_budgets_domains", d, 4096, "hard_top2_keyshift")
+    rnd8 = rows(cells, "k8_split_domains", d, 4096, "random_top4_keyshift")
+    rnd4 = rows(cells, "keyshift_budgets_domains", d, 4096, "random_top2_keyshift")
+    row = table_row(text, d)
+    assert row[1] == str(dense.window.nunique())
+    assert row[4] == f"{100 * (ppl(top4) / ppl(dense) - 1):+.1f}% [{top4.distant_pairs_kept.mean():.2f}]"
+    assert row[5].startswith(f"{change(top4, four):+.2f}% [")
+    assert row[7].startswith(f"{change(rnd8, rnd4):+.2f}% [")
