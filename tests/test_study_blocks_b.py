@@ -94,3 +94,28 @@ def test_key_shift_cells():
     assert pooled[2].startswith(f"{paired(('keyshift_pooled_budget_domains', 'hard_top2_keyshift'), ('keyshift_domains', 'hard_top2_keyshift'), 'python-docs'):+.2f}% [")
     hits, cases, of_dense, lp = passkey_hits(("keyshift_4k", "keyshift_4k_seeds6-11"), "hard_top2_keyshift")
     assert row(text, "hard top-2, keyshift")[2].startswith(f"{hits}/{cases} ({of_dense} of dense's 59), {lp:.2f} [")
+
+
+# --------------------------------------------------------------------------------------------
+# key shift, trained
+
+def test_key_shift_trained_cells():
+    text = on_page("key-shift-trained.md", "key-shift-trained")
+    # the first table: T under the shipped budget, paired against the shipped file with the shift
+    r = row(text, "man-pages", 0)
+    assert r[2].startswith(f"{over_dense('keyshift_trained_domains', 'man-pages', 'hard_top1_keyshift'):+.1f}% [")
+    t1 = paired(("keyshift_trained_domains", "hard_top1_keyshift"), ("keyshift_domains", "hard_top1_keyshift"), "man-pages")
+    assert r[3].startswith(f"{t1:+.2f}% [")
+    # the second: both budgets, on Persuasion at 8192, paired against T
+    r = row(text, "*Persuasion* 8192", 1)
+    assert r[4].endswith(f"[{kept('keyshift_budgets_persuasion', 'austen', 'hard_top2_keyshift', 8192):.2f}]")
+    t2 = paired(("keyshift_budgets_persuasion", "hard_top1_keyshift"), ("keyshift_trained_persuasion", "hard_top1_keyshift"),
+                "austen", 8192)
+    assert r[3].startswith(f"{t2:+.2f}% [")
+    # the third: the second training run's top-2 is the first run's, window by window
+    a = rows("keyshift_top1_budget_domains", "python-docs", "hard_top2_keyshift")
+    b = rows("keyshift_trained_domains", "python-docs", "hard_top2_keyshift")
+    assert np.allclose(a.nll.sort_index(), b.nll.sort_index(), rtol=0, atol=1e-9)
+    assert row(text, "python-docs", 2)[5].startswith("+0.00%")
+    hits, cases, of_dense, lp = passkey_hits(("keyshift_budgets_4k", "keyshift_budgets_4k_seeds6-11"), "hard_top2")
+    assert row(text, "`T`, both budgets")[2].startswith(f"{hits}/{cases} ({of_dense} of dense's 59), {lp:.2f} [")
