@@ -1,0 +1,173 @@
+"""The reference pages (the method notes, the guides, the API and command references, the glossary):
+their prose joins the numbers-in-prose check (``analyses.doc_blocks.prose_problems``), and the two
+measured tables they state results from are generated here:
+
+* ``method-recipes`` (docs/method.md §3.4): every recipe trained 30 steps at 512 tokens and the
+  controls, on the same 3 windows of 1024 tokens of *Persuasion* (``figures/results/recipes.parquet``,
+  ``python -m analyses.studies.recipes_sweep``): the collapse of the paper's recipe (§1.3) and what
+  the sinks buy (§2.1) come from it;
+* ``retrieval-cost`` (docs/retrieval.md, "Cost"): a case's seconds over one bare forward of its
+  prompt in the shipped file's committed retrieval suite, per device and length
+  (``focus_lab.eval.retrieval_tables.cost_summary``).
+
+``ALLOWED`` lists, per page, the numbers that are not measurements: settings and defaults, criteria,
+identifiers (arXiv numbers, section numbers), the paper's reported numbers, and sizes and shares
+that are arithmetic of the settings (each checked by tests/test_reference_blocks.py), plus the
+few measurements no committed table backs, listed apart in ``UNBACKED``.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from analyses.doc_blocks import REPO, Generated, MissingInput, block, name_sha256, router_label
+
+PROSE_PAGES = ("docs/method.md", "docs/retrieval.md", "docs/probe.md", "docs/decomposition.md",
+               "docs/run_schema.md", "docs/run_tables.md", "docs/train.md", "docs/passkey.md", "docs/audit.md",
+               "docs/tutorial.md", "docs/api.md", "docs/cli.md", "docs/glossary.md", "docs/figures.md",
+               "docs/intervene.md", "docs/layout.md", "docs/README.md")
+
+#: numbers that are no measurement, per page (as written in the prose)
+CONSTANTS = {
+    "docs/method.md": {
+        # section numbers (headings "### 1.1 ...")
+        "1.1", "1.2", "1.3", "1.4", "1.5", "1.6", "1.7",
+        "2.1", "2.2", "2.3", "2.4", "2.5", "2.6", "2.7", "2.8", "2.9",
+        "3.1", "3.2", "3.3", "3.4", "3.5",
+        "0.05",    # FocusConfig.bias_momentum, the default group-bias momentum
+        "0.25",    # 1/K at K = 4
+        "0.02",    # tau_final of the annealing recipes (focus_lab/train/recipes.py)
+        "34.5",    # the paper's ablation: d_g = 768 and d_g = 16 give the same perplexity [notes]
+        # arithmetic of the mask, w = 128 and 64 sinks: the sink pairs' share of the distant pairs
+        # at 512 and 1024 tokens
+        "31%", "14%",
+        # MoBA at 4096 tokens, blocks of 128, 64 sinks: block top-10 keeps an expected 0.54 of the
+        # distant pairs (baselines.moba_distant_kept), not 10/32 = 0.31
+        "0.54", "0.31",
+        "95%",     # the bootstrap interval's level (§8)
+    },
+    "docs/retrieval.md": {
+        "2404.06654", "2404.15574",  # arXiv identifiers (RULER; Wu et al.)
+        "1.3x",    # retrieval_tables.COST_GOAL, the cost criterion
+        "50%",     # the dense score below which a task is marked (a criterion)
+        "0.1",     # retrieval_tables.RETRIEVAL_HEAD_THRESHOLD
+        "95%",     # the bootstrap interval's level
+    },
+    # one (B, H, T, T) float32 pattern: 9 heads x 4096^2 x 4 bytes = 0.60 GB
+    "docs/probe.md": {"0.6"},
+    "docs/decomposition.md": {
+        "8.6x",            # the paper's decomposition speedup at 1M tokens [abstract]
+        "0.2x", "4.1x",    # the paper's Table 6, 1K to 1M tokens [notes]
+        "1.5",             # the paper's full attention at 1M tokens, seconds [notes]
+        "20%",             # decomposition._buckets(waste=1.2): at most 20% padding work
+    },
+    # one window's (T, vocabulary) float32 logits: 4096 x 49152 x 4 bytes = 0.8 GB
+    "docs/run_schema.md": {"0.8"},
+    "docs/passkey.md": {"100%"},  # the depths 0-100% of the haystack (--depths)
+    "docs/glossary.md": {"95%"},
+}
+
+#: measurements kept in the prose that no committed table backs (they are allowed, but listed here
+#: apart so that they can be backed or dropped):
+UNBACKED = {
+    # the recorder's overhead over a plain forward (analyses/studies/bench_record.py, CPU time and
+    # wall time at 512 and 1024 tokens, one and two torch threads): the cost a reader of the run
+    # schema needs, measured by a script whose output (logs/bench_record.json) is not committed
+    "docs/run_schema.md": {"1.51x", "1.68x", "1.41x", "1.50x", "1.35x", "3.3x"},
+}
+
+ALLOWED = {page: CONSTANTS.get(page, set()) | UNBACKED.get(page, set())
+           for page in {*CONSTANTS, *UNBACKED}}
+
+
+# ============================================================================================
+# docs/method.md: the recipes at 512 tokens
+
+RECIPES_SWEEP = "figures/results/recipes.parquet"
+SWEEP = "30 steps"
+LONGER = "sinks64, 120 steps"
+CONTROLS = (("dense", "dense", None),
+            ("sliding window (w = 128)", "window", None),
+            ("sliding window + 4 sinks", "window_sinks4", None),
+            ("random groups, top-1 / top-2", "random_hard_top1", "random_hard_top2"),
+            ("random groups + 4 sinks, top-1 / top-2", "random_sinks4_hard_top1", "random_sinks4_hard_top2"))
+
+
+def _sweep() -> pd.DataFrame:
+    df = pd.read_parquet(REPO / RECIPES_SWEEP)
+    for sweep in (SWEEP, LONGER):
+        if not (df.sweep == sweep).any():
+            raise MissingInput(f"{RECIPES_SWEEP} (sweep {sweep!r})")
+    return df
+
+
+@block("method-recipes", RECIPES_SWEEP)
+def method_recipes() -> Generated:
+    """docs/method.md §3.4: the controls (perplexity, distant pairs kept), then per recipe its sink
+    tokens and group bias (``focus_lab.train.recipes``), the soft gate's, hard top-1's and hard
+    top-2's perplexity and the largest hard group's share of the tokens (at top-1, as the study's
+    report), recipes in order of hard top-2; the longer ``sinks64`` run last."""
+    from focus_lab.train.recipes import RECIPES
+    df = _sweep()
+    ctl = df[(df.sweep == SWEEP) & (df.recipe == "controls")].set_index("label")
+    lines = ["| control | perplexity | distant pairs kept |", "|---|---:|---:|"]
+    for name, a, b in CONTROLS:
+        labels = [x for x in (a, b) if x]
+        if not all(x in ctl.index for x in labels):
+            raise MissingInput(f"{RECIPES_SWEEP} (controls {', '.join(labels)})")
+        lines.append(f"| {name} | {' / '.join(f'{ctl.perplexity[x]:.2f}' for x in labels)} | "
+                     f"{' / '.join(f'{ctl.distant_pairs_kept[x]:.2f}' for x in labels)} |")
+    lines += ["", "| recipe | sink tokens | group bias | soft | hard top-1 | hard top-2 | largest hard group |",
+              "|---|---:|---|---:|---:|---:|---:|"]
+
+    def row(g: pd.DataFrame, name: str, recipe: str) -> str:
+        g = g.set_index("label")
+        focus, _ = RECIPES[recipe]
+        bias = "none (b = 0)" if focus.get("bias_momentum", 0.05) == 0 else "calibrated"
+        return (f"| {name} | {focus.get('sink_tokens', 0)} | {bias} | {g.perplexity['soft']:.2f} | "
+                f"{g.perplexity['hard_top1']:.2f} | {g.perplexity['hard_top2']:.2f} | {g.max_group_share['hard_top1']:.2f} |")
+    runs = df[(df.sweep == SWEEP) & (df.recipe != "controls")]
+    order = runs[runs.label == "hard_top2"].sort_values("perplexity").recipe
+    lines += [row(runs[runs.recipe == r], f"`{r}`", r) for r in order]
+    longer = df[(df.sweep == LONGER) & (df.recipe == "sinks64")]
+    lines.append(row(longer, "`sinks64`, 120 steps", "sinks64"))
+    tokens = int(ctl.tokens["dense"])
+    inputs = (f"{RECIPES_SWEEP} (python -m analyses.studies.recipes_sweep --report; sweeps '{SWEEP}' and "
+              f"'{LONGER}'); each recipe trained at 512 tokens on Austen without Persuasion from one initialization "
+              f"(its routers not kept); 3 windows of 1024 tokens of Persuasion, {tokens} predicted tokens, one pooled "
+              "perplexity per pattern; patterns dense, window, window + 4 sinks, random groups, soft, hard_top1, hard_top2")
+    return Generated(inputs, "\n".join(lines))
+
+
+# ============================================================================================
+# docs/retrieval.md: the cost of a case
+
+RETRIEVAL_CASES = "figures/results/retrieval_cases.parquet"
+
+
+@block("retrieval-cost", RETRIEVAL_CASES)
+def retrieval_cost() -> Generated:
+    """docs/retrieval.md's cost table: per device and length, the case-patterns with a timed bare
+    forward, the median and quartiles of a case's seconds over one bare forward of its prompt
+    under the same pattern, the share within ``COST_GOAL``, the median seconds of a case-pattern,
+    and dense's and hard top-2's medians (``retrieval_tables.cost_summary``)."""
+    from focus_lab.eval.retrieval_tables import COST_GOAL, cost_summary
+    cases = pd.read_parquet(REPO / RETRIEVAL_CASES)
+    for col in ("device", "seconds", "bare_forward_seconds", "router_name"):
+        if col not in cases:
+            raise MissingInput(f"{RETRIEVAL_CASES} (column {col})")
+    cases = cases.dropna(subset=["bare_forward_seconds"])
+    lines = [f"| device | tokens | case-patterns | a case over one bare forward: median [quartiles] | within {COST_GOAL}x "
+             "| seconds a case-pattern, median | dense | hard top-2 |",
+             "|---|---:|---:|---|---:|---:|---:|---:|"]
+    for (device, length), g in cases.groupby(["device", "length"]):
+        s = cost_summary(g).set_index("pattern")
+        a = s.loc["all"]
+        pat = lambda p: f"{s.loc[p, 'median']:.2f}x" if p in s.index else "-"  # noqa: E731
+        lines.append(f"| {device} | {length} | {int(a.cases)} | {a['median']:.2f}x [{a.q25:.2f}, {a.q75:.2f}] | "
+                     f"{100 * a.within_goal:.0f}% | {g.seconds.median():.1f} | {pat('dense')} | {pat('hard_top2')} |")
+    routers = "; ".join(router_label(name_sha256(n)) for n in sorted(cases.router_name.dropna().unique()))
+    inputs = (f"{RETRIEVAL_CASES} (focus-lab probe retrieval: the shipped file's committed suite, its runs merged); "
+              f"routers {routers}; every task, case and pattern with a timed bare forward; cost = seconds / "
+              "bare_forward_seconds (focus_lab.eval.retrieval_tables.cost_summary)")
+    return Generated(inputs, "\n".join(lines))
