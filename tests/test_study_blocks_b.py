@@ -119,3 +119,16 @@ def test_key_shift_trained_cells():
     assert row(text, "python-docs", 2)[5].startswith("+0.00%")
     hits, cases, of_dense, lp = passkey_hits(("keyshift_budgets_4k", "keyshift_budgets_4k_seeds6-11"), "hard_top2")
     assert row(text, "`T`, both budgets")[2].startswith(f"{hits}/{cases} ({of_dense} of dense's 59), {lp:.2f} [")
+
+
+# --------------------------------------------------------------------------------------------
+# key router
+
+def test_key_router_cells():
+    text = on_page("key-router.md", "key-router")
+    r = row(text, "stage 5 with `--key-router`")
+    t1, t2 = (over_dense("key_router_domains", "man-pages", k) for k in ("hard_top1", "hard_top2"))
+    assert r[3] == f"{t1:+.1f}% / {t2:+.1f}% [{kept('key_router_domains', 'man-pages', 'hard_top2'):.2f}]"
+    assert row(text, "shipped + fitted `key_proj`")[2] == "-"  # the fit ran on man pages only
+    top2 = paired(("key_router_domains", "hard_top2"), ("broad_unsouped_domains", "hard_top2"), "python-docs")
+    assert row(text, "top-2")[1].startswith(f"{top2:+.2f}% [")
