@@ -55,7 +55,7 @@ def on_page(page: str, name: str) -> str:
 
 def test_every_page_is_in_the_prose_check():
     pages = set(doc_blocks.prose_pages())
-    for stem in ("calibrated-bias", "copy-weighted-distillation", "eight-groups"):
+    for stem in ("calibrated-bias", "copy-weighted-distillation", "eight-groups", "dense-layers-budget"):
         assert f"docs/studies/{stem}.md" in pages
 
 
@@ -101,3 +101,20 @@ def test_eight_groups_cells(cells):
     assert row[4] == f"{100 * (ppl(top4) / ppl(dense) - 1):+.1f}% [{top4.distant_pairs_kept.mean():.2f}]"
     assert row[5].startswith(f"{change(top4, four):+.2f}% [")
     assert row[7].startswith(f"{change(rnd8, rnd4):+.2f}% [")
+
+
+def test_dense_layers_budget_cells(cells):
+    text = on_page("dense-layers-budget.md", "dense-layers-budget")
+    d = "man-pages"
+    dense8 = rows(cells, "budget_dense8_domains", d, 4096, "hard_top2")
+    shipped = rows(cells, "shipped_per_domain", d, 4096, "hard_top2")
+    dense = rows(cells, "budget_dense8_domains", d, 4096, "dense")
+    row = table_row(text, "man pages (4 windows)")
+    assert row[3].startswith(f"{100 * (ppl(dense8) / ppl(dense) - 1):+.2f}% [{dense8.distant_pairs_kept.mean():.2f}], "
+                             f"{change(dense8, shipped):+.2f}% [")
+    e2e = pd.read_csv(REPO / "figures/bench_attention/e2e_dense8.csv").set_index(["phase", "tokens", "pattern"])
+    speed = e2e.loc[("prefill", 8192, "hard_top2"), "bare_tokens_per_s"] / e2e.loc[("prefill", 8192, "dense"), "bare_tokens_per_s"]
+    assert table_row(text, "prefill 8192, bare, vs dense in the same run")[3] == f"{speed:.2f}x"
+    kernel = pd.read_csv(REPO / "figures/bench_attention/kernel_k123_4096.csv")
+    k3 = kernel[(kernel.n == 4096) & (kernel.K == 4) & (kernel.k == 3)].iloc[0]
+    assert table_row(on_page("dense-layers-budget.md", "dense-layers-kernel"), "3")[3] == f"{k3.focus_s / k3.dense_s:.2f}x"
