@@ -132,3 +132,22 @@ def test_key_router_cells():
     assert row(text, "shipped + fitted `key_proj`")[2] == "-"  # the fit ran on man pages only
     top2 = paired(("key_router_domains", "hard_top2"), ("broad_unsouped_domains", "hard_top2"), "python-docs")
     assert row(text, "top-2")[1].startswith(f"{top2:+.2f}% [")
+
+
+# --------------------------------------------------------------------------------------------
+# the LM objective
+
+def test_lm_objective_cells():
+    text = on_page("lm-objective.md", "lm-objective")
+    r = row(text, "debian-reference")
+    assert r[4].startswith(f"{over_dense('lm_objective_domains', 'debian-reference', 'hard_top2_keyshift'):+.1f}% [")
+    t2 = paired(("lm_objective_domains", "hard_top2_keyshift"), ("keyshift90_domains", "hard_top2_keyshift"),
+                "debian-reference")
+    assert r[5].startswith(f"{t2:+.2f}% [")
+    lead = 100 * (ppl(rows("lm_objective_domains", "debian-reference", "random_top2_keyshift"))
+                  / ppl(rows("lm_objective_domains", "debian-reference", "hard_top2_keyshift")) - 1)
+    assert r[6].startswith(f"{lead:+.1f}% [")
+    # the verdict's bound: every paired change within 0.16 points
+    worst = max(abs(paired(("lm_objective_domains", k), ("keyshift90_domains", k), d))
+                for k in ("hard_top1_keyshift", "hard_top2_keyshift") for d in ("python-docs", "man-pages", "debian-reference"))
+    assert f"{worst:.2f}" == "0.16"
