@@ -1,0 +1,107 @@
+"""The study pages' generated blocks (analyses/blocks/: retrieval-suite, routers-in-early-layers,
+secondary-sinks, tech-budget-top1, tech-budget-top2, three-times-training, token-match-pairs,
+trained-with-pairs): each page holds its blocks and is in the prose check, and cells of each block
+agree with a computation by hand from the committed rows, independent of the helpers the blocks use
+(perplexity = exp of the token-weighted mean NLL over the windows; a paired change over the windows
+both patterns have; a retrieval difference = the mean over the cases both patterns ran)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from analyses import doc_blocks
+from analyses.doc_blocks import REPO
+
+STUDIES = REPO / "docs" / "studies"
+RESULTS = REPO / "figures" / "results"
+
+
+@pytest.fixture(scope="module")
+def cells() -> pd.DataFrame:
+    return pd.read_parquet(REPO / doc_blocks.LENGTH_CELLS)
+
+
+def rows(cells: pd.DataFrame, table: str, corpus: str, L: int, label: str) -> pd.DataFrame:
+    g = cells[(cells["table"] == table) & (cells.corpus == corpus) & (cells.seq_len == L) & (cells.label == label)]
+    assert len(g), (table, corpus, L, label)
+    return g
+
+
+def ppl(g: pd.DataFrame) -> float:
+    return float(np.exp((g.nll * g.tokens).sum() / g.tokens.sum()))
+
+
+def over_dense(cells: pd.DataFrame, table: str, corpus: str, L: int, label: str) -> float:
+    """% change of a pattern's pooled perplexity over dense's in the same table."""
+    return 100 * (ppl(rows(cells, table, corpus, L, label)) / ppl(rows(cells, table, corpus, L, "dense")) - 1)
+
+
+def change(a: pd.DataFrame, b: pd.DataFrame) -> float:
+    """% change of perplexity of ``a`` over ``b`` on the windows both have."""
+    a, b = a.set_index("window"), b.set_index("window")
+    w = a.index.intersection(b.index)
+    assert len(w)
+    return float(100 * (np.exp(((a.nll * a.tokens)[w].sum() - (b.nll * b.tokens)[w].sum()) / a.tokens[w].sum()) - 1))
+
+
+def table_row(text: str, first: str, nth: int = 0) -> list[str]:
+    found = [line for line in text.splitlines() if line.startswith(f"| {first} |")]
+    assert len(found) > nth, f"no row {first!r} in\n{text}"
+    return [c.strip() for c in found[nth].strip("|").split("|")]
+
+
+def on_page(page: str, name: str) -> str:
+    """The block's rendered text, after checking the page holds it."""
+    found = {f.name for f in doc_blocks.find_blocks((STUDIES / page).read_text())}
+    assert name in found, f"{page} holds no block {name}"
+    return doc_blocks.render(name)
+
+
+PAGES = ("routers-in-early-layers", "three-times-training")
+
+
+@pytest.mark.parametrize("stem", PAGES)
+def test_the_page_is_in_the_prose_check(stem):
+    rel = f"docs/studies/{stem}.md"
+    assert rel in doc_blocks.prose_pages()
+    assert doc_blocks.prose_problems(pages_=(rel,)) == []
+
+
+def test_routers_in_early_layers_cells(cells):
+    text = on_page("routers-in-early-layers.md", "routers-in-early-layers")
+    d, lab = "man-pages", "hard_top2_keyshift"
+    routed = rows(cells, "keyshift90_all_routed_domains", d, 4096, lab)
+    row = table_row(text, d)
+    assert row[1].startswith(f"{over_dense(cells, 'keyshift90_all_routed_domains', d, 4096, lab):+.1f}% [")
+    assert row[1].endswith(f"[{routed.distant_pairs_kept.mean():.2f}]")
+    assert row[2].startswith(f"{change(routed, rows(cells, 'keyshift90_domains', d, 4096, lab)):+.2f}% [")
+    top1 = change(rows(cells, "keyshift90_all_routed_domains", "debian-reference", 4096, "hard_top1_keyshift"),
+                  rows(cells, "keyshift90_domains", "debian-reference", 4096, "hard_top1_keyshift"))
+    assert table_row(text, "debian-reference")[4].startswith(f"{top1:+.2f}% [")
+
+
+def test_three_times_training_cells(cells):
+    text = on_page("three-times-training.md", "three-times-training")
+    d = "man-pages"
+    row = table_row(text, d)
+    top2 = rows(cells, "keyshift90_domains", d, 4096, "hard_top2_keyshift")
+    assert row[1] == str(top2.window.nunique())
+    assert row[5].startswith(f"{over_dense(cells, 'keyshift90_domains', d, 4096, 'hard_top2_keyshift'):+.1f}% [")
+    assert row[6].startswith(f"{change(top2, rows(cells, 'keyshift_budgets_domains', d, 4096, 'hard_top2_keyshift')):+.2f}% [")
+    assert row[7] == f"{over_dense(cells, 'keyshift_budgets_domains', d, 4096, 'hard_top2_keyshift'):+.1f}%"
+    top1 = rows(cells, "keyshift90_domains", d, 4096, "hard_top1_keyshift")
+    assert row[3].startswith(f"{change(top1, rows(cells, 'keyshift_tech_top1_domains', d, 4096, 'hard_top1_keyshift')):+.2f}% [")
+    # the controls: random groups' perplexity over the router's at the same k
+    ctrl = on_page("three-times-training.md", "three-times-training-controls")
+    t = "keyshift90_controls_domains"
+    margin = 100 * (ppl(rows(cells, t, d, 4096, "shuffled_top2_keyshift")) / ppl(rows(cells, t, d, 4096, "hard_top2_keyshift")) - 1)
+    assert table_row(ctrl, d)[4].startswith(f"{margin:+.1f}% [")
+    # 8192 tokens: one window of the Python docs, so no interval there
+    at8 = on_page("three-times-training.md", "three-times-training-8k")
+    py = table_row(at8, "python-docs")
+    g = rows(cells, "keyshift90_heldout_8k", "python-docs", 8192, "hard_top2_keyshift")
+    assert py[1] == "1" and py[2] == (f"{over_dense(cells, 'keyshift90_heldout_8k', 'python-docs', 8192, 'hard_top2_keyshift'):+.1f}% "
+                                      f"[{g.distant_pairs_kept.mean():.2f}]")
+    assert table_row(at8, d)[6].startswith(f"{over_dense(cells, 'shipped_heldout_8k', d, 8192, 'hard_top1'):+.1f}% [")
