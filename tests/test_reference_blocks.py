@@ -135,6 +135,8 @@ def test_allowed_shares_are_the_masks_arithmetic():
     # over its 49152-token vocabulary, at 4096 tokens, in GB
     assert f"{9 * 4096 * 4096 * 4 / 1e9:.1f}" in ref.CONSTANTS["docs/probe.md"]
     assert f"{4096 * 49152 * 4 / 1e9:.1f}" in ref.CONSTANTS["docs/run_schema.md"]
+    # one layer's float32 keys at 8192 tokens, SmolLM2's 3 KV heads of 64 dimensions, in MB
+    assert f"{3 * 64 * 8192 * 4 / 1e6:.1f}" in ref.CONSTANTS["docs/decomposition.md"]
 
 
 def test_allowed_settings_are_the_codes():

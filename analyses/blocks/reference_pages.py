@@ -38,6 +38,7 @@ CONSTANTS = {
         "0.25",    # 1/K at K = 4
         "0.02",    # tau_final of the annealing recipes (focus_lab/train/recipes.py)
         "34.5",    # the paper's ablation: d_g = 768 and d_g = 16 give the same perplexity [notes]
+        "0.6",     # the paper's Table 9: 16 settings move fine-tuned perplexity by 0.6 [notes]
         # arithmetic of the mask, w = 128 and 64 sinks: the sink pairs' share of the distant pairs
         # at 512 and 1024 tokens
         "31%", "14%",
@@ -60,6 +61,8 @@ CONSTANTS = {
         "0.2x", "4.1x",    # the paper's Table 6, 1K to 1M tokens [notes]
         "1.5",             # the paper's full attention at 1M tokens, seconds [notes]
         "20%",             # decomposition._buckets(waste=1.2): at most 20% padding work
+        # one layer's keys (or values) in float32 at 8192 tokens: 3 KV heads x 64 x 8192 x 4 bytes
+        "6.3",
     },
     # one window's (T, vocabulary) float32 logits: 4096 x 49152 x 4 bytes = 0.8 GB
     "docs/run_schema.md": {"0.8"},
