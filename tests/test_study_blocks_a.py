@@ -55,7 +55,8 @@ def on_page(page: str, name: str) -> str:
 
 def test_every_page_is_in_the_prose_check():
     pages = set(doc_blocks.prose_pages())
-    for stem in ("calibrated-bias", "copy-weighted-distillation", "eight-groups", "dense-layers-budget"):
+    for stem in ("calibrated-bias", "copy-weighted-distillation", "eight-groups", "dense-layers-budget",
+                 "copies-by-layer"):
         assert f"docs/studies/{stem}.md" in pages
 
 
@@ -118,3 +119,21 @@ def test_dense_layers_budget_cells(cells):
     kernel = pd.read_csv(REPO / "figures/bench_attention/kernel_k123_4096.csv")
     k3 = kernel[(kernel.n == 4096) & (kernel.K == 4) & (kernel.k == 3)].iloc[0]
     assert table_row(on_page("dense-layers-budget.md", "dense-layers-kernel"), "3")[3] == f"{k3.focus_s / k3.dense_s:.2f}x"
+
+
+def test_copies_by_layer_cells():
+    # independent reference: a layer at k = 0 keeps no distant pair, so the routed layers are those
+    # outside the random layers 1-9 with any pair kept
+    layers = pd.read_parquet(REPO / "figures/results/copy_pairs_layers.parquet")
+    e = layers[layers.routers_sha256.str.startswith("adea43ed") & (layers.pattern == "hard_top1")
+               & (layers.corpus == "python-docs")]
+    routed = e[~e.layer_idx.between(1, 9) & (e.pairs_kept > 0)]
+    assert 0 < len(routed) < 21
+    c, a = routed.copies_kept.mean(), routed.pairs_kept.mean()
+    row = table_row(on_page("copies-by-layer.md", "copies-by-layer"), "`E`, with the shift | top-1")
+    assert row[5] == f"{c:.2f} / {a:.2f} ({c / a:.1f}x)"
+    shipped0 = layers[layers.routers_sha256.str.startswith("5710775e") & (layers.pattern == "hard_top1")
+                      & (layers.layer_idx == 0)].copies_kept
+    row = table_row(on_page("copies-by-layer.md", "copies-by-layer-layers"), "0")
+    assert row[1] == f"{shipped0.min():.2f}-{shipped0.max():.2f}"
+    assert table_row(doc_blocks.render("copies-by-layer-layers"), "12")[3] == "k = 0"
