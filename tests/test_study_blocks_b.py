@@ -151,3 +151,24 @@ def test_lm_objective_cells():
     worst = max(abs(paired(("lm_objective_domains", k), ("keyshift90_domains", k), d))
                 for k in ("hard_top1_keyshift", "hard_top2_keyshift") for d in ("python-docs", "man-pages", "debian-reference"))
     assert f"{worst:.2f}" == "0.16"
+
+
+# --------------------------------------------------------------------------------------------
+# top-k per layer
+
+def test_layer_top_k_cells():
+    text = on_page("layer-top-k.md", "layer-top-k")
+    r = row(text, "*Hamlet* 8192")
+    assert r[2] == f"{over_dense('shipped', 'shakespeare', 'hard_top1', 8192):+.1f}%"
+    b = paired(("shipped_budget_top1_hamlet", "hard_top1"), ("shipped", "hard_top1"), "shakespeare", 8192)
+    assert r[4].startswith(f"{b:+.2f}% [")
+    rnd = paired(("shipped_budget_top1_hamlet", "random_top1"), ("shipped", "random_top1"), "shakespeare", 8192)
+    assert r[5].startswith(f"{rnd:+.2f}% [")
+    r = row(text, "man-pages", 1)  # the top-2 table
+    assert r[2] == (f"{over_dense('shipped_domains', 'man-pages', 'hard_top2'):+.1f}% "
+                    f"[{kept('shipped_domains', 'man-pages', 'hard_top2'):.2f}]")
+    lead = 100 * (ppl(rows("shipped_budget_top2_domains", "man-pages", "random_top2"))
+                  / ppl(rows("shipped_budget_top2_domains", "man-pages", "hard_top2")) - 1)
+    assert r[6].startswith(f"{lead:+.1f}% [")
+    hits, cases, of_dense, lp = passkey_hits(("shipped_4k", "shipped_4k_seeds6-11"), "hard_top2")
+    assert row(text, "uniform top-2")[2].startswith(f"{hits}/{cases} ({of_dense} of dense's 59), {lp:.2f} [")

@@ -86,11 +86,15 @@ def routers_of(c: _Cells, tables) -> str:
     return "; ".join(f"{', '.join(ts)}: {router_label(s)}" for s, ts in by.items())
 
 
-def windows_of(c: _Cells, tables) -> str:
-    """``4 windows of 4096 a domain; austen 8 of 4096, 4 of 8192``: the windows of each cell."""
-    g = c.cells[c.cells["table"].isin(tables)].groupby(["corpus", "seq_len"]).window.nunique()
+def windows_of(c: _Cells, tables, cells=None) -> str:
+    """``windows austen 8 of 4096, 4 of 8192; man-pages 4 of 4096``: the most windows a cell of
+    ``tables`` has, per corpus and length (only the (corpus, length) pairs of ``cells`` if given)."""
+    g = c.cells[c.cells["table"].isin(tables)].groupby(["table", "corpus", "seq_len"]).window.nunique()
+    g = g.groupby(level=["corpus", "seq_len"]).max()
     per = {}
     for (corpus, L), n in g.items():
+        if cells is not None and (corpus, L) not in cells:
+            continue
         per.setdefault(corpus, []).append(f"{n} of {L}")
     return "windows " + "; ".join(f"{corpus} {', '.join(v)}" for corpus, v in sorted(per.items()))
 
