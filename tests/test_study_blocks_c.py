@@ -59,7 +59,7 @@ def on_page(page: str, name: str) -> str:
     return doc_blocks.render(name)
 
 
-PAGES = ("routers-in-early-layers", "three-times-training")
+PAGES = ("routers-in-early-layers", "three-times-training", "trained-with-pairs")
 
 
 @pytest.mark.parametrize("stem", PAGES)
@@ -105,3 +105,21 @@ def test_three_times_training_cells(cells):
     assert py[1] == "1" and py[2] == (f"{over_dense(cells, 'keyshift90_heldout_8k', 'python-docs', 8192, 'hard_top2_keyshift'):+.1f}% "
                                       f"[{g.distant_pairs_kept.mean():.2f}]")
     assert table_row(at8, d)[6].startswith(f"{over_dense(cells, 'shipped_heldout_8k', d, 8192, 'hard_top1'):+.1f}% [")
+
+
+def test_trained_with_pairs_cells(cells):
+    text = on_page("trained-with-pairs.md", "trained-with-pairs")
+    d = "man-pages"
+    row = table_row(text, d)
+    top2 = rows(cells, "match_trained_domains", d, 4096, "hard_top2")
+    assert row[2] == f"{over_dense(cells, 'match_trained_domains', d, 4096, 'hard_top2'):+.1f}% [{top2.distant_pairs_kept.mean():.2f}]"
+    margin = 100 * (ppl(rows(cells, "match_trained_domains", d, 4096, "random_top2")) / ppl(top2) - 1)
+    assert row[3].startswith(f"{margin:+.1f}% [")
+    top1 = change(rows(cells, "match_trained_domains", d, 4096, "hard_top1"),
+                  rows(cells, "broad_s5_match_domains", d, 4096, "hard_top1"))
+    assert row[4].startswith(f"{change(top2, rows(cells, 'broad_s5_match_domains', d, 4096, 'hard_top2')):+.2f}% [")
+    assert row[4].endswith(f"({top1:+.2f}%)")
+    shipped = rows(cells, "match_per_domain", d, 4096, "hard_top2")
+    assert row[6] == f"{over_dense(cells, 'match_per_domain', d, 4096, 'hard_top2'):+.1f}% [{shipped.distant_pairs_kept.mean():.2f}]"
+    prose = table_row(text, "*Persuasion* 8192 (4 windows)")
+    assert prose[2].startswith(f"{over_dense(cells, 'match_trained_persuasion', 'austen', 8192, 'hard_top2'):+.1f}% [")
