@@ -172,3 +172,20 @@ def test_layer_top_k_cells():
     assert r[6].startswith(f"{lead:+.1f}% [")
     hits, cases, of_dense, lp = passkey_hits(("shipped_4k", "shipped_4k_seeds6-11"), "hard_top2")
     assert row(text, "uniform top-2")[2].startswith(f"{hits}/{cases} ({of_dense} of dense's 59), {lp:.2f} [")
+
+
+# --------------------------------------------------------------------------------------------
+# recipes at 512 tokens
+
+def test_recipes_sweep_cells():
+    text = on_page("recipes-sweep.md", "recipes-sweep")
+    r = pd.read_parquet(REPO / "figures/results/recipes.parquet")
+    s = r[r.sweep == "30 steps"].set_index(["recipe", "label"])
+    dense = float(np.exp(s.loc[("controls", "dense")].nll))  # one pooled NLL a pattern
+    assert row(text, "dense")[1] == f"{dense:.2f}"
+    paper = row(text, "`paper` (no sinks, argmax of raw scores)")
+    top2 = float(np.exp(s.loc[("paper", "hard_top2")].nll))
+    assert paper[3] == f"{100 * (top2 / dense - 1):+.1f}%" and paper[4].endswith(f"/ {top2:.2f}")
+    assert paper[7] == f"{s.loc[('paper', 'hard_top1')].train_seconds:.0f}"
+    long = r[(r.sweep == "sinks64, 120 steps") & (r.recipe == "sinks64")].set_index("label")
+    assert row(text, "`sinks64`, 120 steps")[2] == f"{100 * (np.exp(long.loc['hard_top1'].nll) / dense - 1):+.1f}%"
