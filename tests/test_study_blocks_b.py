@@ -189,3 +189,25 @@ def test_recipes_sweep_cells():
     assert paper[7] == f"{s.loc[('paper', 'hard_top1')].train_seconds:.0f}"
     long = r[(r.sweep == "sinks64, 120 steps") & (r.recipe == "sinks64")].set_index("label")
     assert row(text, "`sinks64`, 120 steps")[2] == f"{100 * (np.exp(long.loc['hard_top1'].nll) / dense - 1):+.1f}%"
+
+
+# --------------------------------------------------------------------------------------------
+# the oracle gap
+
+def test_oracle_gap_cells():
+    text = on_page("oracle-gap.md", "oracle-gap")
+    res = pd.read_parquet(REPO / "figures/oracle/oracle_gap.parquet")
+    by = {lab: g.set_index("window") for lab, g in res.groupby("label")}
+
+    def change(a, b):
+        x, y = by[a], by[b]
+        return 100 * (np.exp(((x.nll * x.tokens).sum() - (y.nll * y.tokens).sum()) / x.tokens.sum()) - 1)
+
+    moba = [r for r in text.splitlines() if r.startswith("| `default+moba` | `default` |")]
+    assert len(moba) == 1 and f"| {change('default+moba', 'default'):+.2f}% |" in moba[0]
+    rnd, mine, orc = (change(x, "dense") for x in ("random_default", "default", "default+oracle"))
+    assert f"the routers cover {100 * (rnd - mine) / (rnd - orc):.0f}% of the range" in text
+    last = sorted(res.window.unique())[-2:]
+    sec = res[res.window.isin(last)].groupby("label").seconds.mean()
+    assert row(text, "`default+oracle`")[1:] == [f"{sec['default+oracle']:.1f}",
+                                                 f"{sec['default+oracle'] / sec['dense']:.1f}x"]
