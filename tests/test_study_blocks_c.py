@@ -59,7 +59,7 @@ def on_page(page: str, name: str) -> str:
     return doc_blocks.render(name)
 
 
-PAGES = ("routers-in-early-layers", "three-times-training", "trained-with-pairs")
+PAGES = ("routers-in-early-layers", "tech-budget-top1", "three-times-training", "trained-with-pairs")
 
 
 @pytest.mark.parametrize("stem", PAGES)
@@ -123,3 +123,42 @@ def test_trained_with_pairs_cells(cells):
     assert row[6] == f"{over_dense(cells, 'match_per_domain', d, 4096, 'hard_top2'):+.1f}% [{shipped.distant_pairs_kept.mean():.2f}]"
     prose = table_row(text, "*Persuasion* 8192 (4 windows)")
     assert prose[2].startswith(f"{over_dense(cells, 'match_trained_persuasion', 'austen', 8192, 'hard_top2'):+.1f}% [")
+
+
+def sweep_delta(study: str, layer: int, k: int) -> float:
+    """A layer-budget sweep's NLL change by hand: that layer alone at k minus the uniform base
+    (layer -1) on the same corpus and window, averaged over them."""
+    lb = pd.read_parquet(RESULTS / "layer_budget.parquet")
+    lb = lb[lb.study == study]
+    base = lb[lb.layer_idx == -1].set_index(["corpus", "window"]).nll
+    one = lb[(lb.layer_idx == layer) & (lb.top_k == k)].set_index(["corpus", "window"]).nll
+    assert len(one) and set(one.index) <= set(base.index)
+    return float((one - base.loc[one.index]).mean())
+
+
+def test_tech_budget_top1_cells(cells):
+    sweep = on_page("tech-budget-top1.md", "tech-budget-top1-sweep")
+    row = table_row(sweep, "18")
+    assert row[1:3] == [f"{sweep_delta('top1_tech_keyshift', 18, 0):+.4f}", f"{sweep_delta('top1_tech_keyshift', 18, 2):+.4f}"]
+    assert row[3:] == ["2", "2"]  # the costliest layer at k = 0 gets k = 2 in both allocations
+    assert table_row(sweep, "19")[3:] == ["0", "0"] and sweep_delta("top1_tech_keyshift", 19, 0) < 0
+
+    text = on_page("tech-budget-top1.md", "tech-budget-top1")
+    d, lab = "man-pages", "hard_top1_keyshift"
+    pooled = rows(cells, "keyshift_pooled_top1_domains", d, 4096, lab)
+    row = table_row(text, d)
+    assert row[2] == (f"{over_dense(cells, 'keyshift_trained_domains', d, 4096, lab):+.1f}% "
+                      f"[{rows(cells, 'keyshift_trained_domains', d, 4096, lab).distant_pairs_kept.mean():.2f}]")
+    assert row[4] == f"{over_dense(cells, 'keyshift_pooled_top1_domains', d, 4096, lab):+.1f}% [{pooled.distant_pairs_kept.mean():.2f}]"
+    assert row[5].startswith(f"{change(pooled, rows(cells, 'keyshift_top1_budget_domains', d, 4096, lab)):+.2f}% [")
+    margin = 100 * (ppl(rows(cells, "keyshift_tech_top1_domains", d, 4096, "random_top1_keyshift"))
+                    / ppl(rows(cells, "keyshift_tech_top1_domains", d, 4096, lab)) - 1)
+    assert row[9] == f"{margin:+.1f}%"
+    at8 = table_row(text, "*Persuasion* 8192")
+    tech = rows(cells, "keyshift_tech_top1_persuasion", "austen", 8192, lab)
+    assert at8[8].startswith(f"{change(tech, rows(cells, 'keyshift_budgets_persuasion', 'austen', 8192, lab)):+.2f}% [")
+
+    rnd = on_page("tech-budget-top1.md", "tech-budget-top1-random")
+    r = "random_top1_keyshift"
+    assert table_row(rnd, d)[1].startswith(
+        f"{change(rows(cells, 'keyshift_pooled_top1_domains', d, 4096, r), rows(cells, 'keyshift_top1_budget_domains', d, 4096, r)):+.2f}% [")
