@@ -211,3 +211,25 @@ def test_oracle_gap_cells():
     sec = res[res.window.isin(last)].groupby("label").seconds.mean()
     assert row(text, "`default+oracle`", 1)[1:] == [f"{sec['default+oracle']:.1f}",
                                                  f"{sec['default+oracle'] / sec['dense']:.1f}x"]
+
+
+# --------------------------------------------------------------------------------------------
+# restored rows
+
+def test_restored_rows_cells():
+    text = on_page("restored-rows.md", "restored-rows")
+    r = pd.read_parquet(REPO / "figures/results/restored_rows.parquet").set_index(["seed", "restored"]).answer_logprob
+    dense, hard = r[(3, "dense")], r[(3, "hard_top2")]
+    got = r[(3, "hard_top2 + question rows -> needle sentence, layers 1-9")]
+    cells = row(text, "question rows to the needle sentence's keys only, layers 1-9")
+    assert cells[1:4] == [f"{got:.2f}", f"{got - dense:+.2f}", f"{100 * (got - hard) / (dense - hard):.0f}%"]
+    suite = pd.read_parquet(REPO / "figures/results/retrieval_cases.parquet")
+    m = suite[(suite.task == "passkey") & (suite.length == 8192) & (suite.seed == 3)
+              & (suite.pattern == "hard_top2_match_nocap")].answer_logprob
+    assert len(m) == 1
+    match = row(text, "hard top-2 with token-match pairs (no restoring; the suite's cases)")
+    assert match[3] == f"{100 * (m.iloc[0] - hard) / (dense - hard):.0f}%" and match[4:] == ["-", "-", "-"]
+    nm = pd.read_parquet(REPO / "figures/results/needle_mix_cases.parquet")
+    nm = nm[(nm.task == "passkey") & (nm.length == 8192)].pivot_table(index="seed", columns="pattern", values="score")
+    found, kept_ = int(nm.dense.sum()), int((nm.dense * nm.hard_top2).sum())
+    assert f"dense finds {found}, hard top-2 {kept_} of them ({kept_ / found:.2f})" in text
