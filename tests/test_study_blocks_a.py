@@ -56,7 +56,7 @@ def on_page(page: str, name: str) -> str:
 def test_every_page_is_in_the_prose_check():
     pages = set(doc_blocks.prose_pages())
     for stem in ("calibrated-bias", "copy-weighted-distillation", "eight-groups", "dense-layers-budget",
-                 "copies-by-layer"):
+                 "copies-by-layer", "broad-mix"):
         assert f"docs/studies/{stem}.md" in pages
 
 
@@ -137,3 +137,21 @@ def test_copies_by_layer_cells():
     row = table_row(on_page("copies-by-layer.md", "copies-by-layer-layers"), "0")
     assert row[1] == f"{shipped0.min():.2f}-{shipped0.max():.2f}"
     assert table_row(doc_blocks.render("copies-by-layer-layers"), "12")[3] == "k = 0"
+
+
+def test_broad_mix_cells(cells):
+    text = on_page("broad-mix.md", "broad-mix")
+    d = "debian-reference"
+    top2 = rows(cells, "broad_mix_domains", d, 4096, "hard_top2")
+    dense = rows(cells, "broad_mix_domains", d, 4096, "dense")
+    shipped2 = rows(cells, "shipped_domains", d, 4096, "hard_top2")
+    shipped_dense = rows(cells, "shipped_domains", d, 4096, "dense")
+    row = table_row(text, d)
+    assert row[4].startswith(f"{100 * (ppl(top2) / ppl(dense) - 1):+.1f}% [")
+    assert row[4].endswith(f"[{top2.distant_pairs_kept.mean():.2f}] ({100 * (ppl(shipped2) / ppl(shipped_dense) - 1):+.1f}%)")
+    top1 = change(rows(cells, "broad_mix_domains", d, 4096, "hard_top1"), rows(cells, "shipped_domains", d, 4096, "hard_top1"))
+    assert row[6].startswith(f"{change(top2, shipped2):+.2f}% [") and row[6].endswith(f"/ {top1:+.2f}%")
+    hamlet = table_row(text, "*Hamlet* 4096")
+    a = rows(cells, "broad_mix_train_domains", "shakespeare", 4096, "hard_top2")
+    b = rows(cells, "shipped_uniform", "shakespeare", 4096, "hard_top2")
+    assert hamlet[2] == str(a.window.nunique()) and hamlet[6].startswith(f"{change(a, b):+.2f}% [")
