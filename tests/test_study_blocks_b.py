@@ -233,3 +233,23 @@ def test_restored_rows_cells():
     nm = nm[(nm.task == "passkey") & (nm.length == 8192)].pivot_table(index="seed", columns="pattern", values="score")
     found, kept_ = int(nm.dense.sum()), int((nm.dense * nm.hard_top2).sum())
     assert f"dense finds {found}, hard top-2 {kept_} of them ({kept_ / found:.2f})" in text
+
+
+# --------------------------------------------------------------------------------------------
+# restored drops
+
+def test_restored_drops_cells():
+    text = on_page("restored-drops.md", "restored-drops")
+    r = pd.read_parquet(REPO / "figures/results/restored_drops.parquet")
+    one = r.recovered.to_numpy()
+    q1, med, q3 = np.percentile(one, [25, 50, 75])
+    assert row(text, "the heaviest dropped edge alone")[1:] == [
+        f"{med:.3f}", f"{q1:.3f} to {q3:.3f}", str((one >= 0.5).sum()), str((one < 0.1).sum()), str((one < 0).sum())]
+    the = r[r.key_token == " the"]
+    assert row(text, '`" the"`')[1] == str(len(the)) and row(text, '`" the"`')[5] == str((the.recovered > 0.1).sum())
+    g = pd.read_parquet(REPO / "figures/results/group_ablation.parquet")
+    g0 = g[(g.layer_idx == 17) & (g.group == 0)]
+    mean = (g0.delta * g0.tokens).sum() / g0.tokens.sum()
+    pn = g0[g0.pos == "PROPN"].iloc[0]
+    assert row(text, "17, 0")[1:4] == [str(g0.tokens.sum()), f"{mean:+.4f}",
+                                       f"{pn.tokens_in_group} / {pn.tokens}, {pn.delta:+.3f}"]
