@@ -59,7 +59,7 @@ def on_page(page: str, name: str) -> str:
     return doc_blocks.render(name)
 
 
-PAGES = ("routers-in-early-layers", "tech-budget-top1", "three-times-training", "trained-with-pairs")
+PAGES = ("routers-in-early-layers", "tech-budget-top1", "tech-budget-top2", "three-times-training", "trained-with-pairs")
 
 
 @pytest.mark.parametrize("stem", PAGES)
@@ -162,3 +162,44 @@ def test_tech_budget_top1_cells(cells):
     r = "random_top1_keyshift"
     assert table_row(rnd, d)[1].startswith(
         f"{change(rows(cells, 'keyshift_pooled_top1_domains', d, 4096, r), rows(cells, 'keyshift_top1_budget_domains', d, 4096, r)):+.2f}% [")
+
+
+def test_tech_budget_top2_cells(cells):
+    sweep = on_page("tech-budget-top2.md", "tech-budget-top2-sweep")
+    assert table_row(sweep, "20")[1] == f"{sweep_delta('top2_tech', 20, 1):+.4f}"
+    assert table_row(sweep, "9")[3:] == ["1", "1"] and sweep_delta("top2_tech", 9, 1) < 0
+
+    text = on_page("tech-budget-top2.md", "tech-budget-top2")
+    d = "man-pages"
+    pooled = rows(cells, "pooled_budget_domains", d, 4096, "hard_top2")
+    margin = 100 * (ppl(rows(cells, "pooled_budget_domains", d, 4096, "random_top2")) / ppl(pooled) - 1)
+    cell = table_row(text, d)[4]
+    assert cell.startswith(f"{over_dense(cells, 'pooled_budget_domains', d, 4096, 'hard_top2'):+.1f}% "
+                           f"[{pooled.distant_pairs_kept.mean():.2f}], "
+                           f"{change(pooled, rows(cells, 'shipped_per_domain', d, 4096, 'hard_top2')):+.2f}% [")
+    assert cell.endswith(f"], {margin:+.1f}%")
+    hamlet = rows(cells, "pooled_budget_hamlet", "shakespeare", 8192, "hard_top2")
+    assert f", {change(hamlet, rows(cells, 'shipped', 'shakespeare', 8192, 'hard_top2')):+.2f}% [" in table_row(text, "*Hamlet* 8192")[4]
+
+    rnd = on_page("tech-budget-top2.md", "tech-budget-top2-random")
+    r = "random_top2"
+    assert table_row(rnd, d)[1].startswith(
+        f"{change(rows(cells, 'tech_budget_domains', d, 4096, r), rows(cells, 'shipped_per_domain', d, 4096, r)):+.2f}% [")
+
+    match = on_page("tech-budget-top2.md", "tech-budget-top2-match")
+    t = rows(cells, "tech_budget_match_domains", "python-docs", 4096, "hard_top2")
+    assert table_row(match, "python-docs")[2].startswith(
+        f"{change(t, rows(cells, 'match_per_domain', 'python-docs', 4096, 'hard_top2')):+.2f}% [")
+
+    # passkey: the pooled budget's hits, and of the keys dense finds on the same cases, those it keeps
+    pk = pd.read_parquet(RESULTS / "passkey_cases.parquet")
+    mine = pk[pk.table.isin(["pooled_budget_4k", "pooled_budget_4k_seeds6-11"]) & (pk.pattern == "hard_top2")]
+    case = ["format", "length", "depth", "seed", "key"]
+    dense = pk[pk.table.isin(["every_layer_routed_4k", "every_layer_routed_4k_seeds3-5",
+                              "stage2_distill64_4k_budget_top2_seeds6-11"]) & (pk.pattern == "dense")]
+    both = mine.merge(dense[case + ["exact_match"]].drop_duplicates(case), on=case, suffixes=("", "_dense"))
+    assert len(both) == len(mine) == 60
+    row = table_row(on_page("tech-budget-top2.md", "tech-budget-top2-passkey"), "`pooled` budget")
+    assert row[1:4] == [f"{int(mine.exact_match.sum())} of 60",
+                        f"{int((both.exact_match & both.exact_match_dense).sum())} of {int(both.exact_match_dense.sum())}",
+                        f"{mine.key_logprob.mean():.2f}"]
