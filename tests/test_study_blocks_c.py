@@ -59,7 +59,8 @@ def on_page(page: str, name: str) -> str:
     return doc_blocks.render(name)
 
 
-PAGES = ("routers-in-early-layers", "tech-budget-top1", "tech-budget-top2", "three-times-training", "trained-with-pairs")
+PAGES = ("routers-in-early-layers", "tech-budget-top1", "tech-budget-top2", "three-times-training", "token-match-pairs",
+         "trained-with-pairs")
 
 
 @pytest.mark.parametrize("stem", PAGES)
@@ -203,3 +204,55 @@ def test_tech_budget_top2_cells(cells):
     assert row[1:4] == [f"{int(mine.exact_match.sum())} of 60",
                         f"{int((both.exact_match & both.exact_match_dense).sum())} of {int(both.exact_match_dense.sum())}",
                         f"{mine.key_logprob.mean():.2f}"]
+
+
+def test_token_match_pairs_cells(cells):
+    page = "token-match-pairs.md"
+    # the diagnosis: summed NLL over the two windows against dense's on the same windows
+    cp = pd.read_parquet(RESULTS / "copy_pairs.parquet")
+    g = cp[cp.corpus == "man-pages"]
+    dense = g[g.pattern == "dense"].set_index("window")
+    for col, extra in ((2, "s0+1"), (3, "random")):
+        x = g[(g.pattern == "hard_top2") & (g.extra == extra)].set_index("window")
+        pct = 100 * np.expm1((x.nll.sum() - dense.nll[x.index].sum()) / x.tokens.sum())
+        assert table_row(on_page(page, "token-match-diagnosis"), "man-pages")[col].startswith(f"{pct:+.2f}% [")
+
+    held = table_row(on_page(page, "token-match-held-out"), "debian-reference")
+    d = "debian-reference"
+    top2 = rows(cells, "match_per_domain", d, 4096, "hard_top2")
+    assert held[2].startswith(f"{over_dense(cells, 'match_per_domain', d, 4096, 'hard_top2'):+.1f}% [")
+    assert held[2].endswith(f"[{top2.distant_pairs_kept.mean():.2f}] ({over_dense(cells, 'shipped_per_domain', d, 4096, 'hard_top2'):+.1f}% "
+                            f"[{rows(cells, 'shipped_per_domain', d, 4096, 'hard_top2').distant_pairs_kept.mean():.2f}])")
+    assert held[5].startswith(f"{change(top2, rows(cells, 'shipped_per_domain', d, 4096, 'hard_top2')):+.2f}% [")
+
+    other = table_row(on_page(page, "token-match-other"), "*Persuasion*, 8192")
+    a, b = rows(cells, "match_persuasion", "austen", 8192, "hard_top2"), rows(cells, "shipped", "austen", 8192, "hard_top2")
+    assert other[5].startswith(f"{change(a, b):+.2f}% [")
+    m1 = 100 * (ppl(rows(cells, "match_persuasion", "austen", 8192, "random_top1"))
+                / ppl(rows(cells, "match_persuasion", "austen", 8192, "hard_top1")) - 1)
+    assert other[7].startswith(f"{m1:+.1f}% (")
+    kernel = table_row(on_page(page, "token-match-other"), "kernel-docs")
+    assert kernel[3].startswith(f"{change(rows(cells, 'match_train_domains', 'kernel-docs', 4096, 'hard_top1'), rows(cells, 'shipped_per_domain', 'kernel-docs', 4096, 'hard_top1')):+.2f}% [")
+
+    ks = table_row(on_page(page, "token-match-keyshift"), "man-pages")
+    lab = "hard_top2_keyshift"
+    assert ks[5].startswith(f"{change(rows(cells, 'keyshift90_match_domains', 'man-pages', 4096, lab), rows(cells, 'keyshift90_domains', 'man-pages', 4096, lab)):+.2f}% [")
+
+    # nearest keys: one window; "all" from the length table's rows of the same window
+    cap = pd.read_parquet(RESULTS / "copy_pairs_cap.parquet")
+    g = cap[cap.corpus == "man-pages"]
+    r4 = g[(g.pattern == "hard_top1") & (g["cap"] == 4)].iloc[0]
+    d4 = g[(g.pattern == "dense") & (g["cap"] == 4)].iloc[0]
+    near = table_row(on_page(page, "token-match-nearest"), "man-pages")
+    w = int(r4.window)
+    m = rows(cells, "match_per_domain", "man-pages", 4096, "hard_top1").set_index("window").nll[w]
+    dn = rows(cells, "match_per_domain", "man-pages", 4096, "dense").set_index("window").nll[w]
+    assert near[1] == "hard_top1" and near[2] == f"{100 * np.expm1((r4.nll - d4.nll) / r4.tokens):+.1f}%"
+    assert near[4] == f"{100 * np.expm1(m - dn):+.1f}%"
+
+    # speed: tokens/s straight from the csv
+    e2e = pd.read_csv(REPO / "figures" / "bench_attention" / "e2e_match.csv")
+    pre = e2e[(e2e.phase == "prefill") & (e2e.tokens == 8192)].set_index("pattern").bare_tokens_per_s
+    speed = table_row(on_page(page, "token-match-speed"), "prefill 8192, tokens/s")
+    assert speed[1] == f"{pre['dense']:.1f} / {pre['hard_top2']:.1f} / {pre['hard_top2_match']:.1f}"
+    assert speed[2] == f"{100 * (1 - pre['hard_top2_match'] / pre['hard_top2']):.0f}%"
