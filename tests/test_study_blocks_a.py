@@ -56,7 +56,7 @@ def on_page(page: str, name: str) -> str:
 def test_every_page_is_in_the_prose_check():
     pages = set(doc_blocks.prose_pages())
     for stem in ("calibrated-bias", "copy-weighted-distillation", "eight-groups", "dense-layers-budget",
-                 "copies-by-layer", "broad-mix"):
+                 "copies-by-layer", "broad-mix", "chain-variants"):
         assert f"docs/studies/{stem}.md" in pages
 
 
@@ -155,3 +155,24 @@ def test_broad_mix_cells(cells):
     a = rows(cells, "broad_mix_train_domains", "shakespeare", 4096, "hard_top2")
     b = rows(cells, "shipped_uniform", "shakespeare", 4096, "hard_top2")
     assert hamlet[2] == str(a.window.nunique()) and hamlet[6].startswith(f"{change(a, b):+.2f}% [")
+
+
+def test_chain_variants_cells(cells):
+    text = on_page("chain-variants.md", "chain-variants")
+    p2 = rows(cells, "shipped_8k_all_persuasion", "austen", 8192, "hard_top2")
+    pd_ = rows(cells, "shipped_8k_all_persuasion", "austen", 8192, "dense")
+    h1 = rows(cells, "shipped_8k_all_hamlet", "shakespeare", 8192, "hard_top1")
+    hr = rows(cells, "shipped_8k_all_hamlet", "shakespeare", 8192, "random_top1")
+    hd = rows(cells, "shipped_8k_all_hamlet", "shakespeare", 8192, "dense")
+    row = table_row(text, "shipped (average of stages 2 and 3)")
+    assert row[2] == f"{p2.window.nunique()} / {h1.window.nunique()}" == "14 / 6"
+    assert row[3] == f"{ppl(pd_):.2f} / {ppl(hd):.2f}"
+    assert row[4].startswith(f"{100 * (ppl(p2) / ppl(pd_) - 1):+.2f}% [")
+    assert row[6].startswith(f"{100 * (ppl(hr) / ppl(h1) - 1):+.1f}% [")
+    paired = on_page("chain-variants.md", "chain-variants-paired")
+    merge = change(rows(cells, "merge5_top2", "austen", 8192, "hard_top2"),
+                   rows(cells, "stage2_distill64", "austen", 8192, "hard_top2"))
+    assert table_row(paired, "the 5-layer merge against stage 2, *Persuasion* top-2, 8192")[3].startswith(f"{merge:+.2f}% [")
+    four = on_page("chain-variants.md", "chain-variants-4k")
+    t1, d = rows(cells, "distill4k_topk", "austen", 4096, "hard_top1"), rows(cells, "distill4k_topk", "austen", 4096, "dense")
+    assert table_row(four, "+ 30 steps of `distill64_topk`")[4].startswith(f"{100 * (ppl(t1) / ppl(d) - 1):+.1f}% [")
