@@ -59,7 +59,7 @@ def on_page(page: str, name: str) -> str:
     return doc_blocks.render(name)
 
 
-PAGES = ("routers-in-early-layers", "tech-budget-top1", "tech-budget-top2", "three-times-training", "token-match-pairs",
+PAGES = ("routers-in-early-layers", "secondary-sinks", "tech-budget-top1", "tech-budget-top2", "three-times-training", "token-match-pairs",
          "trained-with-pairs")
 
 
@@ -256,3 +256,15 @@ def test_token_match_pairs_cells(cells):
     speed = table_row(on_page(page, "token-match-speed"), "prefill 8192, tokens/s")
     assert speed[1] == f"{pre['dense']:.1f} / {pre['hard_top2']:.1f} / {pre['hard_top2_match']:.1f}"
     assert speed[2] == f"{100 * (1 - pre['hard_top2_match'] / pre['hard_top2']):.0f}%"
+
+
+def test_secondary_sinks_cells(cells):
+    text = on_page("secondary-sinks.md", "secondary-sinks-every-layer")
+    t = "every_layer_routed"
+    at8 = table_row(text, "*Persuasion*", nth=1)
+    assert at8[1] == "8192"
+    for col, control, router in ((5, "random_top1", "hard_top1"), (6, "random_top2", "hard_top2")):
+        margin = 100 * (ppl(rows(cells, t, "austen", 8192, control)) / ppl(rows(cells, t, "austen", 8192, router)) - 1)
+        assert at8[col].startswith(f"{margin:+.1f}% [")
+    top2 = rows(cells, t, "shakespeare", 4096, "hard_top2")
+    assert table_row(text, "*Hamlet*")[4] == f"{over_dense(cells, t, 'shakespeare', 4096, 'hard_top2'):+.1f}% [{top2.distant_pairs_kept.mean():.2f}]"
