@@ -253,3 +253,53 @@ def test_restored_drops_cells():
     pn = g0[g0.pos == "PROPN"].iloc[0]
     assert row(text, "17, 0")[1:4] == [str(g0.tokens.sum()), f"{mean:+.4f}",
                                        f"{pn.tokens_in_group} / {pn.tokens}, {pn.delta:+.3f}"]
+
+
+# --------------------------------------------------------------------------------------------
+# distillation with needles recalled far back
+
+def test_needle_mix_retrieval_cells():
+    page = "needle-mix-distillation.md"
+    text = on_page(page, "needle-mix-retrieval")
+    run = pd.read_parquet(REPO / "figures/results/needle_mix_cases.parquet")
+    run = run[(run.routers == "needle_mix") & (run.task == "niah_single_2") & (run.length == 8192)].set_index(
+        ["pattern", "seed"])
+    dense, hard = run.loc["dense"], run.loc["hard_top2"]
+    cells = row(text, "niah_single_2", 1)  # the 8192 row
+    assert cells[3] == f"{dense.score.mean():.2f}"
+    assert cells[5].startswith(f"{hard.score.mean() / dense.score.mean():.2f} [")
+    assert f", {(hard.answer_logprob - dense.answer_logprob).mean():+.1f} [{hard.distant_pairs_kept.mean():.2f}]" in cells[5]
+    # needle attention in the routed layers, pooled over the 54 cases by hand
+    trace = pd.read_parquet(REPO / "figures/results/retrieval_trace.parquet")
+    t = trace[(trace.pattern == "hard_top2_nocap") & (trace.length == 4096) & (trace.seed < 18)
+              & trace.task.isin(["passkey", "niah_single_1", "niah_single_2"]) & (trace.layer_idx >= 10)]
+    assert t[["task", "seed"]].drop_duplicates().shape[0] == 54
+    assert row(text, "routed layers 10-29")[1] == f"{t.mass_kept.sum() / t.dense_mass.sum():.3f}"
+
+
+def test_needle_mix_perplexity_and_shipping_cells():
+    page = "needle-mix-distillation.md"
+    text = on_page(page, "needle-mix-perplexity")
+    r = row(text, "man-pages")
+    assert r[3].startswith(f"{over_dense('needle_mix_domains', 'man-pages', 'hard_top2'):+.1f}% [")
+    assert r[4].startswith(f"{paired(('needle_mix_domains', 'hard_top2'), ('shipped_per_domain', 'hard_top2'), 'man-pages'):+.2f}% [")
+    text = on_page(page, "needle-mix-length")
+    r = [c for c in (row(text, "*Persuasion*", i) for i in range(5)) if c[1] == "1024"][0]
+    assert r[3].startswith(f"{paired(('needle_mix_length', 'hard_top1'), ('shipped', 'hard_top1'), 'austen', 1024):+.2f}% [")
+    text = on_page(page, "needle-mix-shipping")
+    hits, cases, of_dense, lp = passkey_hits(("needle_mix_4k", "needle_mix_4k_seeds6-11"), "hard_top2")
+    assert row(text, "needle mix, hard top-2")[2].startswith(f"{hits}/{cases} ({of_dense} of dense's 59), {lp:.2f} [")
+    one = row(text, "python-docs")  # 8192: one window, no interval
+    assert one[2] == "1" and one[3] == f"{paired(('needle_mix_heldout_8k', 'hard_top2'), ('shipped_heldout_8k', 'hard_top2'), 'python-docs', 8192):+.2f}%"
+
+
+def test_needle_mix_suite_cells():
+    text = on_page("needle-mix-distillation.md", "needle-mix-suite")
+    s = pd.read_parquet(REPO / "figures/results/retrieval_cases.parquet")
+    s = s[(s.task == "passkey") & (s.length == 8192)].set_index(["pattern", "seed"]).score
+    hard, dense = s.loc["hard_top2_nocap"], s.loc["dense"]
+    common = hard.index.intersection(dense.index)
+    assert len(common) == 93
+    cells = row(text, "passkey", 1)  # the 8192 row of the first table
+    assert cells[2].startswith(f"{hard[common].mean() / dense[common].mean():.2f} [")
+    assert cells[2].endswith("(93)")
