@@ -59,7 +59,7 @@ def on_page(page: str, name: str) -> str:
     return doc_blocks.render(name)
 
 
-PAGES = ("routers-in-early-layers", "secondary-sinks", "tech-budget-top1", "tech-budget-top2", "three-times-training", "token-match-pairs",
+PAGES = ("retrieval-suite", "routers-in-early-layers", "secondary-sinks", "tech-budget-top1", "tech-budget-top2", "three-times-training", "token-match-pairs",
          "trained-with-pairs")
 
 
@@ -268,3 +268,54 @@ def test_secondary_sinks_cells(cells):
         assert at8[col].startswith(f"{margin:+.1f}% [")
     top2 = rows(cells, t, "shakespeare", 4096, "hard_top2")
     assert table_row(text, "*Hamlet*")[4] == f"{over_dense(cells, t, 'shakespeare', 4096, 'hard_top2'):+.1f}% [{top2.distant_pairs_kept.mean():.2f}]"
+
+
+def test_retrieval_suite_cells():
+    page = "retrieval-suite.md"
+    cases = pd.read_parquet(RESULTS / "retrieval_cases_5710775e.parquet")
+
+    def pattern(task: str, L: int, p: str) -> pd.DataFrame:
+        g = cases[(cases.task == task) & (cases.length == L) & (cases.pattern == p)].set_index("seed")
+        assert len(g), (task, L, p)
+        return g
+
+    # the suite's table: score relative to dense (mean over dense's mean on the same cases), log-prob change
+    dense, hard = pattern("niah_single_1", 4096, "dense"), pattern("niah_single_1", 4096, "hard_top2")
+    s = hard.index.intersection(dense.index)
+    row = table_row(on_page(page, "retrieval-suite"), "niah_single_1")
+    assert row[2:4] == [str(len(dense)), f"{dense.score.mean():.2f}"]
+    assert row[4].startswith(f"{hard.score[s].mean() / dense.score[s].mean():.2f} [")
+    dlp = (hard.answer_logprob[s] - dense.answer_logprob[s]).mean()
+    assert row[4].endswith(f", {dlp:+.1f} [{hard.distant_pairs_kept.mean():.2f}]")
+
+    # paired differences: the mean over the cases both patterns ran
+    def diff(task, L, a, b, col):
+        x, y = pattern(task, L, a)[col], pattern(task, L, b)[col]
+        common = x.index.intersection(y.index)
+        return float((x[common] - y[common]).mean()), len(common)
+    d, n = diff("passkey", 4096, "hard_top2", "random_top2", "score")
+    assert table_row(on_page(page, "retrieval-suite-score"), "passkey")[2].startswith(f"{d:+.2f} [")
+    assert table_row(on_page(page, "retrieval-suite-score"), "passkey")[2].endswith(f"({n})")
+    d, n = diff("niah_multikey_3", 4096, "hard_top2", "moba_matched", "answer_logprob")
+    assert abs(d) >= 1 and table_row(on_page(page, "retrieval-suite-logprob"), "niah_multikey_3")[5].startswith(f"{d:+.1f} [")
+    d, n = diff("passkey", 4096, "hard_top2_match", "random_top2_match", "answer_logprob")
+    assert abs(d) < 1 and table_row(on_page(page, "retrieval-suite-logprob"), "passkey")[9].startswith(f"{d:+.2f} [")
+
+    # the hard tasks' dense solves: cases dense scores 1 on among the seven tasks
+    seven = ["niah_single_3", "niah_multikey_2", "niah_multikey_3", "niah_multivalue", "niah_multiquery", "vt", "cwe"]
+    solved = cases[(cases.pattern == "dense") & cases.task.isin(seven) & (cases.score == 1)][["task", "length", "seed"]]
+    m = cases[cases.pattern == "hard_top2_match"].merge(solved, on=["task", "length", "seed"])
+    assert table_row(on_page(page, "retrieval-suite-hard-cases"), "hard_top2_match")[1:3] == [
+        str(len(solved)), str(int((m.score == 1).sum()))]
+
+    # the needle attention kept: sums over the trace's cases, layers and heads
+    trace = pd.read_parquet(RESULTS / "retrieval_trace_5710775e.parquet")
+    t = trace[(trace.length == 4096) & trace.task.isin(["passkey", "niah_single_1", "niah_single_2", "niah_multikey_1"])
+              & (trace.pattern == "random_top2")]
+    assert table_row(on_page(page, "retrieval-suite-needle"), "random_top2")[2] == f"{t.mass_kept.sum() / t.dense_mass.sum():.0%}"
+
+    # the failures: the heaviest dropped head of one case by hand
+    f = trace[(trace.task == "passkey") & (trace.length == 4096) & (trace.seed == 100) & (trace.pattern == "hard_top2")]
+    top = f.assign(dropped=f.dense_mass - f.mass_kept).sort_values("dropped", ascending=False).iloc[0]
+    row = table_row(on_page(page, "retrieval-suite-failures"), "passkey, 4096, seed 100")
+    assert row[4].startswith(f"L{int(top.layer_idx)}H{int(top['head'])} {top.dropped:.2f} of {top.dense_mass:.2f} (")
