@@ -52,7 +52,6 @@ import argparse
 import json
 import math
 import os
-import platform
 import statistics
 import sys
 import time
@@ -872,17 +871,9 @@ def main(argv=None) -> int:
 
 
 def machine() -> dict:
-    """The machine a run measured on: torch version and threads, cores, CPU model, load average."""
-    env = {"torch": torch.__version__, "threads": torch.get_num_threads(), "nproc": os.cpu_count(),
-           "platform": platform.platform(), "loadavg_start": os.getloadavg(), "cpu_model": platform.machine()}
-    try:
-        env["cpu_model"] = next(l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if "model name" in l)
-    except (OSError, StopIteration):
-        pass
-    if torch.cuda.is_available():
-        env["gpu"] = torch.cuda.get_device_name(0)
-        env["cuda"] = torch.version.cuda
-    return env
+    """The machine a run measured on (``focus_lab.io.machine``) and the load average at the start."""
+    from focus_lab.io import machine as _machine
+    return {**_machine(), "loadavg_start": os.getloadavg()}
 
 
 def write_text(text: str, path: Path) -> None:

@@ -107,3 +107,39 @@ def with_table(path: Path, new: "pd.DataFrame", name: str, column: str = "table"
     if old is None or column not in old:
         return new.reset_index(drop=True)
     return pd.concat([old[old[column] != name], new], ignore_index=True)
+
+
+def machine() -> dict:
+    """The machine a measurement ran on, for the record beside its numbers: CPU model, logical
+    cores (``nproc``), memory (``mem_gib``, GiB), platform, torch version and threads, and the GPU
+    name and CUDA version when one is visible. Never raises (a field it cannot read is left out)."""
+    import platform
+
+    env: dict = {"nproc": os.cpu_count(), "platform": platform.platform(), "cpu_model": platform.machine()}
+    try:
+        env["cpu_model"] = next(l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if "model name" in l)
+    except (OSError, StopIteration):
+        pass
+    try:
+        import psutil
+        env["mem_gib"] = round(psutil.virtual_memory().total / 2**30, 1)
+    except Exception:  # noqa: BLE001 - psutil missing or unreadable: leave the field out
+        pass
+    try:
+        import torch
+        env.update(torch=torch.__version__, threads=torch.get_num_threads())
+        if torch.cuda.is_available():
+            env.update(gpu=torch.cuda.get_device_name(0), cuda=torch.version.cuda)
+    except Exception:  # noqa: BLE001
+        pass
+    return env
+
+
+def machine_line(env: dict) -> str:
+    """``machine()``'s record as one line: "AMD EPYC ..., 2 cores, 23.4 GiB, no GPU"."""
+    parts = [env.get("cpu_model", "unknown CPU"), f"{env.get('nproc', '?')} cores"]
+    if "mem_gib" in env:
+        parts.append(f"{env['mem_gib']:g} GiB")
+    parts.append(env["gpu"] if env.get("gpu") else "no GPU")
+    return ", ".join(parts)
+

@@ -467,3 +467,22 @@ def test_eval_cli_runs_group_free_patterns_without_a_router_file(tmp_path):
         assert res.exit_code == 2, res.output
         line, = res.output.strip().splitlines()
         assert "no router file ships" in line and "focus-lab train" in line
+
+
+def test_run_stage_times_a_command_and_records_its_exit_code_memory_and_load(tmp_path):
+    """focus_lab.train.chain.run_stage: a `python -m` stage's output goes to its log, its exit code
+    comes back (a failing one too), and the load sampled while it ran is a load average (>= 0)."""
+    from focus_lab.train.chain import run_stage
+    seconds, rss, code, load = run_stage(["-m", "platform"], tmp_path / "ok.log", poll=0.05)
+    assert code == 0 and seconds > 0 and 0.005 < rss < 4 and load >= 0
+    assert (tmp_path / "ok.log").read_text().strip()  # platform's one line
+    _, _, code, _ = run_stage(["-m", "focus_lab_no_such_module"], tmp_path / "bad.log", poll=0.05)
+    assert code == 1 and "No module named" in (tmp_path / "bad.log").read_text()
+
+
+def test_machine_line_names_cpu_cores_memory_and_gpu():
+    from focus_lab.io import machine, machine_line
+    env = machine()
+    assert env["nproc"] >= 1 and env["cpu_model"]
+    assert machine_line({"cpu_model": "AMD EPYC", "nproc": 2, "mem_gib": 23.5}) == "AMD EPYC, 2 cores, 23.5 GiB, no GPU"
+    assert machine_line({"cpu_model": "x", "nproc": 16, "gpu": "NVIDIA H200"}) == "x, 16 cores, NVIDIA H200"

@@ -273,6 +273,10 @@ def main(argv: list[str] | None = None) -> int:
         record["total_seconds"] = round(sum(s["seconds"] for s in record["stages"].values()), 1)
         write_json(record_path, record)
         print(f"{name}: {seconds:.0f} s, peak RSS {rss:.2f} GiB", flush=True)
+    from focus_lab.hf.shipped import code_commit
+    from focus_lab.io import machine
+    record["machine"], record["commit"] = machine(), code_commit()  # where and at which commit it ran
+    write_json(record_path, record)
     final = out / "routers.safetensors"
     if a.reference and a.reference.is_file():
         record["against_reference"] = compare(final, a.reference)
