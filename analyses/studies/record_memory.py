@@ -12,6 +12,14 @@ computes for the same command (``record.memory_parts``, the breakdown of
 ``estimate_memory``), in GiB. Used to calibrate the estimate (docs/reliability.md).
 
     .venv/bin/python analyses/studies/record_memory.py -- --seq-len 1024 --max-windows 1 --layers 0-3 --out /tmp/m
+
+With ``--label TEXT`` before the ``--`` the measurement is also written as one row of the tidy table
+``--table`` (default ``figures/results/record_memory.parquet``; a row of the same label is
+replaced): the label, the command's arguments, the measured peak and each phase's (GiB), the
+estimate and its terms (GiB), wall seconds, the commit and the machine (``SCHEMA_VERSION``).
+docs/reliability.md's calibration table is generated from it.
+
+    .venv/bin/python analyses/studies/record_memory.py --label "1024 tokens, layers 0-3" -- --seq-len 1024 ...
 """
 
 from __future__ import annotations
@@ -25,6 +33,8 @@ import time
 import psutil
 
 GiB = 1024 ** 3
+SCHEMA_VERSION = 1
+TABLE = "figures/results/record_memory.parquet"
 
 
 class Sampler:
@@ -74,8 +84,40 @@ def wrap(owner, attr: str, sampler: Sampler, phase: str):
     setattr(owner, attr, wrapped)
 
 
+def write_row(table: str, label: str, args: list[str], peak: int, phases: dict[str, int], est: dict[str, int],
+              seconds: float) -> None:
+    """Replace or add the row ``label`` of the tidy table ``table`` (parquet, written atomically)."""
+    from pathlib import Path
+
+    import pandas as pd
+
+    from focus_lab.hf.shipped import code_commit
+    from focus_lab.io import machine, machine_line, write_parquet
+    row = {"schema_version": SCHEMA_VERSION, "label": label, "args": " ".join(args),
+           "measured_gib": peak / GiB, "estimate_gib": est.get("peak", float("nan")) / GiB,
+           **{f"phase_{k}_gib": v / GiB for k, v in phases.items()},
+           **{f"est_{k}_gib": v / GiB for k, v in est.items() if k != "peak"},
+           "seconds": round(seconds, 1), "commit": code_commit(), "machine": machine_line(machine()),
+           "load_1min_end": round(__import__("os").getloadavg()[0], 2)}
+    path = Path(table)
+    old = pd.read_parquet(path) if path.is_file() else pd.DataFrame()
+    if len(old):
+        old = old[old.label != label]
+    write_parquet(path, pd.concat([old, pd.DataFrame([row])], ignore_index=True))
+    print(f"row {label!r} written to {path}")
+
+
 def main() -> None:
     argv = sys.argv[1:]
+    label, table = None, TABLE
+    while argv and argv[0] in ("--label", "--table"):
+        if len(argv) < 2:
+            raise SystemExit(f"{argv[0]} needs a value")
+        if argv[0] == "--label":
+            label = argv[1]
+        else:
+            table = argv[1]
+        argv = argv[2:]
     if argv and argv[0] == "--":
         argv = argv[1:]
     from focus_lab.recording import recorder as R
@@ -130,6 +172,8 @@ def main() -> None:
               "peak); peak = runtime + model + recorded + slack + max(record, tables, loss_delta, write):")
         for k, v in est.items():
             print(f"  {k:<11} {v / GiB:.3f} GiB")
+    if label:
+        write_row(table, label, argv, peak, {ph: s.peaks[ph] for ph in s.order}, est, dt)
 
 
 if __name__ == "__main__":
