@@ -9,6 +9,7 @@ layer is cut (table group_ablation; both from ``python -m analyses.studies.resto
 from __future__ import annotations
 
 import html
+import math
 
 import numpy as np
 import pandas as pd
@@ -343,7 +344,7 @@ def edges_section(run) -> None:
         else:
             dist = (dmin, dmax)
         wmin = st.number_input("Minimum weight (dense attention probability)", min_value=0.0, max_value=1.0,
-                               value=float(round(edges["weight"].min(), 4)), step=0.01, format="%.4f",
+                               value=math.floor(edges["weight"].min() * 1e4) / 1e4, step=0.01, format="%.4f",
                                key="audit_weight")
     with c3:
         sel_rels = st.multiselect("Relations", rels, default=[], key="audit_relations", placeholder="all relations")
