@@ -4,8 +4,9 @@
 
 * a tiny fast tokenizer (byte-free BPE trained on the built-in text below, ``tokenizers``
   wrapped in ``PreTrainedTokenizerFast``) and a tiny random Llama (``focus_lab.hf.tiny.tiny_llama``),
-  saved under ``assets`` so the live-probe page can load them with
-  ``focus_lab.hf.models.load_model(path)``;
+  or with ``model="gemma3"`` a tiny random Gemma-3 whose global layers alone are routed
+  (``focus_lab.hf.tiny.tiny_gemma3``: 6 layers, layers 2 and 5 global), saved under ``assets``
+  so the live-probe page can load them with ``focus_lab.hf.models.load_model(path)``;
 * routers attached with ``FocusConfig(mode="hard", window=8, num_groups=4)`` and saved as
   safetensors (the manifest's ``routers.path``);
 * a run directory written by ``focus_lab.recording.recorder.record_run`` (tokens, assignments, pos when
@@ -31,7 +32,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from focus_lab.hf.tiny import SAMPLE_TEXT as TEXT, bpe_tokenizer, tiny_llama  # noqa: E402
+from focus_lab.hf.tiny import SAMPLE_TEXT as TEXT, bpe_tokenizer, tiny_gemma3, tiny_llama  # noqa: E402
 DOC = "tiny-doc"
 VOCAB = 97
 
@@ -45,6 +46,14 @@ class TinyWindow:
 
 def _tiny_llama(vocab: int, layers: int):
     return tiny_llama(seed=0, layers=layers, vocab_size=vocab)
+
+
+def _tiny_gemma3(vocab: int, layers: int):
+    return tiny_gemma3(seed=0, layers=layers, vocab_size=vocab)
+
+
+#: the tiny base models ``make_tiny_run`` records from (its ``model``)
+BASES = {"llama": _tiny_llama, "gemma3": _tiny_gemma3}
 
 
 def make_tokenizer(text: str = TEXT, vocab: int = VOCAB):
@@ -71,10 +80,11 @@ def _spacy_ok() -> bool:
         return False
 
 
-def _train_log(layers: int, num_groups: int, steps: int = 6) -> pd.DataFrame:
+def _train_log(layers, num_groups: int, steps: int = 6) -> pd.DataFrame:
+    """Synthetic training rows for ``layers`` (a count: layers 0..n-1, or the routed layers' indices)."""
     rows = []
     for s in range(1, steps + 1):
-        for layer in range(layers):
+        for layer in (range(layers) if isinstance(layers, int) else layers):
             top = 1.0 / num_groups + 0.5 / (s + layer)
             rows.append({"step": s, "layer_idx": layer, "loss": 4.6 - 0.1 * s, "lr": 3e-3, "seconds": 0.1 * s,
                          "tokens_per_second": 1000.0, "max_group_share": min(top, 1.0),
@@ -88,25 +98,27 @@ def make_tiny_run(path: str | Path, *, num_groups: int = 4, window: int = 8, top
                   layers: int = 2, seq_len: int = 48, with_pos: bool | None = None,
                   with_eval: bool = True, with_train_log: bool = True,
                   assets: str | Path | None = None, seed: int = 0, patterns: tuple = (),
-                  standins: bool = False) -> Path:
+                  standins: bool = False, model: str = "llama") -> Path:
     """Record a tiny run into ``path`` (created / replaced); returns ``path``.
 
     ``assets`` (default: a hidden sibling ``.<name>-assets``, skipped by ``list_runs``) holds
     the saved tiny model, its tokenizer and the router file the manifest points to.
     ``patterns``: (layer, head) pairs whose full attention maps the recorder keeps.
     ``standins`` is accepted and ignored (the recorder writes every metric table itself now).
+    ``model``: the tiny base, ``"llama"`` (every layer routed) or ``"gemma3"`` (give ``layers=6``:
+    layers 2 and 5 attend globally and are the only routed ones, as Gemma-3-270M's 5, 11, 17).
     """
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny matrices: one thread is fastest, and the machine is shared
     try:
         return _make_tiny_run(Path(path), num_groups, window, top_k, layers, seq_len, with_pos,
-                              with_eval, with_train_log, assets, seed, patterns)
+                              with_eval, with_train_log, assets, seed, patterns, model)
     finally:
         torch.set_num_threads(threads)
 
 
 def _make_tiny_run(path, num_groups, window, top_k, layers, seq_len, with_pos, with_eval, with_train_log,
-                   assets, seed, patterns=()) -> Path:
+                   assets, seed, patterns=(), base_model="llama") -> Path:
     from focus_lab import FocusConfig, attach, save_routers
     from focus_lab.hf.models import load_model
     from focus_lab.io import file_sha256
@@ -116,7 +128,7 @@ def _make_tiny_run(path, num_groups, window, top_k, layers, seq_len, with_pos, w
     model_dir = assets / "model"
     tok = make_tokenizer()
     if not (model_dir / "config.json").is_file():
-        base = _tiny_llama(len(tok), layers)
+        base = BASES[base_model](len(tok), layers)
         model_dir.mkdir(parents=True, exist_ok=True)
         base.save_pretrained(model_dir)
         tok.save_pretrained(model_dir)
@@ -125,7 +137,9 @@ def _make_tiny_run(path, num_groups, window, top_k, layers, seq_len, with_pos, w
     with_pos = _spacy_ok() if with_pos is None else with_pos
 
     cfg = FocusConfig(mode="hard", window=window, num_groups=num_groups, top_k=top_k, seed=seed)
-    attach(model, cfg)
+    attach(model, cfg)  # the family's default layers: every one, or Gemma's global layers
+    from focus_lab import routers
+    routed = sorted(routers(model))
     routers_path = save_routers(model, assets / "routers.safetensors")
     extra = {}
     if with_eval:
@@ -134,7 +148,7 @@ def _make_tiny_run(path, num_groups, window, top_k, layers, seq_len, with_pos, w
         from focus_lab import set_config
         set_config(model, mode="hard", top_k=top_k)
     if with_train_log:
-        extra["train_log"] = _train_log(layers, num_groups)
+        extra["train_log"] = _train_log(routed, num_groups)
     meta = {"corpus": {"name": "tiny", "heldout": [DOC], "train": []},
             "routers": {"path": str(routers_path), "sha256": file_sha256(routers_path)}}
     record_run(model, tok, windows, {DOC: TEXT}, path, meta=meta, with_pos=with_pos,

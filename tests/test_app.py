@@ -420,6 +420,68 @@ def test_live_probe_routes_a_passage(app):
     assert len(groups) == 4
 
 
+# ------------------------------------------------------------------------------ a Gemma-shaped run
+
+GEMMA = "tiny-k4-gemma3"  # sorts after tiny-k2 (Compare's default B of the other runs is unchanged)
+
+
+@pytest.fixture(scope="session")
+def gemma_routed(runs_root) -> list[int]:
+    """A run recorded from a tiny Gemma-3 (6 layers, layers 2 and 5 global) in the runs root;
+    returns its global layers, read from the saved model config (the only layers Focus routes)."""
+    if not (runs_root / GEMMA).exists():
+        make_tiny_run(runs_root / GEMMA, model="gemma3", layers=6)
+    types = json.loads((runs_root / f".{GEMMA}-assets" / "model" / "config.json").read_text())["layer_types"]
+    return [i for i, t in enumerate(types) if t == "full_attention"]
+
+
+def test_gemma_run_pages_show_the_routed_layers_only(app, runs_root, gemma_routed):
+    """On a run where only some layers are routed (Gemma's global ones), every page's layer
+    selectors, tables and per-layer charts hold those layers and no other; the Overview's
+    layer count is the model's."""
+    routed = gemma_routed
+    assert routed == [2, 5]
+    names = [str(i) for i in routed]
+    asg = read(runs_root, GEMMA, "assignments")
+    assert sorted(asg.layer_idx.unique()) == routed
+
+    at = app("groups", run=GEMMA)
+    assert at.selectbox(key="groups_layer").options == names
+    assert at.selectbox(key="groups_flow_to").options == names[1:]
+    at.selectbox(key="groups_layer").set_value(routed[1]).run()
+    assert not at.exception
+    assert at.dataframe[0].value["size"].tolist() == np.bincount(asg.loc[asg.layer_idx == routed[1], "group"],
+                                                                   minlength=4).tolist()
+    assert any(title(f).startswith(f"layer {routed[0]} → layer {routed[1]}") for f in figures(at))
+
+    at = app("overview", run=GEMMA)
+    assert [m.value for m in at.metric][:2] == ["6", "4"]  # the model's layers, K
+    curves = next(f for f in figures(at) if title(f).startswith("largest group share per step"))
+    assert sorted(str(tr["name"]) for tr in curves["data"]) == names
+
+    at = app("balance", run=GEMMA)
+    assert at.dataframe[0].value["layer"].tolist() == routed
+    heat = next(f for f in figures(at) if title(f).startswith("hard (top-1)"))
+    assert decode(heat["data"][0]["z"]).shape == (len(routed), 4)
+
+    at = app("coverage", run=GEMMA)
+    assert at.dataframe[0].value["layer"].tolist() == routed
+    assert at.selectbox(key="coverage_dist_layer").options == ["all", *names]
+
+    at = app("audit", run=GEMMA)
+    assert at.multiselect(key="audit_layers").options == names
+    edges = read(runs_root, GEMMA, "dropped_edges")
+    assert int(at.metric[0].value.replace(",", "")) == len(edges)  # no filter set: every recorded edge
+
+    at = app("probe", run=GEMMA)
+    at.text_area(key="probe_text").input("The captain smiled at Anne by the gate.").run()
+    at.button(key="probe_run").click().run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    heat = figures(at)[0]
+    assert decode(heat["data"][0]["z"]).shape[0] == len(routed)  # rows: the routed layers of 6
+    assert [str(y) for y in heat["data"][0]["y"]] == names
+
+
 # ---------------------------------------------------------------------------------------- passkey
 
 def open_passkey(app, name: str, fmt: str | None = None):

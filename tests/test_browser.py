@@ -1,5 +1,7 @@
 """Real-browser test of the dashboard: `focus-lab app` on a free port, Debian Chromium driven by
 Playwright, every page visited; no exception element, plotly charts rendered, screenshots saved.
+Every page again on a run recorded from a tiny Gemma-3 (6 layers, 2 of them global and routed):
+the layer selectors and the charts' layer axes hold the routed layers only.
 
 Also a script for the screenshots of a real run (and each page's render time)::
 
@@ -13,6 +15,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -34,6 +37,8 @@ PAGES = [("groups", "", "Groups", 3), ("overview", "overview", "Overview", 2), (
          ("coverage", "coverage", "Coverage", 2), ("audit", "audit", "Dependency audit", 2),
          ("compare", "compare", "Compare", 1), ("passkey", "passkey", "Passkey", 2),
          ("retrieval", "retrieval", "Retrieval", 2), ("probe", "probe", "Live probe", 1)]
+# the run recorded from a tiny Gemma-3 (run_fixtures.make_tiny_run(model="gemma3")); sorts after tiny-k2
+GEMMA_RUN = "tiny-k4-gemma3"
 
 
 def free_port() -> int:
@@ -93,11 +98,49 @@ def wait_rendered(page, title: str, charts: int, timeout_ms: int = 90_000) -> No
     page.wait_for_timeout(300)  # plotly's last layout pass
 
 
+# every plotly chart of the page as plotly.js drew it: title and, per trace, type, name, x and y as strings
+CHART_DATA_JS = """() => [...document.querySelectorAll('.js-plotly-plot')].map(g => {
+    const t = (g.layout || {}).title;
+    return {title: (t && typeof t === 'object') ? (t.text || '') : (t || ''),
+            traces: (g.data || []).map(d => ({type: d.type || 'scatter', name: d.name == null ? null : String(d.name),
+                                              x: d.x == null ? null : Array.from(d.x, String),
+                                              y: d.y == null ? null : Array.from(d.y, String)}))};
+})"""
+
+
+def chart_data(page) -> list[dict]:
+    """The page's plotly charts as drawn (``CHART_DATA_JS``): [{title, traces: [{type, name, x, y}]}]."""
+    return page.evaluate(CHART_DATA_JS)
+
+
+def select_options(page, label: str) -> list[str]:
+    """The options a selectbox or multiselect labelled ``label`` offers, read from its open
+    drop-down (closed again after)."""
+    box = page.locator('[data-testid="stSelectbox"], [data-testid="stMultiSelect"]').filter(
+        has=page.locator(f'input[aria-label="{label}"]'))
+    options = page.locator(f'[role="listbox"][aria-label="{label}"] [role="option"]')
+    for attempt in range(3):  # a click while another drop-down is still closing does not open this one
+        box.locator('button[aria-haspopup="listbox"]').click()
+        try:
+            options.first.wait_for(timeout=5_000)
+            break
+        except Exception:
+            if attempt == 2:
+                raise
+    texts = [t.strip() for t in options.all_inner_texts()]
+    page.keyboard.press("Escape")
+    options.first.wait_for(state="detached")
+    return texts
+
+
 def visit_all(url: str, run: str, out: Path, width: int = 1280, height: int = 800, click_probe: bool = True,
-              full_page: bool = False, expect_charts: bool = True, only: list[str] | None = None) -> dict[str, dict]:
+              full_page: bool = False, expect_charts: bool = True, only: list[str] | None = None,
+              inspect=None) -> dict[str, dict]:
     """Visit every page of the dashboard (or those named in ``only``) for ``run``; screenshots into ``out``. Returns
     {page: {seconds, charts, exceptions, errors}}; seconds from navigation until rendered
-    (the probe page: until the probe's chart rendered after the click, model load included)."""
+    (the probe page: until the probe's chart rendered after the click, model load included).
+    ``inspect(page, name) -> dict``, when given, runs on each rendered page after its screenshot;
+    what it returns is the page's ``inspect`` entry."""
     from playwright.sync_api import sync_playwright
     out.mkdir(parents=True, exist_ok=True)
     results = {}
@@ -146,6 +189,8 @@ def visit_all(url: str, run: str, out: Path, width: int = 1280, height: int = 80
                     "errors": [e.inner_text()[:200] for e in page.locator('[data-testid="stAlertContentError"]').all()],
                     "screenshot": str(shot),
                 }
+                if inspect is not None:
+                    results[name]["inspect"] = inspect(page, name)
         finally:
             browser.close()
     return results
@@ -168,6 +213,7 @@ def test_every_page_renders_in_chromium(tmp_path):
     runs = tmp_path / "runs"
     make_tiny_run(runs / "tiny")
     make_tiny_run(runs / "tiny-k2", num_groups=2, top_k=1, seed=1)
+    make_tiny_run(runs / GEMMA_RUN, model="gemma3", layers=6)  # after tiny-k2: tiny's Compare B stays tiny-k2
     make_synthetic_passkey_dir(runs / "passkey")  # the Passkey page's folder (not a run)
     retrieval = runs / "retrieval"  # the Retrieval page's folder: the committed suite output (not a run)
     retrieval.mkdir()
@@ -176,13 +222,52 @@ def test_every_page_renders_in_chromium(tmp_path):
     shots = tmp_path / "screenshots"
     with dashboard(runs) as url:
         res = visit_all(url, "tiny", shots)
+        gemma = visit_all(url, GEMMA_RUN, tmp_path / "screenshots-gemma", inspect=inspect_layers)
     print(json.dumps(res, indent=1))
-    for name, _, _, charts in PAGES:
-        r = res[name]
-        assert r["exceptions"] == 0, (name, r)
-        assert not r["errors"], (name, r)
-        assert r["charts"] >= charts, (name, r)
-        assert (shots / f"{name}.png").stat().st_size > 5_000
+    print(json.dumps({name: r["seconds"] for name, r in gemma.items()}))
+    for result, folder in ((res, shots), (gemma, tmp_path / "screenshots-gemma")):
+        for name, _, _, charts in PAGES:
+            r = result[name]
+            assert r["exceptions"] == 0, (name, r)
+            assert not r["errors"], (name, r)
+            assert r["charts"] >= charts, (name, r)
+            assert (folder / f"{name}.png").stat().st_size > 5_000
+    check_routed_layers(gemma, runs / f".{GEMMA_RUN}-assets" / "model" / "config.json")
+
+
+def inspect_layers(page, name: str) -> dict:
+    """What a page shows of the run's layers: its charts as drawn and the options of its layer selectors."""
+    out = {"charts": chart_data(page)}
+    labels = {"groups": ("Layer", "to layer (from the layer before it)"), "coverage": ("Layer",),
+              "audit": ("Layers",)}.get(name, ())
+    out["options"] = {label: select_options(page, label) for label in labels}
+    return out
+
+
+def check_routed_layers(res: dict, config: Path) -> None:
+    """On the Gemma run every page shows the routed layers, the model's global ones (read from its
+    saved config), and no other: layer selectors, the layer axes of the heatmaps and the traces
+    of per-layer curves."""
+    types = json.loads(config.read_text())["layer_types"]
+    routed = [str(i) for i, t in enumerate(types) if t == "full_attention"]
+    assert routed == ["2", "5"] and len(types) == 6  # only some layers routed
+
+    def chart(page: str, title: str) -> dict:
+        titles = [re.sub(r"<[^>]*>", "", c["title"]) for c in res[page]["inspect"]["charts"]]  # drawn bold
+        found = [c for c, t in zip(res[page]["inspect"]["charts"], titles) if t.startswith(title)]
+        assert len(found) == 1, (page, title, titles)
+        return found[0]
+
+    opts = {page: r["inspect"]["options"] for page, r in res.items()}
+    assert opts["groups"]["Layer"] == routed
+    assert opts["groups"]["to layer (from the layer before it)"] == routed[1:]
+    assert chart("groups", f"layer {routed[0]} → layer {routed[1]}")
+    assert opts["coverage"]["Layer"] == ["all", *routed]
+    assert [o for o in opts["audit"]["Layers"] if o != "Select all"] == routed  # the multiselect's own first entry
+    assert chart("balance", "hard (top-1) group share per layer")["traces"][0]["y"] == routed
+    assert chart("coverage", "coverage of dense attention (attention recall), focus mask")["traces"][0]["y"] == routed
+    assert chart("probe", "group of each token")["traces"][0]["y"] == routed  # rows: the routed layers only
+    assert {t["name"] for t in chart("overview", "largest group share per step, each layer")["traces"]} == set(routed)
 
 
 def main(argv: list[str] | None = None) -> int:

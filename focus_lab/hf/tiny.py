@@ -40,6 +40,22 @@ def tiny_llama(seed: int = 0, layers: int = 2, vocab_size: int = 97, max_positio
     return LlamaForCausalLM(cfg).eval()
 
 
+def tiny_gemma3(seed: int = 0, layers: int = 6, vocab_size: int = 97, global_every: int = 3,
+                sliding_window: int = 16, max_positions: int = 512):
+    """Gemma-3 text laid out like Gemma-3-270M at a tiny size: every ``global_every``-th layer
+    attends globally (``full_attention``: layers 2 and 5 of 6 by default, the only ones Focus
+    routes), the others in a sliding window of ``sliding_window`` keys; 4 query heads sharing 1
+    KV head, head_dim 16, QK-norm, local and global RoPE; random weights, eval mode."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+    torch.manual_seed(seed)
+    types = ["full_attention" if (i + 1) % global_every == 0 else "sliding_attention" for i in range(layers)]
+    cfg = Gemma3TextConfig(vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
+                           num_attention_heads=4, num_key_value_heads=1, head_dim=16, query_pre_attn_scalar=16,
+                           max_position_embeddings=max_positions, sliding_window=sliding_window, layer_types=types,
+                           bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    return Gemma3ForCausalLM(cfg).eval()
+
+
 def tiny_gpt2(seed: int = 0, layers: int = 2, vocab_size: int = 97, max_positions: int = 512):
     """GPT-2 (MHA 4 heads, learned positions), random weights, eval mode."""
     from transformers import GPT2Config, GPT2LMHeadModel
