@@ -204,6 +204,7 @@ FIGURES: list[Output] = [
     Output("fig10_length_transfer", "fig_length_transfer", 10),
     Output("fig11_causal_leak", "fig_causal_leak", 11),
     Output("fig12_passkey", "fig_passkey", 12),
+    Output("fig13_length_models", "fig_length_models", 13),
     Output("table_baselines", "table_baselines", 0),
     Output("table_reproduction", "table_reproduction", 0),
 ]

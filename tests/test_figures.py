@@ -678,3 +678,44 @@ def test_domain_table_prints_hand_set_cells_and_the_paired_change_over_the_previ
         D.domain_table(cells[cells.table != "capacity_heldout_8k"])
     with pytest.raises(KeyError, match="needle_mix_heldout_8k"):
         D.domain_table(cells[cells.table != "needle_mix_heldout_8k"])
+
+
+def test_length_models_figure_plots_the_pooled_change_of_the_committed_rows():
+    """Figure 13 against a by-hand pooling of the committed per-window rows on Persuasion: Gemma's
+    hard top-2 at 4096 tokens (4 windows, an interval around it) and SmolLM2's random top-2 at 512
+    (perplexity exp(token-weighted mean NLL) of each pattern over the same windows, change over
+    dense in %); from 8192 up Gemma has fewer than 3 windows and no interval; x runs 512..32768 on
+    a log axis."""
+    import math
+    import numpy as np
+    from analyses import fig_length_models as M
+    from analyses.doc_blocks import GEMMA_TABLE, LENGTH_CELLS, SHIPPED_TABLE
+    cells = pd.read_parquet(C.REPO / LENGTH_CELLS)
+
+    def by_hand(table: str, L: int, label: str) -> float:
+        rows = cells[(cells["table"] == table) & (cells["corpus"] == "austen") & (cells["seq_len"] == L)]
+        a, d = rows[rows["label"] == label], rows[rows["label"] == "dense"]
+        assert sorted(a["window"]) == sorted(d["window"]) and len(a) > 0
+        ppl = lambda r: math.exp((r["nll"] * r["tokens"]).sum() / r["tokens"].sum())  # noqa: E731
+        return 100 * (ppl(a) / ppl(d) - 1)
+
+    fig = M.make_figure(None)
+    panels = {"SmolLM2-135M": "x", "Gemma-3-270M": "x2"}
+
+    def trace(model: str, name: str):
+        found = [t for t in fig.data if t.name == name and (t.xaxis or "x") == panels[model]]
+        assert len(found) == 1, (model, name)
+        t = found[0]
+        return np.asarray(t.x, float), np.asarray(t.y, float), t
+
+    x, y, t = trace("Gemma-3-270M", "hard top-2")
+    assert x.tolist() == [4096, 8192, 16384, 32768]
+    assert y[0] == pytest.approx(by_hand(GEMMA_TABLE, 4096, "hard_top2"), abs=1e-9)
+    up, down = np.asarray(t.error_y.array, float), np.asarray(t.error_y.arrayminus, float)
+    assert up[0] > 0 and down[0] > 0  # 4 windows: the paired interval holds the point
+    assert np.isnan(up[1:]).all() and np.isnan(down[1:]).all()  # 2, 1, 1 windows: no interval
+    x, y, _ = trace("SmolLM2-135M", "random groups, top-2")
+    assert x.tolist() == [512, 1024, 2048, 4096, 8192]
+    assert y[0] == pytest.approx(by_hand(SHIPPED_TABLE, 512, "random_top2"), abs=1e-9)
+    assert {t.name for t in fig.data} == {"hard top-1", "hard top-2", "random groups, top-2"}
+    assert fig.layout.xaxis.type == "log" and list(fig.layout.xaxis2.tickvals) == [2 ** i for i in range(9, 16)]
