@@ -59,8 +59,8 @@ def on_page(page: str, name: str) -> str:
     return doc_blocks.render(name)
 
 
-PAGES = ("retrieval-suite", "routers-in-early-layers", "secondary-sinks", "tech-budget-top1", "tech-budget-top2", "three-times-training", "token-match-pairs",
-         "trained-with-pairs")
+PAGES = ("retrieval-suite", "routers-in-early-layers", "secondary-sinks", "tech-budget-top1", "tech-budget-top2",
+         "three-times-training", "token-match-pairs", "trained-with-pairs")
 
 
 @pytest.mark.parametrize("stem", PAGES)
