@@ -56,7 +56,7 @@ def on_page(page: str, name: str) -> str:
 def test_every_page_is_in_the_prose_check():
     pages = set(doc_blocks.prose_pages())
     for stem in ("calibrated-bias", "copy-weighted-distillation", "eight-groups", "dense-layers-budget",
-                 "copies-by-layer", "broad-mix", "chain-variants"):
+                 "copies-by-layer", "broad-mix", "chain-variants", "group-capacity"):
         assert f"docs/studies/{stem}.md" in pages
 
 
@@ -176,3 +176,49 @@ def test_chain_variants_cells(cells):
     four = on_page("chain-variants.md", "chain-variants-4k")
     t1, d = rows(cells, "distill4k_topk", "austen", 4096, "hard_top1"), rows(cells, "distill4k_topk", "austen", 4096, "dense")
     assert table_row(four, "+ 30 steps of `distill64_topk`")[4].startswith(f"{100 * (ppl(t1) / ppl(d) - 1):+.1f}% [")
+
+
+def test_group_capacity_cells(cells):
+    # perplexity: the cap's paired change over hard top-2 on the man pages (table capacity), and E7's
+    # on the Debian Reference (table capacity_evict7), by hand
+    text = on_page("group-capacity.md", "group-capacity-perplexity")
+    a = rows(cells, "capacity", "man-pages", 4096, "hard_top2_cap")
+    b = rows(cells, "capacity", "man-pages", 4096, "hard_top2")
+    d = rows(cells, "capacity", "man-pages", 4096, "dense")
+    row = table_row(text, "man pages")
+    assert row[3] == f"{100 * (ppl(b) / ppl(d) - 1):+.2f}" and row[4] == f"{100 * (ppl(a) / ppl(d) - 1):+.2f}"
+    assert row[5].startswith(f"{change(a, b):+.2f} [")
+    assert row[6] == f"{b.distant_pairs_kept.mean():.2f} / {a.distant_pairs_kept.mean():.2f}"
+    e7 = on_page("group-capacity.md", "group-capacity-e7")
+    x = rows(cells, "capacity_evict7", "debian-reference", 4096, "hard_top2_evict@13+15-16+21+25+28-29")
+    h = rows(cells, "capacity_evict7", "debian-reference", 4096, "hard_top2")
+    assert table_row(e7, "Debian Reference")[6].startswith(f"{change(x, h):+.2f}% [")
+    sweep = on_page("group-capacity.md", "group-capacity-sweep")
+    c80 = rows(cells, "capacity_sweep", "man-pages", 4096, "hard_top2_cap80")
+    h = rows(cells, "capacity_sweep", "man-pages", 4096, "hard_top2")
+    assert table_row(sweep, "0.8")[2].startswith(f"{change(c80, h):+.2f} [")
+
+
+def test_group_capacity_retrieval_cells():
+    # retrieval: mean scores and pairs by hand from the committed cases (the study's hard top-2 is
+    # hard_top2_nocap there, E7 hard_top2); S's case maximum of the pairs; a lost needle's row
+    cases = pd.read_parquet(REPO / "figures/results/retrieval_cases.parquet")
+    n1 = cases[(cases.task == "niah_single_1") & (cases.length == 8192)]
+    s = n1[n1.pattern == "hard_top2_cap@0+13+15-16+21+24-25+28-29"].set_index("seed")
+    hard = n1[n1.pattern == "hard_top2_nocap"].set_index("seed").loc[s.index]
+    dense = n1[n1.pattern == "dense"].set_index("seed").loc[s.index]
+    row = table_row(on_page("group-capacity.md", "group-capacity-s"), "niah_single_1 | 8192")
+    assert row[2] == str(len(s)) == "33"
+    assert row[4].startswith(f"{s.score.mean() / dense.score.mean():.2f} [")
+    assert row[5] == (f"{hard.distant_pairs_kept.mean():.3f} / {s.distant_pairs_kept.mean():.3f} "
+                      f"[{s.distant_pairs_kept.max():.4f}]")
+    diff = (s.answer_logprob - hard.answer_logprob).mean()
+    assert row[6].startswith(f"{diff:+.2f} [")
+    needles = on_page("group-capacity.md", "group-capacity-needles")
+    lost = [r for r in needles.splitlines() if r.startswith("| S | niah_single_1 | 8192 |")]
+    lost_by_hand = s.index[(s.score < hard.score)]
+    assert [int(r.split("|")[4]) for r in lost if "| 1 / 1 / 0 |" in r] == sorted(lost_by_hand.tolist())
+    other = on_page("group-capacity.md", "group-capacity-other-tasks")
+    v = cases[(cases.task == "vt") & (cases.length == 4096)]
+    e7, nocap = v[v.pattern == "hard_top2"].set_index("seed"), v[v.pattern == "hard_top2_nocap"].set_index("seed")
+    assert table_row(other, "vt | 4096")[7].startswith(f"{(e7.answer_logprob - nocap.answer_logprob.loc[e7.index]).mean():+.2f} [")
