@@ -9,7 +9,7 @@ from analyses.doc_blocks import LENGTH_CELLS, Generated, _Cells, _change, block,
 
 PAGE = "docs/studies/copy-weighted-distillation.md"
 PROSE_PAGES = (PAGE,)
-#: the interval's level and the share of queries drawn from copy positions (settings)
+#: the interval's level (a setting)
 ALLOWED = {PAGE: {"95%"}}
 
 DOMAINS = ("python-docs", "man-pages", "debian-reference")
