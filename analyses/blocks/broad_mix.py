@@ -6,7 +6,8 @@ top-2 on the same windows (tables ``shipped_domains``, ``shipped_train_domains``
 
 from __future__ import annotations
 
-from analyses.doc_blocks import LENGTH_CELLS, Generated, _Cells, _change, block, router_label
+from analyses.blocks.common import paired, table_router
+from analyses.doc_blocks import LENGTH_CELLS, Generated, _Cells, _change, block
 
 PAGE = "docs/studies/broad-mix.md"
 PROSE_PAGES = (PAGE,)
@@ -25,17 +26,12 @@ ROWS = (("python-docs", "held out", "python-docs", 4096, "broad_mix_domains", "s
         ("*Hamlet* 4096", "trained", "shakespeare", 4096, "broad_mix_train_domains", "shipped_uniform"))
 
 
-def _sha(c: _Cells, table: str) -> str:
-    return c.cells.loc[c.cells["table"] == table, "routers_sha256"].iloc[0]
-
-
 @block("broad-mix", LENGTH_CELLS)
 def broad_mix() -> Generated:
     """Per text: the broad mix's hard top-1 and top-2 over dense with 95% paired intervals over
     windows (distant pairs kept at top-2), the continued file's change in parentheses, the
     router's lead over random groups at top-2, and the broad mix paired against the continued file
     on the same windows at top-2 (with its interval) and top-1 (< 0: the broad mix is better)."""
-    from focus_lab.eval.evaluate import paired_change
     c = _Cells()
     lines = ["| text | kind | windows | hard top-1 | hard top-2 | router over random, top-2 | broad mix vs shipped, "
              "top-2 / top-1 |", "|---|---|---:|---|---|---|---|"]
@@ -43,16 +39,15 @@ def broad_mix() -> Generated:
         a1, a2 = c.summary(t, d, L, "hard_top1"), c.summary(t, d, L, "hard_top2")
         s1, s2 = c.summary(ref, d, L, "hard_top1"), c.summary(ref, d, L, "hard_top2")
         r = c.summary(t, d, L, "random_top2")
-        p2 = paired_change(c.rows(t, d, L, "hard_top2"), c.rows(ref, d, L, "hard_top2"))
-        p1 = paired_change(c.rows(t, d, L, "hard_top1"), c.rows(ref, d, L, "hard_top1"))
         lines.append(f"| {name} | {kind} | {int(a1.windows)} | {_change(a1)} ({s1.delta_vs_dense_pct:+.1f}%) | "
                      f"{_change(a2)} [{a2.distant_pairs_kept:.2f}] ({s2.delta_vs_dense_pct:+.1f}%) | "
                      f"{_change(r, 'control_vs_router_pct', 'control_ci_lo', 'control_ci_hi')} | "
-                     f"{p2[0]:+.2f}% [{p2[1]:+.2f}, {p2[2]:+.2f}] / {p1[0]:+.2f}% |")
+                     f"{paired(c, (t, 'hard_top2'), (ref, 'hard_top2'), d, L)} / "
+                     f"{paired(c, (t, 'hard_top1'), (ref, 'hard_top1'), d, L, ci=False)} |")
     tables = dict.fromkeys(t for *_, t, _ in ROWS)
     refs = dict.fromkeys(ref for *_, ref in ROWS)
-    inputs = (f"{LENGTH_CELLS} (broad mix: " + ", ".join(f"{t} {router_label(_sha(c, t))}" for t in tables)
-              + "; shipped, continued by it: " + ", ".join(refs) + f" {router_label(_sha(c, next(iter(refs))))}); "
+    inputs = (f"{LENGTH_CELLS} (broad mix: " + ", ".join(f"{t} {table_router(c, t)}" for t in tables)
+              + "; shipped, continued by it: " + ", ".join(refs) + f" {table_router(c, next(iter(refs)))}); "
               "windows of 4096 and 8192 tokens as the table says; patterns dense, hard_top1, hard_top2, random_top2, "
               "every layer at k = 1 or 2 (no budget)")
     return Generated(inputs, "\n".join(lines))

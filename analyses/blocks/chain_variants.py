@@ -6,7 +6,8 @@ rows (figures/results/length_cells.parquet)."""
 
 from __future__ import annotations
 
-from analyses.doc_blocks import LENGTH_CELLS, Generated, _Cells, block, router_label
+from analyses.blocks.common import margin, over_dense, tables_routers
+from analyses.doc_blocks import LENGTH_CELLS, Generated, _Cells, block
 
 PAGE = "docs/studies/chain-variants.md"
 PROSE_PAGES = (PAGE,)
@@ -30,30 +31,6 @@ ROWS_4K = (("every layer routed (`distill64`)", "distill4k"),
            ("stage 1 alone (`sinks64`, 512 tokens)", "sinks64_512"))
 
 
-def _pct(x: float, lo: float, hi: float, nd: int = 1) -> str:
-    return f"{x:+.{nd}f}% [{lo:+.1f}, {hi:+.1f}]"
-
-
-def _vs_dense(s, nd: int = 1) -> str:
-    return f"{_pct(s.delta_vs_dense_pct, s.ci_lo, s.ci_hi, nd)} [{s.distant_pairs_kept:.2f}]"
-
-
-def _margin(s) -> str:
-    return _pct(s.control_vs_router_pct, s.control_ci_lo, s.control_ci_hi)
-
-
-def _routers(c: _Cells, tables) -> str:
-    """Each table's router file: its manifest name and sha256, or the path it was run with when
-    its rows recorded no sha256."""
-    out = []
-    for t in dict.fromkeys(tables):
-        g = c.cells[c.cells["table"] == t]
-        shas = sorted(set(g.routers_sha256.dropna()) - {""})
-        out.append(f"{t} " + (", ".join(router_label(s) for s in shas) if shas
-                              else f"`{g.routers.iloc[0]}` (no sha256 recorded)"))
-    return "; ".join(out)
-
-
 @block("chain-variants", LENGTH_CELLS)
 def chain_variants() -> Generated:
     """The rule's cells at 8192 tokens per file: dense perplexity on the file's windows, *Persuasion*
@@ -67,21 +44,22 @@ def chain_variants() -> Generated:
     for name, tp, th in ROWS_8K:
         p = c.summary(tp, P, 8192, "hard_top2")
         dp = c.summary(tp, P, 8192, "dense")
+        top2 = over_dense(c, tp, P, 8192, "hard_top2", nd=2)
         tables = f"`{tp}`" + (f", `{th}`" if th and th != tp else "")
         if th is not None:
             h, dh = c.summary(th, H, 8192, "hard_top1"), c.summary(th, H, 8192, "dense")
             windows, dense = f"{int(p.windows)} / {int(h.windows)}", f"{dp.perplexity:.2f} / {dh.perplexity:.2f}"
-            top1 = _vs_dense(h)
-            margin = f"{_margin(c.summary(th, H, 8192, 'random_top1'))} / {_margin(c.summary(th, H, 8192, 'shuffled_top1'))}"
+            top1 = over_dense(c, th, H, 8192, "hard_top1")
+            margins = f"{margin(c, th, H, 8192, 'random_top1', ci=True)} / {margin(c, th, H, 8192, 'shuffled_top1', ci=True)}"
         else:
             windows, dense, top1 = f"{int(p.windows)} / -", f"{dp.perplexity:.2f} / -", "not measured"
             labels = set(c.cells.loc[(c.cells["table"] == tp) & (c.cells.corpus == P) & (c.cells.seq_len == 8192), "label"])
-            margin = (f"*Persuasion*: {_margin(c.summary(tp, P, 8192, 'random_top1'))} / "
-                      f"{_margin(c.summary(tp, P, 8192, 'shuffled_top1'))}"
-                      if {"random_top1", "shuffled_top1", "hard_top1"} <= labels else "")
-        lines.append(f"| {name} | {tables} | {windows} | {dense} | {_vs_dense(p, 2)} | {top1} | {margin} |")
+            margins = (f"*Persuasion*: {margin(c, tp, P, 8192, 'random_top1', ci=True)} / "
+                       f"{margin(c, tp, P, 8192, 'shuffled_top1', ci=True)}"
+                       if {"random_top1", "shuffled_top1", "hard_top1"} <= labels else "")
+        lines.append(f"| {name} | {tables} | {windows} | {dense} | {top2} | {top1} | {margins} |")
     tables = [t for _, tp, th in ROWS_8K for t in (tp, th) if t]
-    inputs = (f"{LENGTH_CELLS} (tables and routers: {_routers(c, tables)}); every window each table holds at 8192 "
+    inputs = (f"{LENGTH_CELLS} (tables and routers: {tables_routers(c, tables)}); every window each table holds at 8192 "
               "tokens; patterns dense, hard_top1, hard_top2, random_top1, shuffled_top1, every layer at k = 1 or 2")
     return Generated(inputs, "\n".join(lines))
 
@@ -97,9 +75,9 @@ def chain_variants_4k() -> Generated:
     for name, t in ROWS_4K:
         d = c.summary(t, P, 4096, "dense")
         lines.append(f"| {name} | `{t}` | {int(d.windows)} | {d.perplexity:.2f} | "
-                     f"{_vs_dense(c.summary(t, P, 4096, 'hard_top1'))} | {_vs_dense(c.summary(t, P, 4096, 'hard_top2'))} | "
-                     f"{_margin(c.summary(t, P, 4096, 'random_top1'))} / {_margin(c.summary(t, P, 4096, 'shuffled_top1'))} |")
-    inputs = (f"{LENGTH_CELLS} (tables and routers: {_routers(c, [t for _, t in ROWS_4K])}); *Persuasion* at 4096 "
+                     f"{over_dense(c, t, P, 4096, 'hard_top1')} | {over_dense(c, t, P, 4096, 'hard_top2')} | "
+                     f"{margin(c, t, P, 4096, 'random_top1', ci=True)} / {margin(c, t, P, 4096, 'shuffled_top1', ci=True)} |")
+    inputs = (f"{LENGTH_CELLS} (tables and routers: {tables_routers(c, [t for _, t in ROWS_4K])}); *Persuasion* at 4096 "
               "tokens; patterns dense, hard_top1, hard_top2, random_top1, shuffled_top1")
     return Generated(inputs, "\n".join(lines))
 
@@ -132,5 +110,5 @@ def chain_variants_paired() -> Generated:
         tables = f"`{a[0]}`" + (f" / `{b[0]}`" if b[0] != a[0] else "")
         lines.append(f"| {what} | {tables} | {len(set(ra.window) & set(rb.window))} | {m:+.2f}% [{lo:+.2f}, {hi:+.2f}] |")
     tables = [x[0] for _, a, b in PAIRED for x in (a, b)]
-    inputs = f"{LENGTH_CELLS} (tables and routers: {_routers(c, tables)}); each pair on the windows both rows have"
+    inputs = f"{LENGTH_CELLS} (tables and routers: {tables_routers(c, tables)}); each pair on the windows both rows have"
     return Generated(inputs, "\n".join(lines))

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from analyses.doc_blocks import LENGTH_CELLS, REPO, Generated, MissingInput, _Cells, block, router_label
+from analyses.blocks.common import layer_top_k_spec, paired, table_router
+from analyses.doc_blocks import LENGTH_CELLS, REPO, Generated, MissingInput, _Cells, block
 
 PAGE = "docs/studies/dense-layers-budget.md"
 PROSE_PAGES = (PAGE,)
@@ -42,22 +43,12 @@ def dense_layers_kernel() -> Generated:
     return Generated(inputs, "\n".join(lines))
 
 
-def _sha(c: _Cells, table: str) -> str:
-    return c.cells.loc[c.cells["table"] == table, "routers_sha256"].iloc[0]
-
-
-def _spec(c: _Cells, table: str) -> str:
-    g = c.cells[(c.cells["table"] == table) & (c.cells.label == "hard_top2")]
-    return ", ".join(sorted(set(g.layer_top_k.astype(str))))
-
-
 @block("dense-layers-budget", LENGTH_CELLS, *E2E.values())
 def dense_layers_budget() -> Generated:
     """Per corpus: hard top-2 over dense under the shipped budget and under ``dense6`` and
     ``dense8`` (distant pairs kept), each dense budget's paired change over the shipped budget with
     its 95% interval over windows (> 0: worse); then the bare prefill forward's speed-up over
     dense in the same run, the shipped file and ``dense8`` back to back."""
-    from focus_lab.eval.evaluate import paired_change
     c = _Cells()
     lines = ["| | shipped budget | " + " | ".join(BUDGETS) + " |", "|---|---|---|---|"]
     for name, corpus, ref, suffix in ROWS:
@@ -66,8 +57,8 @@ def dense_layers_budget() -> Generated:
         for b in BUDGETS:
             t = f"budget_{b}{suffix}"
             x = c.summary(t, corpus, 4096, "hard_top2")
-            m, lo, hi = paired_change(c.rows(t, corpus, 4096, "hard_top2"), c.rows(ref, corpus, 4096, "hard_top2"))
-            cells.append(f"{x.delta_vs_dense_pct:+.2f}% [{x.distant_pairs_kept:.2f}], {m:+.2f}% [{lo:+.2f}, {hi:+.2f}]")
+            cells.append(f"{x.delta_vs_dense_pct:+.2f}% [{x.distant_pairs_kept:.2f}], "
+                         f"{paired(c, (t, 'hard_top2'), (ref, 'hard_top2'), corpus, 4096)}")
         lines.append(f"| {name} ({int(s.windows)} windows) | " + " | ".join(cells) + " |")
     e2e = {f: pd.read_csv(REPO / p) for f, p in E2E.items()}
     for L in sorted(set(e2e["shipped"].tokens)):
@@ -79,9 +70,9 @@ def dense_layers_budget() -> Generated:
             return f"{r.speedup_bare.iloc[0]:.2f}x" if len(r) else "-"
         lines.append(f"| prefill {L}, bare, vs dense in the same run | {speed('shipped')} | "
                      + " | ".join(speed(b) for b in BUDGETS) + " |")
-    inputs = (f"{LENGTH_CELLS} (tables shipped, shipped_per_domain: {router_label(_sha(c, 'shipped'))}; "
-              + "; ".join(f"budget_{b}, budget_{b}_domains: {router_label(_sha(c, f'budget_{b}'))}, layer top-k "
-                          f"{_spec(c, f'budget_{b}')}" for b in BUDGETS)
+    inputs = (f"{LENGTH_CELLS} (tables shipped, shipped_per_domain: {table_router(c, 'shipped')}; "
+              + "; ".join(f"budget_{b}, budget_{b}_domains: {table_router(c, f'budget_{b}')}, layer top-k "
+                          f"{layer_top_k_spec(c, f'budget_{b}', 'hard_top2')}" for b in BUDGETS)
               + "); windows of 4096 tokens; pattern hard_top2 against dense; "
               + ", ".join(E2E.values()) + " (prefill, hard_top2's speedup_bare, "
               f"medians over {int(e2e['shipped'].repeats.max())} repeats, 1 torch thread, load average "

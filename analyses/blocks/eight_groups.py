@@ -5,7 +5,8 @@ pairs (tables ``keyshift_budgets_domains``, ``keyshift_tech_top1_domains``)."""
 
 from __future__ import annotations
 
-from analyses.doc_blocks import LENGTH_CELLS, Generated, _Cells, _change, block, router_label
+from analyses.blocks.common import paired, table_router
+from analyses.doc_blocks import LENGTH_CELLS, Generated, _Cells, _change, block
 
 PAGE = "docs/studies/eight-groups.md"
 PROSE_PAGES = (PAGE,)
@@ -20,31 +21,23 @@ PAIRS = (("hard_top2_keyshift", "keyshift_tech_top1_domains", "hard_top1_keyshif
          ("random_top4_keyshift", "keyshift_budgets_domains", "random_top2_keyshift"))
 
 
-def _sha(c: _Cells, table: str) -> str:
-    return c.cells.loc[c.cells["table"] == table, "routers_sha256"].iloc[0]
-
-
 @block("eight-groups", LENGTH_CELLS)
 def eight_groups() -> Generated:
     """Per held-out technical domain: top-2 and top-4 of eight groups over dense (distant pairs
     kept), each paired against four groups at half the k (95% interval over windows, < 0: eight
     groups better), the router's lead over random groups at top-4 of 8, and random top-4 of 8
     paired against random top-2 of 4."""
-    from focus_lab.eval.evaluate import paired_change
     c = _Cells()
     lines = ["| text | windows | top-2 of 8 | vs top-1 of 4 | top-4 of 8 | vs top-2 of 4 | over random, top-4 of 8 | "
              "random: top-4 of 8 vs top-2 of 4 |", "|---|---:|---|---|---|---|---|---|"]
     for d in DOMAINS:
-        vs = []
-        for mine, t, theirs in PAIRS:
-            m, lo, hi = paired_change(c.rows(TABLE, d, 4096, mine), c.rows(t, d, 4096, theirs))
-            vs.append(f"{m:+.2f}% [{lo:+.2f}, {hi:+.2f}]")
+        vs = [paired(c, (TABLE, mine), (t, theirs), d, 4096) for mine, t, theirs in PAIRS]
         s2, s4 = c.summary(TABLE, d, 4096, "hard_top2_keyshift"), c.summary(TABLE, d, 4096, "hard_top4_keyshift")
         r = c.summary(TABLE, d, 4096, "random_top4_keyshift")
         lines.append(f"| {d} | {int(s2.windows)} | {s2.delta_vs_dense_pct:+.1f}% [{s2.distant_pairs_kept:.2f}] | {vs[0]} | "
                      f"{s4.delta_vs_dense_pct:+.1f}% [{s4.distant_pairs_kept:.2f}] | {vs[1]} | "
                      f"{_change(r, 'control_vs_router_pct', 'control_ci_lo', 'control_ci_hi')} | {vs[2]} |")
-    inputs = (f"{LENGTH_CELLS} (table {TABLE}, routers {router_label(_sha(c, TABLE))}, K = 8; against four groups: "
-              + ", ".join(f"{t} ({router_label(_sha(c, t))})" for t in dict.fromkeys(p[1] for p in PAIRS))
+    inputs = (f"{LENGTH_CELLS} (table {TABLE}, routers {table_router(c, TABLE)}, K = 8; against four groups: "
+              + ", ".join(f"{t} ({table_router(c, t)})" for t in dict.fromkeys(p[1] for p in PAIRS))
               + "); windows of 4096 tokens; pairs " + ", ".join(f"{a} = {b}" for a, _, b in PAIRS))
     return Generated(inputs, "\n".join(lines))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from analyses.blocks.common import case_routers, relative
 from analyses.doc_blocks import LENGTH_CELLS, REPO, Generated, MissingInput, block, name_sha256, router_label
 
 PAGE = "docs/studies/group-capacity.md"
@@ -62,17 +63,8 @@ def _study_cases(cases: pd.DataFrame, pattern: str) -> pd.DataFrame:
     return c
 
 
-def _relative(r) -> str:
-    return f"{r.relative:.2f} [{r.relative_lo:.2f}, {r.relative_hi:.2f}]"
-
-
 def _file_label() -> str:
     return router_label(name_sha256("smollm2-135m/needle-mix-budget"))
-
-
-def _cases_label(cases: pd.DataFrame) -> str:
-    names = sorted(set(cases.router_name.dropna()))
-    return ", ".join(router_label(name_sha256(n)) for n in names)
 
 
 # ------------------------------------------------------------------------------------------
@@ -94,7 +86,7 @@ def group_capacity_retrieval() -> Generated:
                      f"{row['hard_top2 vs dense']} | {row['hard_top2 pairs']:.2f} | {row['hard_top2_cap vs dense']} | "
                      f"{row['hard_top2_cap pairs']:.2f} | {row['cap - hard_top2 (nats)']} |")
     inputs = (f"{CASES} (hard top-2: pattern hard_top2_nocap; the cap: hard_top2_cap, c = 0.5 in every layer); routers "
-              f"{_cases_label(cases)}, whose tensors are needle-mix-budget's (hard_top2_nocap runs them without the "
+              f"{case_routers(cases, ', ')}, whose tensors are needle-mix-budget's (hard_top2_nocap runs them without the "
               "capacity); every case both patterns ran")
     return Generated(inputs, "\n".join(lines))
 
@@ -223,7 +215,7 @@ def _versus(pattern: str, table: str, tasks: tuple[tuple[str, int], ...]) -> Gen
             pairs = f"{h.distant_pairs_kept:.3f} / {x.distant_pairs_kept:.3f} [{top:.4f}]"
         else:
             pairs = f"{h.distant_pairs_kept:.2f} / {x.distant_pairs_kept:.2f}"
-        lines.append(f"| {task} | {L} | {int(x.cases)} | {_relative(h)} of dense | {_relative(x)} | {pairs} | "
+        lines.append(f"| {task} | {L} | {int(x.cases)} | {relative(h)} of dense | {relative(x)} | {pairs} | "
                      f"{d.difference:+.2f} [{d.lo:+.2f}, {d.hi:+.2f}] nats |")
     rows = []
     for corpus, L, g in cells_with(_cells(table), ("dense", "hard_top2", pattern)):
@@ -235,7 +227,7 @@ def _versus(pattern: str, table: str, tasks: tuple[tuple[str, int], ...]) -> Gen
                      f"{paired_delta(g, 'hard_top2', 'dense')[0]:+.2f}% | {paired_delta(g, pattern, 'dense')[0]:+.2f}% | "
                      f"{kept('hard_top2'):.2f} / {kept(pattern):.2f} | {m:+.2f}% [{lo:+.2f}, {hi:+.2f}] |")
     inputs = (f"{CASES} (hard top-2: hard_top2_nocap; {name}: {IN_CASES.get(pattern, pattern)}; routers "
-              f"{_cases_label(cases)}, every case the three patterns ran), {LENGTH_CELLS} (table {table}; routers "
+              f"{case_routers(cases, ', ')}, every case the three patterns ran), {LENGTH_CELLS} (table {table}; routers "
               f"{_file_label()}; {pattern} against hard_top2)")
     return Generated(inputs, "\n".join(lines))
 
@@ -293,7 +285,7 @@ def group_capacity_needles() -> Generated:
                          f"{at[pattern]:.2f} |")
     inputs = (f"{CASES} (hard top-2: hard_top2_nocap; " + ", ".join(
         f"{NAMES[p]}: {IN_CASES.get(p, p)}" for p in ("hard_top2_cap", S1, S, E, E7))
-              + f"); routers {_cases_label(cases)}; " + ", ".join(f"{task} at {L}" for task, L in SUITE)
+              + f"); routers {case_routers(cases, ', ')}; " + ", ".join(f"{task} at {L}" for task, L in SUITE)
               + ", every case dense, hard top-2 and the pattern ran")
     return Generated(inputs, "\n".join(lines))
 
@@ -318,5 +310,5 @@ def group_capacity_other_tasks() -> Generated:
                      f"{x.score:.2f} | {h.distant_pairs_kept:.2f} / {x.distant_pairs_kept:.2f} | "
                      f"{d.difference:+.2f} [{d.lo:+.2f}, {d.hi:+.2f}] |")
     inputs = (f"{CASES} (hard top-2: hard_top2_nocap; E7: hard_top2, the shipped capacity); routers "
-              f"{_cases_label(cases)}; every case the three patterns ran, {NOISE}'s in E7's table above")
+              f"{case_routers(cases, ', ')}; every case the three patterns ran, {NOISE}'s in E7's table above")
     return Generated(inputs, "\n".join(lines))

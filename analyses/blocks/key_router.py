@@ -4,7 +4,7 @@ technical domains at 4096 tokens, and the paired change the trained key router m
 
 from __future__ import annotations
 
-from analyses.blocks.key_shift import TECH, over_dense, paired, routers_of, windows_of
+from analyses.blocks.common import TECH, over_dense, paired, routers_of, windows_of
 from analyses.doc_blocks import LENGTH_CELLS, Generated, _Cells, block
 
 PAGE = "docs/studies/key-router.md"

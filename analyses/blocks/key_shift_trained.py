@@ -5,8 +5,8 @@ paired changes against the file before, the router's margins, and the passkey pr
 
 from __future__ import annotations
 
-from analyses.blocks.key_shift import (TECH, margin, over_dense, paired, passkey, passkey_cell, passkey_inputs,
-                                       routers_of, text, windows_of)
+from analyses.blocks.common import (TECH, margin, over_dense, paired, passkey, passkey_cell, passkey_inputs,
+                                    routers_of, text, windows_of)
 from analyses.doc_blocks import LENGTH_CELLS, PASSKEY_CASES, PASSKEY_TABLES, Generated, _Cells, block
 
 PAGE = "docs/studies/key-shift-trained.md"

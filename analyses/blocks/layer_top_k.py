@@ -5,8 +5,8 @@ passkey probe under each."""
 
 from __future__ import annotations
 
-from analyses.blocks.key_shift import (TECH, margin, over_dense, paired, passkey, passkey_cell, passkey_inputs,
-                                       routers_of, text, windows_of)
+from analyses.blocks.common import (TECH, margin, over_dense, paired, passkey, passkey_cell, passkey_inputs,
+                                    routers_of, text, windows_of)
 from analyses.doc_blocks import LENGTH_CELLS, PASSKEY_CASES, PASSKEY_TABLES, Generated, _Cells, block
 
 PAGE = "docs/studies/layer-top-k.md"
@@ -30,6 +30,20 @@ def _has(c: _Cells, table: str, corpus: str, L: int, label: str) -> bool:
     return bool(((g["table"] == table) & (g.corpus == corpus) & (g.seq_len == L) & (g.label == label)).any())
 
 
+def _row(c: _Cells, t: str, u: str, corpus: str, L: int, k: int) -> str:
+    """A text's row at top-``k``: the budget's table ``t`` against uniform top-k's ``u`` ("-" where
+    a table has no random groups; the uniform top-1 cell without its pairs kept)."""
+    hard, rnd = f"hard_top{k}", f"random_top{k}"
+    mine, uniform = _has(c, t, corpus, L, rnd), _has(c, u, corpus, L, rnd)
+    cells = [text(corpus, L), str(int(c.summary(t, corpus, L, "dense").windows)),
+             over_dense(c, u, corpus, L, hard, kept=k > 1, ci=False), over_dense(c, t, corpus, L, hard),
+             paired(c, (t, hard), (u, hard), corpus, L),
+             paired(c, (t, rnd), (u, rnd), corpus, L) if mine and uniform else "-",
+             margin(c, t, corpus, L, rnd, ci=True) if mine else "-",
+             margin(c, u, corpus, L, rnd) if uniform else "-"]
+    return "| " + " | ".join(cells) + " |"
+
+
 @block("layer-top-k", LENGTH_CELLS, PASSKEY_CASES, PASSKEY_TABLES)
 def layer_top_k() -> Generated:
     """Top-1 budget and top-2 budget tables: per text, uniform top-k and the budget over dense
@@ -42,28 +56,13 @@ def layer_top_k() -> Generated:
              "| text | windows | uniform top-1 | top-1 budget | paired change | random top-1, same budget: paired change "
              "| router over random, same budget | router over random, uniform |",
              "|---|---:|---|---|---|---|---|---|"]
-    for t, u, corpus, L in TOP1:
-        n = int(c.summary(t, corpus, L, "dense").windows)
-        rnd = _has(c, t, corpus, L, "random_top1")
-        lines.append(f"| {text(corpus, L)} | {n} | {over_dense(c, u, corpus, L, 'hard_top1', kept=False, ci=False)} | "
-                     f"{over_dense(c, t, corpus, L, 'hard_top1')} | {paired(c, (t, 'hard_top1'), (u, 'hard_top1'), corpus, L)} | "
-                     + (f"{paired(c, (t, 'random_top1'), (u, 'random_top1'), corpus, L)} | "
-                        f"{margin(c, t, corpus, L, 'random_top1', ci=True)} | " if rnd and _has(c, u, corpus, L, "random_top1")
-                        else (f"- | {margin(c, t, corpus, L, 'random_top1', ci=True)} | " if rnd else "- | - | "))
-                     + (f"{margin(c, u, corpus, L, 'random_top1')} |" if _has(c, u, corpus, L, "random_top1") else "- |"))
+    lines += [_row(c, t, u, corpus, L, 1) for t, u, corpus, L in TOP1]
     lines += ["", "**Top-2 budget** (tables `shipped_budget_top2_domains`, `shipped_budget_top2_persuasion`; the same "
               "tensors at uniform top-2: tables `shipped_domains`, `shipped_uniform`):", "",
               "| text | windows | uniform top-2 | per-layer k | paired change | random top-2, same per-layer k: paired "
               "change | router over random, same per-layer k | router over random, uniform |",
               "|---|---:|---|---|---|---|---|---|"]
-    for t, u, corpus, L in TOP2:
-        n = int(c.summary(t, corpus, L, "dense").windows)
-        rnd = _has(c, t, corpus, L, "random_top2")
-        lines.append(f"| {text(corpus, L)} | {n} | {over_dense(c, u, corpus, L, 'hard_top2', ci=False)} | "
-                     f"{over_dense(c, t, corpus, L, 'hard_top2')} | {paired(c, (t, 'hard_top2'), (u, 'hard_top2'), corpus, L)} | "
-                     + (f"{paired(c, (t, 'random_top2'), (u, 'random_top2'), corpus, L)} | "
-                        f"{margin(c, t, corpus, L, 'random_top2', ci=True)} | " if rnd else "- | - | ")
-                     + f"{margin(c, u, corpus, L, 'random_top2')} |")
+    lines += [_row(c, t, u, corpus, L, 2) for t, u, corpus, L in TOP2]
     lines += ["", "Passkey at 4096 tokens, the tensors of `smollm2-135m/soup` (exact matches / cases, of the keys "
               "dense retrieves those kept, mean key log-prob in nats [distant pairs kept]):", "",
               "| hard top-2 | tables | passkey |", "|---|---|---|",

@@ -4,7 +4,7 @@ the file it started from under the same budgets."""
 
 from __future__ import annotations
 
-from analyses.blocks.key_shift import TECH, margin, over_dense, paired, routers_of, windows_of
+from analyses.blocks.common import TECH, margin, over_dense, paired, routers_of, windows_of
 from analyses.doc_blocks import LENGTH_CELLS, Generated, _Cells, block
 
 PAGE = "docs/studies/lm-objective.md"

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from analyses.blocks.key_shift import (TECH, margin, over_dense, paired, passkey, passkey_cell, passkey_inputs,
-                                       routers_of, text, windows_of)
+from analyses.blocks.common import (TECH, margin, over_dense, paired, passkey, passkey_cell, passkey_inputs,
+                                    passkey_rows, relative, routers_of, text, windows_of)
 from analyses.doc_blocks import (LENGTH_CELLS, PASSKEY_CASES, PASSKEY_TABLES, REPO, Generated, MissingInput, _Cells,
                                  block)
 
@@ -66,7 +66,7 @@ def _versus(routers: str, patterns=("hard_top2",)) -> pd.DataFrame:
 
 
 def _rel(r) -> str:
-    return "-" if r.dense_below_half else f"{r.relative:.2f} [{r.relative_lo:.2f}, {r.relative_hi:.2f}]"
+    return "-" if r.dense_below_half else relative(r)
 
 
 def _diff(d: pd.DataFrame, task: str, L: int, nd: int = 1) -> str:
@@ -78,10 +78,6 @@ def _diff(d: pd.DataFrame, task: str, L: int, nd: int = 1) -> str:
     if r.difference == 0 and r.lo == 0 and r.hi == 0:
         return "0"
     return f"{r.difference:+.{nd}f} [{r.lo:+.{nd}f}, {r.hi:+.{nd}f}]"
-
-
-def _rows(tasks_lengths):
-    return [(t, L) for t, L in tasks_lengths]
 
 
 MAIN_ROWS = [(t, 4096) for t in SOLVED] + [(t, 8192) for t in SOLVED] + [(t, 4096) for t in OTHERS]
@@ -243,12 +239,8 @@ def needle_mix_shipping() -> Generated:
     (and dense's mean key log-prob on the same cases); the other held-out domains at 4096 and the
     technical ones at 8192, hard top-2 and hard top-1 paired against the shipped file's cells."""
     c = _Cells()
-    from focus_lab.eval.committed import PASSKEY_CASE, committed_passkey
     nm, soup = passkey(PASSKEY_NM, "hard_top2"), passkey(PASSKEY_SOUP, "hard_top2")
-    rows = pd.read_parquet(REPO / PASSKEY_CASES)
-    rows = rows[rows.table.isin(PASSKEY_NM) & (rows.length == 4096)]
-    dense = committed_passkey(model="smollm2-135m-instruct").cases
-    dense = dense[(dense.pattern == "dense") & (dense.length == 4096)].merge(rows[PASSKEY_CASE], on=PASSKEY_CASE)
+    _, dense = passkey_rows(PASSKEY_NM)
     lines = ["| passkey, 4096 tokens | tables | exact matches (of dense's), key log-prob [distant pairs kept] |",
              "|---|---|---|",
              f"| dense | {', '.join(dict.fromkeys(dense.table))} | {int(dense.exact_match.sum())}/{len(dense)}, "

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from analyses.doc_blocks import REPO, Generated, MissingInput, block, name_sha256, router_label
+from analyses.blocks.common import case_routers
+from analyses.doc_blocks import REPO, Generated, MissingInput, block
 
 PROSE_PAGES = ("docs/method.md", "docs/retrieval.md", "docs/probe.md", "docs/decomposition.md",
                "docs/run_schema.md", "docs/run_tables.md", "docs/train.md", "docs/passkey.md", "docs/audit.md",
@@ -169,8 +170,7 @@ def retrieval_cost() -> Generated:
         pat = lambda p: f"{s.loc[p, 'median']:.2f}x" if p in s.index else "-"  # noqa: E731
         lines.append(f"| {device} | {length} | {int(a.cases)} | {a['median']:.2f}x [{a.q25:.2f}, {a.q75:.2f}] | "
                      f"{100 * a.within_goal:.0f}% | {g.seconds.median():.1f} | {pat('dense')} | {pat('hard_top2')} |")
-    routers = "; ".join(router_label(name_sha256(n)) for n in sorted(cases.router_name.dropna().unique()))
     inputs = (f"{RETRIEVAL_CASES} (focus-lab probe retrieval: the shipped file's committed suite, its runs merged); "
-              f"routers {routers}; every task, case and pattern with a timed bare forward; cost = seconds / "
+              f"routers {case_routers(cases)}; every task, case and pattern with a timed bare forward; cost = seconds / "
               "bare_forward_seconds (focus_lab.eval.retrieval_tables.cost_summary)")
     return Generated(inputs, "\n".join(lines))

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from analyses.doc_blocks import REPO, Generated, MissingInput, block, name_sha256, router_label
+from analyses.blocks.common import case_routers
+from analyses.doc_blocks import REPO, Generated, MissingInput, block
 
 PAGE = "docs/studies/retrieval-suite.md"
 PROSE_PAGES = (PAGE,)
@@ -41,10 +42,8 @@ def _cases() -> pd.DataFrame:
 
 def _source(cases: pd.DataFrame) -> str:
     """The inputs line's router file and machines."""
-    names = sorted(cases.router_name.dropna().unique())
-    routers = "; ".join(router_label(name_sha256(n)) for n in names)
     devices = "; ".join(f"{d} ({n} rows)" for d, n in cases.groupby("device").size().items())
-    return f"routers {routers}; machines {devices}"
+    return f"routers {case_routers(cases)}; machines {devices}"
 
 
 def _order(cases: pd.DataFrame) -> list[tuple[str, int]]:

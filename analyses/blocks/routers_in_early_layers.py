@@ -4,7 +4,8 @@ length_cells.parquet) against the same file with random groups there (``keyshift
 
 from __future__ import annotations
 
-from analyses.doc_blocks import LENGTH_CELLS, Generated, _Cells, block, router_label
+from analyses.blocks.common import over_dense, paired, table_router, windows_a_domain
+from analyses.doc_blocks import LENGTH_CELLS, Generated, _Cells, block
 
 PAGE = "docs/studies/routers-in-early-layers.md"
 PROSE_PAGES = (PAGE,)
@@ -16,32 +17,23 @@ ROUTED = "keyshift90_all_routed_domains"  # routers in layers 1-9
 RANDOM = "keyshift90_domains"  # the same file, random groups in layers 1-9
 
 
-def _sha(c: _Cells, table: str) -> str:
-    return c.cells.loc[c.cells["table"] == table, "routers_sha256"].iloc[0]
-
-
 @block("routers-in-early-layers", LENGTH_CELLS)
 def routers_in_early_layers() -> Generated:
     """Per held-out domain, top-2 and top-1 with the shift and budgets, routers in layers 1-9: the
     change over dense with its 95% paired interval over windows [distant pairs kept], then the
     paired change against random groups in layers 1-9 with its interval (> 0: routers there are
     worse)."""
-    from focus_lab.eval.evaluate import paired_change
     c = _Cells()
     lines = ["| text | top-2 | paired change, top-2 | top-1 | paired change, top-1 |", "|---|---|---|---|---|"]
     for d in DOMAINS:
         cells = []
         for k in (2, 1):
             lab = f"hard_top{k}_keyshift"
-            s = c.summary(ROUTED, d, 4096, lab)
-            p = paired_change(c.rows(ROUTED, d, 4096, lab), c.rows(RANDOM, d, 4096, lab))
-            cells += [f"{s.delta_vs_dense_pct:+.1f}% [{s.ci_lo:+.1f}, {s.ci_hi:+.1f}] [{s.distant_pairs_kept:.2f}]",
-                      f"{p[0]:+.2f}% [{p[1]:+.2f}, {p[2]:+.2f}]"]
+            cells += [over_dense(c, ROUTED, d, 4096, lab), paired(c, (ROUTED, lab), (RANDOM, lab), d, 4096)]
         lines.append(f"| {d} | " + " | ".join(cells) + " |")
     rs = c.cells[c.cells["table"] == ROUTED].random_layers.unique()
-    windows = sorted({int(c.summary(ROUTED, d, 4096, "dense").windows) for d in DOMAINS})
     inputs = (f"{LENGTH_CELLS} (tables {ROUTED}, random layers {', '.join(rs)}; {RANDOM}, "
-              f"random groups in layers 1-9); routers {router_label(_sha(c, ROUTED))} in both; "
-              f"{'/'.join(map(str, windows))} windows of 4096 tokens a domain; patterns dense, hard_top1_keyshift, "
+              f"random groups in layers 1-9); routers {table_router(c, ROUTED)} in both; "
+              f"{windows_a_domain(c, ROUTED, DOMAINS)}; patterns dense, hard_top1_keyshift, "
               "hard_top2_keyshift (the file's top-1 and top-2 budgets)")
     return Generated(inputs, "\n".join(lines))

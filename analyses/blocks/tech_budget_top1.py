@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from analyses.blocks.common import margin, over_dense, paired, tables_routers
 from analyses.doc_blocks import LENGTH_CELLS, REPO, Generated, MissingInput, _Cells, block, router_label
 
 PAGE = "docs/studies/tech-budget-top1.md"
@@ -71,10 +72,6 @@ def tech_budget_top1_sweep() -> Generated:
     return sweep_block("top1_tech_keyshift", "top1", 1)
 
 
-def _sha(c: _Cells, table: str) -> str:
-    return c.cells.loc[c.cells["table"] == table, "routers_sha256"].iloc[0]
-
-
 def _texts(c: _Cells) -> list[tuple[str, str, int, str]]:
     """(row name, corpus, length, kind) of the table's rows."""
     out = [(d, d, 4096, "domains") for d in DOMAINS]
@@ -87,24 +84,22 @@ def tech_budget_top1() -> Generated:
     ``pooled`` and ``tech`` budgets and at uniform top-1; for each technical budget its paired
     change against the literary one with its 95% interval over windows (< 0: better) and the
     router's margin over random groups under the same budget and shift."""
-    from focus_lab.eval.evaluate import paired_change
     c = _Cells()
     lines = ["| text | windows | uniform top-1 | literary budget | `pooled` | paired change | over random | `tech` | "
              "paired change | over random |", "|---|---:|---|---|---|---|---|---|---|---|"]
     for name, d, L, kind in _texts(c):
         lit = LITERARY[kind]
-        kept = lambda t: (f"{c.dense(t, d, L, TOP1):+.1f}% [{c.kept(t, d, L, TOP1):.2f}]")  # noqa: E731
+        kept = lambda t: over_dense(c, t, d, L, TOP1, ci=False)  # noqa: E731
         cells = [str(int(c.summary(f"{BUDGETS['tech']}_{kind}", d, L, "dense").windows)), kept(UNIFORM[kind]), kept(lit)]
         for b in ("pooled", "tech"):
             t = f"{BUDGETS[b]}_{kind}"
-            p = paired_change(c.rows(t, d, L, TOP1), c.rows(lit, d, L, TOP1))
-            over = f"{c.margin(t, d, L, RANDOM1):+.1f}%" if kind == "domains" else ""
-            cells += [kept(t), f"{p[0]:+.2f}% [{p[1]:+.2f}, {p[2]:+.2f}]", over]
+            over = margin(c, t, d, L, RANDOM1) if kind == "domains" else ""
+            cells += [kept(t), paired(c, (t, TOP1), (lit, TOP1), d, L), over]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     tables = [f"{BUDGETS[b]}_{k}" for b in BUDGETS for k in ("domains", "persuasion")]
     inputs = (f"{LENGTH_CELLS} (tables {', '.join(tables)}; the literary budget {LITERARY['domains']}, "
               f"{LITERARY['persuasion']}; uniform top-1 {UNIFORM['domains']}, {UNIFORM['persuasion']}); routers "
-              + "; ".join(f"{t} {router_label(_sha(c, t))}" for t in [*tables[::2], *LITERARY.values(), *UNIFORM.values()])
+              + tables_routers(c, [*tables[::2], *LITERARY.values(), *UNIFORM.values()])
               + "; windows as the table's column says; patterns dense, "
               f"{TOP1}, {RANDOM1}")
     return Generated(inputs, "\n".join(lines))
@@ -114,14 +109,11 @@ def tech_budget_top1() -> Generated:
 def tech_budget_top1_random() -> Generated:
     """Random groups (shifted) under each technical budget, paired against random groups under the
     literary budget, with the 95% interval over windows (< 0: the budget helps them too)."""
-    from focus_lab.eval.evaluate import paired_change
     c = _Cells()
     lines = ["| text | `pooled` | `tech` |", "|---|---|---|"]
     for d in DOMAINS:
-        cells = []
-        for b in ("pooled", "tech"):
-            p = paired_change(c.rows(f"{BUDGETS[b]}_domains", d, 4096, RANDOM1), c.rows(LITERARY["domains"], d, 4096, RANDOM1))
-            cells.append(f"{p[0]:+.2f}% [{p[1]:+.2f}, {p[2]:+.2f}]")
+        cells = [paired(c, (f"{BUDGETS[b]}_domains", RANDOM1), (LITERARY["domains"], RANDOM1), d, 4096)
+                 for b in ("pooled", "tech")]
         lines.append(f"| {d} | " + " | ".join(cells) + " |")
     inputs = (f"{LENGTH_CELLS} (tables {BUDGETS['pooled']}_domains, {BUDGETS['tech']}_domains against "
               f"{LITERARY['domains']}); 4 windows of 4096 tokens a domain; pattern {RANDOM1}")

@@ -11,6 +11,7 @@ import json
 
 import pandas as pd
 
+from analyses.blocks.common import margin, over_dense, paired, table_router, windows_a_domain
 from analyses.blocks.tech_budget_top1 import LAYER_BUDGET, sweep_block
 from analyses.doc_blocks import (LENGTH_CELLS, PASSKEY_CASES, PASSKEY_TABLES, REPO, Generated, MissingInput, _Cells,
                                  block, router_label)
@@ -32,10 +33,6 @@ PASSKEY_POOLED = ("pooled_budget_4k", "pooled_budget_4k_seeds6-11")
 PASSKEY_SHIPPED = ("shipped_4k_budget_top2", "shipped_4k_budget_top2_seeds6-11")  # the shipped tensors and budget
 
 
-def _sha(c: _Cells, table: str) -> str:
-    return c.cells.loc[c.cells["table"] == table, "routers_sha256"].iloc[0]
-
-
 @block("tech-budget-top2-sweep", LAYER_BUDGET)
 def tech_budget_top2_sweep() -> Generated:
     """The top-2 sweep on technical text (``tech_budget_top1.sweep_block``)."""
@@ -47,25 +44,24 @@ def tech_budget_top2() -> Generated:
     """Per text: hard top-2 over dense [distant pairs kept] and the router's margin over random
     groups under the shipped budget; under each technical budget the same, with the paired change
     against the shipped budget and its 95% interval over windows (< 0: better)."""
-    from focus_lab.eval.evaluate import paired_change
     c = _Cells()
     lines = ["| text | windows | shipped budget: top-2 [pairs], over random | `tech`: top-2 [pairs], paired change, "
              "over random | `pooled`: top-2 [pairs], paired change, over random |", "|---|---:|---|---|---|"]
     for name, d, L, base, tech, pooled in TEXTS:
-        top2 = lambda t: f"{c.dense(t, d, L, 'hard_top2'):+.1f}% [{c.kept(t, d, L, 'hard_top2'):.2f}]"  # noqa: E731
-        cells = [str(int(c.summary(pooled, d, L, "dense").windows)), f"{top2(base)}, {c.margin(base, d, L, 'random_top2'):+.1f}%"]
+        top2 = lambda t: over_dense(c, t, d, L, "hard_top2", ci=False)  # noqa: E731
+        cells = [str(int(c.summary(pooled, d, L, "dense").windows)), f"{top2(base)}, {margin(c, base, d, L, 'random_top2')}"]
         for t in (tech, pooled):
             if t is None:
                 cells.append("")
                 continue
-            p = paired_change(c.rows(t, d, L, "hard_top2"), c.rows(base, d, L, "hard_top2"))
-            cells.append(f"{top2(t)}, {p[0]:+.2f}% [{p[1]:+.2f}, {p[2]:+.2f}], {c.margin(t, d, L, 'random_top2'):+.1f}%")
+            cells.append(f"{top2(t)}, {paired(c, (t, 'hard_top2'), (base, 'hard_top2'), d, L)}, "
+                         f"{margin(c, t, d, L, 'random_top2')}")
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     tables = ["tech_budget_domains", "tech_budget_persuasion", "pooled_budget_domains", "pooled_budget_persuasion",
               "pooled_budget_hamlet"]
     inputs = (f"{LENGTH_CELLS} (tables {', '.join(tables)} against shipped_per_domain and shipped); routers "
-              f"tech {router_label(_sha(c, 'tech_budget_domains'))}, pooled {router_label(_sha(c, 'pooled_budget_domains'))}, "
-              f"shipped {router_label(_sha(c, 'shipped'))}; the windows the table's column says; patterns dense, "
+              f"tech {table_router(c, 'tech_budget_domains')}, pooled {table_router(c, 'pooled_budget_domains')}, "
+              f"shipped {table_router(c, 'shipped')}; the windows the table's column says; patterns dense, "
               "hard_top2, random_top2 (each under the file's top-2 budget)")
     return Generated(inputs, "\n".join(lines))
 
@@ -74,17 +70,10 @@ def tech_budget_top2() -> Generated:
 def tech_budget_top2_random() -> Generated:
     """Random groups under each technical budget, paired against random groups under the shipped
     budget, with the 95% interval over windows (< 0: the budget helps them too)."""
-    from focus_lab.eval.evaluate import paired_change
     c = _Cells()
     lines = ["| text | `tech` | `pooled` |", "|---|---|---|"]
     for name, d, L, base, tech, pooled in TEXTS:
-        cells = []
-        for t in (tech, pooled):
-            if t is None:
-                cells.append("")
-                continue
-            p = paired_change(c.rows(t, d, L, "random_top2"), c.rows(base, d, L, "random_top2"))
-            cells.append(f"{p[0]:+.2f}% [{p[1]:+.2f}, {p[2]:+.2f}]")
+        cells = ["" if t is None else paired(c, (t, "random_top2"), (base, "random_top2"), d, L) for t in (tech, pooled)]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     inputs = (f"{LENGTH_CELLS} (the tables of tech-budget-top2); pattern random_top2 under each budget, paired on the "
               "windows both tables have")
@@ -97,18 +86,16 @@ def tech_budget_top2_match() -> Generated:
     [distant pairs kept], the paired change against the shipped budget with the same pairs (95%
     interval over windows), and the router's margin over random groups with the same budget and
     pairs."""
-    from focus_lab.eval.evaluate import paired_change
     c = _Cells()
     lines = ["| text | `tech` with the pairs: top-2 [pairs] | paired change against the shipped budget with the pairs "
              "| over random, with the pairs |", "|---|---|---|---|"]
     for d in DOMAINS:
-        p = paired_change(c.rows(MATCH_TECH, d, 4096, "hard_top2"), c.rows(MATCH_SHIPPED, d, 4096, "hard_top2"))
-        lines.append(f"| {d} | {c.dense(MATCH_TECH, d, 4096, 'hard_top2'):+.1f}% [{c.kept(MATCH_TECH, d, 4096, 'hard_top2'):.2f}] "
-                     f"| {p[0]:+.2f}% [{p[1]:+.2f}, {p[2]:+.2f}] | {c.margin(MATCH_TECH, d, 4096, 'random_top2'):+.2f}% |")
-    windows = sorted({int(c.summary(MATCH_TECH, d, 4096, "dense").windows) for d in DOMAINS})
+        lines.append(f"| {d} | {over_dense(c, MATCH_TECH, d, 4096, 'hard_top2', ci=False)} | "
+                     f"{paired(c, (MATCH_TECH, 'hard_top2'), (MATCH_SHIPPED, 'hard_top2'), d, 4096)} | "
+                     f"{c.margin(MATCH_TECH, d, 4096, 'random_top2'):+.2f}% |")
     inputs = (f"{LENGTH_CELLS} (tables {MATCH_TECH} against {MATCH_SHIPPED}); routers tech "
-              f"{router_label(_sha(c, MATCH_TECH))}, shipped {router_label(_sha(c, MATCH_SHIPPED))}; "
-              f"{'/'.join(map(str, windows))} windows of 4096 tokens a domain; patterns dense, hard_top2, random_top2, "
+              f"{table_router(c, MATCH_TECH)}, shipped {table_router(c, MATCH_SHIPPED)}; "
+              f"{windows_a_domain(c, MATCH_TECH, DOMAINS)}; patterns dense, hard_top2, random_top2, "
               "each with the token-match pairs")
     return Generated(inputs, "\n".join(lines))
 

@@ -5,7 +5,8 @@ file (tables ``keyshift90_*`` of length_cells.parquet)."""
 
 from __future__ import annotations
 
-from analyses.doc_blocks import LENGTH_CELLS, Generated, _Cells, _change, block, router_label
+from analyses.blocks.common import margin, over_dense, paired, table_router, tables_routers, windows_a_domain
+from analyses.doc_blocks import LENGTH_CELLS, Generated, _Cells, _change, block
 
 PAGE = "docs/studies/three-times-training.md"
 PROSE_PAGES = (PAGE,)
@@ -22,25 +23,12 @@ SHIPPED_8K = "shipped_heldout_8k"  # the shipped file on the same 8192-token win
 THIRTY = {2: "keyshift_budgets_domains", 1: "keyshift_tech_top1_domains"}
 
 
-def _sha(c: _Cells, table: str) -> str:
-    return c.cells.loc[c.cells["table"] == table, "routers_sha256"].iloc[0]
-
-
-def _full(s) -> str:
-    return f"{s.delta_vs_dense_pct:+.1f}% [{s.ci_lo:+.1f}, {s.ci_hi:+.1f}] [{s.distant_pairs_kept:.2f}]"
-
-
-def _tables(c: _Cells, *tables: str) -> str:
-    return "; ".join(f"{t} {router_label(_sha(c, t))}" for t in tables)
-
-
 @block("three-times-training", LENGTH_CELLS)
 def three_times_training() -> Generated:
     """Per held-out domain at 4096 tokens: the 90-step file's top-1 and top-2 with the shift over
     dense (95% paired interval over windows, distant pairs kept), the paired change against the
     30-step file under the same budget (< 0: better) and that file's own change over dense; the
     router's margin over random groups at top-2."""
-    from focus_lab.eval.evaluate import paired_change
     c = _Cells()
     lines = ["| text | windows | top-1 | paired change | 30 steps, top-1 | top-2 | paired change | 30 steps, top-2 "
              "| router over random, top-2 |", "|---|---:|---|---|---|---|---|---|---|"]
@@ -48,13 +36,12 @@ def three_times_training() -> Generated:
         cells = [str(int(c.summary(E90, d, 4096, "dense").windows))]
         for k in (1, 2):
             lab = f"hard_top{k}_keyshift"
-            p = paired_change(c.rows(E90, d, 4096, lab), c.rows(THIRTY[k], d, 4096, lab))
-            cells += [_full(c.summary(E90, d, 4096, lab)), f"{p[0]:+.2f}% [{p[1]:+.2f}, {p[2]:+.2f}]",
-                      f"{c.dense(THIRTY[k], d, 4096, lab):+.1f}%"]
-        cells.append(f"{c.margin(E90, d, 4096, 'random_top2_keyshift'):+.1f}%")
+            cells += [over_dense(c, E90, d, 4096, lab), paired(c, (E90, lab), (THIRTY[k], lab), d, 4096),
+                      over_dense(c, THIRTY[k], d, 4096, lab, kept=False, ci=False)]
+        cells.append(margin(c, E90, d, 4096, "random_top2_keyshift"))
         lines.append(f"| {d} | " + " | ".join(cells) + " |")
     inputs = (f"{LENGTH_CELLS} (tables {E90}; against {THIRTY[1]} at top-1 and {THIRTY[2]} at top-2, the "
-              f"30-step routers under the same budgets); routers {_tables(c, E90, THIRTY[1], THIRTY[2])}; "
+              f"30-step routers under the same budgets); routers {tables_routers(c, [E90, THIRTY[1], THIRTY[2]])}; "
               "4 windows of 4096 tokens a domain; patterns dense, hard_top1_keyshift, hard_top2_keyshift, "
               "random_top2_keyshift")
     return Generated(inputs, "\n".join(lines))
@@ -72,9 +59,8 @@ def three_times_training_controls() -> Generated:
         cells = [_change(c.summary(CONTROLS, d, 4096, lab), "control_vs_router_pct", "control_ci_lo", "control_ci_hi")
                  for lab in labels]
         lines.append(f"| {d} | " + " | ".join(cells) + " |")
-    windows = sorted({int(c.summary(CONTROLS, d, 4096, "dense").windows) for d in DOMAINS})
-    inputs = (f"{LENGTH_CELLS} (table {CONTROLS}); routers {router_label(_sha(c, CONTROLS))}; "
-              f"{'/'.join(map(str, windows))} windows of 4096 tokens a domain; patterns "
+    inputs = (f"{LENGTH_CELLS} (table {CONTROLS}); routers {table_router(c, CONTROLS)}; "
+              f"{windows_a_domain(c, CONTROLS, DOMAINS)}; patterns "
               "hard_top1_keyshift, hard_top2_keyshift and " + ", ".join(labels))
     return Generated(inputs, "\n".join(lines))
 
@@ -95,7 +81,7 @@ def three_times_training_8k() -> Generated:
                      f"[{r1.distant_pairs_kept:.2f}] | {c.margin(HELD_8K, d, 8192, 'random_top2_keyshift'):+.1f}% | "
                      f"{_change(s2, windows=n)} [{s2.distant_pairs_kept:.2f}] | {_change(s1, windows=n)} "
                      f"[{s1.distant_pairs_kept:.2f}] |")
-    inputs = (f"{LENGTH_CELLS} (tables {HELD_8K}, {SHIPPED_8K}); routers {_tables(c, HELD_8K, SHIPPED_8K)}; "
+    inputs = (f"{LENGTH_CELLS} (tables {HELD_8K}, {SHIPPED_8K}); routers {tables_routers(c, [HELD_8K, SHIPPED_8K])}; "
               "every window of 8192 tokens the held-out pages hold, up to 4; patterns dense, hard_top1_keyshift, "
               "hard_top2_keyshift, random_top2_keyshift (90 steps), hard_top1, hard_top2 (shipped)")
     return Generated(inputs, "\n".join(lines))

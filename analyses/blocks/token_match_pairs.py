@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from analyses.blocks.common import over_dense, paired, table_router, windows_a_domain
 from analyses.doc_blocks import LENGTH_CELLS, REPO, Generated, MissingInput, _Cells, _change, block, router_label
 
 PAGE = "docs/studies/token-match-pairs.md"
@@ -24,20 +25,6 @@ HELD_OUT = ("python-docs", "man-pages", "debian-reference")
 TRAIN = ("kernel-docs", "python-source", "bible-kjv")
 MATCH, WITHOUT = "match_per_domain", "shipped_per_domain"
 KEYSHIFT_MATCH, KEYSHIFT = "keyshift90_match_domains", "keyshift90_domains"
-
-
-def _sha(c: _Cells, table: str) -> str:
-    return c.cells.loc[c.cells["table"] == table, "routers_sha256"].iloc[0]
-
-
-def _paired(a: pd.DataFrame, b: pd.DataFrame) -> str:
-    from focus_lab.eval.evaluate import paired_change
-    p = paired_change(a, b)
-    return f"{p[0]:+.2f}% [{p[1]:+.2f}, {p[2]:+.2f}]"
-
-
-def _full(s, kept: bool = True) -> str:
-    return _change(s) + (f" [{s.distant_pairs_kept:.2f}]" if kept else "")
 
 
 @block("token-match-diagnosis", COPY_PAIRS)
@@ -70,17 +57,16 @@ def token_match_held_out() -> Generated:
     lines = ["| domain | hard top-1 | hard top-2 | random top-2 | router over random, top-2 | paired change of top-2 "
              "from the pairs | of top-1 |", "|---|---|---|---|---|---|---|"]
     for d in HELD_OUT:
-        cells = [f"{_full(c.summary(MATCH, d, 4096, lab))} ({c.dense(WITHOUT, d, 4096, lab):+.1f}% "
+        cells = [f"{over_dense(c, MATCH, d, 4096, lab)} ({c.dense(WITHOUT, d, 4096, lab):+.1f}% "
                  f"[{c.kept(WITHOUT, d, 4096, lab):.2f}])"
                  for lab in ("hard_top1", "hard_top2", "random_top2")]
         r = c.summary(MATCH, d, 4096, "random_top2")
         cells.append(f"{_change(r, 'control_vs_router_pct', 'control_ci_lo', 'control_ci_hi')} "
                      f"({c.margin(WITHOUT, d, 4096, 'random_top2'):+.1f}%)")
-        cells += [_paired(c.rows(MATCH, d, 4096, lab), c.rows(WITHOUT, d, 4096, lab)) for lab in ("hard_top2", "hard_top1")]
+        cells += [paired(c, (MATCH, lab), (WITHOUT, lab), d, 4096) for lab in ("hard_top2", "hard_top1")]
         lines.append(f"| {d} | " + " | ".join(cells) + " |")
-    windows = sorted({int(c.summary(MATCH, d, 4096, "dense").windows) for d in HELD_OUT})
-    inputs = (f"{LENGTH_CELLS} (tables {MATCH}, with the pairs, and {WITHOUT}); routers {router_label(_sha(c, MATCH))} "
-              f"in both; {'/'.join(map(str, windows))} windows of 4096 tokens a domain; patterns dense, hard_top1, "
+    inputs = (f"{LENGTH_CELLS} (tables {MATCH}, with the pairs, and {WITHOUT}); routers {table_router(c, MATCH)} "
+              f"in both; {windows_a_domain(c, MATCH, HELD_OUT)}; patterns dense, hard_top1, "
               "hard_top2 (the file's top-2 budget), random_top2 (the same budget)")
     return Generated(inputs, "\n".join(lines))
 
@@ -107,13 +93,13 @@ def token_match_other() -> Generated:
         top1_margin = (f"{c.margin(t, d, L, 'random_top1'):+.1f}% ({c.margin(base, d, L, 'random_top1'):+.1f}%)"
                        if have1.any() else "")
         lines.append(f"| {name} | {int(s2.windows)} | {s1.delta_vs_dense_pct:+.1f}% ({c.dense(base, d, L, 'hard_top1'):+.1f}%) | "
-                     f"{_paired(c.rows(t, d, L, 'hard_top1'), c.rows(base, d, L, 'hard_top1'))} | "
+                     f"{paired(c, (t, 'hard_top1'), (base, 'hard_top1'), d, L)} | "
                      f"{s2.delta_vs_dense_pct:+.1f}% [{s2.distant_pairs_kept:.2f}] ({c.dense(base, d, L, 'hard_top2'):+.1f}%) | "
-                     f"{_paired(c.rows(t, d, L, 'hard_top2'), c.rows(base, d, L, 'hard_top2'))} | "
+                     f"{paired(c, (t, 'hard_top2'), (base, 'hard_top2'), d, L)} | "
                      f"{c.margin(t, d, L, 'random_top2'):+.1f}% ({c.margin(base, d, L, 'random_top2'):+.1f}%) | {top1_margin} |")
     tables = list(dict.fromkeys(t for *_, t, _ in OTHER))
     inputs = (f"{LENGTH_CELLS} (tables {', '.join(tables)} with the pairs; {WITHOUT} and shipped without them); routers "
-              f"{router_label(_sha(c, tables[0]))} in every table; the windows the table's column says, of the tokens "
+              f"{table_router(c, tables[0])} in every table; the windows the table's column says, of the tokens "
               "its rows say; patterns dense, hard_top1, hard_top2 (the file's top-2 budget), random_top1, random_top2")
     return Generated(inputs, "\n".join(lines))
 
@@ -129,12 +115,12 @@ def token_match_keyshift() -> Generated:
              "of top-2 from the pairs |", "|---|---|---|---|---|---|"]
     for d in HELD_OUT:
         r = c.summary(KEYSHIFT_MATCH, d, 4096, "random_top2_keyshift")
-        lines.append(f"| {d} | {_full(c.summary(KEYSHIFT_MATCH, d, 4096, 'hard_top1_keyshift'), False)} | "
-                     f"{_full(c.summary(KEYSHIFT_MATCH, d, 4096, 'hard_top2_keyshift'))} | {r.delta_vs_dense_pct:+.1f}% | "
+        lines.append(f"| {d} | {over_dense(c, KEYSHIFT_MATCH, d, 4096, 'hard_top1_keyshift', kept=False)} | "
+                     f"{over_dense(c, KEYSHIFT_MATCH, d, 4096, 'hard_top2_keyshift')} | {r.delta_vs_dense_pct:+.1f}% | "
                      f"{_change(r, 'control_vs_router_pct', 'control_ci_lo', 'control_ci_hi')} | "
-                     f"{_paired(c.rows(KEYSHIFT_MATCH, d, 4096, 'hard_top2_keyshift'), c.rows(KEYSHIFT, d, 4096, 'hard_top2_keyshift'))} |")
+                     f"{paired(c, (KEYSHIFT_MATCH, 'hard_top2_keyshift'), (KEYSHIFT, 'hard_top2_keyshift'), d, 4096)} |")
     inputs = (f"{LENGTH_CELLS} (tables {KEYSHIFT_MATCH}, with the pairs, against {KEYSHIFT}); routers "
-              f"{router_label(_sha(c, KEYSHIFT_MATCH))} in both; 4 windows of 4096 tokens a domain; patterns dense, "
+              f"{table_router(c, KEYSHIFT_MATCH)} in both; 4 windows of 4096 tokens a domain; patterns dense, "
               "hard_top1_keyshift, hard_top2_keyshift, random_top2_keyshift")
     return Generated(inputs, "\n".join(lines))
 

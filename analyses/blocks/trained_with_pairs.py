@@ -5,7 +5,8 @@ evaluated with the pairs; the shipped file with the pairs (``match_per_domain``)
 
 from __future__ import annotations
 
-from analyses.doc_blocks import LENGTH_CELLS, Generated, _Cells, _change, block, router_label
+from analyses.blocks.common import over_dense, paired, table_router, windows_a_domain
+from analyses.doc_blocks import LENGTH_CELLS, Generated, _Cells, _change, block
 
 PAGE = "docs/studies/trained-with-pairs.md"
 PROSE_PAGES = (PAGE,)
@@ -20,14 +21,6 @@ WITHOUT = "broad_s5_match_domains"  # the same 30 steps without the pairs
 SHIPPED = "match_per_domain"  # the shipped file with the pairs
 
 
-def _sha(c: _Cells, table: str) -> str:
-    return c.cells.loc[c.cells["table"] == table, "routers_sha256"].iloc[0]
-
-
-def _kept(s) -> str:
-    return f"{s.delta_vs_dense_pct:+.1f}% [{s.distant_pairs_kept:.2f}]"
-
-
 @block("trained-with-pairs", LENGTH_CELLS)
 def trained_with_pairs() -> Generated:
     """Per text, the file trained with the pairs, evaluated with them: hard top-1 and top-2 over
@@ -35,7 +28,6 @@ def trained_with_pairs() -> Generated:
     windows), the paired change of top-2 (top-1) against the file trained without the pairs (< 0:
     training with them helps), and top-2 of that file and of the shipped file, both with the
     pairs."""
-    from focus_lab.eval.evaluate import paired_change
     c = _Cells()
     lines = ["| text | hard top-1 | hard top-2 | router over random, top-2 | paired change of top-2 (top-1) | "
              "trained without the pairs, top-2 | shipped file, top-2 |", "|---|---|---|---|---|---|---|"]
@@ -43,20 +35,18 @@ def trained_with_pairs() -> Generated:
         (f"*Persuasion* {L} ({int(c.summary(TRAINED_PROSE, 'austen', L, 'dense').windows)} windows)", "austen", L,
          TRAINED_PROSE) for L in (4096, 8192)]
     for name, d, L, t in texts:
-        cells = [_kept(c.summary(t, d, L, "hard_top1")), _kept(c.summary(t, d, L, "hard_top2")),
+        cells = [over_dense(c, t, d, L, "hard_top1", ci=False), over_dense(c, t, d, L, "hard_top2", ci=False),
                  _change(c.summary(t, d, L, "random_top2"), "control_vs_router_pct", "control_ci_lo", "control_ci_hi")]
         if t == TRAINED:
-            p2 = paired_change(c.rows(t, d, L, "hard_top2"), c.rows(WITHOUT, d, L, "hard_top2"))
-            p1 = paired_change(c.rows(t, d, L, "hard_top1"), c.rows(WITHOUT, d, L, "hard_top1"))
-            cells += [f"{p2[0]:+.2f}% [{p2[1]:+.2f}, {p2[2]:+.2f}] ({p1[0]:+.2f}%)",
-                      _kept(c.summary(WITHOUT, d, L, "hard_top2")), _kept(c.summary(SHIPPED, d, L, "hard_top2"))]
+            cells += [(f"{paired(c, (t, 'hard_top2'), (WITHOUT, 'hard_top2'), d, L)} "
+                       f"({paired(c, (t, 'hard_top1'), (WITHOUT, 'hard_top1'), d, L, ci=False)})"),
+                      over_dense(c, WITHOUT, d, L, "hard_top2", ci=False), over_dense(c, SHIPPED, d, L, "hard_top2", ci=False)]
         else:
             cells += ["", "", ""]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    windows = sorted({int(c.summary(TRAINED, d, 4096, "dense").windows) for d in DOMAINS})
     inputs = (f"{LENGTH_CELLS} (tables {TRAINED}, {TRAINED_PROSE}: trained with the pairs; {WITHOUT}: trained "
-              f"without them; {SHIPPED}: the shipped file); routers {TRAINED} {router_label(_sha(c, TRAINED))}, "
-              f"{WITHOUT} {router_label(_sha(c, WITHOUT))}, {SHIPPED} {router_label(_sha(c, SHIPPED))}; "
-              f"{'/'.join(map(str, windows))} windows of 4096 tokens a domain (*Persuasion*: as its rows say); every pattern with the token-match pairs "
+              f"without them; {SHIPPED}: the shipped file); routers {TRAINED} {table_router(c, TRAINED)}, "
+              f"{WITHOUT} {table_router(c, WITHOUT)}, {SHIPPED} {table_router(c, SHIPPED)}; "
+              f"{windows_a_domain(c, TRAINED, DOMAINS)} (*Persuasion*: as its rows say); every pattern with the token-match pairs "
               "(match shifts 0-1); patterns dense, hard_top1, hard_top2 (the shipped top-2 budget), random_top2")
     return Generated(inputs, "\n".join(lines))
