@@ -1,4 +1,5 @@
-"""Shared fixtures: tiny random models of each supported family (no hub access)."""
+"""Shared fixtures: tiny random models of each supported family (no hub access); the committed
+length-table cells for the generated blocks' by-hand references (tests/by_hand.py)."""
 
 from __future__ import annotations
 
@@ -154,3 +155,11 @@ ALL_FAMILIES = {**FAMILIES, "gemma2": tiny_gemma2}
 @pytest.fixture(params=sorted(FAMILIES))
 def tiny_model(request):
     return FAMILIES[request.param]()
+
+
+@pytest.fixture(scope="session")
+def cells():
+    """The committed length-table rows (figures/results/length_cells.parquet), read once for the
+    tests that check generated blocks by hand (``by_hand.rows`` and the rest take them)."""
+    from by_hand import length_cells
+    return length_cells()

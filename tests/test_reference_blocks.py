@@ -17,6 +17,7 @@ import shutil
 import numpy as np
 import pandas as pd
 import pytest
+from by_hand import blocks_on, recipe_ppl
 
 from analyses import doc_blocks
 from analyses.blocks import reference_pages as ref
@@ -33,13 +34,9 @@ def _table_rows(text: str) -> dict[str, list[str]]:
     return out
 
 
-def _blocks_of(rel: str) -> set[str]:
-    return {f.name for f in doc_blocks.find_blocks((REPO / rel).read_text(encoding="utf-8"))}
-
-
 def test_the_blocks_stand_on_their_pages():
-    assert "method-recipes" in _blocks_of("docs/method.md")
-    assert "retrieval-cost" in _blocks_of("docs/retrieval.md")
+    assert "method-recipes" in blocks_on("docs/method.md")
+    assert "retrieval-cost" in blocks_on("docs/retrieval.md")
 
 
 # --------------------------------------------------------------------------------------------
@@ -50,26 +47,20 @@ def sweep() -> pd.DataFrame:
     return pd.read_parquet(REPO / ref.RECIPES_SWEEP)
 
 
-def _ppl(df: pd.DataFrame, sweep: str, recipe: str, label: str) -> float:
-    r = df[(df.sweep == sweep) & (df.recipe == recipe) & (df.label == label)]
-    assert len(r) == 1, (sweep, recipe, label)
-    return float(np.exp(r.nll.iloc[0]))  # one pooled NLL over the 3 windows
-
-
 def test_method_recipes_cells_from_the_rows(sweep):
     rows = _table_rows(doc_blocks.render("method-recipes"))
     # the controls: exp of the pooled NLL, two decimals
-    assert rows["dense"][1] == f"{_ppl(sweep, '30 steps', 'controls', 'dense'):.2f}"
-    assert rows["sliding window (w = 128)"][1] == f"{_ppl(sweep, '30 steps', 'controls', 'window'):.2f}"
-    assert rows["sliding window + 4 sinks"][1] == f"{_ppl(sweep, '30 steps', 'controls', 'window_sinks4'):.2f}"
+    assert rows["dense"][1] == f"{recipe_ppl(sweep, '30 steps', 'controls', 'dense'):.2f}"
+    assert rows["sliding window (w = 128)"][1] == f"{recipe_ppl(sweep, '30 steps', 'controls', 'window'):.2f}"
+    assert rows["sliding window + 4 sinks"][1] == f"{recipe_ppl(sweep, '30 steps', 'controls', 'window_sinks4'):.2f}"
     # the paper's recipe: no group bias, its hard top-2 and the largest group at top-1
     paper = rows["`paper`"]
     assert paper[1:3] == ["0", "none (b = 0)"]
-    assert paper[5] == f"{_ppl(sweep, '30 steps', 'paper', 'hard_top2'):.2f}"
+    assert paper[5] == f"{recipe_ppl(sweep, '30 steps', 'paper', 'hard_top2'):.2f}"
     share = sweep[(sweep.sweep == "30 steps") & (sweep.recipe == "paper") & (sweep.label == "hard_top1")].max_group_share
     assert paper[6] == f"{float(share.iloc[0]):.2f}"
     # sinks64 at 120 steps, from its own sweep
-    assert rows["`sinks64`, 120 steps"][5] == f"{_ppl(sweep, 'sinks64, 120 steps', 'sinks64', 'hard_top2'):.2f}"
+    assert rows["`sinks64`, 120 steps"][5] == f"{recipe_ppl(sweep, 'sinks64, 120 steps', 'sinks64', 'hard_top2'):.2f}"
     # recipes in order of hard top-2, by hand
     top2 = sweep[(sweep.sweep == "30 steps") & (sweep.recipe != "controls") & (sweep.label == "hard_top2")]
     order = [f"`{r}`" for r in top2.assign(p=np.exp(top2.nll)).sort_values("p").recipe]
@@ -80,9 +71,9 @@ def test_method_recipes_cells_from_the_rows(sweep):
 def test_method_prose_states_the_blocks_numbers(sweep):
     # the collapse of §1.3 and the controls of §2.1, as the prose states them
     text = (REPO / "docs" / "method.md").read_text(encoding="utf-8")
-    assert f"hard top-2 perplexity {_ppl(sweep, '30 steps', 'paper', 'hard_top2'):.2f} against " \
-           f"{_ppl(sweep, '30 steps', 'paper', 'soft'):.2f} soft" in text
-    assert f"the window alone {_ppl(sweep, '30 steps', 'controls', 'window'):.2f} perplexity" in text
+    assert f"hard top-2 perplexity {recipe_ppl(sweep, '30 steps', 'paper', 'hard_top2'):.2f} against " \
+           f"{recipe_ppl(sweep, '30 steps', 'paper', 'soft'):.2f} soft" in text
+    assert f"the window alone {recipe_ppl(sweep, '30 steps', 'controls', 'window'):.2f} perplexity" in text
 
 
 # --------------------------------------------------------------------------------------------

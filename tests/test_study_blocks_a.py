@@ -6,51 +6,11 @@ over the windows both patterns have), independent of ``analyses.length_table.sum
 
 from __future__ import annotations
 
-import numpy as np
 import pandas as pd
-import pytest
+from by_hand import change, on_page, ppl, rows, table_row
 
 from analyses import doc_blocks
 from analyses.doc_blocks import REPO
-
-STUDIES = REPO / "docs" / "studies"
-
-
-@pytest.fixture(scope="module")
-def cells() -> pd.DataFrame:
-    return pd.read_parquet(REPO / doc_blocks.LENGTH_CELLS)
-
-
-def rows(cells: pd.DataFrame, table: str, corpus: str, L: int, label: str) -> pd.DataFrame:
-    g = cells[(cells["table"] == table) & (cells.corpus == corpus) & (cells.seq_len == L) & (cells.label == label)]
-    assert len(g), (table, corpus, L, label)
-    return g
-
-
-def ppl(g: pd.DataFrame) -> float:
-    return float(np.exp((g.nll * g.tokens).sum() / g.tokens.sum()))
-
-
-def change(a: pd.DataFrame, b: pd.DataFrame) -> float:
-    """% change of perplexity of ``a`` over ``b`` on the windows both have."""
-    a, b = a.set_index("window"), b.set_index("window")
-    w = a.index.intersection(b.index)
-    assert len(w)
-    return float(100 * (np.exp(((a.nll * a.tokens)[w].sum() - (b.nll * b.tokens)[w].sum()) / a.tokens[w].sum()) - 1))
-
-
-def table_row(text: str, first: str) -> list[str]:
-    for line in text.splitlines():
-        if line.startswith(f"| {first} |"):
-            return [c.strip() for c in line.strip("|").split("|")]
-    raise AssertionError(f"no row {first!r} in\n{text}")
-
-
-def on_page(page: str, name: str) -> str:
-    """The block's rendered text, after checking the page holds it."""
-    found = {f.name for f in doc_blocks.find_blocks((STUDIES / page).read_text())}
-    assert name in found, f"{page} holds no block {name}"
-    return doc_blocks.render(name)
 
 
 def test_every_page_is_in_the_prose_check():

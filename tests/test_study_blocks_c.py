@@ -10,54 +10,12 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
+from by_hand import change, on_page, over_dense, ppl, rows, table_row
 
 from analyses import doc_blocks
 from analyses.doc_blocks import REPO
 
-STUDIES = REPO / "docs" / "studies"
 RESULTS = REPO / "figures" / "results"
-
-
-@pytest.fixture(scope="module")
-def cells() -> pd.DataFrame:
-    return pd.read_parquet(REPO / doc_blocks.LENGTH_CELLS)
-
-
-def rows(cells: pd.DataFrame, table: str, corpus: str, L: int, label: str) -> pd.DataFrame:
-    g = cells[(cells["table"] == table) & (cells.corpus == corpus) & (cells.seq_len == L) & (cells.label == label)]
-    assert len(g), (table, corpus, L, label)
-    return g
-
-
-def ppl(g: pd.DataFrame) -> float:
-    return float(np.exp((g.nll * g.tokens).sum() / g.tokens.sum()))
-
-
-def over_dense(cells: pd.DataFrame, table: str, corpus: str, L: int, label: str) -> float:
-    """% change of a pattern's pooled perplexity over dense's in the same table."""
-    return 100 * (ppl(rows(cells, table, corpus, L, label)) / ppl(rows(cells, table, corpus, L, "dense")) - 1)
-
-
-def change(a: pd.DataFrame, b: pd.DataFrame) -> float:
-    """% change of perplexity of ``a`` over ``b`` on the windows both have."""
-    a, b = a.set_index("window"), b.set_index("window")
-    w = a.index.intersection(b.index)
-    assert len(w)
-    return float(100 * (np.exp(((a.nll * a.tokens)[w].sum() - (b.nll * b.tokens)[w].sum()) / a.tokens[w].sum()) - 1))
-
-
-def table_row(text: str, first: str, nth: int = 0) -> list[str]:
-    found = [line for line in text.splitlines() if line.startswith(f"| {first} |")]
-    assert len(found) > nth, f"no row {first!r} in\n{text}"
-    return [c.strip() for c in found[nth].strip("|").split("|")]
-
-
-def on_page(page: str, name: str) -> str:
-    """The block's rendered text, after checking the page holds it."""
-    found = {f.name for f in doc_blocks.find_blocks((STUDIES / page).read_text())}
-    assert name in found, f"{page} holds no block {name}"
-    return doc_blocks.render(name)
-
 
 PAGES = ("retrieval-suite", "routers-in-early-layers", "secondary-sinks", "tech-budget-top1", "tech-budget-top2",
          "three-times-training", "token-match-pairs", "trained-with-pairs")
