@@ -923,7 +923,7 @@ def routers_set_rules(
 
 @routers_app.command("build")
 def routers_build(
-    out: Optional[Path] = typer.Option(None, "--out", help="folder of the chain (default: checkpoints/shipped_chain; "
+    out: Optional[Path] = typer.Option(None, "--out", help="folder of the chain (default: checkpoints/smollm2_chain; "
                                        "gemma3-270m: checkpoints/gemma3_chain)"),
     data: Path = typer.Option(Path("data"), help="the prepared corpora's folder"),
     mix: str = typer.Option("austen-shakespeare", help="the training mix (austen-shakespeare: the shipped "
@@ -941,7 +941,7 @@ def routers_build(
     if model not in CHAINS:
         _fail(f"--model {model!r}: a chain exists for {' and '.join(CHAINS)}; for another model train with "
               f"'focus-lab train --model {model} --recipe distill64 --seq-len 4096'")
-    out = out or Path("checkpoints") / ("gemma3_chain" if model == "gemma3-270m" else "shipped_chain")
+    out = out or Path("checkpoints") / ("gemma3_chain" if model == "gemma3-270m" else "smollm2_chain")
     args = ["--out", str(out), "--data", str(data), "--mix", mix, "--runs", str(runs), "--model", model,
             "--steps", str(steps)]
     code = chain(args + (["--base", str(base)] if base else []))

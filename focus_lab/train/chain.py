@@ -39,7 +39,7 @@ after every stage, so a stopped chain resumes where it was (a stage whose file e
 re-run). With ``--reference`` (default: the shipped file) it says how far the result's tensors
 are from the reference's on the layers that route (random layers' routers are not used).
 
-    focus-lab routers build --out checkpoints/shipped_chain        # the shipped file
+    focus-lab routers build --out checkpoints/smollm2_chain        # the shipped file
     focus-lab routers build --out checkpoints/needle_chain --base <smollm2-135m/soup>  # stages 5-9
     focus-lab routers build --out checkpoints/broad_chain --mix broad --base <smollm2-135m/soup> --runs 1
     focus-lab routers build --model gemma3-270m --out checkpoints/gemma3_chain   # Gemma's file
@@ -218,7 +218,7 @@ def compare(path: Path, reference: Path) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", type=Path, default=Path("checkpoints") / "shipped_chain",
+    ap.add_argument("--out", type=Path, default=Path("checkpoints") / "smollm2_chain",
                     help="folder of the chain (relative paths: to the repository root)")
     ap.add_argument("--data", type=Path, default=Path("data"), help="the prepared corpora's folder")
     ap.add_argument("--mix", choices=sorted(MIXES), default=MIX,
