@@ -577,17 +577,11 @@ def estimate_memory(shape: ModelShape, seq_len: int, windows: int, layers: int, 
     (``metrics.attention_metrics``); only ``patterns`` keeps T x T maps, the rest grows with T
     (per layer and head), the logits with T V. ``per_query=False`` drops the largest tables.
 
-    Calibration (SmolLM2-135M: 134.5M float32 parameters, 30 layers, 9 heads, V = 49152, the
-    shipped routers, Persuasion, one torch thread; peak RSS of the real command, ``/usr/bin/time
-    -v`` and ``analyses/studies/record_memory.py``), estimate vs measured, one window unless said:
-    1024 tokens, layers 0-3, assignments + balance, no POS: 1.42 vs 1.37 GB (+3%); 1024, layers
-    0-3, every metric: 1.79 vs 1.76 GB (+2%); 1024, 30 layers: 1.97 vs 1.96 GB (+1%); 1024 x 4
-    windows, 30 layers, no loss_delta: 2.26 vs 2.10 GB (+8%); 2048, layers 0-3, 2 patterns: 2.35
-    vs 2.32 GB (+1%); 4096, layers 0-3: 2.63 vs 2.58 GB (+2%); 4096, 30 layers, no loss_delta:
-    2.56 vs 2.56 GB (0%); 4096, 30 layers, every metric: 2.76 vs 2.64 GB (+5%); 4096 x 4 windows,
-    30 layers, every metric (the main job's recording): 5.04 vs 5.23 GB (-4%). The same command's
-    peak varies by about 10% from run to run (the allocator's reuse of freed memory), and the
-    dropped-edge count depends on the data: expect +-10%.
+    Calibration: ``figures/results/record_memory.parquet`` holds estimate and measured peak of
+    each recording ``analyses/studies/record_memory.py --label`` ran (SmolLM2-135M and
+    Gemma-3-270M, the shipped routers, Persuasion, one torch thread), shown as a table in
+    docs/reliability.md. The same command's peak varies from run to run (the allocator's reuse of
+    freed memory), and the dropped-edge count depends on the data.
 
     Args:
         shape: the model (``ModelShape.of(model)`` or ``ModelShape.from_config``).
