@@ -11,6 +11,8 @@ hard top-2, on the retrieval suite and on perplexity, from the committed data.
     python -m analyses.studies.group_capacity --save-capacity OUT [--routers FILE]   # E7 into a router file
     python -m analyses.studies.group_capacity --layers --tasks niah_single_1 \
         --patterns hard_top2_nocap,hard_top2_cap,hard_top2_cap60,hard_top2_cap70,hard_top2_cap80   # ... and their pairs
+    python -m analyses.studies.group_capacity --layers ... --save figures/group-capacity/layers.parquet
+    python -m analyses.studies.group_capacity --leave-one-out ... --save figures/group-capacity/leave_one_out.parquet
 
 Retrieval (``figures/results/retrieval_cases.parquet``): per task and length where both patterns
 ran, dense's score, each pattern's score relative to dense with the paired 95% interval over cases
@@ -20,6 +22,12 @@ length, each pattern's change over dense (%), the cap's paired change over hard 
 95% bootstrap interval over windows (> 0: the cap is worse), distant pairs kept and the largest
 group's share of the keys (mean over layers and windows). The sweep (tables ``capacity`` and
 ``capacity_sweep``): per corpus, each capacity's paired change over hard top-2 (%, 95% interval).
+
+``--save PATH`` keeps what ``--layers`` or ``--leave-one-out`` print as tidy rows (``SAVED_COLUMNS``:
+``schema_version``, the router file's name and sha256, the input, the pattern, the per-layer or
+per-case quantities, the code's commit) in the parquet ``PATH``, merged by ``SAVED_KEYS`` into the
+rows already there (a rerun of a row replaces it; other rows stay) and written atomically, so that
+several invocations build one table (docs/studies/group-capacity-layers.md).
 """
 
 from __future__ import annotations
@@ -57,6 +65,19 @@ RETRIEVAL_LABELS = {"hard_top2": NOCAP, "hard_top2_match": "hard_top2_match_noca
 # what ``--layers`` runs by default with the shipped file: hard top-2 without its capacity (the
 # study's "hard top-2") against the cap everywhere
 LAYER_PATTERNS = (NOCAP, "hard_top2_cap")
+
+SCHEMA_VERSION = 1  # of the rows ``--save`` writes
+#: the rows' columns per mode, ``schema_version`` first; ``moved_from``: the pattern ``moved``
+#: compares with (the invocation's first); ``variant``: the pattern, "hard_top2_nocap" or "without L"
+SAVED_COLUMNS = {
+    "layers": ["schema_version", "routers", "routers_sha256", "input", "length", "seed", "pattern", "moved_from",
+               "layer_idx", "k", "assignment", "pairs", "largest_group", "moved", "commit"],
+    "leave_one_out": ["schema_version", "routers", "routers_sha256", "task", "length", "seed", "pattern", "variant",
+                      "answer_logprob", "commit"],
+}
+#: what names a row: a row saved again under the same key replaces the old one
+SAVED_KEYS = {"layers": ["routers_sha256", "input", "length", "seed", "pattern", "moved_from", "layer_idx"],
+              "leave_one_out": ["routers_sha256", "task", "length", "seed", "pattern", "variant"]}
 
 
 def retrieval_rows(cases: pd.DataFrame, patterns=PATTERNS) -> pd.DataFrame:
@@ -151,14 +172,17 @@ def over_hard_top2(cells: pd.DataFrame, patterns=LAYER_PROBES) -> pd.DataFrame:
 
 
 def layer_rows(tasks=("niah_single_1", "passkey"), length: int = 4096, seed: int = 0,
-               patterns=LAYER_PATTERNS, threads: int = 2, late: int = 1024) -> pd.DataFrame:
+               patterns=LAYER_PATTERNS, threads: int = 2, late: int = 1024, routers=None) -> pd.DataFrame:
     """Per routed layer, one forward of each input under each pattern with the shipped routers:
     the layer's k, the distant pairs its groups keep (``core.distant_pairs_kept``), the largest
     group's share of the keys, and ``moved``: the share of the keys at positions >= ``late``
     whose group differs from the first pattern's (the keys a capacity moves), read at the
     ``attn_out`` hook point. An input is a task's case (seed ``seed``, ``length`` tokens) or
     ``CORPUS:INDEX``, that held-out window of ``length`` tokens (``data.make_windows``). About
-    20 s a forward on 2 CPU cores at 4096 tokens."""
+    20 s a forward on 2 CPU cores at 4096 tokens. ``routers``: a router file (default: the shipped
+    one). Columns: ``input`` (the task or ``CORPUS:INDEX``), ``length``, ``seed``, ``pattern``,
+    ``moved_from`` (the first pattern), ``layer_idx``, ``k``, ``assignment``, ``pairs``,
+    ``largest_group``, ``moved``."""
     import torch
     from analyses.studies import retrieval_setup
     from focus_lab.data import load_corpus, make_windows
@@ -167,7 +191,7 @@ def layer_rows(tasks=("niah_single_1", "passkey"), length: int = 4096, seed: int
     from focus_lab.hf.hooks import hooks
     from focus_lab.hf.retrofit import forward_state
     from focus_lab.method.core import distant_pairs_kept, hard_group_shares
-    model, tok, hay = retrieval_setup(threads=threads)
+    model, tok, hay = retrieval_setup(routers, threads=threads)
     num_groups = forward_state(model).config.num_groups
     rows = []
     for task in tasks:
@@ -190,7 +214,8 @@ def layer_rows(tasks=("niah_single_1", "passkey"), length: int = 4096, seed: int
                     return
                 kg = r.key_group[0]  # (T,)
                 ref = first.setdefault(hook.layer_idx, kg.clone())
-                rows.append({"task": task, "pattern": pattern, "layer_idx": hook.layer_idx,
+                rows.append({"input": task, "length": length, "seed": None if ":" in task else seed,
+                             "pattern": pattern, "moved_from": patterns[0], "layer_idx": hook.layer_idx,
                              "k": cfg.top_k_at(hook.layer_idx), "assignment": cfg.assignment_at(hook.layer_idx),
                              "pairs": distant_pairs_kept(r.query_groups, r.key_group, cfg.window, cfg.sink_tokens),
                              "largest_group": float(hard_group_shares(kg, num_groups).max()),
@@ -202,25 +227,31 @@ def layer_rows(tasks=("niah_single_1", "passkey"), length: int = 4096, seed: int
 
 
 def leave_one_out_rows(pattern: str, task: str = "niah_single_1", length: int = 8192, seeds=(6, 19),
-                       threads: int = 2) -> pd.DataFrame:
+                       threads: int = 2, routers=None, without=None) -> pd.DataFrame:
     """Which capped layer costs the needle: per case, the answer's teacher-forced log-prob (nats,
     summed over the answer's value tokens, as ``retrieval.run_case`` scores it) under hard top-2,
     under ``pattern`` (a cap with ``@LAYERS``) and under ``pattern`` without each of its layers in
     turn (``variant``: "hard_top2_nocap", the pattern, "without L" for layer L). One forward of prompt +
-    answer per row, no KV cache: about 40 s at 8192 tokens on 2 CPU cores."""
+    answer per row, no KV cache: about 40 s at 8192 tokens on 2 CPU cores. ``routers``: a router
+    file (default: the shipped one); ``without``: the layers to leave out in turn (default: each of
+    the pattern's). Columns: ``task``, ``length``, ``seed``, ``pattern``, ``variant``,
+    ``answer_logprob``."""
     import torch
     from analyses.studies import retrieval_setup
     from focus_lab.eval import retrieval as rt
     from focus_lab.patterns.legacy import legacy_changes as pattern_changes
     from focus_lab.hf.retrofit import forward_state
-    model, tok, hay = retrieval_setup(threads=threads)
+    model, tok, hay = retrieval_setup(routers, threads=threads)
     num_groups = forward_state(model).config.num_groups
     changes = pattern_changes(pattern, num_groups)
     layers = changes.get("capacity_layers")
     if not layers:
         raise SystemExit(f"--leave-one-out {pattern}: name the capped layers, e.g. hard_top2_cap@0+13+15")
     variants = [(NOCAP, pattern_changes(NOCAP, num_groups)), (pattern, changes)]
-    variants += [(f"without {l}", {**changes, "capacity_layers": [x for x in layers if x != l]}) for l in layers]
+    if without is not None and set(without) - set(layers):
+        raise SystemExit(f"--without {sorted(set(without) - set(layers))}: not among {pattern}'s layers {layers}")
+    variants += [(f"without {l}", {**changes, "capacity_layers": [x for x in layers if x != l]})
+                 for l in layers if without is None or l in without]
     rows = []
     for seed in seeds:
         case = rt.make_case(rt.parse_tasks(task)[0], hay, tok, length, seed)
@@ -230,9 +261,37 @@ def leave_one_out_rows(pattern: str, task: str = "niah_single_1", length: int = 
             with torch.no_grad():
                 logits = model(input_ids=ids, use_cache=False, focus=forward_state(model, **ch),
                                logits_to_keep=n + 1).logits[0, :-1]  # (n, V)
-            rows.append({"task": task, "length": length, "seed": seed, "variant": variant,
+            rows.append({"task": task, "length": length, "seed": seed, "pattern": pattern, "variant": variant,
                          "answer_logprob": rt.answer_logprob(logits, case)})
     return pd.DataFrame(rows)
+
+
+def save_rows(path, rows: pd.DataFrame, mode: str, routers=None) -> pd.DataFrame:
+    """Merge the rows of ``layer_rows`` (``mode`` "layers") or ``leave_one_out_rows``
+    ("leave_one_out") into the parquet ``path``: each row gets ``schema_version``, the router file
+    it ran with (``routers``, default the shipped one: its manifest name, else its file name, and
+    its sha256) and the code's commit; rows of ``path`` with the same ``SAVED_KEYS`` are replaced,
+    the others kept. Written atomically (``io.write_parquet``). Returns the whole table."""
+    from pathlib import Path
+    from focus_lab.hf.shipped import code_commit, named_file, resolve_routers
+    from focus_lab.io import file_sha256, write_parquet
+    f = resolve_routers(routers)
+    sha = file_sha256(f)
+    new = rows.assign(schema_version=SCHEMA_VERSION, routers=named_file(sha) or Path(f).name, routers_sha256=sha,
+                      commit=code_commit())[SAVED_COLUMNS[mode]]
+    new["seed"] = new["seed"].astype("Int64")  # none for a held-out window
+    path, key = Path(path), SAVED_KEYS[mode]
+    if path.is_file():
+        old = pd.read_parquet(path)
+        if list(old.columns) != SAVED_COLUMNS[mode]:
+            raise SystemExit(f"--save {path}: its columns are not those of --{mode.replace('_', '-')} rows "
+                             f"({', '.join(SAVED_COLUMNS[mode])}); give another path")
+        ours = pd.MultiIndex.from_frame(new[key].astype(str))
+        old = old[~pd.MultiIndex.from_frame(old[key].astype(str)).isin(ours)]
+        new = pd.concat([old, new], ignore_index=True)
+    write_parquet(path, new)
+    print(f"{len(rows)} rows merged into {path} ({len(new)} rows)")
+    return new
 
 
 def save_capacity(routers, out, pattern: str = EVICT_SET_7, top_k: int = 2):
@@ -269,14 +328,23 @@ def main(argv=None) -> None:
     ap.add_argument("--seeds", default="6,19", help="with --leave-one-out: case seeds")
     ap.add_argument("--save-capacity", metavar="OUT", default=None,
                     help="write --routers (default: the shipped file) to OUT with E7's capacity for top-2 (the shipped file's)")
-    ap.add_argument("--routers", default=None, help="with --save-capacity: the router file to start from")
+    ap.add_argument("--routers", default=None,
+                    help="the router file (default: the shipped one): to start from with --save-capacity, "
+                         "to run with --layers and --leave-one-out")
+    ap.add_argument("--without", default=None, help="with --leave-one-out: only these layers left out (0,13)")
+    ap.add_argument("--save", metavar="PATH", default=None,
+                    help="with --layers or --leave-one-out: merge the rows into the parquet PATH "
+                         "(figures/group-capacity/layers.parquet, .../leave_one_out.parquet)")
     a = ap.parse_args(argv)
     if a.save_capacity:
         print(save_capacity(a.routers, a.save_capacity))
         return
     if a.leave_one_out:
         d = leave_one_out_rows(a.leave_one_out, a.tasks.split(",")[0], a.length,
-                               tuple(int(x) for x in a.seeds.split(",")))
+                               tuple(int(x) for x in a.seeds.split(",")), routers=a.routers,
+                               without=None if a.without is None else [int(x) for x in a.without.split(",")])
+        if a.save:
+            save_rows(a.save, d, "leave_one_out", a.routers)
         w = d.pivot_table(index="variant", columns="seed", values="answer_logprob", sort=False)
         print(w.round(2).to_string())
         return
@@ -303,11 +371,13 @@ def main(argv=None) -> None:
         print(to_markdown(p, list(p.columns), {"hard_top2 vs dense %": "{:+.2f}"}))
         return
     if a.layers:
-        d = layer_rows(tuple(a.tasks.split(",")), patterns=tuple(a.patterns.split(",")))
-        w = d.pivot_table(index=["layer_idx", "k", "assignment"], columns=["task", "pattern"],
+        d = layer_rows(tuple(a.tasks.split(",")), patterns=tuple(a.patterns.split(",")), routers=a.routers)
+        w = d.pivot_table(index=["layer_idx", "k", "assignment"], columns=["input", "pattern"],
                           values=["pairs", "largest_group", "moved"]).round(2)
         print(w.to_string())
-        print(d.groupby(["task", "pattern"])[["pairs", "largest_group"]].mean().round(3).to_string())
+        print(d.groupby(["input", "pattern"])[["pairs", "largest_group"]].mean().round(3).to_string())
+        if a.save:
+            save_rows(a.save, d, "layers", a.routers)
         return
     r = retrieval_rows(pd.read_parquet(a.cases))
     print(to_markdown(r, list(r.columns), {c: "{:.2f}" for c in r.columns if c.endswith("pairs") or c == "dense score"}))
