@@ -1,94 +1,123 @@
-"""Recording overhead: wall time of a recorded forward (all metrics) over a plain Focus forward.
+"""Recording overhead: a recorded forward (every metric) against a plain Focus forward.
 
-The embedded SmolLM2-135M with Focus attached (trained routers when present, else fresh ones),
-hard mode, one window of held-out Austen at each length. Plain and recorded forwards alternate
-(side by side in one process, so machine load hits both alike); the median of each is
-reported. ``tables()`` (turning the reductions into DataFrames, done once per run, not per
-forward) is timed separately. Goal: ratio <= 2.
+The embedded SmolLM2-135M with a router file (default: the file shipped with focus-lab), hard mode,
+one window of held-out Austen at each length, at each count of torch threads. Plain and recorded
+forwards alternate (side by side in one process, so machine load hits both alike); the median of
+each over ``--reps`` pairs is kept, in process CPU time and in wall time. ``Recording.tables()``
+(turning the reductions into DataFrames, done once per run, not per forward) is timed separately.
+Goal: ratio <= 2.
 
-    .venv/bin/python analyses/studies/bench_record.py [--lengths 512 1024] [--reps 5] [--out logs/bench_record.json]
+Writes the tidy table ``--out`` (default ``figures/results/bench_record.parquet``, atomically,
+replacing it): one row per length, thread count and thing timed (``timed``: ``plain forward``,
+``recorded forward``, ``tables()``) with the medians ``cpu_s`` and ``wall_s``, ``cpu_ratio`` and
+``wall_ratio`` (over the plain forward's median at the same length and threads), the 1-minute load
+average before and after that length and thread count's pairs, the router file, the commit and the
+machine (``SCHEMA_VERSION``). docs/run_schema.md's overhead table is generated from it
+(``analyses.blocks.reference_pages``). It times things: run it on its own, not under ``nice``; the
+load average in the rows says what else ran.
+
+    .venv/bin/python analyses/studies/bench_record.py [--lengths 512 1024] [--threads 1 2] [--reps 5]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import time
 from pathlib import Path
 
+import pandas as pd
 import torch
 
 REPO = Path(__file__).resolve().parents[2]
 
 import focus_lab  # noqa: E402
-from focus_lab.hf.models import load_model  # noqa: E402
 from focus_lab.recording.recorder import ALL_METRICS  # noqa: E402
 
+SCHEMA_VERSION = 1
+TABLE = REPO / "figures" / "results" / "bench_record.parquet"
+TIMED = ("plain forward", "recorded forward", "tables()")
 
-def main() -> None:
+
+def measure(model, ids, reps: int) -> dict[str, tuple[list[float], list[float]]]:
+    """{timed: (CPU seconds, wall seconds) per rep}: ``reps`` alternating plain and recorded forwards
+    of ``ids`` (after one warm-up of each), and each recording's ``tables()``."""
+    out = {t: ([], []) for t in TIMED}
+
+    def timed(what: str, fn):
+        c0, t0 = time.process_time(), time.perf_counter()
+        result = fn()
+        out[what][0].append(time.process_time() - c0)
+        out[what][1].append(time.perf_counter() - t0)
+        return result
+
+    def recorded():
+        with focus_lab.record(model, metrics=ALL_METRICS) as rec:
+            model(input_ids=ids, use_cache=False)
+        return rec
+
+    with torch.no_grad():
+        model(input_ids=ids, use_cache=False)  # warm-up
+        recorded()
+        for _ in range(reps):
+            timed("plain forward", lambda: model(input_ids=ids, use_cache=False))
+            rec = timed("recorded forward", recorded)
+            timed("tables()", rec.tables)
+    return out
+
+
+def rows(times: dict, tokens: int, threads: int, reps: int, load: tuple[float, float], common: dict) -> list[dict]:
+    """The tidy rows of one length and thread count: medians, and ratios over the plain forward's."""
+    med = {t: (statistics.median(c), statistics.median(w)) for t, (c, w) in times.items()}
+    plain_cpu, plain_wall = med["plain forward"]
+    return [{"schema_version": SCHEMA_VERSION, "tokens": tokens, "threads": threads, "timed": t, "reps": reps,
+             "cpu_s": c, "wall_s": w, "cpu_ratio": c / plain_cpu, "wall_ratio": w / plain_wall,
+             "load_1min_before": round(load[0], 2), "load_1min_after": round(load[1], 2), **common}
+            for t, (c, w) in med.items()]
+
+
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--lengths", type=int, nargs="+", default=[512, 1024])
+    ap.add_argument("--threads", type=int, nargs="+", default=[1, 2], help="torch threads (torch.set_num_threads)")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--mode", default="hard")
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--routers", type=Path, default=REPO / "checkpoints" / "smollm2-austen" / "routers.safetensors")
-    ap.add_argument("--out", type=Path, default=REPO / "logs" / "bench_record.json")
-    args = ap.parse_args()
-    torch.set_num_threads(args.threads)
-    model, tok = load_model(verbose=False)
-    if args.routers.is_file():
-        focus_lab.load_routers(model, args.routers)
-        source = str(args.routers)
-    else:
-        focus_lab.attach(model, focus_lab.FocusConfig())
-        source = "fresh routers (no trained file)"
-    focus_lab.set_config(model, mode=args.mode)
+    ap.add_argument("--routers", default="shipped", help="a router file: path, manifest name or 'shipped'")
+    ap.add_argument("--out", type=Path, default=TABLE)
+    args = ap.parse_args(argv)
     from focus_lab.data import load_corpus, make_windows
+    from focus_lab.hf.models import load_model
+    from focus_lab.hf.shipped import resolve_routers, router_columns
+    from focus_lab.io import machine, machine_line, write_parquet
+    model, tok = load_model(verbose=False)
+    path = resolve_routers(args.routers)
+    focus_lab.load_routers(model, path)
+    focus_lab.set_config(model, mode=args.mode)
+    meta = router_columns(path)
+    common = {"model": "smollm2-135m-instruct", "mode": args.mode, "metrics": ",".join(ALL_METRICS),
+              "router_name": meta["router_name"], "router_sha256": meta["router_sha256"], "commit": meta["commit"],
+              "machine": machine_line(machine()), "nproc": os.cpu_count(),
+              "omp_num_threads": os.environ.get("OMP_NUM_THREADS", "")}
     corp = load_corpus("austen")
-    results = []
-    for T in args.lengths:
-        ids = make_windows(corp.heldout, tok, T, max_windows=1)[0].input_ids[None]
-        plain, recorded, tables, plain_cpu, recorded_cpu, ratios = [], [], [], [], [], []
-        with torch.no_grad():
-            model(input_ids=ids, use_cache=False)  # warm-up
-            with focus_lab.record(model, metrics=ALL_METRICS):
-                model(input_ids=ids, use_cache=False)
-            for _ in range(args.reps):
-                c0, t0 = time.process_time(), time.perf_counter()
-                model(input_ids=ids, use_cache=False)
-                plain.append(time.perf_counter() - t0)
-                plain_cpu.append(time.process_time() - c0)
-                c0, t0 = time.process_time(), time.perf_counter()
-                with focus_lab.record(model, metrics=ALL_METRICS) as rec:
-                    model(input_ids=ids, use_cache=False)
-                recorded.append(time.perf_counter() - t0)
-                recorded_cpu.append(time.process_time() - c0)
-                ratios.append(recorded[-1] / plain[-1])
-                t0 = time.perf_counter()
-                rec.tables()
-                tables.append(time.perf_counter() - t0)
-        med = statistics.median
-        row = {"seq_len": T, "plain_s": med(plain), "recorded_s": med(recorded), "tables_s": med(tables),
-               "plain_cpu_s": med(plain_cpu), "recorded_cpu_s": med(recorded_cpu), "reps": args.reps,
-               "plain_all": plain, "recorded_all": recorded, "pair_ratios": ratios,
-               "load_avg": list(os.getloadavg())}
-        row["ratio"] = row["recorded_s"] / row["plain_s"]
-        row["median_pair_ratio"] = med(ratios)
-        row["cpu_ratio"] = row["recorded_cpu_s"] / row["plain_cpu_s"]
-        results.append(row)
-        print(f"T={T:5d}  plain {row['plain_s']:.3f} s  recorded {row['recorded_s']:.3f} s  wall ratio "
-              f"{row['ratio']:.2f}x (median of pairs {row['median_pair_ratio']:.2f}x)  CPU time "
-              f"{row['plain_cpu_s']:.2f} / {row['recorded_cpu_s']:.2f} s = {row['cpu_ratio']:.2f}x  "
-              f"(tables() {row['tables_s']:.2f} s once per run; load avg {row['load_avg'][0]:.1f} "
-              f"on {os.cpu_count()} cores)", flush=True)
-    info = {"model": "smollm2-135m-instruct", "routers": source, "mode": args.mode,
-            "threads": args.threads, "metrics": list(ALL_METRICS), "results": results}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(info, indent=2))
-    print(f"wrote {args.out}")
+    out = []
+    for threads in args.threads:
+        torch.set_num_threads(threads)
+        for T in args.lengths:
+            ids = make_windows(corp.heldout, tok, T, max_windows=1)[0].input_ids[None]
+            before = os.getloadavg()[0]
+            times = measure(model, ids, args.reps)
+            new = rows(times, T, threads, args.reps, (before, os.getloadavg()[0]), common)
+            out += new
+            p, r, t = new
+            print(f"T={T:5d} threads={threads}  plain {p['cpu_s']:.2f} s CPU / {p['wall_s']:.2f} s wall  recorded "
+                  f"{r['cpu_s']:.2f} / {r['wall_s']:.2f} s = {r['cpu_ratio']:.2f}x CPU, {r['wall_ratio']:.2f}x wall  "
+                  f"(tables() {t['wall_s']:.2f} s once per run; load {p['load_1min_before']:.1f} -> "
+                  f"{p['load_1min_after']:.1f} on {os.cpu_count()} cores)", flush=True)
+    write_parquet(args.out, pd.DataFrame(out))
+    print(f"wrote {args.out} ({common['commit']}; {common['machine']})")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())
