@@ -679,7 +679,7 @@ def test_gpu_decode_step_equals_full_forward_without_host_syncs(changes, monkeyp
     the router scores) gives the full forward's logits at every step: random-group layers, the
     token-match pairs (its LSE merged with their part) and the group capacity with the key shift
     included. Without the pairs, a step makes no host sync in focus_lab's code but the one
-    dense makes too (``is_plain_causal``, counted by ``analyses.kernel_counts``); the CPU's path,
+    dense makes too (``ModelMask.plain_causal``, counted by ``analyses.kernel_counts``); the CPU's path,
     counted the same way, makes some (so the count sees them)."""
     from transformers import DynamicCache
     from analyses.kernel_counts import count_step
@@ -705,7 +705,7 @@ def test_gpu_decode_step_equals_full_forward_without_host_syncs(changes, monkeyp
     cpu, cpu_syncs = decode(("cpu",))
     torch.testing.assert_close(gpu, cpu, atol=1e-5, rtol=1e-5)
     if "match_shifts" not in changes:
-        assert set(gpu_syncs) == {"hf/state.py:is_plain_causal (_local_scalar_dense)"}, gpu_syncs
+        assert set(gpu_syncs) == {"hf/model_mask.py:plain_causal (_local_scalar_dense)"}, gpu_syncs
         assert sum(cpu_syncs.values()) > sum(gpu_syncs.values()), cpu_syncs
 
 

@@ -15,10 +15,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from transformers import AttentionInterface
-from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+from transformers.masking_utils import AttentionMaskInterface
 
 from focus_lab.hf.hooks import LayerCall, Pairs, fire, has_hooks, note_unfired
-from focus_lab.hf.state import FocusForward, is_plain_causal, state_of
+from focus_lab.hf.model_mask import ModelMask
+from focus_lab.hf.state import FocusForward, state_of
 from focus_lab.method import core
 from focus_lab.method.core import (Router, Routing, focus_bias, masked_attention, merge_pairs, pairs_mask, route,
                                    window_only_groups)
@@ -29,23 +30,20 @@ _RECOMPUTING = [False]
 PAIRS_DENSE = 16  # rule pairs above 1/16 of the (B, Tq, Tk) grid take the masked reference path  # True while checkpointed_layers recomputes a layer for its backward
 
 
-def _focus_mask(*args, **kwargs):
-    """Mask function for "focus": the sdpa boolean mask, always materialized (never None)."""
-    kwargs["allow_is_causal_skip"] = False
-    return sdpa_mask(*args, **kwargs)
+def _focus_mask(**kwargs) -> ModelMask:
+    """Mask function for "focus" (transformers' ``AttentionMaskInterface``, the keywords of
+    ``sdpa_mask``): the model's mask as a rule (``ModelMask``), never None, never built whole
+    until a path asks for it (1 GiB a layer type at 32K tokens otherwise)."""
+    return ModelMask.rule(**kwargs)
 
 
-def _keep_from_hf_mask(attention_mask: torch.Tensor | None, B: int, Tq: int, Tk: int,
-                       device: torch.device) -> torch.Tensor:
-    """(B, Tq, Tk) bool from transformers' 4-D mask; plain causality when it is None."""
-    if attention_mask is None:
-        q = torch.arange(Tk - Tq, Tk, device=device)
-        k = torch.arange(Tk, device=device)
-        return (k[None, :] <= q[:, None]).expand(B, Tq, Tk)
-    m = attention_mask[:, 0, :, :Tk]  # (B, Tq, Tk)
-    if m.dtype != torch.bool:
-        m = m > torch.finfo(m.dtype).min / 2
-    return m.expand(B, Tq, Tk)
+def _model_mask(attention_mask: ModelMask | torch.Tensor | None, B: int, Tq: int, Tk: int,
+                device: torch.device) -> ModelMask:
+    """The (B, Tq, Tk) model mask of one attention call from what transformers passed: our
+    ``ModelMask``, a 4-D tensor (bool or float bias), or None (plain causality)."""
+    if isinstance(attention_mask, ModelMask):
+        return attention_mask.sized(B, Tq, Tk)
+    return ModelMask.tensor(attention_mask, B, Tq, Tk, device)
 
 
 def focus_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -56,7 +54,8 @@ def focus_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, v
     Args:
         module: the attention module; its ``focus_router`` (if any) and the forward's state
             decide the mask. A module without a router attends with the model's own mask.
-        query: (B, H, Tq, D); key, value: (B, Hkv, Tk, D); attention_mask: transformers' 4-D
+        query: (B, H, Tq, D); key, value: (B, Hkv, Tk, D); attention_mask: the model's
+            mask: a ``ModelMask`` (what the "focus" mask function returns), transformers' 4-D
             mask (B, 1, Tq, Tk) bool/float, or None (then plain causality is applied).
         focus (kwarg): the forward's FocusForward (config, router inputs, KV-cache key groups),
             put there by the caller (``model(..., focus=...)``) or by attach's pre-hook.
@@ -107,12 +106,12 @@ def _focus_attention(module, query, key, value, attention_mask, scaling, **kwarg
     router: Router | None = getattr(module, "focus_router", None)
     hooked = has_hooks(module)
     if router is None:  # an unrouted layer (e.g. a sliding layer of Gemma): the model's own mask
-        keep = _keep_from_hf_mask(attention_mask, B, Tq, Tk, query.device)  # (B, Tq, Tk)
+        keep = _model_mask(attention_mask, B, Tq, Tk, query.device)  # (B, Tq, Tk), by rows
         if not hooked:
             out = masked_attention(query, key, value, keep, scaling, softcap=softcap)
             return out.transpose(1, 2).contiguous(), None
         call = _layer_call(module, None, attention_mask, None, query, key, value, keep, scaling, softcap)
-        call.set_kept(keep)
+        call.set_kept(keep.dense)
         mask = _patched_mask(call, keep, None, "dense")
         bias = keep if mask is None else mask
         out = masked_attention(query, key, value, bias, scaling, softcap=softcap)
@@ -123,7 +122,7 @@ def _focus_attention(module, query, key, value, attention_mask, scaling, **kwarg
                            "attach() pre-hooks pass it), or attach() the model again")
     cfg, tm = state.config, state.timings
     with _phase(tm, "mask"):
-        keep = _keep_from_hf_mask(attention_mask, B, Tq, Tk, query.device)  # (B, Tq, Tk)
+        keep = _model_mask(attention_mask, B, Tq, Tk, query.device)  # (B, Tq, Tk), by rows
     call = None
     if hooked:  # the points fire where their tensors are made
         with _phase(tm, "hooks"):
@@ -152,14 +151,15 @@ def _focus_attention(module, query, key, value, attention_mask, scaling, **kwarg
     match = (lambda: pairs_mask(pairs, (B, Tq, Tk))) if pairs is not None else (lambda: None)  # (B, Tq, Tk)
     if path == "decomposition":
         def built() -> torch.Tensor:  # the dense mask the decomposition attends with (O(T^2), on demand)
-            return focus_bias(cfg, routing, *pos(), B, match()) & keep
+            return focus_bias(cfg, routing, *pos(), B, match()) & keep.dense()
     elif path == "causal_sdpa":
         def built() -> torch.Tensor:
-            return keep
+            return keep.dense()
     else:
         with _phase(tm, "attn_reference"):
             fb = focus_bias(cfg, routing, *pos(), B, match())  # (B, Tq, Tk) bool mask or float bias
-            bias = fb & keep if fb.dtype == torch.bool else fb.masked_fill(~keep, float("-inf"))
+            m = keep.dense()  # (B, Tq, Tk)
+            bias = fb & m if fb.dtype == torch.bool else fb.masked_fill(~m, float("-inf"))
 
         def built() -> torch.Tensor:
             return bias
@@ -201,13 +201,13 @@ def _focus_attention(module, query, key, value, attention_mask, scaling, **kwarg
         return _finish(call, out, cfg.mode)
 
 
-def _layer_call(module, state: FocusForward | None, attention_mask, h, query, key, value, keep: torch.Tensor,
+def _layer_call(module, state: FocusForward | None, attention_mask, h, query, key, value, keep: ModelMask,
                 scaling, softcap) -> LayerCall:
     """The layer's ``LayerCall`` (``hooks``), with ``router_in``, ``query``, ``key`` and ``value``
     fired (read-only points)."""
     def plain() -> bool:  # on demand: O(Tq Tk) on an unrouted layer (once per forward on a routed one)
         return (state.is_plain_causal(attention_mask, keep) if state is not None
-                else attention_mask is None or is_plain_causal(keep))
+                else attention_mask is None or keep.plain_causal)
     call = LayerCall(module.__dict__["_focus_layer"], module, state.config if state else None, h, query, key,
                      value, None, keep, _plain=plain, scaling=scaling, softcap=softcap)
     mode = state.config.mode if state is not None else None
@@ -242,7 +242,7 @@ def _patch_groups(call: LayerCall, routing: Routing | None, state: FocusForward,
     return routing
 
 
-def _patched_mask(call: LayerCall, keep: torch.Tensor, path: str | None, mode: str):
+def _patched_mask(call: LayerCall, keep: ModelMask, path: str | None, mode: str):
     """Fire ``kept`` when a hook sits there: None (no patch), ("add", pairs (P, 3)) when the
     hooks only added pairs on the decomposition path (they join its part D), else the mask
     (bool) or soft bias (float) to attend with; always within the model's own mask ``keep``."""
@@ -252,6 +252,7 @@ def _patched_mask(call: LayerCall, keep: torch.Tensor, path: str | None, mode: s
     y = fire(call, "kept", x, mode)
     if y is x:
         return None
+    keep = keep.dense()  # (B, Tq, Tk): a patched layer attends through the reference path
     y = y & keep if y.dtype == torch.bool else y.masked_fill(~keep, float("-inf"))
     call.set_kept(y)
     edits = call.kept_edits
@@ -320,7 +321,7 @@ def attention_pattern(query: torch.Tensor, key: torch.Tensor, kept: torch.Tensor
     return out
 
 
-def _route_layer(router: Router, state: FocusForward, keep: torch.Tensor, attention_mask: torch.Tensor | None,
+def _route_layer(router: Router, state: FocusForward, keep: ModelMask, attention_mask,
                  Tq: int, Tk: int, call: LayerCall | None = None) -> tuple[Routing | None, int, torch.Tensor | None]:
     """(routing, offset, h) of one routed layer's forward; routing is None in dense / window
     mode; h: (B, Tq, d_model) the router input the pre-hook stored. ``call``: the layer's
@@ -343,7 +344,7 @@ def _route_layer(router: Router, state: FocusForward, keep: torch.Tensor, attent
             "call the model with use_cache=False, or use mode='hard'")
     if h is None:
         raise RuntimeError("Focus router input was not captured: attach() the model again")
-    token_mask = keep.diagonal(dim1=1, dim2=2, offset=Tk - Tq) if attention_mask is not None else None
+    token_mask = keep.diagonal() if attention_mask is not None else None  # (B, Tq)
     step = state.cache is not None and Tq < Tk
     start = state.cache.seen(router.layer_idx) if step else Tk - Tq
     carried = state.cache.carried.get(router.layer_idx) if step else None  # the rules' causal state
@@ -383,7 +384,7 @@ class _LogitsHooked:
         return getattr(self._router, name)
 
 
-def _attention_path(state: FocusForward, query, key, attention_mask, keep, Tq: int, Tk: int,
+def _attention_path(state: FocusForward, query, key, attention_mask, keep: ModelMask, Tq: int, Tk: int,
                     offset: int, softcap, layer_k: int | None = None) -> str:
     """"decomposition" (hard mode, two attention calls, docs/method.md §4; window mode too, as
     the hard mask whose queries share no group with any key), "causal_sdpa" (dense

@@ -63,6 +63,7 @@ import torch
 from torch import nn
 
 from focus_lab.hf.family import attention_modules, is_attached
+from focus_lab.hf.model_mask import ModelMask
 
 POINTS = ("router_in", "query", "key", "value", "router_logits", "query_groups", "key_group", "kept", "pattern",
           "attn_out")
@@ -114,8 +115,11 @@ class LayerCall:
         routing: ``core.Routing`` (scores, log_p, col_potential, query_groups, key_group; with
             a key router also key_scores, key_log_p) or None (dense and window modes, unrouted
             layers, or before the routing points).
-        model_mask: (B, Tq, Tk) bool, the model's own mask (causality, padding, a model's
-            sliding window), True = visible.
+        mask: the model's own mask (causality, padding, a model's sliding window) as a
+            ``model_mask.ModelMask``: ``mask.rows(start, stop)`` -> (B, stop - start, Tk) bool,
+            True = visible, without the whole (B, Tq, Tk) tensor.
+        model_mask: (B, Tq, Tk) bool, that mask whole (a property: built on first access,
+            O(Tq Tk)).
         plain_causal: True when ``model_mask`` is plain causality (nothing hidden beyond it);
             a property, computed on first access.
         attn_out: (B, H, Tq, D), or None before the ``attn_out`` point.
@@ -135,7 +139,7 @@ class LayerCall:
     key: torch.Tensor
     value: torch.Tensor
     routing: object | None
-    model_mask: torch.Tensor
+    mask: ModelMask
     attn_out: torch.Tensor | None = None
     _kept: Callable[[], torch.Tensor] | None = field(repr=False, default=None)
     _plain: Callable[[], bool] | None = field(repr=False, default=None)
@@ -143,6 +147,10 @@ class LayerCall:
     scaling: float | None = field(repr=False, default=None)
     softcap: float | None = field(repr=False, default=None)
     kept_edits: list = field(repr=False, default_factory=list)  # what the kept hooks returned, in order
+
+    @functools.cached_property
+    def model_mask(self) -> torch.Tensor:
+        return self.mask.dense()
 
     @functools.cached_property
     def kept(self) -> torch.Tensor:

@@ -20,7 +20,7 @@ from focus_lab.hf.family import (ADAPTERS, FamilyAdapter, UnsupportedModelError,
                                  family_adapter, focus_layers, is_attached, sliding_layers)
 from focus_lab.hf.state import FocusCache, FocusForward, PlainCausalCheck, is_plain_causal, state_of  # noqa: F401
 from focus_lab.hf.attention import (ATTN_NAME, focus_attention, hard_focus_attention,  # noqa: F401
-                                    _keep_from_hf_mask)
+                                    _model_mask)
 from focus_lab.hf.attach import (_Attachment, _default, attach, checkpointed_layers, detach,  # noqa: F401
                                  focus_config, forward_state, routers, set_config)
 from focus_lab.hf.router_files import (ROUTER_FORMAT, ROUTER_FORMAT_VERSION, RouterMismatchError,  # noqa: F401

@@ -11,18 +11,17 @@ from dataclasses import dataclass, field
 
 import torch
 
+from focus_lab.hf.model_mask import ModelMask
 from focus_lab.method.config import FocusConfig
 from focus_lab.method.core import PairStep, Routing
 from focus_lab.method.decomposition import GroupedKV
 
 
-def is_plain_causal(keep: torch.Tensor) -> bool:
-    """True when ``keep`` (B, Tq, Tk) bool, a mask that never keeps a future key, is plain
-    causality for queries at positions Tk-Tq..Tk-1 (no padding, no sliding window): query i
-    sees exactly its i + 1 first keys."""
-    Tq, Tk = keep.shape[-2:]
-    q_pos = torch.arange(Tk - Tq, Tk, device=keep.device)
-    return bool((torch.count_nonzero(keep, dim=-1) == q_pos + 1).all())
+def is_plain_causal(keep: "torch.Tensor | ModelMask") -> bool:
+    """True when ``keep`` (B, Tq, Tk) bool (a tensor or a ``ModelMask``), a mask that never keeps
+    a future key, is plain causality for queries at positions Tk-Tq..Tk-1 (no padding, no sliding
+    window): query i sees exactly its i + 1 first keys (``ModelMask.plain_causal``)."""
+    return (keep if isinstance(keep, ModelMask) else ModelMask.of(keep)).plain_causal
 
 
 @dataclass
@@ -152,9 +151,11 @@ class PlainCausalCheck:
     def __init__(self) -> None:
         self._entry: tuple | None = None  # (weakref to the mask, (version, shape), result)
 
-    def __call__(self, attention_mask: torch.Tensor | None, keep: torch.Tensor) -> bool:
+    def __call__(self, attention_mask: "torch.Tensor | ModelMask | None", keep: "torch.Tensor | ModelMask") -> bool:
         if attention_mask is None:
             return True
+        if isinstance(attention_mask, ModelMask):  # the mask object holds its own answer
+            return is_plain_causal(keep)
         version = None if attention_mask.is_inference() else attention_mask._version
         key = (version, tuple(keep.shape))
         e = self._entry

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 import torch.nn as nn
@@ -753,13 +754,16 @@ def focus_bias(config: FocusConfig, routing: Routing | None, q_pos: torch.Tensor
 
 
 def masked_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                     bias: torch.Tensor, scaling: float | None = None,
+                     bias, scaling: float | None = None,
                      softcap: float | None = None) -> torch.Tensor:
     """Dense O(T^2) reference attention under a mask or additive bias.
 
     Args:
         query: (B, H, Tq, D); key, value: (B, Hkv, Tk, D) with H a multiple of Hkv (GQA);
-        bias: (B, Tq, Tk) bool (True = keep) or float (added to logits), shared by heads;
+        bias: (B, Tq, Tk) bool (True = keep) or float (added to logits), shared by heads; or a
+            bool mask given by rows (``focus_lab.hf.model_mask.ModelMask``: ``rows(start, stop)``
+            -> (B, stop - start, Tk), ``dense()``), which on the host is read a block of
+            ``SDPA_QUERY_CHUNK`` queries at a time, so no (B, Tq, Tk) tensor is made;
         scaling: logit scale, default 1/sqrt(D);
         softcap: attention-logit soft-capping (Gemma-2): ``logits = softcap * tanh(logits /
             softcap)`` on the scaled logits, before the mask or bias is applied. SDPA has no
@@ -771,6 +775,12 @@ def masked_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
         whether a row is empty.
     """
     off_host = not on_host(query)
+    if not isinstance(bias, torch.Tensor):  # a mask given by rows
+        if not off_host and softcap is None:
+            return _key_sliced_attention(query, key, value, bias.rows, scaling, SDPA_QUERY_CHUNK)
+        if not off_host:
+            return _softcapped_attention(query, key, value, bias.rows, scaling, float(softcap))
+        bias = bias.dense()  # (B, Tq, Tk): off the host the mask is small beside the memory
     if bias.dtype == torch.bool:
         empty = ~bias.any(-1, keepdim=True)  # (B, Tq, 1)
         if off_host or empty.any():
@@ -784,7 +794,7 @@ def masked_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     if bias.dtype != torch.bool:
         bias = bias.to(query.dtype)
     elif not off_host and query.shape[2] > SDPA_QUERY_CHUNK:
-        return _key_sliced_attention(query, key, value, bias, scaling, SDPA_QUERY_CHUNK)
+        return _key_sliced_attention(query, key, value, lambda s, e: bias[:, s:e], scaling, SDPA_QUERY_CHUNK)
     return F.scaled_dot_product_attention(
         query, key, value, attn_mask=bias[:, None], scale=scaling,
         enable_gqa=query.shape[1] != key.shape[1])  # (B, H, Tq, D)
@@ -793,20 +803,22 @@ def masked_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
 SDPA_QUERY_CHUNK = 512  # queries per SDPA call of ``masked_attention`` under a long bool mask on the host
 
 
-def _key_sliced_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, keep: torch.Tensor,
-                          scaling: float | None, chunk: int) -> torch.Tensor:
+def _key_sliced_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                          rows: Callable[[int, int], torch.Tensor], scaling: float | None,
+                          chunk: int) -> torch.Tensor:
     """``masked_attention`` under a bool mask, ``chunk`` queries at a time, each chunk attending
     only to the keys from its first to its last kept column: the same result (a key no query of
     the chunk keeps adds nothing), in O(chunk x span) per chunk. Under a causal mask the work
     halves; under a sliding window of w keys (Gemma-3's local layers, w = 512) it is
     O(T x (w + chunk)) instead of O(T^2) (docs/studies/gemma-routers.md).
 
-    query: (B, H, Tq, D); key, value: (B, Hkv, Tk, D); keep: (B, Tq, Tk) bool with at least one
-    kept key per row (``masked_attention`` fills empty rows' diagonal first). Returns (B, H, Tq, D)."""
+    query: (B, H, Tq, D); key, value: (B, Hkv, Tk, D); rows(start, stop) -> (B, stop - start,
+    Tk) bool, the mask's rows; a row with no kept key keeps its own diagonal. Returns (B, H, Tq, D)."""
     gqa = query.shape[1] != key.shape[1]
+    Tq, Tk = query.shape[2], key.shape[2]
     outs = []
-    for s in range(0, query.shape[2], chunk):
-        k = keep[:, s:s + chunk]  # (B, c, Tk)
+    for s in range(0, Tq, chunk):
+        k = _with_diagonal(rows(s, min(Tq, s + chunk)), s + Tk - Tq)  # (B, c, Tk)
         cols = k.any(1).any(0).nonzero()  # (n, 1): the keys some query of the chunk keeps
         lo, hi = int(cols[0]), int(cols[-1]) + 1
         outs.append(F.scaled_dot_product_attention(
@@ -816,11 +828,12 @@ def _key_sliced_attention(query: torch.Tensor, key: torch.Tensor, value: torch.T
 
 
 def _softcapped_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                          bias: torch.Tensor, scaling: float | None, softcap: float,
+                          bias, scaling: float | None, softcap: float,
                           chunk_elements: int = 1 << 22) -> torch.Tensor:
     """``masked_attention`` with logit soft-capping, in fp32, ``chunk_elements`` logits at a time.
 
-    query: (B, H, Tq, D); key, value: (B, Hkv, Tk, D); bias: (B, Tq, Tk) bool or float.
+    query: (B, H, Tq, D); key, value: (B, Hkv, Tk, D); bias: (B, Tq, Tk) bool or float, or
+    ``rows(start, stop)`` -> (B, stop - start, Tk) bool (a row with no kept key keeps its diagonal).
     GQA without repeating K/V: queries are viewed as (B, Hkv, H / Hkv, Tq, D).
     """
     B, H, Tq, D = query.shape
@@ -834,13 +847,26 @@ def _softcapped_attention(query: torch.Tensor, key: torch.Tensor, value: torch.T
     for s in range(0, Tq, step):
         logits = (q[:, :, :, s:s + step] @ k) * scale  # (B, Hkv, G, c, Tk)
         logits = softcap * torch.tanh(logits / softcap)
-        b = bias[:, None, None, s:s + step]  # (B, 1, 1, c, Tk)
+        b = (bias[:, s:s + step] if isinstance(bias, torch.Tensor)
+             else _with_diagonal(bias(s, min(Tq, s + step)), s + Tk - Tq))[:, None, None]  # (B, 1, 1, c, Tk)
         if b.dtype == torch.bool:
             logits = logits.masked_fill(~b, float("-inf"))
         else:
             logits = logits + b.float()
         outs.append(torch.softmax(logits, dim=-1) @ v)  # (B, Hkv, G, c, D)
     return torch.cat(outs, dim=3).reshape(B, H, Tq, D).to(query.dtype)
+
+
+def _with_diagonal(rows: torch.Tensor, first: int) -> torch.Tensor:
+    """Rows (B, c, Tk) bool of a mask whose first row is query ``first`` (its own key's column),
+    with the diagonal kept in every row that keeps no key (as ``masked_attention`` does)."""
+    empty = ~rows.any(-1)  # (B, c)
+    if not bool(empty.any()):
+        return rows
+    rows = rows.clone()
+    b, r = empty.nonzero(as_tuple=True)
+    rows[b, r, first + r] = True
+    return rows
 
 
 def _diag_like(m: torch.Tensor) -> torch.Tensor:
