@@ -279,6 +279,34 @@ def test_study_tables_from_hand_made_rows():
     assert q["cap - hard_top2 (%)"][0] == perplexity_rows(cells)["cap - hard_top2 (%)"][0]
 
 
+def test_saved_probe_rows_merge_by_key(tmp_path):
+    """``group_capacity --save``: the rows of two invocations accumulate in one parquet, a row saved
+    again under its key replaces the old one, ``layer_means`` counts a pattern of two invocations
+    once, and a file of other columns is refused."""
+    import pandas as pd
+    from analyses.studies.group_capacity import SAVED_COLUMNS, layer_means, save_rows
+    from focus_lab.hf.shipped import shipped_router_file
+    from focus_lab.io import file_sha256
+
+    def rows(inp, pattern, first, pairs, seed=0):
+        return pd.DataFrame([{"input": inp, "length": 4096, "seed": seed, "pattern": pattern, "moved_from": first,
+                              "layer_idx": i, "k": 2, "assignment": "routed", "pairs": pairs + i / 10,
+                              "largest_group": 0.3, "moved": 0.0} for i in range(2)])
+    path = tmp_path / "layers.parquet"
+    save_rows(path, pd.concat([rows("niah_single_1", "a", "a", 0.5), rows("niah_single_1", "b", "a", 0.4)]), "layers")
+    t = save_rows(path, pd.concat([rows("niah_single_1", "a", "a", 0.6), rows("man-pages:167", "a", "a", 0.7, None),
+                                   rows("niah_single_1", "b", "b", 0.4)]), "layers")
+    assert list(t.columns) == SAVED_COLUMNS["layers"] and len(t) == 8
+    assert set(t.routers_sha256) == {file_sha256(shipped_router_file())} and (t.schema_version == 1).all()
+    m = layer_means(pd.read_parquet(path)).set_index(["input", "pattern"])
+    assert m.loc[("niah_single_1", "a")].pairs == pytest.approx(0.65)  # replaced, not averaged with 0.55
+    assert m.loc[("niah_single_1", "b")].layers == 2 and pd.isna(m.loc[("man-pages:167", "a")].seed)
+    loo = pd.DataFrame([{"task": "niah_single_1", "length": 8192, "seed": 6, "pattern": "p", "variant": "p",
+                         "answer_logprob": -1.0}])
+    with pytest.raises(SystemExit, match="columns"):
+        save_rows(path, loo, "leave_one_out")
+
+
 @torch.no_grad()
 def test_rewind_point_gives_back_the_prefill_caches():
     """``state.rewind_point``: after a prefill of 30 tokens and 6 more through its caches,

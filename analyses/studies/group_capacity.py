@@ -33,6 +33,7 @@ several invocations build one table (docs/studies/group-capacity-layers.md).
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import pandas as pd
 
@@ -227,15 +228,15 @@ def layer_rows(tasks=("niah_single_1", "passkey"), length: int = 4096, seed: int
 
 
 def leave_one_out_rows(pattern: str, task: str = "niah_single_1", length: int = 8192, seeds=(6, 19),
-                       threads: int = 2, routers=None, without=None) -> pd.DataFrame:
+                       threads: int = 2, routers=None, without=None, skip=frozenset()) -> pd.DataFrame:
     """Which capped layer costs the needle: per case, the answer's teacher-forced log-prob (nats,
     summed over the answer's value tokens, as ``retrieval.run_case`` scores it) under hard top-2,
     under ``pattern`` (a cap with ``@LAYERS``) and under ``pattern`` without each of its layers in
     turn (``variant``: "hard_top2_nocap", the pattern, "without L" for layer L). One forward of prompt +
     answer per row, no KV cache: about 40 s at 8192 tokens on 2 CPU cores. ``routers``: a router
     file (default: the shipped one); ``without``: the layers to leave out in turn (default: each of
-    the pattern's). Columns: ``task``, ``length``, ``seed``, ``pattern``, ``variant``,
-    ``answer_logprob``."""
+    the pattern's); ``skip``: the (seed, variant) pairs not to run (rows saved already). Columns:
+    ``task``, ``length``, ``seed``, ``pattern``, ``variant``, ``answer_logprob``."""
     import torch
     from analyses.studies import retrieval_setup
     from focus_lab.eval import retrieval as rt
@@ -258,6 +259,8 @@ def leave_one_out_rows(pattern: str, task: str = "niah_single_1", length: int = 
         n = len(case.answer_ids)
         ids = torch.cat([case.input_ids, case.answer_ids])[None]  # (1, P + n)
         for variant, ch in variants:
+            if (seed, variant) in skip:
+                continue
             with torch.no_grad():
                 logits = model(input_ids=ids, use_cache=False, focus=forward_state(model, **ch),
                                logits_to_keep=n + 1).logits[0, :-1]  # (n, V)
@@ -272,7 +275,6 @@ def save_rows(path, rows: pd.DataFrame, mode: str, routers=None) -> pd.DataFrame
     it ran with (``routers``, default the shipped one: its manifest name, else its file name, and
     its sha256) and the code's commit; rows of ``path`` with the same ``SAVED_KEYS`` are replaced,
     the others kept. Written atomically (``io.write_parquet``). Returns the whole table."""
-    from pathlib import Path
     from focus_lab.hf.shipped import code_commit, named_file, resolve_routers
     from focus_lab.io import file_sha256, write_parquet
     f = resolve_routers(routers)
@@ -292,6 +294,18 @@ def save_rows(path, rows: pd.DataFrame, mode: str, routers=None) -> pd.DataFrame
     write_parquet(path, new)
     print(f"{len(rows)} rows merged into {path} ({len(new)} rows)")
     return new
+
+
+def layer_means(rows: pd.DataFrame) -> pd.DataFrame:
+    """The saved ``--layers`` rows (``save_rows``) as one row per router file, input, length, seed
+    and pattern: the distant pairs kept and the largest group's share, each the mean over the
+    layers the forward routed (a pattern run in several invocations counted once: its pairs do not
+    depend on ``moved_from``)."""
+    key = ["routers", "routers_sha256", "input", "length", "seed", "pattern"]
+    one = rows.drop_duplicates([*key, "layer_idx"])
+    return (one.groupby(key, dropna=False, sort=False)
+            .agg(layers=("layer_idx", "nunique"), pairs=("pairs", "mean"), largest_group=("largest_group", "mean"))
+            .reset_index())
 
 
 def save_capacity(routers, out, pattern: str = EVICT_SET_7, top_k: int = 2):
@@ -332,6 +346,8 @@ def main(argv=None) -> None:
                     help="the router file (default: the shipped one): to start from with --save-capacity, "
                          "to run with --layers and --leave-one-out")
     ap.add_argument("--without", default=None, help="with --leave-one-out: only these layers left out (0,13)")
+    ap.add_argument("--resume", action="store_true",
+                    help="with --leave-one-out and --save: skip the rows PATH holds already (same file, case, pattern)")
     ap.add_argument("--save", metavar="PATH", default=None,
                     help="with --layers or --leave-one-out: merge the rows into the parquet PATH "
                          "(figures/group-capacity/layers.parquet, .../leave_one_out.parquet)")
@@ -340,9 +356,20 @@ def main(argv=None) -> None:
         print(save_capacity(a.routers, a.save_capacity))
         return
     if a.leave_one_out:
-        d = leave_one_out_rows(a.leave_one_out, a.tasks.split(",")[0], a.length,
+        task, skip = a.tasks.split(",")[0], set()
+        if a.resume and a.save and Path(a.save).is_file():
+            from focus_lab.hf.shipped import resolve_routers
+            from focus_lab.io import file_sha256
+            old = pd.read_parquet(a.save)
+            old = old[(old.routers_sha256 == file_sha256(resolve_routers(a.routers))) & (old.task == task)
+                      & (old.length == a.length) & (old.pattern == a.leave_one_out)]
+            skip = set(zip(old.seed, old.variant))
+        d = leave_one_out_rows(a.leave_one_out, task, a.length,
                                tuple(int(x) for x in a.seeds.split(",")), routers=a.routers,
-                               without=None if a.without is None else [int(x) for x in a.without.split(",")])
+                               without=None if a.without is None else [int(x) for x in a.without.split(",")], skip=skip)
+        if not len(d):
+            print("every row is saved already")
+            return
         if a.save:
             save_rows(a.save, d, "leave_one_out", a.routers)
         w = d.pivot_table(index="variant", columns="seed", values="answer_logprob", sort=False)
