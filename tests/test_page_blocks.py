@@ -1,5 +1,6 @@
-"""The generated blocks of recipes.md (stage table), passkey_reference.md (prompt formats) and
-reliability.md (recorder memory): one cell of each recomputed by hand from the committed data."""
+"""The generated blocks of recipes.md (stage table), passkey_reference.md (prompt formats),
+reliability.md (recorder memory) and studies/gemma-long-context-bounds.md (forward and training-step
+costs): cells of each recomputed by hand from the committed data."""
 
 from __future__ import annotations
 
@@ -52,3 +53,54 @@ def test_record_memory_error_recomputed_from_a_row():
     assert "--out" not in cells[0]
     phases = {c[len("phase_"):-len("_gib")]: r[c] for c in df.columns if re.fullmatch(r"phase_.+_gib", c)}
     assert cells[4] == max(phases, key=lambda k: phases[k] if pd.notna(phases[k]) else -1)
+
+
+def _csv(rel: str) -> list[dict]:
+    import csv
+    with open(REPO / rel, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_gemma_bounds_forward_cells_from_the_bench_rows_by_hand():
+    rows = _csv("figures/gemma/bench_length.csv")
+    cell = {(int(r["T"]), r["pattern"]): r for r in rows}
+    text = doc_blocks.render("gemma-bounds-forward")
+    assert "gemma-bounds-forward" in {f.name for f in doc_blocks.find_blocks(
+        (REPO / "docs/studies/gemma-long-context-bounds.md").read_text())}
+    d, t1 = cell[(8192, "dense")], cell[(8192, "hard_top1")]
+    row = [c.strip() for c in next(l for l in text.splitlines() if l.startswith("| 8192 | `hard_top1` |")).strip("|").split("|")]
+    assert row[5] == f"{float(d['total_s']) / float(t1['total_s']):.2f}x"
+    assert row[6] == f"{100 * float(t1['global_layers_s']) / float(t1['body_s']):.0f}% ({float(t1['global_layers_s']):.0f} s)"
+    assert row[8] == f"{float(t1['body_peak_gib']) - float(t1['rss_loaded_gib']):.1f}"
+    # the dense forward by part at 32768: the 15 sliding layers are the decoder layers less the 3 global ones
+    d32 = cell[(32768, "dense")]
+    sliding = float(d32["layers_s"]) - float(d32["global_layers_s"])
+    part = [c.strip() for c in next(l for l in text.splitlines() if l.startswith("| 32768 |") and "each" in l).strip("|").split("|")]
+    assert part[1] == f"{sliding:.1f} ({100 * sliding / float(d32['body_s']):.0f}%, {sliding / 15:.1f} each)"
+    total = float(d32["total_s"])
+    assert part[-1] == f"{total / (total - float(d32['global_layers_s'])):.2f}x"
+    # the cell that did not finish: its recorded status and peak, no seconds
+    stopped = cell[(32768, "hard_top1")]
+    assert stopped["status"] != "ok" and not stopped["body_s"]
+    assert stopped["status"].rstrip(".") in text
+    line = next(l for l in text.splitlines() if l.startswith("| 32768 | `hard_top1` |"))
+    assert f"| {float(stopped['peak_rss_gib']):.1f} |" in line and "did not finish" in line
+
+
+def test_gemma_bounds_train_cells_from_the_step_rows_by_hand():
+    rows = _csv("figures/gemma/train_step_cost.csv")
+
+    def steps(model, stage, L):
+        return [float(r["step_seconds"]) for r in rows if r["model"] == model and r["stage"] == stage and int(r["seq_len"]) == L]
+    g = steps("gemma3-270m", "s2_distill64", 4096)
+    s = steps("smollm2-135m-instruct", "s2_distill64", 4096)
+    assert len(g) == 3 and len(s) == 3
+    text = doc_blocks.render("gemma-bounds-train")
+    row = next(l for l in text.splitlines() if l.startswith("| Gemma-3-270M | 2 (`distill64`) | 4096 |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[3] == f"{sum(g) / 3:.1f} ({', '.join(f'{x:.1f}' for x in g)})"
+    assert cells[5] == f"{(sum(g) / 3) / (sum(s) / 3):.2f}x"
+    chain = json.loads((REPO / "figures/results/smollm2_chain.json").read_text())["stages"]["s2_distill64_4096"]
+    assert "--stop-after 30" in chain["command"]
+    per = chain["seconds"] / 30
+    assert f"{per:.1f} s a step at most" in text and f"{(sum(s) / 3) / per:.1f}x that" in text
