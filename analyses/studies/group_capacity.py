@@ -269,18 +269,19 @@ def leave_one_out_rows(pattern: str, task: str = "niah_single_1", length: int = 
     return pd.DataFrame(rows)
 
 
-def save_rows(path, rows: pd.DataFrame, mode: str, routers=None) -> pd.DataFrame:
+def save_rows(path, rows: pd.DataFrame, mode: str, routers=None, commit: str | None = None) -> pd.DataFrame:
     """Merge the rows of ``layer_rows`` (``mode`` "layers") or ``leave_one_out_rows``
     ("leave_one_out") into the parquet ``path``: each row gets ``schema_version``, the router file
     it ran with (``routers``, default the shipped one: its manifest name, else its file name, and
-    its sha256) and the code's commit; rows of ``path`` with the same ``SAVED_KEYS`` are replaced,
-    the others kept. Written atomically (``io.write_parquet``). Returns the whole table."""
+    its sha256) and the code's commit (``commit``: read when the run started; default now); rows of
+    ``path`` with the same ``SAVED_KEYS`` are replaced, the others kept. Written atomically
+    (``io.write_parquet``). Returns the whole table."""
     from focus_lab.hf.shipped import code_commit, named_file, resolve_routers
     from focus_lab.io import file_sha256, write_parquet
     f = resolve_routers(routers)
     sha = file_sha256(f)
     new = rows.assign(schema_version=SCHEMA_VERSION, routers=named_file(sha) or Path(f).name, routers_sha256=sha,
-                      commit=code_commit())[SAVED_COLUMNS[mode]]
+                      commit=commit or code_commit())[SAVED_COLUMNS[mode]]
     new["seed"] = new["seed"].astype("Int64")  # none for a held-out window
     path, key = Path(path), SAVED_KEYS[mode]
     if path.is_file():
@@ -352,6 +353,9 @@ def main(argv=None) -> None:
                     help="with --layers or --leave-one-out: merge the rows into the parquet PATH "
                          "(figures/group-capacity/layers.parquet, .../leave_one_out.parquet)")
     a = ap.parse_args(argv)
+    if a.save:  # the code that runs: read before a long run, not after it
+        from focus_lab.hf.shipped import code_commit
+        commit = code_commit()
     if a.save_capacity:
         print(save_capacity(a.routers, a.save_capacity))
         return
@@ -371,7 +375,7 @@ def main(argv=None) -> None:
             print("every row is saved already")
             return
         if a.save:
-            save_rows(a.save, d, "leave_one_out", a.routers)
+            save_rows(a.save, d, "leave_one_out", a.routers, commit)
         w = d.pivot_table(index="variant", columns="seed", values="answer_logprob", sort=False)
         print(w.round(2).to_string())
         return
@@ -404,7 +408,7 @@ def main(argv=None) -> None:
         print(w.to_string())
         print(d.groupby(["input", "pattern"])[["pairs", "largest_group"]].mean().round(3).to_string())
         if a.save:
-            save_rows(a.save, d, "layers", a.routers)
+            save_rows(a.save, d, "layers", a.routers, commit)
         return
     r = retrieval_rows(pd.read_parquet(a.cases))
     print(to_markdown(r, list(r.columns), {c: "{:.2f}" for c in r.columns if c.endswith("pairs") or c == "dense score"}))
