@@ -251,13 +251,17 @@ def test_retrieval_suite_cells():
         x, y = pattern(task, L, a)[col], pattern(task, L, b)[col]
         common = x.index.intersection(y.index)
         return float((x[common] - y[common]).mean()), len(common)
+    # each cell: the score difference / the log-prob difference (cases)
+    paired_text = on_page(page, "retrieval-suite-paired")
     d, n = diff("passkey", 4096, "hard_top2", "random_top2", "score")
-    assert table_row(on_page(page, "retrieval-suite-score"), "passkey")[2].startswith(f"{d:+.2f} [")
-    assert table_row(on_page(page, "retrieval-suite-score"), "passkey")[2].endswith(f"({n})")
+    cell = table_row(paired_text, "passkey")[2]
+    assert cell.startswith(f"{d:+.2f} [") and cell.endswith(f"({n})")
+    d_lp, n_lp = diff("passkey", 4096, "hard_top2", "random_top2", "answer_logprob")
+    assert n_lp == n and cell.split(" / ")[1].startswith(f"{d_lp:+.1f} [")
     d, n = diff("niah_multikey_3", 4096, "hard_top2", "moba_matched", "answer_logprob")
-    assert abs(d) >= 1 and table_row(on_page(page, "retrieval-suite-logprob"), "niah_multikey_3")[5].startswith(f"{d:+.1f} [")
+    assert abs(d) >= 1 and table_row(paired_text, "niah_multikey_3")[5].split(" / ")[1].startswith(f"{d:+.1f} [")
     d, n = diff("passkey", 4096, "hard_top2_match", "random_top2_match", "answer_logprob")
-    assert abs(d) < 1 and table_row(on_page(page, "retrieval-suite-logprob"), "passkey")[9].startswith(f"{d:+.2f} [")
+    assert abs(d) < 1 and table_row(paired_text, "passkey")[9].split(" / ")[1].startswith(f"{d:+.2f} [")
 
     # the hard tasks' dense solves: cases dense scores 1 on among the seven tasks
     seven = ["niah_single_3", "niah_multikey_2", "niah_multikey_3", "niah_multivalue", "niah_multiquery", "vt", "cwe"]

@@ -72,40 +72,44 @@ def retrieval_suite() -> Generated:
 
 
 def _difference(r, column: str) -> str:
-    """``+0.45 [+0.20, +0.70] (20)``: score in two decimals; nats in one, two under one nat."""
+    """``+0.45 [+0.20, +0.70]``: score in two decimals; nats in one, two under one nat."""
     nd = 2 if column == "score" or abs(r.difference) < 1 else 1
-    return f"{r.difference:+.{nd}f} [{r.lo:+.{nd}f}, {r.hi:+.{nd}f}] ({r.cases})"
+    return f"{r.difference:+.{nd}f} [{r.lo:+.{nd}f}, {r.hi:+.{nd}f}]"
 
 
-def _paired_table(column: str) -> Generated:
+@block("retrieval-suite-paired", CASES)
+def retrieval_suite_paired() -> Generated:
+    """The patterns against each other, paired over the cases both ran (``COMPARISONS``: a minus b):
+    per task and length, the score difference, then the answers' log-prob difference (nats), each
+    with its 95% bootstrap interval, and the cases (``retrieval_tables.paired_difference``)."""
     from focus_lab.eval.retrieval_tables import paired_difference
     cases = _cases()
     diffs = {}
     for a, b, head in COMPARISONS:
-        d = paired_difference(cases, a, b, column)
-        diffs[head] = {(r.task, r.length): _difference(r, column) for r in d.itertuples()} if len(d) else {}
+        per = {}
+        for column in ("score", "answer_logprob"):
+            d = paired_difference(cases, a, b, column)
+            for r in d.itertuples() if len(d) else ():
+                per.setdefault((r.task, r.length), {})[column] = r
+        diffs[head] = per
     heads = [h for *_, h in COMPARISONS]
     lines = ["| task | tokens | " + " | ".join(heads) + " |", "|---|---:|" + "---|" * len(heads)]
+
+    def cell(both: dict) -> str:
+        if not both:
+            return ""
+        sc, lp = both["score"], both["answer_logprob"]
+        if sc.cases != lp.cases:
+            raise MissingInput(f"{CASES} (score and log-prob paired over different cases: {sc.task} {sc.length})")
+        return f"{_difference(sc, 'score')} / {_difference(lp, 'answer_logprob')} ({sc.cases})"
     for task, L in _order(cases):
-        cells = [diffs[h].get((task, L), "") for h in heads]
+        cells = [cell(diffs[h].get((task, L), {})) for h in heads]
         if any(cells):
             lines.append(f"| {task} | {L} | " + " | ".join(cells) + " |")
-    what = "score" if column == "score" else "answers' log-prob (nats)"
-    inputs = (f"{CASES}; {_source(cases)}; the {what} of pattern a minus pattern b, mean over the cases both ran with "
-              "its 95% bootstrap interval (focus_lab.eval.retrieval_tables.paired_difference), cases in parentheses")
+    inputs = (f"{CASES}; {_source(cases)}; pattern a minus pattern b, the score then the answers' log-prob (nats), "
+              "each the mean over the cases both ran with its 95% bootstrap interval "
+              "(focus_lab.eval.retrieval_tables.paired_difference), cases in parentheses")
     return Generated(inputs, "\n".join(lines))
-
-
-@block("retrieval-suite-score", CASES)
-def retrieval_suite_score() -> Generated:
-    """The patterns against each other in score, paired over cases (``_paired_table``)."""
-    return _paired_table("score")
-
-
-@block("retrieval-suite-logprob", CASES)
-def retrieval_suite_logprob() -> Generated:
-    """The patterns against each other in the answers' log-prob (nats), paired over cases."""
-    return _paired_table("answer_logprob")
 
 
 @block("retrieval-suite-hard-cases", CASES)
