@@ -106,7 +106,12 @@ def output_head(model):
 
     def logits(hidden: torch.Tensor) -> torch.Tensor:
         out = head(hidden)
-        return out if cap is None else torch.tanh(out / cap) * cap
+        if cap is None:
+            return out
+        if torch.is_grad_enabled():
+            return torch.tanh(out / cap) * cap
+        return out.div_(cap).tanh_().mul_(cap)  # in place: at Gemma-3's vocabulary each copy of a
+        # 512-position slice is 0.5 GiB (docs/reliability.md)
     return logits
 
 
