@@ -56,6 +56,7 @@ import time
 from pathlib import Path
 
 from focus_lab.io import file_sha256, write_json
+from focus_lab.model_names import GEMMA3
 
 ROOT = Path(__file__).resolve().parents[2]
 # the shipped file's rules for top-2 (docs/studies/layer-top-k.md, docs/studies/group-capacity.md)
@@ -104,6 +105,13 @@ def mix_folder(data: Path, mix: str = MIX) -> Path:
     return out
 
 
+def distill64(steps: int, *extra: str) -> list[str]:
+    """``focus-lab train`` arguments of every distill stage of both chains: recipe ``distill64`` at
+    4096 tokens, one window a step, ``steps`` steps at learning rate 1e-3, then ``extra``."""
+    return ["train", "--recipe", "distill64", "--seq-len", "4096", "--batch-size", "1", "--steps", str(steps),
+            "--lr", "1e-3", *extra]
+
+
 def stages(out: Path, data: Path, mix: str = MIX, base: Path | None = None,
            runs: int = 2) -> list[tuple[str, list[str], Path]]:
     """(name, arguments, output file) of every stage, in order: arguments of ``focus-lab``, or of
@@ -118,18 +126,16 @@ def stages(out: Path, data: Path, mix: str = MIX, base: Path | None = None,
     the earlier shipped file): stages 1-4 are not run."""
     s1, s2 = out / "s1_sinks64_512", out / "s2_distill64_4096"
     todo = [("s1_sinks64_512", ["train", "--out", str(s1), "--steps", "60"], s1 / "routers.safetensors"),
-            ("s2_distill64_4096", ["train", "--recipe", "distill64", "--seq-len", "4096", "--batch-size", "1",
-                                   "--steps", "40", "--stop-after", "30", "--lr", "1e-3", "--checkpoint-every", "10",
-                                   "--random-layers", "1-9", "--init-routers", str(s1 / "routers.safetensors"),
-                                   "--out", str(s2)], s2 / "routers.safetensors")]
+            ("s2_distill64_4096", distill64(40, "--stop-after", "30", "--checkpoint-every", "10",
+                                            "--random-layers", "1-9", "--init-routers", str(s1 / "routers.safetensors"),
+                                            "--out", str(s2)), s2 / "routers.safetensors")]
 
     def distill_runs(prefix: str, corpus: Path, n: int, prev: Path) -> Path:
         for i in range(n):
             folder = out / f"{prefix}_seed{i}"
-            todo.append((f"{prefix}_seed{i}", ["train", "--recipe", "distill64", "--corpus", str(corpus),
-                                               "--seq-len", "4096", "--batch-size", "1", "--steps", "30",
-                                               "--lr", "1e-3", "--seed", str(i), "--init-routers", str(prev),
-                                               "--out", str(folder)], folder / "routers.safetensors"))
+            todo.append((f"{prefix}_seed{i}", distill64(30, "--corpus", str(corpus), "--seed", str(i),
+                                                         "--init-routers", str(prev), "--out", str(folder)),
+                         folder / "routers.safetensors"))
             prev = folder / "routers.safetensors"
         return prev
 
@@ -156,7 +162,6 @@ def stages(out: Path, data: Path, mix: str = MIX, base: Path | None = None,
     return todo
 
 
-GEMMA3 = "gemma3-270m"
 CHAINS = ("smollm2-135m-instruct", GEMMA3)  # the models whose router file a chain makes
 
 
@@ -166,8 +171,7 @@ def gemma_stages(out: Path, steps: int = 30) -> list[tuple[str, list[str], Path]
     g2 the needle corpus (64 windows of 4096 Gemma tokens); g3 ``distill64`` on it from g1,
     ``steps`` steps, seed 0; g4 ``routers set-rules`` with ``hard_top2``: ``<out>/routers.safetensors``."""
     g1, g3, needles = out / "g1_distill64_4096", out / "g3_needle_mix_seed0", out / "needle_mix"
-    distill = ["train", "--model", GEMMA3, "--recipe", "distill64", "--seq-len", "4096", "--batch-size", "1",
-               "--steps", str(steps), "--lr", "1e-3", "--checkpoint-every", "10", "--seed", "0"]
+    distill = distill64(steps, "--model", GEMMA3, "--checkpoint-every", "10", "--seed", "0")
     final = out / "routers.safetensors"
     return [("g1_distill64_4096", distill + ["--out", str(g1)], g1 / "routers.safetensors"),
             ("g2_needle_corpus", ["-m", "focus_lab.train.needle_corpus", "--model", GEMMA3, "--out", str(needles),
