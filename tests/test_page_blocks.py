@@ -1,6 +1,7 @@
 """The generated blocks of recipes.md (stage table), passkey_reference.md (prompt formats),
-reliability.md (recorder memory) and studies/gemma-long-context-bounds.md (forward and training-step
-costs): cells of each recomputed by hand from the committed data."""
+reliability.md (recorder memory), studies/gemma-long-context-bounds.md (forward and training-step
+costs) and run_schema.md (the recorder's overhead): cells of each recomputed by hand from the
+committed data."""
 
 from __future__ import annotations
 
@@ -104,3 +105,29 @@ def test_gemma_bounds_train_cells_from_the_step_rows_by_hand():
     assert "--stop-after 30" in chain["command"]
     per = chain["seconds"] / 30
     assert f"{per:.1f} s a step at most" in text and f"{(sum(s) / 3) / per:.1f}x that" in text
+
+
+def test_record_overhead_ratios_recomputed_from_the_committed_medians():
+    # docs/run_schema.md's overhead table: a recorded forward's CPU and wall median over the plain
+    # forward's at the same threads and length, from the committed rows, not the stored ratios
+    assert "record-overhead" in {f.name for f in doc_blocks.find_blocks((REPO / "docs/run_schema.md").read_text())}
+    df = pd.read_parquet(REPO / "figures/results/bench_record.parquet")
+    assert set(df.schema_version) == {1} and df.commit.notna().all() and df.machine.notna().all()
+    text = doc_blocks.render("record-overhead")
+    for (threads, tokens), g in df.groupby(["threads", "tokens"]):
+        g = g.set_index("timed")
+        plain, rec, tab = g.loc["plain forward"], g.loc["recorded forward"], g.loc["tables()"]
+        cells = _row_of(text, f"{threads} | {tokens}")
+        assert cells[2] == f"{plain.cpu_s:.2f} / {plain.wall_s:.2f} s"
+        assert cells[3] == f"{rec.cpu_s:.2f} / {rec.wall_s:.2f} s"
+        assert cells[4] == f"{rec.cpu_s / plain.cpu_s:.2f}x" and cells[5] == f"{rec.wall_s / plain.wall_s:.2f}x"
+        assert cells[6] == f"{tab.wall_s:.2f} s"
+        assert cells[7] == f"{plain.load_1min_before:.1f} / {plain.load_1min_after:.1f}"
+    assert all(c in text for c in set(df.commit)) and f"medians of {df.reps.min()} alternated pairs" in text
+
+
+def _row_of(text: str, first_two: str) -> list[str]:
+    """The cells of the table row of ``text`` that starts with the cells ``first_two`` ("a | b")."""
+    found = [line for line in text.splitlines() if line.startswith(f"| {first_two} |")]
+    assert len(found) == 1, (first_two, text)
+    return [c.strip() for c in found[0].strip().strip("|").split("|")]

@@ -8,12 +8,13 @@ measured tables they state results from are generated here:
   the sinks buy (§2.1) come from it;
 * ``retrieval-cost`` (docs/retrieval.md, "Cost"): a case's seconds over one bare forward of its
   prompt in the shipped file's committed retrieval suite, per device and length
-  (``focus_lab.eval.retrieval_tables.cost_summary``).
+  (``focus_lab.eval.retrieval_tables.cost_summary``);
+* ``record-overhead`` (docs/run_schema.md, "Memory and cost of recording"): the recorder's CPU and wall time over a plain
+  forward (``figures/results/bench_record.parquet``, ``analyses/studies/bench_record.py``).
 
 ``ALLOWED`` lists, per page, the numbers that are not measurements: settings and defaults, criteria,
 identifiers (arXiv numbers, section numbers), the paper's reported numbers, and sizes and shares
-that are arithmetic of the settings (each checked by tests/test_reference_blocks.py), plus the
-few measurements no committed table backs, listed apart in ``UNBACKED``.
+that are arithmetic of the settings (each checked by tests/test_reference_blocks.py).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ PROSE_PAGES = ("docs/method.md", "docs/controls.md", "docs/retrieval.md", "docs/
                "docs/intervene.md", "docs/layout.md", "docs/README.md")
 
 #: numbers that are no measurement, per page (as written in the prose)
-CONSTANTS = {
+ALLOWED = {
     # controls.md: MoBA's expected pairs kept against k / blocks (as method.md had them), and the
     # "about 1%" noise level that motivates the interval rule
     "docs/controls.md": {"0.54", "0.31", "1%"},
@@ -73,18 +74,6 @@ CONSTANTS = {
     "docs/passkey.md": {"100%"},  # the depths 0-100% of the haystack (--depths)
     "docs/glossary.md": {"95%"},
 }
-
-#: measurements kept in the prose that no committed table backs (they are allowed, but listed here
-#: apart so that they can be backed or dropped):
-UNBACKED = {
-    # the recorder's overhead over a plain forward (analyses/studies/bench_record.py, CPU time and
-    # wall time at 512 and 1024 tokens, one and two torch threads): the cost a reader of the run
-    # schema needs, measured by a script whose output (logs/bench_record.json) is not committed
-    "docs/run_schema.md": {"1.51x", "1.68x", "1.41x", "1.50x", "1.35x", "3.3x"},
-}
-
-ALLOWED = {page: CONSTANTS.get(page, set()) | UNBACKED.get(page, set())
-           for page in {*CONSTANTS, *UNBACKED}}
 
 
 # ============================================================================================
@@ -176,4 +165,36 @@ def retrieval_cost() -> Generated:
     inputs = (f"{RETRIEVAL_CASES} (focus-lab probe retrieval: the shipped file's committed suite, its runs merged); "
               f"routers {case_routers(cases)}; every task, case and pattern with a timed bare forward; cost = seconds / "
               "bare_forward_seconds (focus_lab.eval.retrieval_tables.cost_summary)")
+    return Generated(inputs, "\n".join(lines))
+
+
+# ============================================================================================
+# docs/run_schema.md: what recording costs over a plain forward
+
+BENCH_RECORD = "figures/results/bench_record.parquet"
+RECORDED, PLAIN, TABLES = "recorded forward", "plain forward", "tables()"
+
+
+@block("record-overhead", BENCH_RECORD)
+def record_overhead() -> Generated:
+    """docs/run_schema.md's overhead table: per torch threads and length, a plain and a recorded
+    forward's median CPU and wall seconds, the recorded one's ratios over the plain one's, one
+    ``tables()`` (wall seconds), and the 1-minute load average before and after that length's pairs."""
+    df = pd.read_parquet(REPO / BENCH_RECORD)
+    if not set(df.timed) >= {PLAIN, RECORDED, TABLES}:
+        raise MissingInput(f"{BENCH_RECORD} (timed {PLAIN!r}, {RECORDED!r}, {TABLES!r})")
+    s = df.set_index(["threads", "tokens", "timed"])
+    lines = ["| torch threads | tokens | plain forward, CPU / wall | recorded forward, CPU / wall | recorded / plain, "
+             "CPU | recorded / plain, wall | `tables()`, wall | 1-min load average, before / after |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for threads, tokens in sorted({k[:2] for k in s.index}):
+        p, r, t = (s.loc[(threads, tokens, x)] for x in (PLAIN, RECORDED, TABLES))
+        lines.append(f"| {threads} | {tokens} | {p.cpu_s:.2f} / {p.wall_s:.2f} s | {r.cpu_s:.2f} / {r.wall_s:.2f} s | "
+                     f"{r.cpu_ratio:.2f}x | {r.wall_ratio:.2f}x | {t.wall_s:.2f} s | "
+                     f"{p.load_1min_before:.1f} / {p.load_1min_after:.1f} |")
+    r = df.iloc[0]
+    inputs = (f"{BENCH_RECORD}: `python analyses/studies/bench_record.py` at {', '.join(sorted(set(df.commit)))}; "
+              f"{'; '.join(sorted(set(df.machine)))}; {r.model}, routers {case_routers(df)}, {r['mode']} mode, "
+              f"every metric; one window of held-out Austen a length; medians of {int(df.reps.min())} alternated "
+              "pairs (process CPU time and wall time)")
     return Generated(inputs, "\n".join(lines))

@@ -30,11 +30,10 @@ from pathlib import Path
 import pandas as pd
 import torch
 
+import focus_lab
+from focus_lab.recording.recorder import ALL_METRICS
+
 REPO = Path(__file__).resolve().parents[2]
-
-import focus_lab  # noqa: E402
-from focus_lab.recording.recorder import ALL_METRICS  # noqa: E402
-
 SCHEMA_VERSION = 1
 TABLE = REPO / "figures" / "results" / "bench_record.parquet"
 TIMED = ("plain forward", "recorded forward", "tables()")
