@@ -29,7 +29,6 @@ import argparse
 import json
 import math
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -150,7 +149,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     import pandas as pd
     rows = pd.read_csv(a.out).to_dict("records") if a.out.is_file() else []
-    machine = f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, 2 torch threads"
+    from focus_lab.io import machine as this_machine
+    from focus_lab.io import machine_line
+    machine = f"{machine_line(this_machine())}, 2 torch threads"  # the threads each cell sets
     for T in (int(x) for x in a.lengths.split(",")):
         for pattern in a.patterns.split(","):
             if any(r["T"] == T and r["pattern"] == pattern and r["status"] == "ok" for r in rows):

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import time
 from pathlib import Path
 
@@ -40,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     from focus_lab.hf.models import load_model
     from focus_lab.hf.retrofit import forward_state
     from focus_lab.hf.shipped import router_columns, shipped_router_file
-    from focus_lab.io import write_text
+    from focus_lab.io import machine, machine_line, write_text
     from focus_lab.method import core
     from focus_lab.patterns.legacy import parse_legacy_patterns
 
@@ -90,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"dense / hard top-2 {d['dense'] / d.get('hard_top2', float('nan')):.2f}x (body)")
     meta = router_columns(routers)
     df["router_name"], df["commit"] = meta["router_name"], meta["commit"]
-    df["machine"] = f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}"
+    df["machine"] = f"{machine_line(machine())}, torch {torch.__version__}"
     a.out.parent.mkdir(parents=True, exist_ok=True)
     if a.out.is_file():  # earlier lengths stay; this run's lengths replace theirs
         old = pd.read_csv(a.out)

@@ -12,8 +12,6 @@ The logits must be equal, which the script checks.
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import statistics
 import time
 
@@ -48,7 +46,8 @@ def main(argv: list[str] | None = None) -> int:
                     secs[i] = time.perf_counter() - t0
                 same &= bool(torch.equal(logits[0], logits[1]))
                 times[key].append((secs[0], secs[1]))
-    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, {torch.get_num_threads()} "
+    from focus_lab.io import machine, machine_line
+    print(f"machine: {machine_line(machine())}, {torch.get_num_threads()} "
           f"torch threads; {a.rounds} rounds x 1 window of {a.seq_len} tokens, the two spellings interleaved")
     print(f"{'legacy label':<14} {'pattern':<16} {'legacy s':>9} {'pattern s':>9} {'ratio':>6} {'min':>6} {'max':>6}")
     for (old, new), ts in times.items():

@@ -12,8 +12,6 @@ of (bypassed seconds / hooked seconds): below 1 means the mechanism costs time.
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import statistics
 import time
 from unittest import mock
@@ -55,7 +53,8 @@ def main(argv: list[str] | None = None) -> int:
         for p in PATTERNS:
             for way in (("hooked", "bypassed") if r % 2 == 0 else ("bypassed", "hooked")):
                 run(p, way)
-    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, torch "
+    from focus_lab.io import machine, machine_line
+    print(f"machine: {machine_line(machine())}, torch "
           f"{torch.__version__}, {torch.get_num_threads()} threads; {a.rounds} rounds, one window of {a.seq_len} "
           "tokens, interleaved")
     print(f"{'pattern':<16} {'hooked s':>9} {'bypassed s':>11} {'ratio':>7} {'min':>6} {'max':>6}  logits equal")

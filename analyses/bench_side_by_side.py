@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -63,7 +62,8 @@ def main(argv: list[str] | None = None) -> int:
     per_round = df.pivot_table(index=["pattern", "round"], columns="side", values="tokens_per_second")
     spread = (per_round["after"] / per_round["before"]).groupby(level=0)
     tps["ratio_min"], tps["ratio_max"] = spread.min(), spread.max()
-    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs; "
+    from focus_lab.io import machine, machine_line
+    print(f"machine: {machine_line(machine())}; "
           f"{a.rounds} rounds x {a.windows} window(s) of {a.seq_len} tokens, alternating checkouts")
     print(tps.loc[[p[1] for p in pairs]].to_string(float_format=lambda x: f"{x:.3f}"))
     print(f"perplexities equal in every round: {same}")
