@@ -36,6 +36,31 @@ def test_manifest_matches_the_shipped_file():
     assert {cfg.replace(top_k=1).top_k_at(i) for i in range(30)} == {1}
 
 
+
+def test_the_manifest_cites_files_by_name_never_as_previous():
+    """Every router file the manifest cites has its name: no key or wording "previous"; the
+    provenance records stand under the names of the files they describe (same sha256); every
+    ``<name>`` placeholder names a listed file, and in a file's command one of its lineage or
+    ingredients; ``routers show`` prints the named command."""
+    import re
+    from typer.testing import CliRunner
+    from focus_lab.cli import app
+    text = shipped.MANIFEST.read_text()
+    assert "previous" not in text.lower()
+    reg = shipped.registry()
+    files = reg["files"]
+    for name, rec in reg["provenance"].items():
+        assert name in files and rec.get("sha256", files[name]["sha256"]) == files[name]["sha256"], name
+    placeholder = re.compile(r"<([a-z0-9.-]+/[a-z0-9.-]+)[,>| ]")
+    assert {m for m in placeholder.findall(text)} <= set(files)
+    for name, f in files.items():
+        cited = set(placeholder.findall(f.get("command", "")))
+        assert cited <= set(shipped.lineage(name)[1:]) | set(f.get("ingredients", [])), name
+    r = CliRunner().invoke(app, ["routers", "show", "smollm2-135m/distill64-4k"])
+    assert r.exit_code == 0, r.output
+    assert "--init-routers <smollm2-135m/sinks64-512>;" in r.output
+    assert "lineage: smollm2-135m/distill64-4k <- smollm2-135m/sinks64-512" in r.output
+
 def test_shipped_file_is_refused_on_another_model():
     with pytest.raises(RouterMismatchError, match="trained on base model 'smollm2-135m-instruct'"):
         load_routers(tiny_llama(), shipped.shipped_router_file())
