@@ -11,7 +11,10 @@ positions (the full (T, 262144) fp32 logits alone would be 34 GB at 32K), timed 
 8191 positions and scaled linearly in T beyond (``head_measured_tokens``; the head's cost is
 the same matmul per position whatever the pattern). Focus cells attach
 ``FocusConfig(num_groups=4, window=128, sink_tokens=64, mode="hard", top_k=k)`` (the SmolLM2
-file's shape) with fresh routers (``random_topK``: balanced random groups instead, the control);
+file's shape) with fresh routers (``random_topK``: balanced random groups instead, the control;
+``--routers FILE``: that router file's routers instead of fresh ones); ``focus_dense`` attaches
+them in dense mode: the Focus path's dense forward, whose sliding layers run as in hard mode
+(``core.masked_attention``), where ``dense`` is the model's own attention;
 the share of causal pairs the groups keep is estimated from the routers' scores (argmax / top-k,
 no group bias).
 
@@ -41,7 +44,7 @@ HEAD_TOKENS = 8191  # positions the LM head is timed on; beyond, its time is sca
 PATTERNS = ("dense", "hard_top1", "hard_top2")
 
 
-def _cell(T: int, pattern: str, out: Path, seed: int) -> None:
+def _cell(T: int, pattern: str, out: Path, seed: int, routers: Path | None = None) -> None:
     """Run one cell in this process and write its measurements as JSON to ``out``."""
     import resource
 
@@ -62,9 +65,16 @@ def _cell(T: int, pattern: str, out: Path, seed: int) -> None:
         import focus_lab
         from focus_lab.method.config import FocusConfig
         torch.manual_seed(seed)
-        cfg = FocusConfig(num_groups=4, window=128, top_k=int(pattern[-1]), sink_tokens=64, mode="hard",
-                          assignment="random" if pattern.startswith("random") else "router")
-        focus_lab.attach(model, cfg)
+        mode = "dense" if pattern == "focus_dense" else "hard"
+        top_k = 2 if pattern == "focus_dense" else int(pattern[-1])
+        assignment = "random" if pattern.startswith("random") else "router"
+        if routers is None:
+            focus_lab.attach(model, FocusConfig(num_groups=4, window=128, top_k=top_k, sink_tokens=64, mode=mode,
+                                                assignment=assignment))
+        else:
+            from focus_lab.hf.router_files import load_routers
+            load_routers(model, routers)
+            focus_lab.set_config(model, mode=mode, top_k=top_k, assignment=assignment)
         for i, layer in enumerate(model.model.layers):
             router = getattr(layer.self_attn, "focus_router", None)
             if router is not None:
@@ -94,7 +104,7 @@ def _cell(T: int, pattern: str, out: Path, seed: int) -> None:
             nll += float(F.cross_entropy(logits[0], ids[0, s + 1:e + 1], reduction="sum"))
         head = (time.perf_counter() - t1) * (T - 1) / head_tokens  # scaled to all T - 1 positions
     share_kept = None
-    if scores and not pattern.startswith("random"):  # approximate share of causal pairs whose key is in one of the query's groups
+    if scores and not pattern.startswith("random") and pattern != "focus_dense":  # approximate share of causal pairs whose key is in one of the query's groups
         k = int(pattern[-1])
         shares = []
         for s in scores.values():
@@ -115,14 +125,15 @@ def _cell(T: int, pattern: str, out: Path, seed: int) -> None:
     out.write_text(json.dumps(res))
 
 
-def _run_cell(T: int, pattern: str, seed: int) -> dict:
+def _run_cell(T: int, pattern: str, seed: int, routers: Path | None = None) -> dict:
     """One cell in a child process: its JSON, its peak RSS and wall seconds, the load before/after."""
     with tempfile.TemporaryDirectory() as d:
         out = Path(d) / "cell.json"
         load0 = os.getloadavg()
         t0 = time.perf_counter()
         proc = subprocess.Popen([sys.executable, "-m", "analyses.bench_gemma_length", "--cell", str(T), pattern,
-                                 "--cell-out", str(out), "--seed", str(seed)])
+                                 "--cell-out", str(out), "--seed", str(seed)]
+                                + (["--routers", str(routers)] if routers else []))
         _, status, usage = os.wait4(proc.pid, 0)
         wall = time.perf_counter() - t0
         code = os.waitstatus_to_exitcode(status)
@@ -141,11 +152,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=Path("figures/gemma/bench_length.csv"))
     ap.add_argument("--max-gib", type=float, default=20.0)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--routers", type=Path, default=None, help="a router file instead of fresh routers")
     ap.add_argument("--cell", nargs=2, metavar=("T", "PATTERN"), help=argparse.SUPPRESS)
     ap.add_argument("--cell-out", type=Path, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.cell:
-        _cell(int(a.cell[0]), a.cell[1], a.cell_out, a.seed)
+        _cell(int(a.cell[0]), a.cell[1], a.cell_out, a.seed, a.routers)
         return 0
     import pandas as pd
     rows = pd.read_csv(a.out).to_dict("records") if a.out.is_file() else []
@@ -170,7 +182,8 @@ def main(argv: list[str] | None = None) -> int:
                     rows.append(res)
                     continue
             print(f"T={T} {pattern}: running (load {os.getloadavg()[0]:.2f}) ...", flush=True)
-            res.update(_run_cell(T, pattern, a.seed))
+            res.update(_run_cell(T, pattern, a.seed, a.routers))
+            res["routers"] = str(a.routers) if a.routers else "fresh"
             res["machine"] = machine
             res["created"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
             print(f"T={T} {pattern}: {res['status']}, total {res.get('total_s', float('nan')):.1f} s "
