@@ -1,7 +1,7 @@
 """The generated blocks of recipes.md (stage table), passkey_reference.md (prompt formats),
 reliability.md (recorder memory), studies/gemma-long-context-bounds.md (forward and training-step
-costs) and run_schema.md (the recorder's overhead): cells of each recomputed by hand from the
-committed data."""
+costs), run_schema.md (the recorder's overhead) and studies/secondary-sinks.md (the recorded
+tables): cells of each recomputed by hand from the committed data."""
 
 from __future__ import annotations
 
@@ -131,3 +131,52 @@ def _row_of(text: str, first_two: str) -> list[str]:
     found = [line for line in text.splitlines() if line.startswith(f"| {first_two} |")]
     assert len(found) == 1, (first_two, text)
     return [c.strip() for c in found[0].strip().strip("|").split("|")]
+
+
+# --------------------------------------------------------------------------------------------
+# studies/secondary-sinks.md: the recorded tables from figures/results/secondary_sinks.parquet
+
+def _sinks() -> pd.DataFrame:
+    df = pd.read_parquet(REPO / "figures/results/secondary_sinks.parquet")
+    assert set(df.schema_version) == {1} and df.commit.notna().all()
+    assert set(df.routers_sha256) == {"9bb56c76400b99cf4c7a5b7b6fb08f6650a87d0f4974db29fecaec894781789f"}
+    return df
+
+
+def _page_block(name: str) -> str:
+    from tests.by_hand import on_page
+    return on_page("secondary-sinks.md", name)
+
+
+def test_secondary_sinks_drops_cells_from_the_summary_rows_by_hand():
+    df = _sinks()
+    d = df[df.seq_len == 8192]
+    one = {r.quantity: r.value for r in d[(d.layer_idx < 0) & (d.pattern == "")].itertuples()}
+    weight = {r.layer_idx: r.value for r in d[d.quantity == "the_weight"].itertuples()}
+    top6 = sorted(weight, key=lambda l: -weight[l])[:6]
+    kept = [v for l, v in ((r.layer_idx, r.value) for r in d[d.quantity == "the_group_kept"].itertuples()) if l in top6]
+    row = _row_of(_page_block("secondary-sinks-drops"), "1 x 8192")
+    assert row[1] == f"{int(one['dropped_edges']):,}"
+    assert row[3] == f"**{round(100 * one['the_share'])}%** ({int(one['the_keys'])} keys)"
+    assert row[5] == ", ".join(str(l) for l in top6)
+    assert row[6] == f"{round(100 * min(kept))}-{round(100 * max(kept))}%"
+    assert row[8] == f"{one['delta_top_decile']:.3f} / {one['delta_rest']:.3f}"
+
+
+def test_secondary_sinks_coverage_and_layer_cells_from_the_summary_rows_by_hand():
+    df = _sinks()
+    cov = df[(df.quantity == "coverage") & (df.seq_len == 8192) & (df.distance_lo == 512)]
+    f, r = (cov[cov.pattern == p].value.item() for p in ("focus", "random"))
+    header, _, *rows = [l for l in _page_block("secondary-sinks-coverage").splitlines() if l.startswith("|")]
+    i = [c.strip() for c in header.strip("|").split("|")].index("512-1K")
+    cells = next([c.strip() for c in l.strip("|").split("|")] for l in rows if l.startswith("| 8K:"))
+    assert cells[i] == f"{f:.2f} / {r:.2f}"
+    layer = df[(df.quantity == "coverage_beyond_window") & (df.seq_len == 8192)]
+    diff = layer[layer.pattern == "focus"].set_index("layer_idx").value - layer[layer.pattern == "random"].set_index(
+        "layer_idx").value
+    early = diff[diff.index.isin(range(1, 10))]
+    text = _page_block("secondary-sinks-layers")
+    assert _row_of(text, "1-9")[2] == f"{early.min():+.2f} to {early.max():+.2f}"
+    assert _row_of(text, "7")[2] == f"{diff[7]:+.2f}"
+    the = df[(df.quantity == "the_weight") & (df.seq_len == 8192)].set_index("layer_idx").value
+    assert _row_of(text, "the others")[3] == f"{round(100 * the[~the.index.isin(range(1, 10))].sum() / the.sum())}%"
