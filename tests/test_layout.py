@@ -9,7 +9,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PKG = ROOT / "focus_lab"
 # floor of each top-level part of focus_lab; a module may import only from floors <= its own
-FLOORS = {"io": 0, "data": 0, "runs": 0, "method": 1, "patterns": 1, "hf": 2, "train": 3, "recording": 3, "eval": 3,
+FLOORS = {"io": 0, "data": 0, "runs": 0, "model_names": 0, "method": 1, "patterns": 1, "hf": 2, "train": 3, "recording": 3, "eval": 3,
           "cli": 4, "errors": 4, "__main__": 4, "__init__": 4, "app": 4}
 
 
