@@ -51,5 +51,5 @@ def record_memory() -> Generated:
     machines = "; ".join(sorted(set(df.machine)))
     loads = f"load average at the end {df.load_1min_end.min():.1f}-{df.load_1min_end.max():.1f}"
     inputs = (f"{RECORD_MEMORY}: `python analyses/studies/record_memory.py --label LABEL -- ARGS` per row, at "
-              f"{commits}; {machines}; one torch thread; {loads}")
+              f"{commits}; {machines}; one torch thread unless the row says; {loads}")
     return Generated(inputs, "\n".join(lines))

@@ -1,0 +1,43 @@
+"""docs/studies/gemma-routers.md's 32K tables (analyses/blocks/gemma_32k.py): cells recomputed by
+hand from the committed benchmark rows, the recorder-memory row and the dashboard timings."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+
+from analyses import doc_blocks
+from analyses.doc_blocks import REPO
+
+
+def _row(text: str, *first: str) -> list[str]:
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if tuple(cells[:len(first)]) == first:
+            return cells
+    raise AssertionError(f"no row {first!r}")
+
+
+def test_the_32k_forward_ratio_and_peak_from_the_benchmark_rows():
+    df = pd.read_csv(REPO / "figures/gemma/bench_forward_32k.csv")
+    dense = df[(df["T"] == 32768) & (df.pattern == "focus_dense")].iloc[0]
+    top1 = df[(df["T"] == 32768) & (df.pattern == "hard_top1")].iloc[0]
+    row = _row(doc_blocks.render("gemma-32k-forward"), "32768", "hard top-1")
+    assert row[5] == f"{dense.total_s / top1.total_s:.2f}x"
+    assert row[4] == str(round(top1.body_s + top1.head_s)) or abs(float(row[4]) - top1.total_s) <= 0.5
+    assert row[7] == f"{top1.peak_rss_gib:.1f}" and float(row[7]) < 12  # the issue's bound on a 32K process
+    assert row[6].startswith(f"{round(100 * top1.global_layers_s / top1.body_s)}%")
+
+
+def test_the_32k_recording_row_and_the_dashboard_pages_by_hand():
+    rm = pd.read_parquet(REPO / "figures/results/record_memory.parquet")
+    r = rm[rm.label.str.startswith("gemma3-270m: 32768 tokens")].iloc[0]
+    row = _row(doc_blocks.render("gemma-32k-record"), r.label)
+    assert row[1] == f"{r.seconds:.0f}" and row[2] == f"{r.measured_gib:.2f}" and row[3] == f"{r.estimate_gib:.2f}"
+    d = json.loads((REPO / "figures/gemma/dashboard_32k.json").read_text())
+    text = doc_blocks.render("gemma-32k-dashboard")
+    for page in ("audit", "groups", "retrieval"):
+        cells = _row(text, page)
+        assert cells[1] == f"{d['pages'][page]['seconds']:.1f}" and cells[3] == "0"
+    assert sum(line.startswith("|") for line in text.splitlines()) == 2 + len(d["pages"])  # header, rule, a row a page
