@@ -1,7 +1,8 @@
 """The generated blocks of recipes.md (stage table), passkey_reference.md (prompt formats),
 reliability.md (recorder memory), studies/gemma-long-context-bounds.md (forward and training-step
-costs), run_schema.md (the recorder's overhead) and studies/secondary-sinks.md (the recorded
-tables): cells of each recomputed by hand from the committed data."""
+costs), run_schema.md (the recorder's overhead), studies/secondary-sinks.md (the recorded
+tables) and studies/group-capacity.md / group-capacity-layers.md (the one-forward probes): cells of
+each recomputed by hand from the committed data."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import json
 import re
 
 import pandas as pd
+from by_hand import on_page, table_row
 
 from analyses import doc_blocks
 from analyses.doc_blocks import REPO
@@ -180,3 +182,45 @@ def test_secondary_sinks_coverage_and_layer_cells_from_the_summary_rows_by_hand(
     assert _row_of(text, "7")[2] == f"{diff[7]:+.2f}"
     the = df[(df.quantity == "the_weight") & (df.seq_len == 8192)].set_index("layer_idx").value
     assert _row_of(text, "the others")[3] == f"{round(100 * the[~the.index.isin(range(1, 10))].sum() / the.sum())}%"
+
+
+def _layer_pairs(layers: pd.DataFrame, inp: str, pattern: str) -> float:
+    """The distant pairs a pattern keeps on one input, mean over its layers (one row a layer)."""
+    g = layers[(layers.input == inp) & (layers.pattern == pattern)].drop_duplicates("layer_idx")
+    assert len(g) == 30, (inp, pattern, len(g))
+    return float(g.pairs.sum() / len(g))
+
+
+def test_group_capacity_one_forward_cells_by_hand():
+    # the saved one-forward rows (group_capacity --layers --save): a pattern's pairs, mean over its
+    # 30 layers, in the capacity table, the eviction-capacity table and the per-layer eviction table
+    layers = pd.read_parquet(REPO / "figures/group-capacity/layers.parquet")
+    assert (layers.schema_version == 1).all() and set(layers.routers) == {"smollm2-135m/needle-mix-capacity"}
+    caps = on_page("group-capacity.md", "group-capacity-capacities")
+    assert table_row(caps, "none (hard top-2)")[1] == f"{_layer_pairs(layers, 'niah_single_1', 'hard_top2_nocap'):.2f}"
+    assert table_row(caps, "0.7")[2] == f"{_layer_pairs(layers, 'man-pages:167', 'hard_top2_cap70'):.2f}"
+    L = "13+15-16+21+24-25+28-29"
+    ev = on_page("group-capacity-layers.md", "group-capacity-evict-capacity")
+    assert table_row(ev, "E at c = 0.6")[3] == f"{_layer_pairs(layers, 'debian-reference:2', f'hard_top2_evict60@{L}'):.3f}"
+    assert table_row(ev, "S, evicted")[1] == f"{_layer_pairs(layers, 'niah_single_1', f'hard_top2_evict@0+{L}'):.3f}"
+    assert table_row(ev, "S, evicted")[2] == "-"  # not run on the man page
+    one = on_page("group-capacity-layers.md", "group-capacity-evict-layers")
+    assert table_row(one, "layer 24")[-1] == f"{_layer_pairs(layers, 'niah_single_1', 'hard_top2_evict@24'):.3f}"
+    assert f"hard top-2 {_layer_pairs(layers, 'niah_single_1', 'hard_top2_nocap'):.3f})" in one.splitlines()[2]
+
+
+def test_group_capacity_leave_one_out_cells_by_hand():
+    loo = pd.read_parquet(REPO / "figures/group-capacity/leave_one_out.parquet")
+    S, SE = "hard_top2_cap@0+13+15-16+21+24-25+28-29", "hard_top2_evict@0+13+15-16+21+24-25+28-29"
+
+    def at(pattern, variant, seed):
+        r = loo[(loo.pattern == pattern) & (loo.variant == variant) & (loo.seed == seed) & (loo.length == 8192)]
+        assert len(r) == 1, (pattern, variant, seed)
+        return f"{r.answer_logprob.iloc[0]:.2f}"
+    text = on_page("group-capacity-layers.md", "group-capacity-leave-one-out")
+    head = [c.strip() for c in text.splitlines()[2].strip("|").split("|")]
+    assert head[:4] == ["keys over the cap, seed", "hard top-2", "all nine", "without 0"]
+    col = head.index("without 0")
+    assert table_row(text, "evicted, 6")[col] == at(SE, "without 0", 6)  # E on seed 6
+    assert table_row(text, "moved (S), 19")[2] == at(S, S, 19)
+    assert table_row(text, "moved (S), 6")[1] == at(S, "hard_top2_nocap", 6)

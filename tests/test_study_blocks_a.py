@@ -149,7 +149,7 @@ def test_group_capacity_cells(cells):
     assert row[3] == f"{100 * (ppl(b) / ppl(d) - 1):+.2f}" and row[4] == f"{100 * (ppl(a) / ppl(d) - 1):+.2f}"
     assert row[5].startswith(f"{change(a, b):+.2f} [")
     assert row[6] == f"{b.distant_pairs_kept.mean():.2f} / {a.distant_pairs_kept.mean():.2f}"
-    e7 = on_page("group-capacity.md", "group-capacity-e7")
+    e7 = on_page("group-capacity-layers.md", "group-capacity-e7")
     x = rows(cells, "capacity_evict7", "debian-reference", 4096, "hard_top2_evict@13+15-16+21+25+28-29")
     h = rows(cells, "capacity_evict7", "debian-reference", 4096, "hard_top2")
     assert table_row(e7, "Debian Reference")[6].startswith(f"{change(x, h):+.2f}% [")
@@ -167,18 +167,18 @@ def test_group_capacity_retrieval_cells():
     s = n1[n1.pattern == "hard_top2_cap@0+13+15-16+21+24-25+28-29"].set_index("seed")
     hard = n1[n1.pattern == "hard_top2_nocap"].set_index("seed").loc[s.index]
     dense = n1[n1.pattern == "dense"].set_index("seed").loc[s.index]
-    row = table_row(on_page("group-capacity.md", "group-capacity-s"), "niah_single_1 | 8192")
+    row = table_row(on_page("group-capacity-layers.md", "group-capacity-s"), "niah_single_1 | 8192")
     assert row[2] == str(len(s)) == "33"
     assert row[4].startswith(f"{s.score.mean() / dense.score.mean():.2f} [")
     assert row[5] == (f"{hard.distant_pairs_kept.mean():.3f} / {s.distant_pairs_kept.mean():.3f} "
                       f"[{s.distant_pairs_kept.max():.4f}]")
     diff = (s.answer_logprob - hard.answer_logprob).mean()
     assert row[6].startswith(f"{diff:+.2f} [")
-    needles = on_page("group-capacity.md", "group-capacity-needles")
+    needles = on_page("group-capacity-layers.md", "group-capacity-layers-needles")
     lost = [r for r in needles.splitlines() if r.startswith("| S | niah_single_1 | 8192 |")]
     lost_by_hand = s.index[(s.score < hard.score)]
     assert [int(r.split("|")[4]) for r in lost if "| 1 / 1 / 0 |" in r] == sorted(lost_by_hand.tolist())
-    other = on_page("group-capacity.md", "group-capacity-other-tasks")
+    other = on_page("group-capacity-layers.md", "group-capacity-other-tasks")
     v = cases[(cases.task == "vt") & (cases.length == 4096)]
     e7, nocap = v[v.pattern == "hard_top2"].set_index("seed"), v[v.pattern == "hard_top2_nocap"].set_index("seed")
     assert table_row(other, "vt | 4096")[7].startswith(f"{(e7.answer_logprob - nocap.answer_logprob.loc[e7.index]).mean():+.2f} [")
