@@ -760,7 +760,7 @@ STUDY_ORDER = ("chain-variants", "recipes-sweep", "broad-mix", "calibrated-bias"
                "tech-budget-top1", "three-times-training", "secondary-sinks", "routers-in-early-layers",
                "eight-groups", "copy-weighted-distillation", "lm-objective", "token-match-pairs", "trained-with-pairs",
                "retrieval-suite", "needle-mix-distillation", "restored-rows", "restored-drops", "group-capacity",
-               "oracle-gap")
+               "group-capacity-layers", "oracle-gap")
 _INDEX_LINE = re.compile(r"^<!-- index (title|question|verdict): (.*) -->$", re.M)
 
 
@@ -1253,6 +1253,7 @@ def _alternative_rows(c: _Cells) -> list[tuple[str, str, str, str, str]]:
     T, P, H = TECHNICAL, "austen", "shakespeare"
     cv = "[chain variants](studies/chain-variants.md)"
     gc = "[group capacity](studies/group-capacity.md)"
+    gcl = "[group capacity in some layers](studies/group-capacity-layers.md)"
 
     def tech(table: str, label: str, L: int = 4096) -> list[float]:
         return [c.dense(table, d, L, label) for d in T]
@@ -1337,7 +1338,7 @@ def _alternative_rows(c: _Cells) -> list[tuple[str, str, str, str, str]]:
          "`capacity_length`, `capacity_per_domain`, `capacity_heldout_8k`",
          (f"{NOISE_TASK} at {pairs(shipped, 2)} of the distant pairs ({pairs(nocap, 2)} before) and {rel(shipped, 4096)} / "
          f"{rel(shipped, 8192)} of dense's needles at 4096 / 8192; technical top-2 {_sized(cap_tech, 'worse')}, "
-         f"paired; the length table at most {max(cap_len):.2f} points worse"), "-", gc),
+         f"paired; the length table at most {max(cap_len):.2f} points worse"), "-", gcl),
         ("needle-mix file (stages 1-8: the file before distilled on the needle mix)",
          "`needle_mix_length`, `needle_mix_per_domain`, `needle_mix_heldout_8k`",
          (f"single needles found at 4096 and 8192 tokens; technical top-2 {_sized(mix_tech, 'better')} than the "
@@ -1444,18 +1445,18 @@ def _alternative_rows(c: _Cells) -> list[tuple[str, str, str, str, str]]:
          f"{rel('hard_top2_cap@0+13+15-16+21+24-25+28-29', 4096)} of dense (4096), {rel('hard_top2_cap@0+13+15-16+21+24-25+28-29', 8192)} "
          f"at 8192 ({n('hard_top2_cap@0+13+15-16+21+24-25+28-29', 8192)} cases)"),
          (f"meets the suite's pair bound by {0.60 - c.retrieval('hard_top2_cap@0+13+15-16+21+24-25+28-29', 4096).distant_pairs_kept:.3f}, "
-         "not its 0.90 at 8192; an option"), gc),
+         "not its 0.90 at 8192; an option"), gcl),
         ("the group capacity evicting in eight layers (`_evict@13+15-16+21+24-25+28-29`)", "`capacity_evict`",
          (f"technical top-2 {_span(evict[0])} paired {five(evict)}{prose(evict[2])}; {NOISE_TASK} "
          f"{pairs('hard_top2_evict@13+15-16+21+24-25+28-29', 3)} of the pairs at {rel('hard_top2_evict@13+15-16+21+24-25+28-29', 4096)} / "
          f"{rel('hard_top2_evict@13+15-16+21+24-25+28-29', 8192)} of dense (4096 / 8192, "
          f"{n('hard_top2_evict@13+15-16+21+24-25+28-29', 4096)} / {n('hard_top2_evict@13+15-16+21+24-25+28-29', 8192)} cases)"),
-         "meets both of the suite's bounds, worse on technical text; an option", gc),
+         "meets both of the suite's bounds, worse on technical text; an option", gcl),
         ("the same without layer 24 (`_evict@13+15-16+21+25+28-29`)", "`capacity_evict7`",
          (f"technical top-2 {_span(evict7[0])} paired {five(evict7)}{prose(evict7[2])}; {NOISE_TASK} {pairs(shipped, 3)} of the pairs "
          f"at {rel(shipped, 4096)} / {rel(shipped, 8192)} of dense (4096 / 8192, {n(shipped, 4096)} / {n(shipped, 8192)} cases)"),
          ("meets both of the suite's bounds; shipped: the top-2 `default` of `smollm2-135m/needle-mix-capacity`, measured "
-         "on all 11 tasks ([retrieval](results.md#retrieval-beyond-passkey))"), gc),
+         "on all 11 tasks ([retrieval](results.md#retrieval-beyond-passkey))"), gcl),
         ("eight groups at top-4", "`k8_split_domains`",
          f"every paired change within {_within(tech_paired(('k8_split_domains', 'hard_top2_keyshift'), ks_top1) + tech_paired(('k8_split_domains', 'hard_top4_keyshift'), ks_budgets), 1)} points",
          "no gain", "[eight groups](studies/eight-groups.md)"),
