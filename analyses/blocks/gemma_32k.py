@@ -15,7 +15,10 @@ import pandas as pd
 
 from analyses.doc_blocks import REPO, Generated, MissingInput, block
 
-PAGE = "docs/studies/gemma-routers.md"  # not in the prose check (its other tables are older blocks)
+PAGE = "docs/studies/gemma-routers.md"
+PROSE_PAGES = (PAGE,)
+#: the issue's criterion (hard top-2 within 2% of dense), not a measurement
+ALLOWED = {PAGE: {"2%"}}
 
 BENCH = "figures/gemma/bench_forward_32k.csv"
 RECORD = "figures/results/record_memory.parquet"
