@@ -781,6 +781,9 @@ def masked_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
         if not off_host:
             return _softcapped_attention(query, key, value, bias.rows, scaling, float(softcap))
         bias = bias.dense()  # (B, Tq, Tk): off the host the mask is small beside the memory
+    if bias.dtype == torch.bool and not off_host and softcap is None and query.shape[2] > SDPA_QUERY_CHUNK:
+        # block by block, each block's empty rows filled there: no pass over the whole mask
+        return _key_sliced_attention(query, key, value, lambda s, e: bias[:, s:e], scaling, SDPA_QUERY_CHUNK)
     if bias.dtype == torch.bool:
         empty = ~bias.any(-1, keepdim=True)  # (B, Tq, 1)
         if off_host or empty.any():
@@ -793,8 +796,6 @@ def masked_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
         return _softcapped_attention(query, key, value, bias, scaling, float(softcap))
     if bias.dtype != torch.bool:
         bias = bias.to(query.dtype)
-    elif not off_host and query.shape[2] > SDPA_QUERY_CHUNK:
-        return _key_sliced_attention(query, key, value, lambda s, e: bias[:, s:e], scaling, SDPA_QUERY_CHUNK)
     return F.scaled_dot_product_attention(
         query, key, value, attn_mask=bias[:, None], scale=scaling,
         enable_gqa=query.shape[1] != key.shape[1])  # (B, H, Tq, D)
