@@ -15,9 +15,12 @@ from focus_lab.runs import Run
 from run_fixtures import make_tiny_run
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    path = make_tiny_run(tmp_path_factory.mktemp("runs") / "tiny", with_eval=False, with_train_log=False)
+@pytest.fixture(scope="module", params=["llama", "gemma3"])
+def tiny(tmp_path_factory, request):
+    # gemma3: 6 layers, 2 and 5 global and routed, the others in a 16-key sliding window that the
+    # 96-token window exceeds (the decode step's cache must keep the sliding layers' own window)
+    kw = {"model": "gemma3", "layers": 6, "seq_len": 96} if request.param == "gemma3" else {}
+    path = make_tiny_run(tmp_path_factory.mktemp("runs") / "tiny", with_eval=False, with_train_log=False, **kw)
     from focus_lab.hf.models import load_model
     run = Run.open(path)
     model, _ = load_model(str(path.parent / f".{path.name}-assets" / "model"), verbose=False)
@@ -59,7 +62,8 @@ def test_restored_drops_match_the_runs_losses_and_an_edited_mask(tiny):
 
 def test_group_ablation_equals_query_groups_that_drop_the_group(tiny):
     run, model = tiny
-    df = group_ablation_table(model, run, layers=[1], groups=[0, 2], progress=False)
+    layer = 1 if model.config.model_type == "llama" else 5  # a routed layer (gemma3: after sliding ones)
+    df = group_ablation_table(model, run, layers=[layer], groups=[0, 2], progress=False)
     assert list(df.columns) == list(GROUP_ABLATION) and set(df["group"]) == {0, 2}
     ids = torch.from_numpy(np.array(run.window_token_ids()[0]))
     hard = focus_lab.forward_state(model, mode="hard")
@@ -69,7 +73,7 @@ def test_group_ablation_equals_query_groups_that_drop_the_group(tiny):
         def drop(qg, hook, g=g):  # the query's other group instead of g (a repeated group counts once)
             other = torch.where(qg[..., :1] == g, qg[..., 1:], qg[..., :1])
             return torch.where(qg == g, other.expand_as(qg), qg)
-        with torch.no_grad(), focus_lab.hooks(model, {"layers.1.query_groups": drop}):
+        with torch.no_grad(), focus_lab.hooks(model, {f"layers.{layer}.query_groups": drop}):
             ablated = next_token_nll(model, ids, focus=hard).numpy()
         base = next_token_nll(model, ids, focus=hard).numpy()
         want = pd.DataFrame({"pos": pos, "d": ablated - base}).groupby("pos")["d"].mean()

@@ -63,7 +63,10 @@ class _WindowCache:
         if cfg.key_shift or cfg.match_shifts:
             raise ValueError("restoring drops by decode steps needs key_shift=0 and match_shifts=None (their "
                              "state is not cut at a position); record the run without them")
-        out = model(input_ids=self.ids[None], use_cache=True, focus=self.state)
+        from transformers import DynamicCache
+        # a cache of every position in every layer: the model's own cache keeps only the last
+        # window of a sliding layer (Gemma), and a decode step cuts the cache at any position
+        out = model(input_ids=self.ids[None], past_key_values=DynamicCache(), use_cache=True, focus=self.state)
         self.kv = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
         del out
 
@@ -72,7 +75,7 @@ class _WindowCache:
         """-log p(ids[position + 1] | ids[:position + 1]) in nats: the token at ``position`` as
         one decode step on the window's cache cut before it, with the hooks ``patch``."""
         from transformers import DynamicCache
-        cache = DynamicCache()
+        cache = DynamicCache(config=self.model.config)  # sliding layers keep their window, as the model's
         for layer, (k, v) in enumerate(self.kv):
             cache.update(k[:, :, :position].clone(), v[:, :, :position].clone(), layer)
         groups = {layer: g[:, :position].clone() for layer, g in self.state.cache.key_groups.items()}
