@@ -24,6 +24,7 @@ PATTERN_METHOD = {"focus": "focus", "window": "window", "window_matched": "windo
 
 def coverage_by_distance(data_dir: Path) -> pd.DataFrame:
     """method, bucket, distance_lo, distance_hi, coverage, mass_share (dense mass in the bucket)."""
+    from focus_lab.recording.long_range import coverage_by_distance as coverage_by_pattern
     from focus_lab.runs import Run
     rows = []
     for method in RECORD_METHODS:
@@ -31,19 +32,13 @@ def coverage_by_distance(data_dir: Path) -> pd.DataFrame:
         if not (path / "manifest.json").is_file():
             continue
         run = Run.open(path)
-        cd = run.table("coverage_distance")
         k = run.manifest.get("focus_config", {}).get("top_k")
-        pats = cd["pattern"].unique() if method == "focus" else ["focus"]
-        for p in pats:
-            sub = cd[cd["pattern"] == p]
-            g = sub.groupby(["distance_lo", "distance_hi"])[["kept_mass", "mass"]].sum().reset_index()
-            total = g["mass"].sum()
-            for r in g.itertuples():
-                rows.append({"method": PATTERN_METHOD.get(p, p) if method == "focus" else method,
-                             "top_k": k if p in ("focus", "random") else None,
-                             "bucket": f"[{r.distance_lo}, {r.distance_hi})", "distance_lo": r.distance_lo,
-                             "distance_hi": r.distance_hi, "coverage": r.kept_mass / r.mass if r.mass > 0 else float("nan"),
-                             "mass_share": r.mass / total if total > 0 else float("nan")})
+        pats = None if method == "focus" else ["focus"]
+        for r in coverage_by_pattern(run.table("coverage_distance"), pats).itertuples():
+            rows.append({"method": PATTERN_METHOD.get(r.pattern, r.pattern) if method == "focus" else method,
+                         "top_k": k if r.pattern in ("focus", "random") else None,
+                         "bucket": f"[{r.distance_lo}, {r.distance_hi})", "distance_lo": r.distance_lo,
+                         "distance_hi": r.distance_hi, "coverage": r.coverage, "mass_share": r.mass_share})
     if not rows:
         raise FileNotFoundError(f"{Path(data_dir) / 'runs'} has no recorded runs: run `focus-lab-figures` "
                                 "(experiment 'records')")

@@ -66,5 +66,12 @@ def test_coverage_pooled_over_layers_and_heads():
     by_d = LR.coverage_by_distance(cd[cd.distance_lo > 0]).set_index(["pattern", "distance_lo"]).coverage
     assert by_d[("focus", 128)] == pytest.approx(0.4 / 0.6)
     assert by_d[("random", 128)] == pytest.approx(0.15 / 0.6)
+    # every pattern, the share of its dense mass per bucket, NaN coverage where a bucket is empty
+    every = pd.concat([cd, cd.iloc[:1].assign(distance_lo=256, distance_hi=512, mass=0.0, kept_mass=0.0)])
+    all_d = LR.coverage_by_distance(every, patterns=None).set_index(["pattern", "distance_lo"])
+    assert all_d.loc[("focus", 0), "mass_share"] == pytest.approx(1.4 / 2.0)  # focus: 1.4 of 2.0 at [0, 128)
+    assert all_d.loc[("focus", 128), "mass_share"] == pytest.approx(0.6 / 2.0)
+    assert all_d.loc[("random", 128), "mass_share"] == pytest.approx(1.0)
+    assert math.isnan(all_d.loc[("focus", 256), "coverage"]) and all_d.loc[("focus", 256), "mass_share"] == 0
     by_l = LR.coverage_by_layer(cd, min_distance=128).set_index(["pattern", "layer_idx"]).coverage
     assert by_l[("focus", 1)] == pytest.approx(0.75) and not math.isnan(by_l[("random", 0)])

@@ -142,15 +142,28 @@ def loss_vs_token_drops(loss_delta: pd.DataFrame, edges: pd.DataFrame, token: st
 
 def coverage_by_distance(coverage_distance: pd.DataFrame, patterns=("focus", "random")) -> pd.DataFrame:
     """Per pattern and distance bucket, the dense mass kept over the dense mass, pooled over the
-    layers and heads of a run's ``coverage_distance`` (every (layer, head) has the same queries, so
-    the per-query means add up). Columns pattern, distance_lo, distance_hi, coverage."""
-    d = coverage_distance[coverage_distance["pattern"].isin(patterns)]
-    missing = set(patterns) - set(d["pattern"])
+    layers, heads, queries and windows of a run's ``coverage_distance`` (every (layer, head) has
+    the same queries, so the per-query means add up); docs/method.md §6.
+
+    Args:
+        coverage_distance: the run's table (pattern, layer_idx, head, distance_lo, distance_hi,
+            kept_mass, mass).
+        patterns: the patterns kept (None: every pattern of the table).
+    Returns:
+        Columns pattern, distance_lo, distance_hi, coverage (NaN where the bucket holds no dense
+        mass), mass_share (the bucket's share of the pattern's dense mass over every bucket).
+    Raises:
+        ValueError: a pattern asked for is not in the table.
+    """
+    d = coverage_distance if patterns is None else coverage_distance[coverage_distance["pattern"].isin(patterns)]
+    missing = set(patterns or ()) - set(d["pattern"])
     if missing:
         raise ValueError(f"patterns {sorted(missing)} not in coverage_distance")
     g = d.groupby(["pattern", "distance_lo", "distance_hi"])[["kept_mass", "mass"]].sum().reset_index()
-    g["coverage"] = g["kept_mass"] / g["mass"]
-    return g[["pattern", "distance_lo", "distance_hi", "coverage"]]
+    mass = g["mass"].where(g["mass"] > 0)  # an empty bucket: NaN, not a division by zero
+    g["coverage"] = g["kept_mass"] / mass
+    g["mass_share"] = g["mass"] / g.groupby("pattern")["mass"].transform("sum").where(lambda t: t > 0)
+    return g[["pattern", "distance_lo", "distance_hi", "coverage", "mass_share"]]
 
 
 def coverage_by_layer(coverage_distance: pd.DataFrame, min_distance: int, patterns=("focus", "random")) -> pd.DataFrame:
