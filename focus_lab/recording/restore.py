@@ -66,7 +66,9 @@ class _WindowCache:
         from transformers import DynamicCache
         # a cache of every position in every layer: the model's own cache keeps only the last
         # window of a sliding layer (Gemma), and a decode step cuts the cache at any position
-        out = model(input_ids=self.ids[None], past_key_values=DynamicCache(), use_cache=True, focus=self.state)
+        # the body alone: its cache is what the steps need, not the (T, V) logits (32 GiB at 32K on Gemma)
+        out = model.base_model(input_ids=self.ids[None], past_key_values=DynamicCache(), use_cache=True,
+                               focus=self.state)
         self.kv = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
         del out
 
