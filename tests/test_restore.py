@@ -15,11 +15,12 @@ from focus_lab.runs import Run
 from run_fixtures import make_tiny_run
 
 
-@pytest.fixture(scope="module", params=["llama", "gemma3"])
+@pytest.fixture(scope="module", params=["llama", "llama_top1", "gemma3"])
 def tiny(tmp_path_factory, request):
     # gemma3: 6 layers, 2 and 5 global and routed, the others in a 16-key sliding window that the
-    # 96-token window exceeds (the decode step's cache must keep the sliding layers' own window)
-    kw = {"model": "gemma3", "layers": 6, "seq_len": 96} if request.param == "gemma3" else {}
+    # 96-token window exceeds (the decode step's cache must keep the sliding layers' own window);
+    # llama_top1: a group cut where a query has no other group (the ``kept`` hook)
+    kw = {"gemma3": {"model": "gemma3", "layers": 6, "seq_len": 96}, "llama_top1": {"top_k": 1}}.get(request.param, {})
     path = make_tiny_run(tmp_path_factory.mktemp("runs") / "tiny", with_eval=False, with_train_log=False, **kw)
     from focus_lab.hf.models import load_model
     run = Run.open(path)
@@ -60,22 +61,27 @@ def test_restored_drops_match_the_runs_losses_and_an_edited_mask(tiny):
         assert r.edges_of_query == len(q[["layer_idx", "key_position"]].drop_duplicates())
 
 
-def test_group_ablation_equals_query_groups_that_drop_the_group(tiny):
+def test_group_ablation_equals_the_mask_without_the_groups_distant_pairs(tiny):
     run, model = tiny
     layer = 1 if model.config.model_type == "llama" else 5  # a routed layer (gemma3: after sliding ones)
     df = group_ablation_table(model, run, layers=[layer], groups=[0, 2], progress=False)
     assert list(df.columns) == list(GROUP_ABLATION) and set(df["group"]) == {0, 2}
     ids = torch.from_numpy(np.array(run.window_token_ids()[0]))
     hard = focus_lab.forward_state(model, mode="hard")
+    cfg = hard.config
     pos = run.table("pos")
     pos = pos[pos.window == 0].set_index("position")["pos"].reindex(range(len(ids) - 1)).fillna("").to_numpy()
+    base = next_token_nll(model, ids, focus=hard).numpy()
     for g in (0, 2):
-        def drop(qg, hook, g=g):  # the query's other group instead of g (a repeated group counts once)
-            other = torch.where(qg[..., :1] == g, qg[..., 1:], qg[..., :1])
-            return torch.where(qg == g, other.expand_as(qg), qg)
-        with torch.no_grad(), focus_lab.hooks(model, {f"layers.{layer}.query_groups": drop}):
+        def drop(kept, hook, g=g):  # independent: the layer's mask without the distant pairs to keys of g
+            Tq, Tk = kept.shape[-2:]
+            i = torch.arange(Tk - Tq, Tk)[:, None]
+            j = torch.arange(Tk)[None, :]
+            distant = (i - j >= cfg.window) & (j >= cfg.sink_tokens)  # (Tq, Tk)
+            return kept & ~(distant[None] & (hook.call.routing.key_group == g)[:, None, :])
+        with torch.no_grad(), focus_lab.hooks(model, {f"layers.{layer}.kept": drop}):
             ablated = next_token_nll(model, ids, focus=hard).numpy()
-        base = next_token_nll(model, ids, focus=hard).numpy()
+        assert not np.allclose(ablated, base, atol=1e-4)  # the cut changes the losses
         want = pd.DataFrame({"pos": pos, "d": ablated - base}).groupby("pos")["d"].mean()
         got = df[df.group == g].set_index("pos")["delta"]
         assert np.allclose(got.loc[want.index].to_numpy(), want.to_numpy(), atol=1e-4)

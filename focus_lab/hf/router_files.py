@@ -42,8 +42,13 @@ def model_identity(model: nn.Module) -> dict[str, str]:
               "_attn_implementation_autoset", "output_attentions", "return_dict"):
         cfg.pop(k, None)
     config_sha = hashlib.sha256(json.dumps(cfg, sort_keys=True, default=str).encode()).hexdigest()
-    emb = model.get_input_embeddings().weight.detach().to("cpu", torch.bfloat16)
-    embed_sha = hashlib.sha256(emb.view(torch.int16).numpy().tobytes()).hexdigest()
+    # hashed by blocks of rows: a whole bf16 copy and its bytes would hold 0.67 GiB at Gemma-3's
+    # 262,144 x 640 embedding (and the allocator keeps freed memory); the digest is the same
+    weight = model.get_input_embeddings().weight.detach()
+    h = hashlib.sha256()
+    for rows in torch.split(weight, 8192):
+        h.update(rows.to("cpu", torch.bfloat16).contiguous().view(torch.int16).numpy())
+    embed_sha = h.hexdigest()
     name = getattr(model.config, "_name_or_path", "") or getattr(model, "name_or_path", "")
     return {"name": str(name), "model_type": model.config.model_type,
             "config_sha256": config_sha, "embedding_sha256": embed_sha}
