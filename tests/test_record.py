@@ -367,11 +367,13 @@ def test_memory_estimate_is_the_documented_formula():
     tables = kept + max(Nq * (58 + 256), Nq * (82 + 40), 41 * P * W * T * (T + 1) // 2, 8 * W * T * d, 260 * N)
     loss = 2 * kept + 4 * T * V + 4 * min(T, 1024) * V
     write = 2 * kept + max(tabs)
-    want = int(0.60 * GiB) + int(0.07 * GiB) + 1_000_000 + recorded + slack + max(record_, tables, loss, write)
+    spacy = 18_000 * T  # the parse of one window
+    want = int(0.60 * GiB) + int(0.07 * GiB) + 1_000_000 + recorded + slack + max(record_, spacy, tables, loss, write)
     got = estimate_memory(TINY_SHAPE, T, W, L, Hs, patterns=P)
     assert got == pytest.approx(want, abs=8)  # int rounding of the terms
     parts = memory_parts(TINY_SHAPE, T, W, L, Hs, patterns=P)
     assert parts["recorded"] == pytest.approx(recorded, abs=2) and parts["tables"] == pytest.approx(tables, abs=2)
+    assert parts["spacy"] == spacy and memory_parts(TINY_SHAPE, T, W, L, Hs, with_pos=False)["spacy"] == 0
     assert parts["peak"] == got
 
 
@@ -406,6 +408,8 @@ def test_memory_estimate_grows_with_length_layers_heads_and_options():
     # (T, V) logits were 34 GB
     gemma = ModelShape(4, 256, 640, 2048, 262144, 536_000_000)
     assert memory_parts(gemma, 32768, 1, 3, 4, metrics=("assignments", "loss_delta"))["record"] < 1.2e9
+    # and spaCy's parse of the window's 138K characters (0.55 GiB measured) is one of the phases
+    assert memory_parts(gemma, 32768, 1, 3, 4)["spacy"] == pytest.approx(0.55 * GiB, rel=0.05)
     p4 = memory_parts(smol, 4096, 4, 30, 9)
     assert max(("record", "tables", "loss_delta", "write"), key=p4.get) in ("tables", "write")
     assert 4.7e9 < p4["peak"] < 5.8e9

@@ -169,7 +169,7 @@ def main() -> None:
     if est:
         total = est["peak"]
         print(f"estimate {total / GiB:.3f} GiB = {total / 1e9:.3f} GB ({total / peak - 1:+.1%} vs the measured "
-              "peak); peak = runtime + model + recorded + slack + max(record, tables, loss_delta, write):")
+              "peak); peak = runtime + model + recorded + slack + max(record, spacy, tables, loss_delta, write):")
         for k, v in est.items():
             print(f"  {k:<11} {v / GiB:.3f} GiB")
     if label:

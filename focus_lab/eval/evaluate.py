@@ -140,6 +140,7 @@ def next_token_nll(model, ids: torch.Tensor, chunk: int = NLL_CHUNK, **forward_k
         logits = head(flat[s:s + chunk]).float()  # (c, vocab)
         tgt = targets[s:s + chunk, None]
         out[s:s + chunk] = torch.logsumexp(logits, -1) - logits.gather(-1, tgt).squeeze(-1)
+        del logits  # freed before the next slice's head: two (c, vocab) slices, never three
     return out.view(b, n)
 
 

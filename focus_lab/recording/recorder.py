@@ -427,8 +427,13 @@ GiB = 1 << 30
 #: Resident memory of ``focus-lab record`` before the model: Python, torch, transformers, pandas,
 #: pyarrow, typer, the tokenizer, the corpus and its windows (measured: 0.60 GiB, Austen).
 RUNTIME_BYTES = int(0.60 * GiB)
-#: spaCy with its English pipeline and the parse of a window (``with_pos``; measured 0.07 GiB).
+#: spaCy with its English pipeline (``with_pos``; measured 0.07 GiB).
 SPACY_BYTES = int(0.07 * GiB)
+#: spaCy's parse of one window's text, per token of the window (``with_pos``; measured: 0.07 GiB
+#: for 4,096 tokens, 0.55 GiB for the 138K characters of 32,768 Gemma-3 tokens of Persuasion).
+SPACY_PARSE_BYTES = 18_000
+#: the phases whose transients are alternatives in the estimate (``memory_parts``): the largest counts
+PHASES = ("record", "spacy", "tables", "loss_delta", "write")
 #: Dropped edges the audit keeps per (query, head, layer) and per unit of ``edge_top_n``: the one
 #: data-dependent term (measured 0.50 with the defaults on SmolLM2 / Persuasion at 4096 tokens, 0.37
 #: at 1024).
@@ -487,8 +492,8 @@ def memory_parts(shape: ModelShape, seq_len: int, windows: int, layers: int, hea
     """The terms of ``estimate_memory``, in bytes (``"peak"``: the estimate itself).
 
     Args: as ``estimate_memory``. Returns {"runtime", "model", "recorded", "slack", "record",
-    "tables", "loss_delta", "write", "peak"}: ``peak = runtime + model + recorded + slack +
-    max(record, tables, loss_delta, write)`` (the phases are alternatives, not a sum).
+    "spacy", "tables", "loss_delta", "write", "peak"}: ``peak = runtime + model + recorded + slack +
+    max(record, spacy, tables, loss_delta, write)`` (the phases are alternatives, not a sum).
     """
     T, W, L, Hs = int(seq_len), int(windows), int(layers), int(heads)
     want = set(metrics)
@@ -527,12 +532,14 @@ def memory_parts(shape: ModelShape, seq_len: int, windows: int, layers: int, hea
                 8 * W * T * d if "linguistics" in want else 0, tabs["assignments"])
     held = 2 * kept  # after tables(): the tables, and about as much freed heap their build left
     parts = {"runtime": RUNTIME_BYTES + (SPACY_BYTES if with_pos else 0), "model": int(shape.param_bytes),
-             "recorded": int(recorded), "slack": int(slack), "record": int(record), "tables": int(kept + build),
+             "recorded": int(recorded), "slack": int(slack), "record": int(record),
+             "spacy": SPACY_PARSE_BYTES * T if with_pos else 0,  # one window's parse, after its forward
+             "tables": int(kept + build),
              # the other mode's forwards after the recording, before tables(): logits + a chunk
              "loss_delta": int(head) if ld else 0,
              "write": int(held + max(tabs.values()))}
     parts["peak"] = (parts["runtime"] + parts["model"] + parts["recorded"] + parts["slack"]
-                     + max(parts[k] for k in ("record", "tables", "loss_delta", "write")))
+                     + max(parts[k] for k in PHASES))
     return parts
 
 
@@ -551,7 +558,7 @@ def estimate_memory(shape: ModelShape, seq_len: int, windows: int, layers: int, 
     1 when x holds, else 0.
     Every term in bytes::
 
-        peak     = runtime + model + recorded + slack + max(record, tables, loss_delta, write)
+        peak     = runtime + model + recorded + slack + max(record, spacy, tables, loss_delta, write)
         runtime  = 0.60 GiB + 0.07 GiB [with_pos]                       (RUNTIME_BYTES, SPACY_BYTES)
         model    = shape.param_bytes
         recorded = N (16K + 8k + 32 + 2d [linguistics])       routing: scores, groups, router input
@@ -562,6 +569,7 @@ def estimate_memory(shape: ModelShape, seq_len: int, windows: int, layers: int, 
         record   = max(4 T V + 4 min(T, 1024) V [loss_delta, mode dense or hard],
                        m T^2 + (12 E + 16 Hs T D + 2 T^2 [T <= 2048]) [att])   logits | a layer;
                    m = 1 dense, 2 hard, 13 soft (soft: from the code, not measured)
+        spacy    = 18,000 T [with_pos]                  spaCy's parse of one window (SPACY_PARSE_BYTES)
         tables   = kept + max(Nq (58 + 256 [per_query]) [coverage], Nq (82 + 40 [per_query]) [crossing],
                               41 P W T(T+1)/2, 8 W T d [linguistics], 260 N)
         kept     = 260 N + 128 Nq [coverage, per_query] + 40 Nq [crossing, per_query] + 66 e Nq
