@@ -283,7 +283,7 @@ def run_cells(args) -> None:
     for corpus in args.corpora.split(","):
         corp = load_corpus(corpus)
         for L in (int(x) for x in args.lengths.split(",")):
-            cell = args.out / "cells" / f"{corpus}_{L}.parquet"
+            cell = args.out / "cells" / f"{corp.name}_{L}.parquet"  # a local file: its stem, inside --out
             if cell.is_file():
                 continue
             ws = make_windows(corp.heldout, tok, L, max_windows=windows_at[L])
@@ -295,30 +295,44 @@ def run_cells(args) -> None:
                 for src, g in old.groupby("reused_from"):
                     print(f"{corpus} {L}: reusing " + ", ".join(
                         f"{lab} ({len(h)} windows)" for lab, h in g.groupby("label")) + f" from {src}", flush=True)
-            have = set(zip(old.get("label", []), old.get("window", [])))
+            partial = cell.with_name(cell.stem + ".partial.parquet")  # the windows a stopped run finished
+            computed = []  # the rows this run (or the stopped one before it) evaluated
+            if partial.is_file():  # the same windows (a window's index is its place in the text)
+                done = pd.read_parquet(partial)
+                computed.append(done[done.window.isin([w.index for w in ws])])
+                print(f"{corpus} {L}: {computed[0].window.nunique()} windows finished before, from {partial}",
+                      flush=True)
+            have = set()
+            for r in rows + computed:
+                have |= set(zip(r.get("label", []), r.get("window", [])))
             t0 = time.perf_counter()
+
+            def finished(rows: list) -> pd.DataFrame:
+                out = pd.concat(rows, ignore_index=True)
+                out["reused_from"] = out["reused_from"].fillna("") if "reused_from" in out else ""
+                out["corpus"], out["seq_len"] = corpus, L
+                out["heldout"] = ",".join(d.name for d in corp.heldout)
+                out["model"] = args.model or "smollm2-135m-instruct"
+                out["routers"] = str(routers)
+                out["routers_sha256"] = file_sha256(routers)
+                out["random_layers"] = args.random_layers or ""
+                out["layer_top_k"] = out.label.map(lambda lab: spec_in_force(cfg, lab))
+                out["match_shifts"] = out.label.map(lambda lab: match_in_force(cfg, lab))
+                out["capacity"] = out.label.map(lambda lab: capacity_in_force(cfg, lab))
+                out["seed"] = cfg.seed
+                out["table_schema_version"] = SCHEMA_VERSION
+                return out
             for w in ws:
                 todo = [p for p in pats if (p[0], w.index) not in have]
                 if not todo:
                     continue
                 df = evaluate(model, [w], todo, progress=False, per_window=True)
-                rows.append(df)
+                computed.append(df)
+                write_parquet(partial, finished(computed))  # atomic; a stop keeps the finished windows
                 print(f"{corpus} {L} window {w.index}: " + ", ".join(
                     f"{r.label} {r.perplexity:.2f}" for r in df.itertuples()), flush=True)
-            out = pd.concat(rows, ignore_index=True)
-            out["reused_from"] = out["reused_from"].fillna("") if "reused_from" in out else ""
-            out["corpus"], out["seq_len"] = corpus, L
-            out["heldout"] = ",".join(d.name for d in corp.heldout)
-            out["model"] = args.model or "smollm2-135m-instruct"
-            out["routers"] = str(routers)
-            out["routers_sha256"] = file_sha256(routers)
-            out["random_layers"] = args.random_layers or ""
-            out["layer_top_k"] = out.label.map(lambda lab: spec_in_force(cfg, lab))
-            out["match_shifts"] = out.label.map(lambda lab: match_in_force(cfg, lab))
-            out["capacity"] = out.label.map(lambda lab: capacity_in_force(cfg, lab))
-            out["seed"] = cfg.seed
-            out["table_schema_version"] = SCHEMA_VERSION
-            write_parquet(cell, out)
+            write_parquet(cell, finished(rows + computed))
+            partial.unlink(missing_ok=True)
             print(f"== {corpus} {L}: {len(ws)} windows in {time.perf_counter() - t0:.0f} s", flush=True)
 
 

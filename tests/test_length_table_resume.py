@@ -1,0 +1,39 @@
+"""analyses.length_table on a tiny model and a local text file: the cell lands inside --out (named
+by the file's stem), and a stopped run's finished windows (the ``.partial`` cell) are not
+evaluated again."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from run_fixtures import TEXT, make_tiny_run
+
+
+def test_a_local_corpus_cell_and_a_resumed_run(tmp_path, capsys):
+    from analyses import length_table
+    run = make_tiny_run(tmp_path / "runs" / "tiny", with_eval=False, with_train_log=False)
+    assets = run.parent / f".{run.name}-assets"
+    corpus = tmp_path / "my_text.txt"
+    corpus.write_text((TEXT + "\n") * 40)
+    out = tmp_path / "lt"
+    args = ["--model", str(assets / "model"), "--routers", str(assets / "routers.safetensors"), "--corpora",
+            str(corpus), "--lengths", "32", "--windows", "32:3", "--patterns", "dense,hard_top2", "--out", str(out),
+            "--threads", "1"]
+    length_table.main(args)
+    cell = out / "cells" / "my_text_32.parquet"
+    whole = pd.read_parquet(cell)
+    assert sorted(whole.window.unique()) == sorted(set(whole.window)) and whole.window.nunique() == 3
+    last = int(whole.window.max())
+    # a run stopped after two windows: its partial cell, and no finished cell
+    whole[whole.window != last].to_parquet(out / "cells" / "my_text_32.partial.parquet")
+    cell.unlink()
+    capsys.readouterr()
+    length_table.main(args)
+    printed = capsys.readouterr().out
+    assert "2 windows finished before" in printed
+    assert [line for line in printed.splitlines() if " window " in line and ": dense" in line] == [
+        line for line in printed.splitlines() if f"32 window {last}:" in line]  # only the missing window ran
+    again = pd.read_parquet(cell)
+    assert len(again) == len(whole) and not (out / "cells" / "my_text_32.partial.parquet").exists()
+    merged = again.merge(whole, on=["label", "window"], suffixes=("", "_first"))
+    assert (merged.perplexity - merged.perplexity_first).abs().max() < 1e-4
