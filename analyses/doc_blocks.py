@@ -493,33 +493,41 @@ def gemma_oracle() -> Generated:
     return Generated(f"{GEMMA_ORACLE}; {head}", table)
 
 
-GEMMA_RETRIEVAL = "figures/gemma/retrieval_8k/cases.parquet"
+#: one probe's cases a file: RULER's single needle in its noise sentences at 8192 tokens (and 16384, 3
+#: cases), in held-out prose (Persuasion) at 16384 and 32768 (``focus-lab probe retrieval --model
+#: gemma3-270m --format plain``)
+GEMMA_RETRIEVAL = ("figures/gemma/retrieval_8k/cases.parquet", "figures/gemma/retrieval_16k_noise/cases.parquet",
+                   "figures/gemma/retrieval_16k/cases.parquet", "figures/gemma/retrieval_32k/cases.parquet")
+HAYSTACK = {"niah_single_1": "noise sentences", "niah_single_2": "*Persuasion*", "niah_single_3": "*Persuasion*",
+            "passkey": "noise sentences"}
 
 
-@block("gemma-retrieval", GEMMA_RETRIEVAL)
+@block("gemma-retrieval", *GEMMA_RETRIEVAL)
 def gemma_retrieval() -> Generated:
     """Gemma-3-270M on RULER's single needle (``focus-lab probe retrieval --model gemma3-270m
-    --format plain``): per pattern the score, the answer's log-prob change over dense (nats, 95%
-    paired interval over cases), distant and needle pairs kept; then the router against random
-    groups, paired over cases (``retrieval.paired_difference``)."""
+    --format plain``), each task and length of the files ``GEMMA_RETRIEVAL``: per pattern the
+    score, the answer's log-prob change over dense (nats, 95% paired interval over cases),
+    distant and needle pairs kept; then the router against random groups, paired over cases
+    (``retrieval.paired_difference``)."""
     from focus_lab.eval import retrieval_tables as rt
-    cases = pd.read_parquet(REPO / GEMMA_RETRIEVAL)
+    cases = pd.concat([pd.read_parquet(REPO / f) for f in GEMMA_RETRIEVAL], ignore_index=True)
     s = rt.summary(cases)
-    lines = ["| task | tokens | pattern | cases | score | answer log-prob vs dense | distant pairs kept | "
-             "needle pairs kept |", "|---|---:|---|---:|---:|---|---:|---:|"]
+    lines = ["| task | haystack | tokens | pattern | cases | score | answer log-prob vs dense | distant pairs kept | "
+             "needle pairs kept |", "|---|---|---:|---|---:|---:|---|---:|---:|"]
     for r in s.itertuples():
-        lines.append(f"| {r.task} | {r.length} | `{r.pattern}` | {r.cases} | {r.score:.2f} | {r.logprob_change:+.2f} "
-                     f"[{r.logprob_change_lo:+.2f}, {r.logprob_change_hi:+.2f}] | {r.distant_pairs_kept:.2f} | "
-                     f"{r.needle_pairs_kept:.2f} |")
-    lines += ["", "| router against random groups | tokens | difference | 95% interval | cases |",
-              "|---|---:|---:|---|---:|"]
+        lines.append(f"| {r.task} | {HAYSTACK.get(r.task, '')} | {r.length} | `{r.pattern}` | {r.cases} | {r.score:.2f} | "
+                     f"{r.logprob_change:+.2f} [{r.logprob_change_lo:+.2f}, {r.logprob_change_hi:+.2f}] | "
+                     f"{r.distant_pairs_kept:.2f} | {r.needle_pairs_kept:.2f} |")
+    lines += ["", "| router against random groups | task | tokens | difference | 95% interval | cases |",
+              "|---|---|---:|---:|---|---:|"]
     for col, what in (("score", "score"), ("answer_logprob", "answer log-prob (nats)")):
         for r in rt.paired_difference(cases, "default", "random_default", col).itertuples():
-            lines.append(f"| {what} | {r.length} | {r.difference:+.2f} | [{r.lo:+.2f}, {r.hi:+.2f}] | {r.cases} |")
-    c = cases.iloc[0]
-    inputs = (f"{GEMMA_RETRIEVAL}; model gemma3-270m, format plain (RULER's base template); routers "
-              f"{c.router_name} (sha256 {c.router_sha256[:12]}); commit {c.commit}; seeds "
-              f"{cases.seed.min()}-{cases.seed.max()}")
+            lines.append(f"| {what} | {r.task} | {r.length} | {r.difference:+.2f} | [{r.lo:+.2f}, {r.hi:+.2f}] | "
+                         f"{r.cases} |")
+    names = sorted(set(zip(cases.router_name, cases.router_sha256.str[:12])))
+    inputs = (f"{', '.join(GEMMA_RETRIEVAL)}; model gemma3-270m, format plain (RULER's base template); routers "
+              f"{'; '.join(f'{n} (sha256 {h})' for n, h in names)}; commits {', '.join(sorted(cases.commit.unique()))}; "
+              f"seeds {cases.seed.min()}-{cases.seed.max()}")
     return Generated(inputs, "\n".join(lines))
 
 
