@@ -306,6 +306,7 @@ def run_cells(args) -> None:
             for r in rows + computed:
                 have |= set(zip(r.get("label", []), r.get("window", [])))
             t0 = time.perf_counter()
+            routers_sha = file_sha256(routers)
 
             def finished(rows: list) -> pd.DataFrame:
                 out = pd.concat(rows, ignore_index=True)
@@ -314,7 +315,7 @@ def run_cells(args) -> None:
                 out["heldout"] = ",".join(d.name for d in corp.heldout)
                 out["model"] = args.model or "smollm2-135m-instruct"
                 out["routers"] = str(routers)
-                out["routers_sha256"] = file_sha256(routers)
+                out["routers_sha256"] = routers_sha
                 out["random_layers"] = args.random_layers or ""
                 out["layer_top_k"] = out.label.map(lambda lab: spec_in_force(cfg, lab))
                 out["match_shifts"] = out.label.map(lambda lab: match_in_force(cfg, lab))
