@@ -16,7 +16,7 @@ import focus_lab
 from focus_lab import FocusConfig
 from focus_lab.hf.hooks import HookError, HookWarning, Pairs
 from focus_lab.hf.retrofit import attention_modules, forward_state
-from focus_lab.method.core import hard_groups
+from focus_lab.method.core import NO_GROUP, distant_kept_counts, hard_groups
 from conftest import tiny_gpt2, tiny_llama
 
 T, W, G = 24, 4, 3
@@ -120,6 +120,49 @@ def test_forced_groups_hold_in_decode_steps_and_the_cache_keeps_the_patched_grou
     assert torch.equal(full[0, 11:].argmax(-1), out[0, 12:16])
 
 
+def _no_group(qg, hook):
+    """Slot 0 of the queries at positions 0, 3, 6, ..., and every slot of the queries at
+    positions 13 and 20, join no group (positions: the call's Tq queries end at its Tk keys)."""
+    Tq, Tk = qg.shape[1], hook.call.key.shape[2]
+    pos = torch.arange(Tk - Tq, Tk)  # (Tq,)
+    out = qg.clone()
+    out[:, pos % 3 == 0, 0] = NO_GROUP
+    out[:, (pos == 13) | (pos == 20)] = NO_GROUP
+    return out
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("backend, top_k", [("auto", 1), ("auto", 2), ("dense", 2)])
+def test_a_query_slot_that_joins_no_group_keeps_no_distant_key(backend, top_k):
+    """NO_GROUP (-1) in a query slot: the layer attends as dense attention under the brute-force
+    mask of the remaining slots, in a full forward and in decode steps; the kept share counts
+    only the remaining slots (a brute-force count)."""
+    model = _model(backend=backend, top_k=top_k)
+    ids = _ids()
+    with focus_lab.hooks(model, {"query_groups": _no_group}), focus_lab.cache(model, POINTS_SEEN) as c:
+        model(input_ids=ids, use_cache=False)
+    for i in (0, 1):
+        qg, kg = c[f"layers.{i}.query_groups"], c[f"layers.{i}.key_group"]
+        assert (qg[:, 20] == NO_GROUP).all() and (qg[:, ::3, 0] == NO_GROUP).all()
+        mask = _hard_rule(qg, kg, T, T)
+        assert not mask[:, 20, :20 - W + 1].any()  # query 20: no distant key at all
+        assert torch.equal(c[f"layers.{i}.kept"], mask)
+        ref = _reference(c[f"layers.{i}.query"], c[f"layers.{i}.key"], c[f"layers.{i}.value"], mask, _scale(model, i))
+        assert torch.allclose(c[f"layers.{i}.attn_out"], ref, atol=1e-5)
+        distant = torch.ones(T, T).tril(-W).bool()  # (T, T) i - j >= W
+        kept, n = distant_kept_counts(qg, kg, W)
+        assert n == int(distant.sum()) and torch.equal(kept, (mask & distant).sum((1, 2)))
+    ids1 = _ids(batch=1, T=12)  # decode steps: the patch at every call, the group store skips the slot
+    with focus_lab.hooks(model, {"query_groups": _no_group}), \
+            focus_lab.cache(model, ["layers.0.*"], every_call=True) as c:
+        model.generate(ids1, max_new_tokens=4, do_sample=False)
+    for step in range(1, 4):  # call 0 is the prompt; steps 1-3 are positions 12-14
+        q, k, v = (c[f"layers.0.{p}"][step] for p in ("query", "key", "value"))
+        mask = _hard_rule(c["layers.0.query_groups"][step], c["layers.0.key_group"][step], 1, k.shape[2])
+        assert (step == 2) <= bool((c["layers.0.query_groups"][step] == NO_GROUP).all())  # 13: no group
+        assert torch.allclose(c["layers.0.attn_out"][step], _reference(q, k, v, mask, _scale(model, 0)), atol=1e-5)
+
+
 @torch.no_grad()
 def test_query_groups_and_router_logits_patches_decide_the_groups():
     model = _model(top_k=2)
@@ -196,9 +239,10 @@ def test_pairs_added_in_decode_steps_equal_the_dense_reference():
     with focus_lab.hooks(model, {"layers.0.kept": add_first}), \
             focus_lab.cache(model, ["layers.0.*"], every_call=True) as c:
         model.generate(ids, max_new_tokens=3, do_sample=False)
-    for step in range(1, 3):
+    for step in range(1, 3):  # the steps at positions 13 and 14
         q, k, v = (c[f"layers.0.{p}"][step] for p in ("query", "key", "value"))
         mask = _hard_rule(c["layers.0.query_groups"][step], c["layers.0.key_group"][step], 1, k.shape[2])
+        assert (step == 2) <= bool((c["layers.0.query_groups"][step] == NO_GROUP).all())  # 13: no group
         mask[0, 0, 1] = True
         assert torch.equal(c["layers.0.kept"][step], mask)
         assert torch.allclose(c["layers.0.attn_out"][step], _reference(q, k, v, mask, _scale(model, 0)), atol=1e-5)
@@ -262,6 +306,8 @@ def test_an_unrouted_layer_and_gpt2_take_patches_too():
                                           r"expected a tensor of shape \(2, 24\) and dtype torch\.int64"),
     ("key_group", lambda x, h: x.int(), r"layers\.1\.key_group .*returned \(2, 24\) torch\.int32, expected"),
     ("key_group", lambda x, h: x + G, r"returned groups in 3\.\.5, expected groups in 0\.\.2"),
+    ("key_group", lambda x, h: x - x - 1, r"returned groups in -1\.\.-1, expected groups in 0\.\.2 \(num_groups=3\)"),
+    ("query_groups", lambda x, h: x - 2, r"returned groups in -2\.\.0, expected groups in -1\.\.2 \(num_groups=3; -1"),
     ("query_groups", lambda x, h: x.float(), r"layers\.1\.query_groups .*torch\.float32, expected .*\(2, 24, 1\)"),
     ("router_logits", lambda x, h: x[..., :2], r"layers\.1\.router_logits .*\(2, 24, 2\).*expected .*\(2, 24, 3\)"),
     ("kept", lambda x, h: x.float(), r"layers\.1\.kept .*torch\.float32, expected .*torch\.bool \(or "),

@@ -19,7 +19,7 @@ from run_fixtures import make_tiny_run
 def tiny(tmp_path_factory, request):
     # gemma3: 6 layers, 2 and 5 global and routed, the others in a 16-key sliding window that the
     # 96-token window exceeds (the decode step's cache must keep the sliding layers' own window);
-    # llama_top1: a group cut where a query has no other group (the ``kept`` hook)
+    # llama_top1: a group cut where a query has no other group (its slot joins NO_GROUP)
     kw = {"gemma3": {"model": "gemma3", "layers": 6, "seq_len": 96}, "llama_top1": {"top_k": 1}}.get(request.param, {})
     path = make_tiny_run(tmp_path_factory.mktemp("runs") / "tiny", with_eval=False, with_train_log=False, **kw)
     from focus_lab.hf.models import load_model

@@ -36,8 +36,10 @@ tensor the rest of the layer uses instead (a patch), of the same shape and dtype
 * ``router_logits``: new logits; the groups are drawn from them (soft and hard modes; with a
   key router the keys keep their own logits, ``call.routing.key_scores``).
 * ``query_groups`` / ``key_group``: new groups in 0..G-1 (hard mode: soft mode attends through
-  the Sinkhorn probabilities, patch ``router_logits`` or ``kept`` there). A patched
-  ``key_group`` is written into the forward's ``FocusCache``, so later decode steps see it.
+  the Sinkhorn probabilities, patch ``router_logits`` or ``kept`` there). A query slot may also
+  hold -1, ``NO_GROUP``: the slot joins no group, so it keeps no distant key (the query keeps
+  its window, its sinks and its other slots). A patched ``key_group`` is written into the
+  forward's ``FocusCache``, so later decode steps see it.
 * ``kept``: an edited mask (bool; soft mode: the float bias), or ``Pairs(add=, remove=)``, the
   (query, key) pairs to add to or remove from the mask. The model's own mask (causality,
   padding) still applies: a pair it hides stays hidden.
@@ -279,9 +281,12 @@ def _check_patch(point: str, name: str, call: LayerCall, x, y, mode: str | None)
         raise HookError(f"{where} returned a tensor on {y.device}, expected one on {x.device}")
     if point in ("query_groups", "key_group"):
         G = call.config.num_groups
-        if y.numel() and (int(y.min()) < 0 or int(y.max()) >= G):
+        from focus_lab.method.core import NO_GROUP
+        low = NO_GROUP if point == "query_groups" else 0  # a key always lives in a group
+        if y.numel() and (int(y.min()) < low or int(y.max()) >= G):
             raise HookError(f"{where} returned groups in {int(y.min())}..{int(y.max())}, expected groups in "
-                            f"0..{G - 1} (num_groups={G})")
+                            f"{low}..{G - 1} (num_groups={G}" + ("; -1: the slot joins no group)"
+                                                                  if low < 0 else ")"))
     if point == "router_logits" and not bool(torch.isfinite(y).all()):
         raise HookError(f"{where} returned logits that are not finite, expected finite {tuple(x.shape)} logits")
     return y

@@ -385,6 +385,12 @@ def distant_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int, sinks: i
     return causal_mask(q_pos, k_pos) & ~local_mask(q_pos, k_pos, window, sinks)
 
 
+#: a query slot that joins no group (a ``query_groups`` patch, e.g. a group cut out): ``hard_mask``
+#: never matches it to a key, the decomposition gives it no segment, ``distant_kept_counts``
+#: counts nothing for it
+NO_GROUP = -1
+
+
 def hard_mask(query_groups: torch.Tensor, key_group: torch.Tensor, window: int,
               q_pos: torch.Tensor, k_pos: torch.Tensor, sinks: int = 0,
               match: torch.Tensor | None = None) -> torch.Tensor:
@@ -393,7 +399,8 @@ def hard_mask(query_groups: torch.Tensor, key_group: torch.Tensor, window: int,
     pairs ``match`` when given (``match_mask``, docs/method.md §2.8 [ours]).
 
     Args:
-        query_groups: (B, Tq, k) long; key_group: (B, Tk) long; window: w in tokens;
+        query_groups: (B, Tq, k) long, a slot ``NO_GROUP`` (-1) joins no group; key_group:
+            (B, Tk) long >= 0; window: w in tokens;
         q_pos: (Tq,), k_pos: (Tk,) token positions; match: (B, Tq, Tk) bool or None.
     Returns:
         (B, Tq, Tk) bool, True where query i may attend to key j.
@@ -881,7 +888,7 @@ def distant_kept_counts(query_groups: torch.Tensor, key_group: torch.Tensor, win
     """Distant causal pairs (``i - j >= window``) the hard mask keeps, counted in O(B T K)
     through per-group prefix counts (equal to counting ``hard_mask`` over the distant pairs;
     sink pairs count as kept). query_groups: (B, T, k) with distinct groups per row (as
-    ``hard_assign`` gives them), key_group: (B, T).
+    ``hard_assign`` gives them; ``NO_GROUP`` slots may repeat), key_group: (B, T).
 
     Returns (kept (B,) long: pairs kept per sequence, distant: int, distant pairs per sequence)."""
     B, T = key_group.shape
@@ -892,8 +899,10 @@ def distant_kept_counts(query_groups: torch.Tensor, key_group: torch.Tensor, win
     reach = (i - window + 1).clamp(min=0)  # distant keys of query i: j < reach
     m = reach.clamp(max=sinks)  # distant sink keys: j < m
     idx = lambda t: t.view(1, T, 1).expand(B, T, K)
-    same = before.gather(1, idx(reach)).gather(2, query_groups).sum(-1)  # (B, T)
-    same_sink = before.gather(1, idx(m)).gather(2, query_groups).sum(-1)  # (B, T)
+    slot = query_groups >= 0  # (B, T, k): a NO_GROUP slot counts no key
+    qg = query_groups.clamp(min=0)
+    same = (before.gather(1, idx(reach)).gather(2, qg) * slot).sum(-1)  # (B, T)
+    same_sink = (before.gather(1, idx(m)).gather(2, qg) * slot).sum(-1)  # (B, T)
     kept = same + (m - same_sink)  # (B, T)
     return kept.sum(1), int(reach.sum())
 

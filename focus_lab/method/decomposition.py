@@ -460,7 +460,7 @@ def _causal_rows(counts: torch.Tensor, ar: torch.Tensor, lk: int) -> int | None:
 def plan_segments(query_groups: torch.Tensor, key_group: torch.Tensor) -> list[Segment]:
     """Stable sort by (group, position) and cut into segments (part A's layout, docs/method.md §4).
 
-    query_groups: (B, Tq, k) long >= 0; key_group: (B, Tk) long >= 0; Tq <= Tk (queries are the
+    query_groups: (B, Tq, k) long >= -1 (-1: no group); key_group: (B, Tk) long >= 0; Tq <= Tk (queries are the
     last Tq positions). Returns the non-empty segments (a group with queries but no earlier
     key gives none: those queries' slot is empty, lse -inf).
     """
@@ -836,7 +836,7 @@ def flex_layout(query_groups: torch.Tensor, key_group: torch.Tensor, block: int 
     or before the query block's last position, and is "full" (no mask) when both blocks hold
     one id, no padding, and the key block ends at or before the query block's first position.
 
-    query_groups: (B, Tq, k) long >= 0 (queries at positions Tk - Tq ..); key_group: (B, Tk).
+    query_groups: (B, Tq, k) long >= -1 (-1: no group; queries at positions Tk - Tq ..); key_group: (B, Tk).
     Returns a dict of long tensors: ``q_src`` (Lq,) rows of (B*Tq) for the packed queries,
     ``dst`` (Lq,) rows ``row + slot * (B*Tq + 1)`` of part A's output (``B*Tq``, the dummy row,
     for padding), ``k_src`` (Lk,), ``q_id``/``q_pos`` (Lq,), ``k_id``/``k_pos`` (Lk,) (id -1 / -2
@@ -1272,6 +1272,7 @@ def hard_focus_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Te
             query i sits at position ``Tk - Tq + i`` (Tq < Tk is a KV-cache step). Any strides;
             the (B, T, H, D) memory layout transformers produces avoids a copy.
         query_groups: (B, Tq, k) long >= 0, the groups each query joins (docs/method.md §2 top-k);
+            a slot -1 (``core.NO_GROUP``) joins none;
             a group repeated in a row counts once. (B, Tq) is read as k = 1.
         key_group: (B, Tk) long >= 0, the one group of each key (its top-1).
         window: w >= 1 in tokens; pairs with ``0 <= i - j < w`` are always kept.
@@ -1358,8 +1359,8 @@ def _hard_focus_attention(query, key, value, query_groups, key_group, window, sc
     if Tq == 1 < Tk and not core.on_host(query):  # a GPU's decode step: no host sync
         out, lse = _one_query(query, key, value, query_groups, key_group, window, sinks, scale, return_lse, call)
         return (out, lse) if return_lse else out
-    if int(query_groups.min()) < 0 or int(key_group.min()) < 0:
-        raise ValueError("group indices must be >= 0")
+    if int(query_groups.min()) < core.NO_GROUP or int(key_group.min()) < 0:
+        raise ValueError("group indices must be >= 0 (a query slot: -1, core.NO_GROUP, joins no group)")
     k = query_groups.shape[-1]
     if Tq == 1 < Tk and grouped is not None:  # on the CPU (the GPU's step returned above): slices, no gather
         out, lse = grouped.step(query, key, value, query_groups, key_group, window, sinks, scale, call)

@@ -165,30 +165,18 @@ def restored_drops_table(model, run: Run, top_n: int = 50, progress: bool = True
     return out.sort_values("query_rank", kind="stable").reset_index(drop=True)
 
 
-def _cut_group(layer: int, group: int, window: int, sinks: int, top_k: int) -> dict:
-    """The hook that cuts ``group`` out of layer ``layer``'s mask: the distant pairs (beyond the
-    window, not a sink) whose key is in ``group`` leave it.
+def _cut_group(layer: int, group: int) -> dict:
+    """The hook that cuts ``group`` out of layer ``layer``'s mask: a ``query_groups`` patch in
+    which each query slot naming ``group`` joins no group (``core.NO_GROUP``), so the distant
+    pairs (beyond the window, not a sink) whose key is in ``group`` leave the mask. Every query
+    keeps its other groups, its window and its sinks, and the token-match pairs
+    (``match_shifts``: they do not come through a group); the forward keeps its fast path, for
+    any top_k. The same mask as editing ``kept`` (tests/test_restore.py)."""
+    from focus_lab.method.core import NO_GROUP
 
-    With top_k >= 2, a ``query_groups`` hook: each query slot naming ``group`` names the query's
-    other group instead, so the query keeps its other groups, its window and its sinks (pairs that
-    ``match_shifts`` keeps stay: they do not come through a group), and the forward keeps its fast
-    path. With top_k = 1 a query in ``group`` has no other group to name, so a ``kept`` hook drops
-    the pairs from the (B, T, T) mask (1 GiB a layer at 32K tokens). Both give the same mask
-    (tests/test_restore.py)."""
-    if top_k >= 2:
-        def other(qg: torch.Tensor, hook) -> torch.Tensor:  # (B, T, k) long, k distinct groups a query
-            alt = torch.where(qg[..., :1] == group, qg[..., 1:2], qg[..., :1])  # (B, T, 1): a slot not group
-            return torch.where(qg == group, alt.expand_as(qg), qg)
-        return {f"layers.{layer}.query_groups": other}
-
-    def cut(kept: torch.Tensor, hook) -> torch.Tensor:
-        Tq, Tk = kept.shape[-2:]
-        kg = hook.call.routing.key_group  # (B, Tk)
-        q_pos = torch.arange(Tk - Tq, Tk, device=kept.device)[:, None]
-        k_pos = torch.arange(Tk, device=kept.device)[None, :]
-        distant = (q_pos - k_pos >= window) & (k_pos >= sinks)  # (Tq, Tk)
-        return kept & ~(distant[None] & (kg == group)[:, None, :])
-    return {f"layers.{layer}.kept": cut}
+    def cut(qg: torch.Tensor, hook) -> torch.Tensor:  # (B, T, k) long, each query's groups
+        return qg.masked_fill(qg == group, NO_GROUP)
+    return {f"layers.{layer}.query_groups": cut}
 
 
 def group_ablation_table(model, run: Run, layers: Sequence[int], window_idx: int = 0,
@@ -232,7 +220,7 @@ def group_ablation_table(model, run: Run, layers: Sequence[int], window_idx: int
     frames = []
     todo = [(layer, g) for layer in layers for g in (range(cfg.num_groups) if groups is None else groups)]
     for layer, g in tqdm(todo, desc="group ablation", disable=not progress, dynamic_ncols=True):
-        with hooks(model, _cut_group(layer, g, cfg.window, cfg.sink_tokens, cfg.top_k)):
+        with hooks(model, _cut_group(layer, g)):
             cut = next_token_nll(model, ids, focus=state).numpy()
         in_group = (groups_in[layer] == g).any(-1).numpy()  # (T - 1,)
         df = pd.DataFrame({"pos": pos, "nll_hard": base, "nll_ablated": cut, "in": in_group})

@@ -103,7 +103,7 @@ def balance_tables(rec) -> dict[str, pd.DataFrame]:
                                         **{f"hard_{k}": np.zeros(K) for k in M.ASSIGNMENT_KINDS}})
         B, T = qg.shape[:2]
         pool["tokens"] += B * T
-        pool["query"] += torch.nn.functional.one_hot(qg, K).sum((0, 1, 2)).numpy()
+        pool["query"] += torch.bincount(qg[qg >= 0], minlength=K).numpy()  # a NO_GROUP slot joins none
         for kind, (q, g) in dists.items():
             pool[f"soft_{kind}"] += q.sum((0, 1)).double().numpy()
             pool[f"hard_{kind}"] += np.bincount(g.reshape(-1).numpy(), minlength=K)
