@@ -147,6 +147,21 @@ def test_pos_table_parses_only_the_covered_span(nlp):
     alone = pos_table(sentence, offsets, nlp=nlp)
     assert shifted.equals(alone)
     assert shifted["word_index"].tolist() == DARCY_WORDS[:-1]
+    # a window's BOS token: offsets (0, 0), at the document's start; it aligns to no word and the
+    # parse still covers the sentence alone (not the text from character 0)
+    seen = []
+
+    def parse(t):
+        seen.append(len(t))
+        return nlp(t)
+    parse.max_length = nlp.max_length
+    with_bos = pos_table(text, np.concatenate([[[0, 0]], offsets + len(prefix)]), nlp=parse)
+    assert seen == [len(sentence)]
+    assert with_bos["word_index"].tolist() == [-1] + DARCY_WORDS[:-1]
+    assert with_bos.iloc[1:].drop(columns=["position", "head_position"]).reset_index(drop=True).equals(
+        alone.drop(columns=["position", "head_position"]))
+    assert (with_bos["head_position"].iloc[1:].to_numpy() == np.where(alone["head_position"] >= 0,
+                                                                      alone["head_position"] + 1, -1)).all()
 
 
 def test_sentence_index(nlp):

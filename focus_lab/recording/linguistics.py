@@ -122,7 +122,8 @@ def pos_table(text: str, offsets: np.ndarray, nlp=None, max_chars: int | None = 
     """One row per model token with the spaCy annotations of the word it aligns to.
 
     spaCy runs only on ``text[lo:hi]``, ``lo``/``hi`` the smallest start / largest end of
-    ``offsets``; word indices count spaCy tokens of that span.
+    the ``offsets`` that cover text (an empty token such as a window's BOS, ``(0, 0)``, aligns
+    to no word and does not widen the span); word indices count spaCy tokens of that span.
 
     Args:
         text: the document text the offsets refer to.
@@ -149,14 +150,17 @@ def pos_table(text: str, offsets: np.ndarray, nlp=None, max_chars: int | None = 
         return pd.DataFrame({c: pd.Series(dtype=object if c in _STR_COLS else np.int64)
                              for c in _COLUMNS})
     nlp = load_spacy() if nlp is None else nlp
-    lo, hi = int(off[:, 0].min()), int(off[:, 1].max())
+    # the span of the tokens that cover text: an empty token (a window's BOS, offsets (0, 0))
+    # aligns to no word, and must not stretch the parse back to the document's start
+    has_text = off[:, 1] > off[:, 0]  # (n,)
+    lo, hi = (int(off[has_text, 0].min()), int(off[has_text, 1].max())) if has_text.any() else (0, 0)
     limit = max_chars if max_chars is not None else getattr(nlp, "max_length", 1_000_000)
     if hi - lo > limit:
         raise LinguisticsError(f"the tokens span {hi - lo} characters, over the limit of {limit}: "
                                "annotate a shorter window (fewer tokens) or raise max_chars")
     span = text[lo:hi]
     doc = nlp(span)
-    word = align_tokens(off - lo, doc, span)
+    word = align_tokens(np.where(has_text[:, None], off - lo, 0), doc, span)
 
     m = len(doc)
     first_pos = np.full(m + 1, -1, dtype=np.int64)  # extra slot: index -1 -> -1
