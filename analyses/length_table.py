@@ -407,10 +407,14 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
     """Per (corpus, length, pattern) of a table's per-window rows: pooled perplexity, windows,
     tokens, distant pairs kept, tokens/s, the change vs dense in % with its 95% paired interval
     (``delta_vs_dense_pct``, ``ci_lo``, ``ci_hi``) and, for random / shuffled groups, the control's
-    change over the router at the same k (``control_vs_router_pct``, > 0: the router is better)."""
+    change over the router at the same k (``control_vs_router_pct``, > 0: the router is better).
+    Only the windows that every pattern of the cell ran on count (a stopped run's ``.partial``
+    cell may hold a window some patterns have not reached): each pattern pools the same windows."""
     from focus_lab.eval.evaluate import pool_windows
     summary = []
     for (corpus, L), g in df.groupby(["corpus", "seq_len"], sort=True):
+        per_window = g.groupby("window").label.nunique()  # patterns run on each window
+        g = g[g.window.isin(per_window.index[per_window == g.label.nunique()])]
         nwin = g.window.nunique()
         pooled = pool_windows(g[["label", "window", "nll", "tokens", "seconds", "distant_pairs_kept",
                                  "max_group_share"]]).set_index("label")

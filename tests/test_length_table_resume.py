@@ -5,6 +5,7 @@ evaluated again."""
 from __future__ import annotations
 
 import pandas as pd
+import pytest
 
 from run_fixtures import TEXT, make_tiny_run
 
@@ -37,3 +38,20 @@ def test_a_local_corpus_cell_and_a_resumed_run(tmp_path, capsys):
     assert len(again) == len(whole) and not (out / "cells" / "my_text_32.partial.parquet").exists()
     merged = again.merge(whole, on=["label", "window"], suffixes=("", "_first"))
     assert (merged.perplexity - merged.perplexity_first).abs().max() < 1e-4
+
+
+def test_summarize_pools_only_the_windows_every_pattern_ran_on():
+    """A stopped run's cell: window 2 has dense only. The summary counts windows 0 and 1, and
+    dense's perplexity is the token-weighted mean of those two windows (by hand)."""
+    import math
+
+    from analyses.length_table import summarize
+    rows = [("dense", 0, 3.0), ("dense", 1, 3.2), ("dense", 2, 9.0),
+            ("hard_top2", 0, 3.1), ("hard_top2", 1, 3.3)]
+    df = pd.DataFrame([{"corpus": "austen", "seq_len": 64, "label": lab, "window": w, "nll": nll,
+                        "tokens": 63, "seconds": 1.0, "distant_pairs_kept": 0.5, "max_group_share": 0.3}
+                       for lab, w, nll in rows])
+    s = summarize(df).set_index("label")
+    assert s.loc["dense", "windows"] == 2 and s.loc["hard_top2", "windows"] == 2
+    assert s.loc["dense", "perplexity"] == pytest.approx(math.exp(3.1))
+    assert s.loc["hard_top2", "perplexity"] == pytest.approx(math.exp(3.2))
