@@ -333,8 +333,10 @@ def test_errors():
         hard_focus_attention(q, k, v, g[..., None], g, 4, backend="flash")  # no GPU / fp32
     with pytest.raises(ValueError, match="window"):
         hard_focus_attention(q, k, v, g[..., None], g, 0)
-    with pytest.raises(ValueError, match=">= 0"):
-        hard_focus_attention(q, k, v, g[..., None] - 1, g, 4)
+    with pytest.raises(ValueError, match=">= 0"):  # -1 (NO_GROUP) is a query slot's only negative
+        hard_focus_attention(q, k, v, g[..., None] - 2, g, 4)
+    with pytest.raises(ValueError, match=">= 0"):  # a key always lives in a group
+        hard_focus_attention(q, k, v, g[..., None], g - 1, 4)
     with pytest.raises(ValueError, match="query_groups"):
         hard_focus_attention(q, k, v, g[:, :5, None], g, 4)
     with pytest.raises(ValueError, match="incompatible"):
