@@ -684,7 +684,7 @@ def test_length_models_figure_plots_the_pooled_change_of_the_committed_rows():
     """Figure 13 against a by-hand pooling of the committed per-window rows on Persuasion: Gemma's
     hard top-2 at 4096 tokens (4 windows, an interval around it) and SmolLM2's random top-2 at 512
     (perplexity exp(token-weighted mean NLL) of each pattern over the same windows, change over
-    dense in %); from 8192 up Gemma has fewer than 3 windows and no interval; x runs 512..32768 on
+    dense in %); at 8192 Gemma has 2 windows and no interval, at 16384 and 32768 4 and 3; x runs 512..32768 on
     a log axis."""
     import math
     import numpy as np
@@ -713,7 +713,9 @@ def test_length_models_figure_plots_the_pooled_change_of_the_committed_rows():
     assert y[0] == pytest.approx(by_hand(GEMMA_TABLE, 4096, "hard_top2"), abs=1e-9)
     up, down = np.asarray(t.error_y.array, float), np.asarray(t.error_y.arrayminus, float)
     assert up[0] > 0 and down[0] > 0  # 4 windows: the paired interval holds the point
-    assert np.isnan(up[1:]).all() and np.isnan(down[1:]).all()  # 2, 1, 1 windows: no interval
+    assert np.isnan(up[1]) and np.isnan(down[1])  # 2 windows at 8192: no interval
+    assert (up[2:] > 0).all() and (down[2:] > 0).all()  # 4 and 3 windows at 16384 and 32768
+    assert y[3] == pytest.approx(by_hand(GEMMA_TABLE, 32768, "hard_top2"), abs=1e-9)
     x, y, _ = trace("SmolLM2-135M", "random groups, top-2")
     assert x.tolist() == [512, 1024, 2048, 4096, 8192]
     assert y[0] == pytest.approx(by_hand(SHIPPED_TABLE, 512, "random_top2"), abs=1e-9)
