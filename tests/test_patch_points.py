@@ -467,3 +467,27 @@ def test_an_observer_can_turn_the_unfired_warning_off():
         warnings.simplefilter("error", HookWarning)
         with focus_lab.hooks(model, {"key_group": lambda x, h: None}, warn_unfired=False):
             model(input_ids=_ids(), use_cache=False)
+
+
+@torch.no_grad()
+def test_a_recording_counts_a_no_group_slot_in_no_groups_query_share():
+    """The balance table's query share of each group under a query_groups patch that empties
+    slot 1 of every query: by hand, the count of slot 0's groups over the tokens (the shares sum
+    to 1, not top_k = 2)."""
+    model = _model(top_k=2)
+    ids = _ids()
+
+    def first_only(qg, hook):
+        out = qg.clone()
+        out[..., 1] = NO_GROUP
+        return out
+    with focus_lab.hooks(model, {"query_groups": first_only}), focus_lab.cache(model, ["query_groups"]) as c, \
+            focus_lab.record(model, metrics=["balance"]) as rec:
+        model(input_ids=ids, use_cache=False)
+    bal = rec.tables()["balance"]
+    for i in (0, 1):
+        qg = c[f"layers.{i}.query_groups"]  # (B, T, 2), slot 1 all NO_GROUP
+        want = torch.bincount(qg[..., 0].reshape(-1), minlength=G).double() / qg.shape[0] / qg.shape[1]
+        got = bal[bal.layer_idx == i].sort_values("group")["query_share"].to_numpy()
+        assert (qg[..., 1] == NO_GROUP).all() and got.sum() == pytest.approx(1.0)
+        assert got == pytest.approx(want.numpy())
