@@ -434,12 +434,13 @@ class Segment:
 
 
 def _dedup_slots(query_groups: torch.Tensor) -> torch.Tensor:
-    """Copy of (B, Tq, k) groups with a repeated group in a query's row replaced by -1."""
+    """Copy of (B, Tq, k) groups with a repeated group in a query's row replaced by
+    ``core.NO_GROUP``: a repeated slot joins no group, like a slot a hook emptied."""
     qg = query_groups.clone()
     k = qg.shape[-1]
     for s in range(1, k):
         dup = (query_groups[..., s:s + 1] == query_groups[..., :s]).any(-1)
-        qg[..., s] = qg[..., s].masked_fill(dup, -1)
+        qg[..., s] = qg[..., s].masked_fill(dup, core.NO_GROUP)
     return qg
 
 
@@ -849,7 +850,7 @@ def flex_layout(query_groups: torch.Tensor, key_group: torch.Tensor, block: int 
     dev = key_group.device
     if B >= 1 << (63 - _POS_BITS - _GROUP_BITS) or Tk >= 1 << _POS_BITS:
         raise ValueError(f"flex layout: batch {B} / {Tk} keys exceed its sort-key range")
-    qg = _dedup_slots(query_groups)  # (B, Tq, k), -1 on a repeated slot
+    qg = _dedup_slots(query_groups)  # (B, Tq, k), NO_GROUP on a repeated slot
     nrows = B * Tq + 1
     bq = torch.arange(B, device=dev)[:, None]  # (B, 1)
     kpos = torch.arange(Tk, device=dev).expand(B, Tk)  # (B, Tk)
