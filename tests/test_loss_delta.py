@@ -244,3 +244,29 @@ def test_quickstart_reports_recorded_perplexity(tiny_run, capsys):
     hard = math.exp(sum(r.nll_hard for r in rows) / len(rows))
     assert f"({len(rows)} predicted tokens)" in out
     assert f"dense {dense:.3f}, hard top-2 {hard:.3f}" in out
+
+
+def test_a_recording_releases_freed_memory_between_body_and_head_and_after_each_window(monkeypatch, tmp_path):
+    """The recorder's bound on its peak (method.cpu.release_freed_memory): a window's own-mode NLL
+    releases after the body and before the output head, every window releases once it is done,
+    and the other mode's forwards release between body and head as well."""
+    import focus_lab.method.cpu as cpu
+    import focus_lab.recording.recorder as R
+    model = tiny_llama()
+    focus_lab.attach(model, FocusConfig(mode="dense", window=5, num_groups=4, top_k=2, sink_tokens=2))
+    events = []
+    model.get_output_embeddings().register_forward_pre_hook(lambda m, a: events.append("head"))
+    model.base_model.register_forward_pre_hook(lambda m, a, k=None: events.append("body"))
+    monkeypatch.setattr(cpu, "release_freed_memory", lambda: events.append("release") or True)
+    monkeypatch.setattr(R, "release_freed_memory", lambda: events.append("release") or True)
+    wins = [SimpleNamespace(input_ids=w.input_ids, offsets=[(i, i + 1) for i in range(T)], doc="d")
+            for w in _windows(3)]
+    tok = SimpleNamespace(decode=lambda ids: f"<{ids[0]}>")
+    record_run(model, tok, wins, {"d": "x" * T}, tmp_path / "run", with_pos=False, progress=False,
+               metrics=["assignments", "loss_delta"], memory_limit=float("inf"))
+    recorded, other = events[:4 * 3], events[4 * 3:]
+    # each recorded window: body, release, head (chunks), release
+    assert [e for e in recorded if e != "head"] == ["body", "release", "release"] * 3
+    assert recorded.index("head") == 2
+    # the hard forwards of loss_delta: body, release, head per window
+    assert [e for e in other if e != "head"] == ["body", "release"] * 3

@@ -115,7 +115,8 @@ def output_head(model):
     return logits
 
 
-def next_token_nll(model, ids: torch.Tensor, chunk: int = NLL_CHUNK, **forward_kwargs) -> torch.Tensor:
+def next_token_nll(model, ids: torch.Tensor, chunk: int = NLL_CHUNK, *, release_after_body: bool = False,
+                   **forward_kwargs) -> torch.Tensor:
     """Per-token negative log-likelihood (nats) of ``ids[:, 1:]`` given their prefixes, without the
     full logits: the model's body (``model.base_model``) gives the final hidden states, and the
     output head (``output_head``) runs on ``chunk`` positions at a time, each slice's NLL being
@@ -125,6 +126,9 @@ def next_token_nll(model, ids: torch.Tensor, chunk: int = NLL_CHUNK, **forward_k
     Args:
         ids: (batch, seq) token ids.
         chunk: positions per slice of the head (>= 1), counted over batch x (seq - 1).
+        release_after_body: hand the heap's free pages back to the kernel between the body and
+            the head (``method.cpu.release_freed_memory``): the recorder's bound on its peak, at
+            about 0.2 s a call (a window's forward takes tens of seconds there).
         forward_kwargs: passed to the body (e.g. ``use_cache=False``, ``focus=...``).
     Returns: (batch, seq - 1) float32 NLL, nats.
     Raises ValueError: ``chunk`` < 1, or no output head (``output_head``)."""
@@ -133,6 +137,9 @@ def next_token_nll(model, ids: torch.Tensor, chunk: int = NLL_CHUNK, **forward_k
     head = output_head(model)
     body = model.base_model
     hidden = body(input_ids=ids, **forward_kwargs).last_hidden_state[:, :-1]  # (b, T-1, d)
+    if release_after_body:
+        from focus_lab.method.cpu import release_freed_memory
+        release_freed_memory()  # the body's freed activations: the head's slices do not fit their holes
     b, n = hidden.shape[:2]
     flat, targets = hidden.reshape(b * n, -1), ids[:, 1:].reshape(b * n)
     out = torch.empty(b * n, dtype=torch.float32, device=hidden.device)

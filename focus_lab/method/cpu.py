@@ -71,6 +71,32 @@ def trim_freed_memory(growth_bytes: int) -> bool:
     return True
 
 
+def release_freed_memory() -> bool:
+    """Hand every free page of glibc's heaps back to the kernel now (``malloc_trim(0)``), whatever
+    the heaps grew by: for a caller that knows its large tensors are dead and the next ones will
+    not fit the holes they left.
+
+    The recorder calls it after each window's body forward and after each window
+    (``recording.recorder.record_run``): on Gemma-3-270M the body's freed activations stayed in
+    the heap while the output head's (512, 262,144) float32 slices, larger than any hole, grew it
+    again, and each window added more. Measured (one torch thread, 4096 tokens, every metric):
+    the resident set after a window's head 4.03 GiB, 1.84 GiB after the trim; without a trim
+    the next window's head ended at 5.04 GiB, with it 4.38 GiB.
+
+    Returns:
+        True when it trimmed; False where glibc's ``mallinfo2`` is missing (not glibc, or older
+        than 2.33).
+    """
+    global _heap_at_last_trim
+    libc = _glibc()
+    if libc is None:
+        return False
+    heap = int(libc.mallinfo2().arena)
+    libc.malloc_trim(0)
+    _heap_at_last_trim = heap
+    return True
+
+
 def _trim_loop(growth_bytes: int) -> None:
     while True:
         time.sleep(TRIM_INTERVAL_S)

@@ -41,7 +41,7 @@ from focus_lab.method import core
 from focus_lab.method import metrics as M
 from focus_lab.recording import tables as T
 from focus_lab.io import atomic_path
-from focus_lab.method.cpu import torch_threads
+from focus_lab.method.cpu import release_freed_memory, torch_threads
 from focus_lab.hf.hooks import hooks
 from focus_lab.hf.retrofit import attention_modules, forward_state, model_identity
 from focus_lab.runs import MANIFEST, SCHEMA, SCHEMA_VERSION
@@ -335,7 +335,8 @@ def next_token_nll(model, input_ids: torch.Tensor, chunk: int = NLL_CHUNK, focus
     """
     _check_window(input_ids)
     kw = {} if focus is None else {"focus": focus}
-    return batch_next_token_nll(model, input_ids.long()[None], chunk, use_cache=False, **kw)[0].cpu()  # (T - 1,)
+    return batch_next_token_nll(model, input_ids.long()[None], chunk, use_cache=False, release_after_body=True,
+                                **kw)[0].cpu()  # (T - 1,)
 
 
 def _check_window(input_ids: torch.Tensor) -> None:
@@ -726,6 +727,7 @@ def record_run(model, tokenizer, windows: list, texts: dict[str, str], out_dir: 
                 p = pos_table(texts[w.doc], offs)
                 p.insert(0, "window", np.int32(w_idx))
                 pos_frames.append(p)
+            release_freed_memory()  # what the window freed goes back: windows do not pile up in the heap
     for mode in ("dense", "hard") if want_nll else ():
         if mode != own:
             state = forward_state(model, mode=mode)
