@@ -1,0 +1,111 @@
+"""docs/studies/gemma-length-gap.md's tables: why random groups catch up with Gemma-3-270M's router
+as the context grows.
+
+- ``gemma-length-gap``: per length on held-out *Persuasion*, the perplexity change of random groups
+  over the router at top-2 (the committed length table ``gemma3_needle_mix``, paired interval over
+  windows) beside the routed layers' attention recall and output error on window 0 (one recording
+  per length, ``analyses.studies.output_error_by_length``: the router's hard top-2 mask, balanced
+  random groups at the same sparsity, and a sliding window keeping as many pairs), with the
+  router-minus-random output error's 95% bootstrap interval over the 12 (layer, head) pairs;
+- ``gemma-length-gap-distill8k``: the router file distilled 20 more steps at 8192 tokens
+  (``gemma3-270m/distill64-8k``) against the shipped file and random groups at 32768 tokens
+  (committed length table ``gemma3_distill64_8k``, window 0: one window, no interval).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from analyses.doc_blocks import (GEMMA_TABLE, HELD_NAMES, LENGTH_CELLS, REPO, Generated, MissingInput, _cells,
+                                 _change, block, router_label)
+
+PAGE = "docs/studies/gemma-length-gap.md"
+PROSE_PAGES = (PAGE,)
+#: settings, not measurements: 12 (layer, head) pairs (3 routed layers x 4 heads), 20 steps, 8192
+#: tokens of training, the 128-token window
+ALLOWED = {PAGE: {"12", "20"}}
+
+OE = "figures/gemma/output_error_by_length.parquet"
+D8K_TABLE = "gemma3_distill64_8k"
+
+
+def _oe() -> pd.DataFrame:
+    path = REPO / OE
+    if not path.exists():
+        raise MissingInput(OE)
+    return pd.read_parquet(path)
+
+
+def head_difference(heads: pd.DataFrame, a: str = "focus", b: str = "random", reps: int = 2000,
+                    seed: int = 0) -> tuple[float, float, float, int, int]:
+    """Mean over (layer_idx, head) of ``a``'s output error minus ``b``'s, its 95% bootstrap interval
+    (heads resampled with replacement, ``reps`` times), the heads where ``a``'s error is lower and
+    the heads compared. ``heads``: rows of one length (columns layer_idx, head, pattern, output_error)."""
+    p = heads.pivot_table(index=["layer_idx", "head"], columns="pattern", values="output_error")
+    d = (p[a] - p[b]).to_numpy(float)
+    rng = np.random.default_rng(seed)
+    boots = [d[rng.integers(0, len(d), len(d))].mean() for _ in range(reps)]
+    return float(d.mean()), float(np.percentile(boots, 2.5)), float(np.percentile(boots, 97.5)), int((d < 0).sum()), len(d)
+
+
+@block("gemma-length-gap", OE, LENGTH_CELLS)
+def gemma_length_gap() -> Generated:
+    """Per length: windows and random top-2's perplexity change over the router (> 0: the router is
+    better); recall and output error (means over the heads) of the router, random groups and the
+    window of as many pairs; router minus random output error with its interval over heads, and the
+    heads where the router's error is lower."""
+    from analyses.length_table import summarize
+    oe = _oe()
+    cells = _cells(GEMMA_TABLE)
+    cells = cells[cells.corpus == "austen"]
+    s = summarize(cells).set_index(["seq_len", "label"])
+    lines = ["| tokens | windows (perplexity) | random top-2 vs router, perplexity | recall: router / random / window of as "
+             "many pairs | output error: router / random / window of as many pairs | router - random, output error | "
+             "heads where the router's error is lower |", "|---:|---:|---|---|---|---|---:|"]
+    for L, g in oe.groupby("seq_len", sort=True):
+        if (L, "dense") not in s.index:
+            raise MissingInput(f"{LENGTH_CELLS} (table {GEMMA_TABLE}, austen at {L} tokens)")
+        n = int(s.loc[(L, "dense")].windows)
+        m = g.groupby("pattern")[["coverage", "output_error"]].mean()
+        diff, lo, hi, lower, heads = head_difference(g)
+        trio = lambda col: " / ".join(f"{m.loc[p, col]:.3f}" for p in ("focus", "random", "window_matched"))  # noqa: E731
+        lines.append(f"| {L} | {n} | {_change(s.loc[(L, 'random_top2')], 'control_vs_router_pct', 'control_ci_lo', 'control_ci_hi', n)} | "
+                     f"{trio('coverage')} | {trio('output_error')} | {diff:+.3f} [{lo:+.3f}, {hi:+.3f}] | {lower} of {heads} |")
+    sha = oe.routers_sha256.iloc[0]
+    inputs = (f"{OE} (one recording of Persuasion's window 0 per length, `focus-lab record --metrics coverage,output_error`, "
+              f"routers {router_label(sha)}, the router's mask its hard top-2); {LENGTH_CELLS} (table {GEMMA_TABLE}, austen)")
+    return Generated(inputs, "\n".join(lines))
+
+
+@block("gemma-length-gap-distill8k", LENGTH_CELLS)
+def gemma_length_gap_distill8k() -> Generated:
+    """Per held-out corpus and length the file distilled at 8192 tokens (table ``D8K_TABLE``) ran
+    on: random groups' perplexity change over the router at top-1 and top-2, for the shipped file
+    (same windows) and for the distilled one (> 0: the router is better), and the distilled file's
+    change over the shipped one at each k, with 95% paired intervals over windows from 3 windows up."""
+    from analyses.length_table import summarize
+    from focus_lab.eval.evaluate import paired_change
+    d8k, ship = _cells(D8K_TABLE), _cells(GEMMA_TABLE)
+    lines = ["| held out | tokens | windows | random top-1 vs router: shipped / distilled at 8192 | random top-2 vs router: "
+             "shipped / distilled at 8192 | distilled vs shipped, hard top-1 | distilled vs shipped, hard top-2 |",
+             "|---|---:|---:|---|---|---|---|"]
+    for (c, L), g in d8k.groupby(["corpus", "seq_len"], sort=True):
+        wins = sorted(set(g[g.label == "hard_top1"].window) & set(g[g.label == "hard_top2"].window))
+        g = g[g.window.isin(wins)]
+        h = ship[(ship.corpus == c) & (ship.seq_len == L) & ship.window.isin(wins)]
+        n = len(wins)
+        a, b = summarize(h).set_index("label"), summarize(g).set_index("label")
+        vs = lambda r: _change(r, "control_vs_router_pct", "control_ci_lo", "control_ci_hi", n)  # noqa: E731
+
+        def change(k: int) -> str:
+            d, lo, hi = paired_change(g[g.label == f"hard_top{k}"], h[h.label == f"hard_top{k}"])
+            return f"{d:+.1f}%" if n < 3 else f"{d:+.1f}% [{lo:+.1f}, {hi:+.1f}]"
+        lines.append(f"| {HELD_NAMES.get(g.heldout.iloc[0], g.heldout.iloc[0])} | {L} | {n} | "
+                     f"{vs(a.loc['random_top1'])} / {vs(b.loc['random_top1'])} | {vs(a.loc['random_top2'])} / "
+                     f"{vs(b.loc['random_top2'])} | {change(1)} | {change(2)} |")
+    sha = d8k[d8k.label == "hard_top1"].routers_sha256.iloc[0]
+    inputs = (f"{LENGTH_CELLS} (tables {D8K_TABLE} and {GEMMA_TABLE}, the same windows); routers {router_label(sha)} "
+              f"against {router_label(ship[ship.label == 'hard_top1'].routers_sha256.iloc[0])}; dense and random groups "
+              f"from {GEMMA_TABLE} (they do not depend on the router file)")
+    return Generated(inputs, "\n".join(lines))

@@ -1,0 +1,68 @@
+"""docs/studies/gemma-length-gap.md's blocks (analyses/blocks/gemma_length_gap.py): every number
+recomputed by hand from the committed rows (the output-error parquet per (layer, head) and the
+length table's per-window rows)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+import analyses.blocks  # noqa: F401  (registers the blocks)
+from analyses import doc_blocks
+from analyses.blocks import gemma_length_gap as G
+from analyses.doc_blocks import REPO
+
+
+def _row(text: str, *first: str) -> list[str]:
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if cells[:len(first)] == list(first):
+            return cells
+    raise AssertionError(f"no row {first!r}")
+
+
+def _ppl(rows: pd.DataFrame, label: str) -> float:
+    g = rows[rows.label == label]
+    return float(np.exp((g.nll * g.tokens).sum() / g.tokens.sum()))
+
+
+def test_the_gap_row_at_32768_from_the_heads_and_the_windows():
+    heads = pd.read_parquet(REPO / G.OE)
+    h = heads[heads.seq_len == 32768]
+    assert len(h[h.pattern == "focus"]) == 12  # 3 routed layers x 4 heads
+    row = _row(doc_blocks.render("gemma-length-gap"), "32768")
+    cells = pd.read_parquet(REPO / doc_blocks.LENGTH_CELLS)
+    cells = cells[(cells.table == doc_blocks.GEMMA_TABLE) & (cells.corpus == "austen") & (cells.seq_len == 32768)]
+    assert row[1] == str(cells.window.nunique())
+    assert row[2].startswith(f"{100 * (_ppl(cells, 'random_top2') / _ppl(cells, 'hard_top2') - 1):+.1f}% [")
+    mean = lambda p, col: h[h.pattern == p][col].mean()  # noqa: E731
+    assert row[3] == " / ".join(f"{mean(p, 'coverage'):.3f}" for p in ("focus", "random", "window_matched"))
+    assert row[4] == " / ".join(f"{mean(p, 'output_error'):.3f}" for p in ("focus", "random", "window_matched"))
+    f = h[h.pattern == "focus"].set_index(["layer_idx", "head"]).output_error
+    r = h[h.pattern == "random"].set_index(["layer_idx", "head"]).output_error
+    d = (f - r.loc[f.index]).to_numpy()
+    assert row[5].startswith(f"{d.mean():+.3f} [")
+    assert row[6] == f"{int((d < 0).sum())} of 12"
+
+
+def test_head_difference_by_hand():
+    heads = pd.DataFrame({"layer_idx": [5, 5, 11, 11], "head": [0, 0, 0, 0], "pattern": ["focus", "random"] * 2,
+                          "output_error": [0.1, 0.3, 0.4, 0.2]})
+    heads.loc[2:, "head"] = 1
+    mean, lo, hi, lower, n = G.head_difference(heads)
+    assert (round(mean, 6), lower, n) == (0.0, 1, 2)  # (-0.2 + 0.2) / 2; one head lower
+    assert lo <= mean <= hi and lo >= -0.2 and hi <= 0.2
+
+
+def test_the_distilled_file_at_32768_against_the_shipped_one_and_random_groups():
+    cells = pd.read_parquet(REPO / doc_blocks.LENGTH_CELLS)
+    d8k = cells[(cells.table == G.D8K_TABLE) & (cells.corpus == "austen") & (cells.seq_len == 32768)]
+    wins = sorted(set(d8k[d8k.label == "hard_top1"].window))
+    ship = cells[(cells.table == doc_blocks.GEMMA_TABLE) & (cells.corpus == "austen") & (cells.seq_len == 32768)
+                 & cells.window.isin(wins)]
+    row = _row(doc_blocks.render("gemma-length-gap-distill8k"), "*Persuasion*", "32768")
+    assert row[2] == str(len(wins))
+    shipped, distilled = row[3].split(" / ")
+    assert shipped.startswith(f"{100 * (_ppl(ship, 'random_top1') / _ppl(ship, 'hard_top1') - 1):+.1f}%")
+    assert distilled.startswith(f"{100 * (_ppl(ship, 'random_top1') / _ppl(d8k, 'hard_top1') - 1):+.1f}%")
+    assert row[6].startswith(f"{100 * (_ppl(d8k, 'hard_top2') / _ppl(ship, 'hard_top2') - 1):+.1f}%")
