@@ -48,9 +48,9 @@ def test_freed_tensor_stays_with_the_process_and_the_default_returns_it():
     assert off["returned"] > 60 * mib
 
 
-TRIM_SCRIPT = RSS + """
+HOLES = RSS + """
 import json, torch
-from focus_lab.method.cpu import _glibc, keep_freed_memory, trim_freed_memory
+from focus_lab.method.cpu import _glibc, keep_freed_memory, release_freed_memory, trim_freed_memory
 def heap_free_bytes():  # glibc's free heap bytes, all arenas
     return _glibc().mallinfo2().fordblks
 assert keep_freed_memory()
@@ -63,6 +63,9 @@ free0 = heap_free_bytes()
 del big  # 640 MiB of holes: free in the heap, still resident, and not at its top
 held = rss()
 free1 = heap_free_bytes()
+"""
+
+TRIM_SCRIPT = HOLES + """
 trimmed = trim_freed_memory(100 * mib)
 after = rss()
 again = trim_freed_memory(100 * mib)  # the heap has not grown since: no second trim
@@ -81,17 +84,7 @@ def test_trim_hands_back_the_holes_freed_tensors_leave_once_they_pass_the_bound(
     assert r["again"] is False
 
 
-RELEASE_SCRIPT = RSS + """
-import json, torch
-from focus_lab.method.cpu import keep_freed_memory, release_freed_memory, trim_freed_memory
-assert keep_freed_memory()
-mib = 1024 * 1024
-big, small = [], []
-for i in range(16):  # 40 MiB tensors from the heap, each pinned in place by a small one after it
-    big.append(torch.ones(40 * mib // 4))
-    small.append(torch.ones(mib // 4))
-del big  # 640 MiB of holes
-held = rss()
+RELEASE_SCRIPT = HOLES + """
 bounded = trim_freed_memory(64 * 1024 * mib)  # under a 64 GiB bound the trim thread would keep them
 released = release_freed_memory()
 after = rss()
