@@ -245,20 +245,26 @@ def test_soup_averages_router_files_tensor_by_tensor_and_refuses_mixed_files(tmp
 def test_gemma_chain_distills_then_continues_on_its_needle_corpus_in_its_own_tokens(tmp_path):
     """focus_lab.train.chain.gemma_stages: g1 distills Gemma's routers from fresh ones (no
     --init-routers), g2 writes the needle corpus with Gemma's tokenizer, g3 continues g1's file on
-    it, g4 writes the chain's file; every training stage names the model."""
+    it, g4 saves it with hard_top2, g5 distills g4's file 20 steps at 8192 tokens on Austen (no
+    --corpus): the chain's file; every training stage names the model, seed 0."""
     from focus_lab.train.chain import GEMMA3, gemma_stages
     out = tmp_path / "g"
     todo = gemma_stages(out, steps=7)
-    assert [n for n, _, _ in todo] == ["g1_distill64_4096", "g2_needle_corpus", "g3_needle_mix_seed0", "g4_rules"]
-    g1, g2, g3, g4 = (args for _, args, _ in todo)
-    for args in (g1, g3):
-        assert args[args.index("--model") + 1] == GEMMA3 and args[args.index("--steps") + 1] == "7"
-        assert args[args.index("--recipe") + 1] == "distill64" and args[args.index("--seq-len") + 1] == "4096"
-    assert "--init-routers" not in g1
+    assert [n for n, _, _ in todo] == ["g1_distill64_4096", "g2_needle_corpus", "g3_needle_mix_seed0", "g4_rules",
+                                       "g5_distill64_8192"]
+    g1, g2, g3, g4, g5 = (args for _, args, _ in todo)
+    for args, steps, seq_len in ((g1, "7", "4096"), (g3, "7", "4096"), (g5, "20", "8192")):
+        assert args[args.index("--model") + 1] == GEMMA3 and args[args.index("--steps") + 1] == steps
+        assert args[args.index("--recipe") + 1] == "distill64" and args[args.index("--seq-len") + 1] == seq_len
+        assert args.count("--seq-len") == 1 and args[args.index("--seed") + 1] == "0"
+    assert "--init-routers" not in g1 and "--corpus" not in g5
     assert g2[:2] == ["-m", "focus_lab.train.needle_corpus"] and g2[g2.index("--model") + 1] == GEMMA3
     assert g3[g3.index("--corpus") + 1] == str(todo[1][2].parent)
     assert g3[g3.index("--init-routers") + 1] == str(todo[0][2])
-    assert g4[:3] == ["routers", "set-rules", str(todo[2][2])] and todo[3][2] == out / "routers.safetensors"
+    assert g4[:3] == ["routers", "set-rules", str(todo[2][2])] and g4[g4.index("--pattern") + 1] == "hard_top2"
+    assert g5[g5.index("--init-routers") + 1] == str(todo[3][2])
+    assert todo[4][2] == out / "g5_distill64_8192" / "routers.safetensors"
+    assert g5[g5.index("--out") + 1] == str(todo[4][2].parent)
 
 
 def test_chain_refuses_a_folder_of_another_models_chain(tmp_path, capsys):

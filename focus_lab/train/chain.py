@@ -31,8 +31,9 @@ of (4) and that with equal weights.
 docs/recipes.md): only its global layers 5, 11 and 17 are routed (its other layers keep their own
 512-token sliding window), so of the chain above the distillation at 4096 tokens (stage 2, from
 fresh routers) and the needle corpus's distillation (stages 6-7, the corpus in Gemma's tokens)
-carry over; the 512-token LM stage, the random layers 1-9, the top-2 budget and the group
-capacity are SmolLM2's per-layer findings and are not applied.
+carry over, and a last distillation at 8192 tokens follows (docs/studies/gemma-length-gap.md); the
+512-token LM stage, the random layers 1-9, the top-2 budget and the group capacity are SmolLM2's
+per-layer findings and are not applied.
 
 Writes ``<out>/chain.json`` (per stage: command, seconds, peak RSS in GiB, sha256; the total)
 after every stage, so a stopped chain resumes where it was (a stage whose file exists is not
@@ -105,10 +106,11 @@ def mix_folder(data: Path, mix: str = MIX) -> Path:
     return out
 
 
-def distill64(steps: int, *extra: str) -> list[str]:
+def distill64(steps: int, *extra: str, seq_len: int = 4096) -> list[str]:
     """``focus-lab train`` arguments of every distill stage of both chains: recipe ``distill64`` at
-    4096 tokens, one window a step, ``steps`` steps at learning rate 1e-3, then ``extra``."""
-    return ["train", "--recipe", "distill64", "--seq-len", "4096", "--batch-size", "1", "--steps", str(steps),
+    ``seq_len`` tokens (4096 but for Gemma's last stage), one window a step, ``steps`` steps at
+    learning rate 1e-3, then ``extra``."""
+    return ["train", "--recipe", "distill64", "--seq-len", str(seq_len), "--batch-size", "1", "--steps", str(steps),
             "--lr", "1e-3", *extra]
 
 
@@ -165,21 +167,31 @@ def stages(out: Path, data: Path, mix: str = MIX, base: Path | None = None,
 CHAINS = ("smollm2-135m-instruct", GEMMA3)  # the models whose router file a chain makes
 
 
+GEMMA_LONG_STEPS = 20  # g5's distill steps at 8192 tokens (docs/studies/gemma-length-gap.md)
+
+
 def gemma_stages(out: Path, steps: int = 30) -> list[tuple[str, list[str], Path]]:
     """Gemma-3-270M's chain, (name, arguments, output file) as ``stages``: g1 ``distill64`` at 4096
     tokens on Austen's training novels (Persuasion held out) from fresh routers, ``steps`` steps;
     g2 the needle corpus (64 windows of 4096 Gemma tokens); g3 ``distill64`` on it from g1,
-    ``steps`` steps, seed 0; g4 ``routers set-rules`` with ``hard_top2``: ``<out>/routers.safetensors``."""
+    ``steps`` steps, seed 0; g4 ``routers set-rules`` with ``hard_top2``
+    (``<out>/g4_needle_mix.safetensors``, ``gemma3-270m/needle-mix``); g5 ``distill64`` at 8192
+    tokens on Austen's training novels from g4, ``GEMMA_LONG_STEPS`` steps, seed 0: the chain's
+    file, ``<out>/g5_distill64_8192/routers.safetensors`` (``gemma3-270m/distill64-8k``; it keeps
+    g4's default pattern, ``hard_top2``)."""
     g1, g3, needles = out / "g1_distill64_4096", out / "g3_needle_mix_seed0", out / "needle_mix"
+    g4, g5 = out / "g4_needle_mix.safetensors", out / "g5_distill64_8192"
     distill = distill64(steps, "--model", GEMMA3, "--checkpoint-every", "10", "--seed", "0")
-    final = out / "routers.safetensors"
     return [("g1_distill64_4096", distill + ["--out", str(g1)], g1 / "routers.safetensors"),
             ("g2_needle_corpus", ["-m", "focus_lab.train.needle_corpus", "--model", GEMMA3, "--out", str(needles),
                                   "--docs", "64"], needles / "MANIFEST.json"),
             ("g3_needle_mix_seed0", distill + ["--corpus", str(needles), "--init-routers", str(g1 / "routers.safetensors"),
                                                "--out", str(g3)], g3 / "routers.safetensors"),
             ("g4_rules", ["routers", "set-rules", str(g3 / "routers.safetensors"), "--pattern", "hard_top2",
-                          "--out", str(final)], final)]
+                          "--out", str(g4)], g4),
+            ("g5_distill64_8192", distill64(GEMMA_LONG_STEPS, "--model", GEMMA3, "--checkpoint-every", "5", "--seed", "0",
+                                            "--init-routers", str(g4),
+                                            "--out", str(g5), seq_len=8192), g5 / "routers.safetensors")]
 
 
 def run_stage(args: list[str], log: Path, poll: float = 2.0) -> tuple[float, float, int, float]:
@@ -281,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
     from focus_lab.io import machine
     record["machine"], record["commit"] = machine(), code_commit()  # where and at which commit it ran
     write_json(record_path, record)
-    final = out / "routers.safetensors"
+    final = todo[-1][2] if todo else out / "routers.safetensors"  # the last stage's file
     if a.reference and a.reference.is_file():
         record["against_reference"] = compare(final, a.reference)
         write_json(record_path, record)
