@@ -2,7 +2,7 @@
 the host) saves Gemma-3-270M's Focus forward: its 15 sliding layers attend to 512 keys but took
 the whole (T, T) masked product, 92% of the body at 32K (docs/studies/gemma-long-context-bounds.md).
 
-One process, one held-out *Persuasion* window per length, the shipped routers attached; for each
+One process, one held-out *Persuasion* window per length, the routers attached (``--routers``, default the shipped file); for each
 pattern (dense, hard top-1, hard top-2 through the Focus path: the same sliding layers for all)
 the body forward (``model.model``, under ``torch.no_grad``, 2 threads) is timed with the whole
 masked product (``SDPA_QUERY_CHUNK`` set above T) and key-sliced (512 queries a call), the two
@@ -30,6 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--paths", default="whole,key_sliced", help="key_sliced alone at lengths where the whole "
                     "product takes too long (rows are added to --out, a length's earlier rows replaced)")
     ap.add_argument("--out", type=Path, default=Path("figures/gemma/bench_key_sliced.csv"))
+    ap.add_argument("--routers", type=Path, default=None, help="router file (default: the one shipped for gemma3-270m)")
     a = ap.parse_args(argv)
     import pandas as pd
     import torch
@@ -45,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(2)
     model, tok = load_model("gemma3-270m", verbose=False)
-    routers = shipped_router_file("gemma3-270m")
+    routers = a.routers or shipped_router_file("gemma3-270m")
     cfg = focus_lab.load_routers(model, routers)
     from analyses.common import layer_seconds
     layer_s = layer_seconds(model.model.layers)  # {layer index: seconds} of the forward

@@ -396,7 +396,8 @@ def length_table_full() -> Generated:
     return Generated(inputs, text)
 
 
-GEMMA_TABLE = "gemma3_needle_mix"  # Gemma-3-270M's shipped file (docs/studies/gemma-routers.md)
+GEMMA_TABLE = "gemma3_distill64_8k"  # Gemma-3-270M's shipped file (docs/studies/gemma-routers.md)
+GEMMA_G4_TABLE = "gemma3_needle_mix"  # its chain's stage g4, before the distillation at 8192 tokens
 
 
 def _change(r, column: str = "delta_vs_dense_pct", lo: str = "ci_lo", hi: str = "ci_hi", windows: int = 3) -> str:
@@ -433,14 +434,19 @@ def gemma_length_table() -> Generated:
 
 
 GEMMA_CHAIN = "figures/gemma/chain.json"
+#: stage g5's train log (``focus-lab train ... --seq-len 8192 --init-routers <g4's file>``, its own command)
+GEMMA_G5_LOG = "figures/gemma/g5_train_log.parquet"
 GEMMA_KEY_SLICED = "figures/gemma/bench_key_sliced.csv"
 
 
-@block("gemma-chain", GEMMA_CHAIN)
+@block("gemma-chain", GEMMA_CHAIN, GEMMA_G5_LOG)
 def gemma_chain() -> Generated:
-    """Gemma-3-270M's router chain (``focus-lab routers build --model gemma3-270m``): each stage's
-    seconds and peak RSS as its ``chain.json`` recorded them, and the total."""
+    """Gemma-3-270M's router chain (``focus-lab routers build --model gemma3-270m``): stages g1-g4's
+    seconds and peak RSS as its ``chain.json`` recorded them, then stage g5's training steps (the
+    sum of its train log's step seconds; it ran by its own command from g4's file, so no process
+    time or peak RSS), and the total."""
     import json
+    from focus_lab.train.chain import GEMMA_LONG_STEPS, gemma_stages
     rec = json.loads((REPO / GEMMA_CHAIN).read_text())
     if rec.get("model") != "gemma3-270m":
         raise MissingInput(f"{GEMMA_CHAIN} (a gemma3-270m chain)")
@@ -448,12 +454,20 @@ def gemma_chain() -> Generated:
     for name, st in rec["stages"].items():
         cmd = st["command"].replace("checkpoints/gemma3_chain/", "")
         lines.append(f"| {name} | `{cmd}` | {st['seconds']:.0f} | {st['peak_rss_gb']:.2f} GiB |")
-    lines.append(f"| total | | **{rec['total_seconds']:.0f}** ({rec['total_seconds'] / 60:.1f} min) | "
-                 f"{max(st['peak_rss_gb'] for st in rec['stages'].values()):.2f} GiB |")
+    log = pd.read_parquet(REPO / GEMMA_G5_LOG)
+    steps = log.groupby("step").seconds.first()
+    if len(steps) != GEMMA_LONG_STEPS:
+        raise MissingInput(f"{GEMMA_G5_LOG} ({GEMMA_LONG_STEPS} steps)")
+    name, args, _ = gemma_stages(Path("."))[-1]
+    lines.append(f"| {name} | `focus-lab {' '.join(args)}` | {steps.sum():.0f} (steps) | - |")
+    total = rec["total_seconds"] + steps.sum()
+    lines.append(f"| total | | **{total:.0f}** ({total / 60:.1f} min) | "
+                 f"{max(st['peak_rss_gb'] for st in rec['stages'].values()):.2f} GiB (g1-g4) |")
     from focus_lab.hf.shipped import named_file
     final = list(rec["stages"].values())[-1]["sha256"]
-    inputs = (f"{GEMMA_CHAIN}; result {named_file(final) or final[:12]} (sha256 {final[:12]}); this 2-core CPU, "
-              "load average 2.2-2.8")
+    inputs = (f"{GEMMA_CHAIN} (stages g1-g4, result {named_file(final) or final[:12]}, sha256 {final[:12]}; this 2-core "
+              f"CPU, load average 2.2-2.8); {GEMMA_G5_LOG} (stage g5 from that file, result gemma3-270m/distill64-8k, "
+              "nothing else running)")
     return Generated(inputs, "\n".join(lines))
 
 
@@ -493,24 +507,56 @@ def gemma_oracle() -> Generated:
     return Generated(f"{GEMMA_ORACLE}; {head}", table)
 
 
+#: stage g4's runs (``gemma3-270m/needle-mix``; dense, its default and random groups at its sparsity),
 #: one probe's cases a file: RULER's single needle in its noise sentences at 8192 tokens (and 16384, 3
 #: cases), in held-out prose (Persuasion) at 16384 and 32768 (``focus-lab probe retrieval --model
 #: gemma3-270m --format plain``)
-GEMMA_RETRIEVAL = ("figures/gemma/retrieval_8k/cases.parquet", "figures/gemma/retrieval_16k_noise/cases.parquet",
-                   "figures/gemma/retrieval_16k/cases.parquet", "figures/gemma/retrieval_32k/cases.parquet")
+GEMMA_G4_RETRIEVAL = ("figures/gemma/retrieval_8k/cases.parquet", "figures/gemma/retrieval_16k_noise/cases.parquet",
+                      "figures/gemma/retrieval_16k/cases.parquet", "figures/gemma/retrieval_32k/cases.parquet")
+#: the shipped file's runs (``gemma3-270m/distill64-8k``; dense and its default, ``--patterns default``)
+#: on the same cases (seeds) as stage g4's
+GEMMA_RETRIEVAL = ("figures/gemma/retrieval_16k_distill64_8k/cases.parquet",
+                   "figures/gemma/retrieval_32k_distill64_8k/cases.parquet")
 #: each single-needle task's haystack (docs/retrieval.md's task table)
 HAYSTACK = {"niah_single_1": "noise sentences", "niah_single_2": "*Persuasion*", "niah_single_3": "*Persuasion*"}
+#: how far the same case's dense answer log-prob may differ between two runs (nats): the forwards are
+#: the same but for torch's thread count
+DENSE_AGREEMENT = 0.01
 
 
-@block("gemma-retrieval", *GEMMA_RETRIEVAL)
+def _read_cases(files) -> pd.DataFrame:
+    missing = [f for f in files if not (REPO / f).exists()]
+    if missing:
+        raise MissingInput(", ".join(missing))
+    return pd.concat([pd.read_parquet(REPO / f) for f in files], ignore_index=True)
+
+
+def gemma_retrieval_cases() -> pd.DataFrame:
+    """The shipped file's retrieval cases (``GEMMA_RETRIEVAL``: dense and ``default``) with stage g4's
+    ``random_default`` rows on the same (task, length, seed) (``GEMMA_G4_RETRIEVAL``): balanced random
+    groups at the file's top-2 do not depend on its tensors. Raises MissingInput when a case's dense
+    score or answer log-prob differs between the two runs (by more than ``DENSE_AGREEMENT`` nats):
+    then they did not run the same case."""
+    new, g4 = _read_cases(GEMMA_RETRIEVAL), _read_cases(GEMMA_G4_RETRIEVAL)
+    key = ["task", "length", "seed"]
+    a = new[new.pattern == "dense"].set_index(key)
+    b = g4[g4.pattern == "dense"].set_index(key).loc[a.index]
+    if ((a.score != b.score) | ((a.answer_logprob - b.answer_logprob).abs() > DENSE_AGREEMENT)).any():
+        raise MissingInput(f"{', '.join(GEMMA_RETRIEVAL)} (dense answers equal to those of {', '.join(GEMMA_G4_RETRIEVAL)})")
+    rand = g4[g4.pattern == "random_default"].set_index(key)
+    return pd.concat([new[new.pattern.isin(["dense", "default"])], rand.loc[rand.index.isin(a.index)].reset_index()],
+                     ignore_index=True)
+
+
+@block("gemma-retrieval", *GEMMA_RETRIEVAL, *GEMMA_G4_RETRIEVAL)
 def gemma_retrieval() -> Generated:
-    """Gemma-3-270M on RULER's single needle (``focus-lab probe retrieval --model gemma3-270m
-    --format plain``), each task and length of the files ``GEMMA_RETRIEVAL``: per pattern the
-    score, the answer's log-prob change over dense (nats, 95% paired interval over cases),
+    """Gemma-3-270M's shipped file on RULER's single needle (``focus-lab probe retrieval --model
+    gemma3-270m --format plain``), each task and length of ``gemma_retrieval_cases``: per pattern
+    the score, the answer's log-prob change over dense (nats, 95% paired interval over cases),
     distant and needle pairs kept; then the router against random groups, paired over cases
     (``retrieval.paired_difference``)."""
     from focus_lab.eval import retrieval_tables as rt
-    cases = pd.concat([pd.read_parquet(REPO / f) for f in GEMMA_RETRIEVAL], ignore_index=True)
+    cases = gemma_retrieval_cases()
     s = rt.summary(cases)
     lines = ["| task | haystack | tokens | pattern | cases | score | answer log-prob vs dense | distant pairs kept | "
              "needle pairs kept |", "|---|---|---:|---|---:|---:|---|---:|---:|"]
@@ -525,7 +571,8 @@ def gemma_retrieval() -> Generated:
             lines.append(f"| {what} | {r.task} | {r.length} | {r.difference:+.2f} | [{r.lo:+.2f}, {r.hi:+.2f}] | "
                          f"{r.cases} |")
     names = sorted(set(zip(cases.router_name, cases.router_sha256.str[:12])))
-    inputs = (f"{', '.join(GEMMA_RETRIEVAL)}; model gemma3-270m, format plain (RULER's base template); routers "
+    inputs = (f"{', '.join(GEMMA_RETRIEVAL)} (dense, default); `random_default` from stage g4's runs "
+              f"on the same seeds ({', '.join(GEMMA_G4_RETRIEVAL)}); model gemma3-270m, format plain (RULER's base template); routers "
               f"{'; '.join(f'{n} (sha256 {h})' for n, h in names)}; commits {', '.join(sorted(cases.commit.unique()))}; "
               f"seeds {cases.seed.min()}-{cases.seed.max()}")
     return Generated(inputs, "\n".join(lines))

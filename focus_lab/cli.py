@@ -932,7 +932,8 @@ def routers_build(
     runs: int = typer.Option(2, help="distill runs of 30 steps on a mix other than the default"),
     model: str = typer.Option("smollm2-135m-instruct", help="whose router file: smollm2-135m-instruct or gemma3-270m "
                               "(its global layers 5, 11, 17; focus_lab.train.chain.gemma_stages)"),
-    steps: int = typer.Option(30, help="gemma3-270m: optimizer steps of each of its two distill stages"),
+    steps: int = typer.Option(30, help="gemma3-270m: optimizer steps of its two distill stages at 4096 "
+                       "tokens (its last stage, at 8192 tokens, takes 20)"),
 ):
     """Train a shipped router file (SmolLM2's, or Gemma-3-270M's with --model gemma3-270m) from scratch
     as one resumable chain, timing every stage (docs/recipes.md, 'The recipe, and what it costs';

@@ -69,17 +69,61 @@ def test_the_32k_restored_drops_from_the_tables():
 
 
 def test_the_retrieval_scores_and_router_against_random_by_hand():
+    """The shipped file's rows (dense and default from its runs) beside stage g4's random groups on
+    the same seeds: scores and the router-minus-random difference recomputed from the files."""
     from by_hand import on_page
     text = on_page("gemma-routers.md", "gemma-retrieval")
-    files = doc_blocks.GEMMA_RETRIEVAL
-    cases = pd.concat([pd.read_parquet(REPO / f) for f in files], ignore_index=True)
-    for (task, length), c in cases.groupby(["task", "length"]):
-        by = c.pivot_table(index="seed", columns="pattern", values="score")
+    new = pd.concat([pd.read_parquet(REPO / f) for f in doc_blocks.GEMMA_RETRIEVAL], ignore_index=True)
+    g4 = pd.concat([pd.read_parquet(REPO / f) for f in doc_blocks.GEMMA_G4_RETRIEVAL], ignore_index=True)
+    assert set(new.pattern) == {"dense", "default"}
+    for (task, length), c in new.groupby(["task", "length"]):
+        seeds = set(c.seed)
+        r = g4[(g4.task == task) & (g4.length == length) & (g4.pattern == "random_default") & g4.seed.isin(seeds)]
+        assert set(r.seed) == seeds  # random groups on every case the shipped file ran
+        by = pd.concat([c, r]).pivot_table(index="seed", columns="pattern", values="score")
         for pattern in ("dense", "default", "random_default"):
-            row = [r for r in text.splitlines() if r.startswith(f"| {task} |") and f"| {length} | `{pattern}` |" in r]
+            row = [x for x in text.splitlines() if x.startswith(f"| {task} |") and f"| {length} | `{pattern}` |" in x]
             assert len(row) == 1
             cells = [x.strip() for x in row[0].strip("|").split("|")]
             assert cells[4:6] == [str(by[pattern].notna().sum()), f"{by[pattern].mean():.2f}"]
-        both = by[["default", "random_default"]].dropna()
-        diff = (both["default"] - both["random_default"]).mean()
+        diff = (by["default"] - by["random_default"]).mean()
         assert f"| score | {task} | {length} | {diff:+.2f} |" in text
+    # the shipped file's default is the shipped file's; its random groups, g4's
+    assert set(new[new.pattern == "default"].router_name) == {"gemma3-270m/distill64-8k"}
+
+
+def test_the_two_files_retrieval_paired_by_hand():
+    """docs/studies/gemma-length-gap.md: the same cases' default under both files, the difference of
+    their scores recomputed by hand, '-' where only stage g4's file ran."""
+    from by_hand import on_page
+    text = on_page("gemma-length-gap.md", "gemma-length-gap-retrieval")
+    new = pd.concat([pd.read_parquet(REPO / f) for f in doc_blocks.GEMMA_RETRIEVAL], ignore_index=True)
+    g4 = pd.concat([pd.read_parquet(REPO / f) for f in doc_blocks.GEMMA_G4_RETRIEVAL], ignore_index=True)
+    for (task, length), g in g4.groupby(["task", "length"]):
+        row = _row(text, task, doc_blocks.HAYSTACK[task], str(length))
+        assert row[4] == f"{g[g.pattern == 'dense'].score.mean():.2f}" and row[5] == f"{g[g.pattern == 'default'].score.mean():.2f}"
+        n = new[(new.task == task) & (new.length == length) & (new.pattern == "default")].set_index("seed").score
+        if not len(n):
+            assert row[6:] == ["-", "-", "-"]
+            continue
+        old = g[g.pattern == "default"].set_index("seed").score.loc[n.index]
+        assert row[6] == f"{n.mean():.2f}" and row[7].startswith(f"{(n - old).mean():+.2f} [")
+
+
+def test_retrieval_cases_of_two_runs_are_refused_when_their_dense_answers_differ(tmp_path, monkeypatch):
+    """Stage g4's random groups stand beside the shipped file's rows only on the very same cases: a
+    dense answer log-prob that differs by more than DENSE_AGREEMENT is refused (MissingInput)."""
+    import pytest
+    row = dict(task="niah_single_2", length=16384, seed=0, score=1.0, answer_logprob=-1.0)
+    new = pd.DataFrame([{**row, "pattern": "dense"}, {**row, "pattern": "default"}])
+    g4 = pd.DataFrame([{**row, "pattern": p} for p in ("dense", "default", "random_default")])
+    new.to_parquet(tmp_path / "new.parquet")
+    g4.to_parquet(tmp_path / "g4.parquet")
+    monkeypatch.setattr(doc_blocks, "REPO", tmp_path)
+    monkeypatch.setattr(doc_blocks, "GEMMA_RETRIEVAL", ("new.parquet",))
+    monkeypatch.setattr(doc_blocks, "GEMMA_G4_RETRIEVAL", ("g4.parquet",))
+    assert sorted(doc_blocks.gemma_retrieval_cases().pattern) == ["default", "dense", "random_default"]
+    g4.loc[g4.pattern == "dense", "answer_logprob"] = -1.0 - 2 * doc_blocks.DENSE_AGREEMENT
+    g4.to_parquet(tmp_path / "g4.parquet")
+    with pytest.raises(doc_blocks.MissingInput, match="dense answers equal"):
+        doc_blocks.gemma_retrieval_cases()

@@ -32,7 +32,7 @@ def test_the_gap_row_at_32768_from_the_heads_and_the_windows():
     assert len(h[h.pattern == "focus"]) == 12  # 3 routed layers x 4 heads
     row = _row(doc_blocks.render("gemma-length-gap"), "32768")
     cells = pd.read_parquet(REPO / doc_blocks.LENGTH_CELLS)
-    cells = cells[(cells.table == doc_blocks.GEMMA_TABLE) & (cells.corpus == "austen") & (cells.seq_len == 32768)]
+    cells = cells[(cells.table == doc_blocks.GEMMA_G4_TABLE) & (cells.corpus == "austen") & (cells.seq_len == 32768)]
     assert row[1] == str(cells.window.nunique())
     assert row[2].startswith(f"{100 * (_ppl(cells, 'random_top2') / _ppl(cells, 'hard_top2') - 1):+.1f}% [")
     mean = lambda p, col: h[h.pattern == p][col].mean()  # noqa: E731
@@ -54,15 +54,16 @@ def test_head_difference_by_hand():
     assert lo <= mean <= hi and lo >= -0.2 and hi <= 0.2
 
 
-def test_the_distilled_file_at_32768_against_the_shipped_one_and_random_groups():
+def test_the_distilled_file_at_32768_against_stage_g4s_and_random_groups():
     cells = pd.read_parquet(REPO / doc_blocks.LENGTH_CELLS)
-    d8k = cells[(cells.table == G.D8K_TABLE) & (cells.corpus == "austen") & (cells.seq_len == 32768)]
+    d8k = cells[(cells.table == doc_blocks.GEMMA_TABLE) & (cells.corpus == "austen") & (cells.seq_len == 32768)]
     wins = sorted(set(d8k[d8k.label == "hard_top1"].window))
-    ship = cells[(cells.table == doc_blocks.GEMMA_TABLE) & (cells.corpus == "austen") & (cells.seq_len == 32768)
-                 & cells.window.isin(wins)]
+    g4 = cells[(cells.table == doc_blocks.GEMMA_G4_TABLE) & (cells.corpus == "austen") & (cells.seq_len == 32768)
+               & cells.window.isin(wins)]
+    assert set(d8k.router_name) == {"gemma3-270m/distill64-8k"} and set(g4.router_name) == {"gemma3-270m/needle-mix"}
     row = _row(doc_blocks.render("gemma-length-gap-distill8k"), "*Persuasion*", "32768")
     assert row[2] == str(len(wins))
-    shipped, distilled = row[3].split(" / ")
-    assert shipped.startswith(f"{100 * (_ppl(ship, 'random_top1') / _ppl(ship, 'hard_top1') - 1):+.1f}%")
-    assert distilled.startswith(f"{100 * (_ppl(ship, 'random_top1') / _ppl(d8k, 'hard_top1') - 1):+.1f}%")
-    assert row[6].startswith(f"{100 * (_ppl(d8k, 'hard_top2') / _ppl(ship, 'hard_top2') - 1):+.1f}%")
+    needle_mix, distilled = row[3].split(" / ")
+    assert needle_mix.startswith(f"{100 * (_ppl(g4, 'random_top1') / _ppl(g4, 'hard_top1') - 1):+.1f}%")
+    assert distilled.startswith(f"{100 * (_ppl(g4, 'random_top1') / _ppl(d8k, 'hard_top1') - 1):+.1f}%")
+    assert row[6].startswith(f"{100 * (_ppl(d8k, 'hard_top2') / _ppl(g4, 'hard_top2') - 1):+.1f}%")

@@ -2,14 +2,18 @@
 as the context grows.
 
 - ``gemma-length-gap``: per length on held-out *Persuasion*, the perplexity change of random groups
-  over the router at top-2 (the committed length table ``gemma3_needle_mix``, paired interval over
+  over the router of stage g4 (``gemma3-270m/needle-mix``) at top-2 (the committed length table
+  ``gemma3_needle_mix``, paired interval over
   windows) beside the routed layers' attention recall and output error on window 0 (one recording
   per length, ``analyses.studies.output_error_by_length``: the router's hard top-2 mask, balanced
   random groups at the same sparsity, and a sliding window keeping as many pairs), with the
   router-minus-random output error's 95% bootstrap interval over the 12 (layer, head) pairs;
 - ``gemma-length-gap-distill8k``: the router file distilled 20 more steps at 8192 tokens
-  (``gemma3-270m/distill64-8k``) against the shipped file and random groups at 32768 tokens
-  (committed length table ``gemma3_distill64_8k``, window 0: one window, no interval).
+  (``gemma3-270m/distill64-8k``, the shipped file, committed length table ``gemma3_distill64_8k``)
+  against stage g4's file and random groups, on the same windows, paired intervals over windows
+  from 3 windows up;
+- ``gemma-length-gap-retrieval``: RULER's single needle, the same cases under both files' default
+  (hard top-2): scores and the paired difference of score and answer log-prob over cases.
 """
 
 from __future__ import annotations
@@ -17,8 +21,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from analyses.doc_blocks import (GEMMA_TABLE, HELD_NAMES, LENGTH_CELLS, REPO, Generated, MissingInput, _cells,
-                                 _change, block, router_label)
+from analyses.doc_blocks import (GEMMA_G4_RETRIEVAL, GEMMA_G4_TABLE, GEMMA_RETRIEVAL, GEMMA_TABLE, HAYSTACK, HELD_NAMES, LENGTH_CELLS, REPO, Generated, MissingInput, _cells,
+                                 _change, _read_cases, block, router_label)
 
 PAGE = "docs/studies/gemma-length-gap.md"
 PROSE_PAGES = (PAGE,)
@@ -27,7 +31,6 @@ PROSE_PAGES = (PAGE,)
 ALLOWED = {PAGE: {"12", "20"}}
 
 OE = "figures/gemma/output_error_by_length.parquet"
-D8K_TABLE = "gemma3_distill64_8k"
 
 
 def _oe() -> pd.DataFrame:
@@ -57,7 +60,7 @@ def gemma_length_gap() -> Generated:
     heads where the router's error is lower."""
     from analyses.length_table import summarize
     oe = _oe()
-    cells = _cells(GEMMA_TABLE)
+    cells = _cells(GEMMA_G4_TABLE)
     cells = cells[cells.corpus == "austen"]
     s = summarize(cells).set_index(["seq_len", "label"])
     lines = ["| tokens | windows (perplexity) | random top-2 vs router, perplexity | recall: router / random / window of as "
@@ -65,7 +68,7 @@ def gemma_length_gap() -> Generated:
              "heads where the router's error is lower |", "|---:|---:|---|---|---|---|---:|"]
     for L, g in oe.groupby("seq_len", sort=True):
         if (L, "dense") not in s.index:
-            raise MissingInput(f"{LENGTH_CELLS} (table {GEMMA_TABLE}, austen at {L} tokens)")
+            raise MissingInput(f"{LENGTH_CELLS} (table {GEMMA_G4_TABLE}, austen at {L} tokens)")
         n = int(s.loc[(L, "dense")].windows)
         m = g.groupby("pattern")[["coverage", "output_error"]].mean()
         diff, lo, hi, lower, heads = head_difference(g)
@@ -74,26 +77,27 @@ def gemma_length_gap() -> Generated:
                      f"{trio('coverage')} | {trio('output_error')} | {diff:+.3f} [{lo:+.3f}, {hi:+.3f}] | {lower} of {heads} |")
     sha = oe.routers_sha256.iloc[0]
     inputs = (f"{OE} (one recording of Persuasion's window 0 per length, `focus-lab record --metrics coverage,output_error`, "
-              f"routers {router_label(sha)}, the router's mask its hard top-2); {LENGTH_CELLS} (table {GEMMA_TABLE}, austen)")
+              f"routers {router_label(sha)}, the router's mask its hard top-2); {LENGTH_CELLS} (table {GEMMA_G4_TABLE}, austen)")
     return Generated(inputs, "\n".join(lines))
 
 
 @block("gemma-length-gap-distill8k", LENGTH_CELLS)
 def gemma_length_gap_distill8k() -> Generated:
-    """Per held-out corpus and length the file distilled at 8192 tokens (table ``D8K_TABLE``) ran
-    on: random groups' perplexity change over the router at top-1 and top-2, for the shipped file
-    (same windows) and for the distilled one (> 0: the router is better), and the distilled file's
-    change over the shipped one at each k, with 95% paired intervals over windows from 3 windows up."""
+    """Per held-out corpus and length the file distilled at 8192 tokens (table ``GEMMA_TABLE``) ran
+    on: random groups' perplexity change over the router at top-1 and top-2, for stage g4's file
+    (``GEMMA_G4_TABLE``, same windows) and for the distilled one (> 0: the router is better), and
+    the distilled file's change over g4's at each k, with 95% paired intervals over windows from 3
+    windows up."""
     from analyses.length_table import summarize
     from focus_lab.eval.evaluate import paired_change
-    d8k, ship = _cells(D8K_TABLE), _cells(GEMMA_TABLE)
-    lines = ["| held out | tokens | windows | random top-1 vs router: shipped / distilled at 8192 | random top-2 vs router: "
-             "shipped / distilled at 8192 | distilled vs shipped, hard top-1 | distilled vs shipped, hard top-2 |",
+    d8k, g4 = _cells(GEMMA_TABLE), _cells(GEMMA_G4_TABLE)
+    lines = ["| held out | tokens | windows | random top-1 vs router: needle-mix / distill64-8k | random top-2 vs router: "
+             "needle-mix / distill64-8k | distill64-8k vs needle-mix, hard top-1 | distill64-8k vs needle-mix, hard top-2 |",
              "|---|---:|---:|---|---|---|---|"]
     for (c, L), g in d8k.groupby(["corpus", "seq_len"], sort=True):
         wins = sorted(set(g[g.label == "hard_top1"].window) & set(g[g.label == "hard_top2"].window))
         g = g[g.window.isin(wins)]
-        h = ship[(ship.corpus == c) & (ship.seq_len == L) & ship.window.isin(wins)]
+        h = g4[(g4.corpus == c) & (g4.seq_len == L) & g4.window.isin(wins)]
         n = len(wins)
         a, b = summarize(h).set_index("label"), summarize(g).set_index("label")
         vs = lambda r: _change(r, "control_vs_router_pct", "control_ci_lo", "control_ci_hi", n)  # noqa: E731
@@ -105,7 +109,37 @@ def gemma_length_gap_distill8k() -> Generated:
                      f"{vs(a.loc['random_top1'])} / {vs(b.loc['random_top1'])} | {vs(a.loc['random_top2'])} / "
                      f"{vs(b.loc['random_top2'])} | {change(1)} | {change(2)} |")
     sha = d8k[d8k.label == "hard_top1"].routers_sha256.iloc[0]
-    inputs = (f"{LENGTH_CELLS} (tables {D8K_TABLE} and {GEMMA_TABLE}, the same windows); routers {router_label(sha)} "
-              f"against {router_label(ship[ship.label == 'hard_top1'].routers_sha256.iloc[0])}; dense and random groups "
-              f"from {GEMMA_TABLE} (they do not depend on the router file)")
+    inputs = (f"{LENGTH_CELLS} (tables {GEMMA_TABLE} and {GEMMA_G4_TABLE}, the same windows); routers {router_label(sha)} "
+              f"against {router_label(g4[g4.label == 'hard_top1'].routers_sha256.iloc[0])}; dense and random groups "
+              f"from {GEMMA_G4_TABLE} (they do not depend on the router file)")
+    return Generated(inputs, "\n".join(lines))
+
+
+@block("gemma-length-gap-retrieval", *GEMMA_G4_RETRIEVAL, *GEMMA_RETRIEVAL)
+def gemma_length_gap_retrieval() -> Generated:
+    """Per task and length of stage g4's retrieval runs: cases, dense's score, the default's score
+    under ``gemma3-270m/needle-mix`` and under ``gemma3-270m/distill64-8k`` (``-`` where the latter
+    did not run), and distill64-8k minus needle-mix in score and answer log-prob (nats), paired over
+    the cases both ran (``retrieval_tables.paired_difference``, 95% bootstrap interval)."""
+    from focus_lab.eval import retrieval_tables as rt
+    g4, new = _read_cases(GEMMA_G4_RETRIEVAL), _read_cases(GEMMA_RETRIEVAL)
+    both = pd.concat([g4[g4.pattern == "default"].assign(pattern="needle-mix"),
+                      new[new.pattern == "default"].assign(pattern="distill64-8k")], ignore_index=True)
+    diffs = {col: rt.paired_difference(both, "distill64-8k", "needle-mix", col).set_index(["task", "length"])
+             for col in ("score", "answer_logprob")}
+    lines = ["| task | haystack | tokens | cases | dense | needle-mix | distill64-8k | distill64-8k - needle-mix, score | "
+             "answer log-prob (nats) |", "|---|---|---:|---:|---:|---:|---:|---|---|"]
+    for (task, L), g in g4.groupby(["task", "length"], sort=False):
+        score = lambda pat, frame=g: frame[frame.pattern == pat].score.mean()  # noqa: E731
+        n = new[(new.task == task) & (new.length == L)]
+        if len(n):
+            d, lp = diffs["score"].loc[(task, L)], diffs["answer_logprob"].loc[(task, L)]
+            tail = (f"{score('default', n):.2f} | {d.difference:+.2f} [{d.lo:+.2f}, {d.hi:+.2f}] | "
+                    f"{lp.difference:+.2f} [{lp.lo:+.2f}, {lp.hi:+.2f}] |")
+        else:
+            tail = "- | - | - |"
+        lines.append(f"| {task} | {HAYSTACK.get(task, '')} | {L} | {g.seed.nunique()} | {score('dense'):.2f} | "
+                     f"{score('default'):.2f} | {tail}")
+    inputs = (f"{', '.join(GEMMA_G4_RETRIEVAL)} (gemma3-270m/needle-mix); {', '.join(GEMMA_RETRIEVAL)} "
+              "(gemma3-270m/distill64-8k); the default pattern of each file (hard top-2), the same seeds")
     return Generated(inputs, "\n".join(lines))

@@ -244,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", type=int, default=2, help="distill runs of 30 steps on the mix in stage 5")
     ap.add_argument("--model", choices=CHAINS, default=CHAINS[0],
                     help="whose router file the chain makes (default: %(default)s)")
-    ap.add_argument("--steps", type=int, default=30, help="gemma3-270m: optimizer steps of each distill stage")
+    ap.add_argument("--steps", type=int, default=30, help="gemma3-270m: optimizer steps of its distill stages at 4096 tokens (g1, g3; g5 takes GEMMA_LONG_STEPS)")
     ap.add_argument("--reference", type=Path, default=None,
                     help="a router file to compare the result with (default: the file shipped for the model)")
     a = ap.parse_args(argv)
