@@ -540,12 +540,13 @@ def gemma_retrieval_cases() -> pd.DataFrame:
     new, g4 = _read_cases(GEMMA_RETRIEVAL), _read_cases(GEMMA_G4_RETRIEVAL)
     key = ["task", "length", "seed"]
     a = new[new.pattern == "dense"].set_index(key)
-    b = g4[g4.pattern == "dense"].set_index(key).loc[a.index]
-    if ((a.score != b.score) | ((a.answer_logprob - b.answer_logprob).abs() > DENSE_AGREEMENT)).any():
+    b = g4[g4.pattern == "dense"].set_index(key).reindex(a.index)  # NaN where g4 did not run the case
+    rand = g4[g4.pattern == "random_default"].set_index(key).reindex(a.index)
+    if rand.score.isna().any():
+        raise MissingInput(f"{', '.join(GEMMA_G4_RETRIEVAL)} (random_default on every case of {', '.join(GEMMA_RETRIEVAL)})")
+    if ((a.score != b.score) | ~((a.answer_logprob - b.answer_logprob).abs() <= DENSE_AGREEMENT)).any():
         raise MissingInput(f"{', '.join(GEMMA_RETRIEVAL)} (dense answers equal to those of {', '.join(GEMMA_G4_RETRIEVAL)})")
-    rand = g4[g4.pattern == "random_default"].set_index(key)
-    return pd.concat([new[new.pattern.isin(["dense", "default"])], rand.loc[rand.index.isin(a.index)].reset_index()],
-                     ignore_index=True)
+    return pd.concat([new[new.pattern.isin(["dense", "default"])], rand.reset_index()], ignore_index=True)
 
 
 @block("gemma-retrieval", *GEMMA_RETRIEVAL, *GEMMA_G4_RETRIEVAL)

@@ -127,3 +127,6 @@ def test_retrieval_cases_of_two_runs_are_refused_when_their_dense_answers_differ
     g4.to_parquet(tmp_path / "g4.parquet")
     with pytest.raises(doc_blocks.MissingInput, match="dense answers equal"):
         doc_blocks.gemma_retrieval_cases()
+    g4[g4.pattern != "random_default"].to_parquet(tmp_path / "g4.parquet")  # a case without random groups
+    with pytest.raises(doc_blocks.MissingInput, match="random_default on every case"):
+        doc_blocks.gemma_retrieval_cases()
