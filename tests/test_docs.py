@@ -354,6 +354,39 @@ def test_no_history_words_in_markdown():
                           "what was measured, in the present tense):\n" + "\n".join(problems))
 
 
+# a placeholder left in prose (a capitalised name to fill in later, or a to-do marker): a page
+# says what was measured, not what is still to be typed in; code spans, fenced code and HTML
+# comments are names of code, so they are left out (the line numbers stay those of the page)
+PLACEHOLDER = re.compile(r"\b(?:[A-Z]{2,}(?:_[A-Z]{2,})+|TO" r"DO|TB" r"D|FIX" r"ME|XX" r"X)\b")
+
+
+def placeholder_problems(rel: str, text: str) -> list[str]:
+    """``rel:line: placeholder NAME`` for each placeholder in the prose of a markdown text."""
+    blank = lambda m: "\n" * m.group(0).count("\n")  # noqa: E731
+    text = re.sub(r"```.*?```", blank, text, flags=re.S)
+    text = re.sub(r"<!--.*?-->", blank, text, flags=re.S)
+    text = re.sub(r"`[^`\n]*`", "", text)
+    return [f"{rel}:{n}: placeholder {m.group(0)}" for n, line in enumerate(text.splitlines(), 1)
+            for m in PLACEHOLDER.finditer(line)]
+
+
+def test_placeholder_check_finds_placeholders_in_prose_only():
+    text = ("the probe took COST" "_RET.\n```bash\nOMP_NUM_THREADS=1 run\n```\n"
+            "`MALLOC_MMAP_THRESHOLD_` and Q4_K_M\n<!-- BEGIN generated:x | A_B -->\nsee TO" "DO here\n")
+    assert placeholder_problems("docs/x.md", text) == ["docs/x.md:1: placeholder COST" "_RET",
+                                                       "docs/x.md:7: placeholder TO" "DO"]
+
+
+def test_no_placeholders_in_markdown():
+    files = repository_files()
+    if files is None:
+        pytest.skip("not a git checkout")
+    problems = []
+    for rel in sorted(f for f in files if f.endswith(".md")):
+        problems += placeholder_problems(rel, (REPO / rel).read_text(encoding="utf-8"))
+    assert not problems, "placeholders left in the docs (write the measured value):\n" + "\n".join(problems)
+
+
 # ------------------------------------------------------------------------------------------
 # one page per study, each with the same five sections
 
