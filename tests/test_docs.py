@@ -365,16 +365,18 @@ def placeholder_problems(rel: str, text: str) -> list[str]:
     blank = lambda m: "\n" * m.group(0).count("\n")  # noqa: E731
     text = re.sub(r"```.*?```", blank, text, flags=re.S)
     text = re.sub(r"<!--.*?-->", blank, text, flags=re.S)
-    text = re.sub(r"`[^`\n]*`", "", text)
+    text = re.sub(r"`(?:[^`\n]|\n(?![ \t]*\n))*`", blank, text)  # a code span may wrap, not past a blank line
     return [f"{rel}:{n}: placeholder {m.group(0)}" for n, line in enumerate(text.splitlines(), 1)
             for m in PLACEHOLDER.finditer(line)]
 
 
 def test_placeholder_check_finds_placeholders_in_prose_only():
     text = ("the probe took COST" "_RET.\n```bash\nOMP_NUM_THREADS=1 run\n```\n"
-            "`MALLOC_MMAP_THRESHOLD_` and Q4_K_M\n<!-- BEGIN generated:x | A_B -->\nsee TO" "DO here\n")
+            "`MALLOC_MMAP_THRESHOLD_` and Q4_K_M\n<!-- BEGIN generated:x | A_B -->\nsee TO" "DO here\n"
+            "then `OMP_NUM_THREADS=1 focus-lab\nrecord` ran; a lone ` and\n\nNEW_NAME` after a blank line\n")
     assert placeholder_problems("docs/x.md", text) == ["docs/x.md:1: placeholder COST" "_RET",
-                                                       "docs/x.md:7: placeholder TO" "DO"]
+                                                       "docs/x.md:7: placeholder TO" "DO",
+                                                       "docs/x.md:11: placeholder NEW" "_NAME"]
 
 
 def test_no_placeholders_in_markdown():

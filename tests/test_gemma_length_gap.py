@@ -67,3 +67,30 @@ def test_the_distilled_file_at_32768_against_stage_g4s_and_random_groups():
     assert needle_mix.startswith(f"{100 * (_ppl(g4, 'random_top1') / _ppl(g4, 'hard_top1') - 1):+.1f}%")
     assert distilled.startswith(f"{100 * (_ppl(g4, 'random_top1') / _ppl(d8k, 'hard_top1') - 1):+.1f}%")
     assert row[6].startswith(f"{100 * (_ppl(d8k, 'hard_top2') / _ppl(g4, 'hard_top2') - 1):+.1f}%")
+
+
+def test_the_layer_rows_from_the_heads():
+    oe = pd.read_parquet(REPO / G.OE_TRAIN)
+    h = oe[(oe.seq_len == 32768) & (oe.layer_idx == 11)]
+    f = h[h.pattern == "focus"].set_index("head").output_error
+    r = h[h.pattern == "random"].set_index("head").output_error
+    assert len(f) == 4  # Gemma-3-270M's 4 query heads
+    row = _row(doc_blocks.render("gemma-length-gap-layers"), "32768", "11")
+    assert row[2] == f"{f.mean():.3f} / {r.mean():.3f}"
+    assert row[3] == f"{(f - r).mean():+.3f}"
+    assert row[4] == f"{int(((f - r) < 0).sum())} of 4"
+
+
+def test_random_groups_in_layer_11_on_hamlet_at_16384_by_hand():
+    cells = pd.read_parquet(REPO / doc_blocks.LENGTH_CELLS)
+    at = (cells.corpus == "shakespeare") & (cells.seq_len == 16384)
+    r11 = cells[(cells.table == G.RANDOM11_TABLE) & at]
+    ship = cells[(cells.table == doc_blocks.GEMMA_TABLE) & at]
+    assert set(r11.random_layers) == {""} and r11.window.nunique() == 3
+    assert set(r11[r11.label == "hard_top2"].routers_sha256) != set(ship[ship.label == "hard_top2"].routers_sha256)
+    row = _row(doc_blocks.render("gemma-length-gap-random11"), "*Hamlet*", "16384")
+    assert row[2] == "3"
+    shipped, lever = row[4].split(" / ")
+    assert shipped.startswith(f"{100 * (_ppl(ship, 'random_top2') / _ppl(ship, 'hard_top2') - 1):+.1f}% [")
+    assert lever.startswith(f"{100 * (_ppl(ship, 'random_top2') / _ppl(r11, 'hard_top2') - 1):+.1f}% [")
+    assert row[6].startswith(f"{100 * (_ppl(r11, 'hard_top2') / _ppl(ship, 'hard_top2') - 1):+.1f}% [")

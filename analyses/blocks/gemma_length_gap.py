@@ -31,6 +31,11 @@ PROSE_PAGES = (PAGE,)
 ALLOWED = {PAGE: {"12", "20"}}
 
 OE = "figures/gemma/output_error_by_length.parquet"
+#: the shipped file with balanced random groups in layer 11 (`focus-lab routers set-rules`; no training)
+RANDOM11_TABLE = "gemma3_distill64_8k_random11"
+#: the shipped file's output error on training-domain text (the end of Mansfield Park), per length
+OE_TRAIN = "figures/gemma/output_error_training_text.parquet"
+RANDOM11_RULE = "hard_top2+random_layers([11])"
 
 
 def _oe() -> pd.DataFrame:
@@ -81,23 +86,21 @@ def gemma_length_gap() -> Generated:
     return Generated(inputs, "\n".join(lines))
 
 
-@block("gemma-length-gap-distill8k", LENGTH_CELLS)
-def gemma_length_gap_distill8k() -> Generated:
-    """Per held-out corpus and length the file distilled at 8192 tokens (table ``GEMMA_TABLE``) ran
-    on: random groups' perplexity change over the router at top-1 and top-2, for stage g4's file
-    (``GEMMA_G4_TABLE``, same windows) and for the distilled one (> 0: the router is better), and
-    the distilled file's change over g4's at each k, with 95% paired intervals over windows from 3
-    windows up."""
+def lever_table(new: pd.DataFrame, base: pd.DataFrame, new_name: str, base_name: str) -> list[str]:
+    """Markdown rows comparing two router files' length tables on the windows ``new`` ran on: per
+    held-out corpus and length, random groups' perplexity change over each file's hard top-1 and
+    top-2 (> 0: the router is better), and ``new``'s change over ``base`` at each k, with 95% paired
+    intervals over windows from 3 windows up. ``new``, ``base``: committed cells of one table each,
+    ``new``'s with the dense and random rows it reused from ``base``'s runs."""
     from analyses.length_table import summarize
     from focus_lab.eval.evaluate import paired_change
-    d8k, g4 = _cells(GEMMA_TABLE), _cells(GEMMA_G4_TABLE)
-    lines = ["| held out | tokens | windows | random top-1 vs router: needle-mix / distill64-8k | random top-2 vs router: "
-             "needle-mix / distill64-8k | distill64-8k vs needle-mix, hard top-1 | distill64-8k vs needle-mix, hard top-2 |",
+    lines = [f"| held out | tokens | windows | random top-1 vs router: {base_name} / {new_name} | random top-2 vs router: "
+             f"{base_name} / {new_name} | {new_name} vs {base_name}, hard top-1 | {new_name} vs {base_name}, hard top-2 |",
              "|---|---:|---:|---|---|---|---|"]
-    for (c, L), g in d8k.groupby(["corpus", "seq_len"], sort=True):
+    for (c, L), g in new.groupby(["corpus", "seq_len"], sort=True):
         wins = sorted(set(g[g.label == "hard_top1"].window) & set(g[g.label == "hard_top2"].window))
+        h = base[(base.corpus == c) & (base.seq_len == L) & base.window.isin(wins)]
         g = g[g.window.isin(wins)]
-        h = g4[(g4.corpus == c) & (g4.seq_len == L) & g4.window.isin(wins)]
         n = len(wins)
         a, b = summarize(h).set_index("label"), summarize(g).set_index("label")
         vs = lambda r: _change(r, "control_vs_router_pct", "control_ci_lo", "control_ci_hi", n)  # noqa: E731
@@ -108,10 +111,57 @@ def gemma_length_gap_distill8k() -> Generated:
         lines.append(f"| {HELD_NAMES.get(g.heldout.iloc[0], g.heldout.iloc[0])} | {L} | {n} | "
                      f"{vs(a.loc['random_top1'])} / {vs(b.loc['random_top1'])} | {vs(a.loc['random_top2'])} / "
                      f"{vs(b.loc['random_top2'])} | {change(1)} | {change(2)} |")
+    return lines
+
+
+@block("gemma-length-gap-distill8k", LENGTH_CELLS)
+def gemma_length_gap_distill8k() -> Generated:
+    """Per held-out corpus and length the file distilled at 8192 tokens (table ``GEMMA_TABLE``) ran
+    on: ``lever_table`` against stage g4's file (``GEMMA_G4_TABLE``, same windows)."""
+    d8k, g4 = _cells(GEMMA_TABLE), _cells(GEMMA_G4_TABLE)
+    lines = lever_table(d8k, g4, "distill64-8k", "needle-mix")
     sha = d8k[d8k.label == "hard_top1"].routers_sha256.iloc[0]
     inputs = (f"{LENGTH_CELLS} (tables {GEMMA_TABLE} and {GEMMA_G4_TABLE}, the same windows); routers {router_label(sha)} "
               f"against {router_label(g4[g4.label == 'hard_top1'].routers_sha256.iloc[0])}; dense and random groups "
               f"from {GEMMA_G4_TABLE} (they do not depend on the router file)")
+    return Generated(inputs, "\n".join(lines))
+
+
+@block("gemma-length-gap-layers", OE_TRAIN)
+def gemma_length_gap_layers() -> Generated:
+    """Per length and routed layer of the recordings on training-domain text (``OE_TRAIN``): the
+    output error of the router's hard top-2 mask and of balanced random groups at the same
+    sparsity (means over the layer's heads), their difference and the heads where the router's
+    error is lower."""
+    path = REPO / OE_TRAIN
+    if not path.exists():
+        raise MissingInput(OE_TRAIN)
+    oe = pd.read_parquet(path)
+    lines = ["| tokens | layer | output error: router / random | router - random | heads where the router's error is lower |",
+             "|---:|---:|---|---|---:|"]
+    for (L, layer), g in oe.groupby(["seq_len", "layer_idx"], sort=True):
+        p = g.pivot_table(index="head", columns="pattern", values="output_error")
+        d = (p["focus"] - p["random"]).to_numpy(float)
+        lines.append(f"| {L} | {layer} | {p['focus'].mean():.3f} / {p['random'].mean():.3f} | {d.mean():+.3f} | "
+                     f"{int((d < 0).sum())} of {len(d)} |")
+    docs = ", ".join(sorted({d.split(":")[0] for d in oe.documents}))
+    inputs = (f"{OE_TRAIN} (one recording per length of the held-out end of the local file `{docs}`: the training "
+              f"novels Emma, then Mansfield Park; `focus-lab record --metrics coverage,output_error`, routers "
+              f"{router_label(oe.routers_sha256.iloc[0])}, the router's mask its hard top-2)")
+    return Generated(inputs, "\n".join(lines))
+
+
+@block("gemma-length-gap-random11", LENGTH_CELLS)
+def gemma_length_gap_random11() -> Generated:
+    """The shipped file with balanced random groups in layer 11 (table ``RANDOM11_TABLE``, its
+    hard top-1 and top-2 on the windows it ran on): ``lever_table`` against the shipped file
+    (``GEMMA_TABLE``)."""
+    r11, ship = _cells(RANDOM11_TABLE), _cells(GEMMA_TABLE)
+    lines = lever_table(r11, ship, "random in 11", "distill64-8k")
+    sha = r11[r11.label == "hard_top1"].routers_sha256.iloc[0]
+    inputs = (f"{LENGTH_CELLS} (tables {RANDOM11_TABLE} and {GEMMA_TABLE}, the same windows); routers {router_label(sha)} "
+              f"(`{RANDOM11_RULE}`) against {router_label(ship[ship.label == 'hard_top1'].routers_sha256.iloc[0])}; "
+              f"dense and random groups as in {GEMMA_TABLE}")
     return Generated(inputs, "\n".join(lines))
 
 
