@@ -94,3 +94,16 @@ def test_random_groups_in_layer_11_on_hamlet_at_16384_by_hand():
     assert shipped.startswith(f"{100 * (_ppl(ship, 'random_top2') / _ppl(ship, 'hard_top2') - 1):+.1f}% [")
     assert lever.startswith(f"{100 * (_ppl(ship, 'random_top2') / _ppl(r11, 'hard_top2') - 1):+.1f}% [")
     assert row[6].startswith(f"{100 * (_ppl(r11, 'hard_top2') / _ppl(ship, 'hard_top2') - 1):+.1f}% [")
+
+
+def test_the_stage_at_16384_tokens_at_32768_by_hand():
+    cells = pd.read_parquet(REPO / doc_blocks.LENGTH_CELLS)
+    at = (cells.corpus == "austen") & (cells.seq_len == 32768)
+    d16k = cells[(cells.table == G.DISTILL16K_TABLE) & at]
+    ship = cells[(cells.table == doc_blocks.GEMMA_TABLE) & at]
+    assert d16k.window.nunique() == 3 and set(d16k.window) == set(ship.window)
+    row = _row(doc_blocks.render("gemma-length-gap-distill16k"), "*Persuasion*", "32768")
+    shipped, stage = row[4].split(" / ")
+    assert shipped.startswith(f"{100 * (_ppl(ship, 'random_top2') / _ppl(ship, 'hard_top2') - 1):+.1f}% [")
+    assert stage.startswith(f"{100 * (_ppl(ship, 'random_top2') / _ppl(d16k, 'hard_top2') - 1):+.1f}% [")
+    assert row[5].startswith(f"{100 * (_ppl(d16k, 'hard_top1') / _ppl(ship, 'hard_top1') - 1):+.1f}% [")

@@ -26,8 +26,8 @@ from analyses.doc_blocks import (GEMMA_G4_RETRIEVAL, GEMMA_G4_TABLE, GEMMA_RETRI
 
 PAGE = "docs/studies/gemma-length-gap.md"
 PROSE_PAGES = (PAGE,)
-#: settings, not measurements: 12 (layer, head) pairs (3 routed layers x 4 heads), 20 steps, 8192
-#: tokens of training, the 128-token window
+#: settings, not measurements: 12 (layer, head) pairs (3 routed layers x 4 heads) and the 12 steps
+#: of the stage at 16384 tokens, 20 steps at 8192 tokens, the 128-token window
 ALLOWED = {PAGE: {"12", "20"}}
 
 OE = "figures/gemma/output_error_by_length.parquet"
@@ -36,6 +36,8 @@ RANDOM11_TABLE = "gemma3_distill64_8k_random11"
 #: the shipped file's output error on training-domain text (the end of Mansfield Park), per length
 OE_TRAIN = "figures/gemma/output_error_training_text.parquet"
 RANDOM11_RULE = "hard_top2+random_layers([11])"
+#: the shipped file distilled 12 more steps at 16384 tokens (not shipped)
+DISTILL16K_TABLE = "gemma3_distill64_16k"
 
 
 def _oe() -> pd.DataFrame:
@@ -114,17 +116,27 @@ def lever_table(new: pd.DataFrame, base: pd.DataFrame, new_name: str, base_name:
     return lines
 
 
+def lever_block(new_table: str, base_table: str, new_name: str, base_name: str, rule: str = "") -> Generated:
+    """``lever_table`` of two committed tables (``new_table`` on its windows against
+    ``base_table``), with the inputs line: both files' names and sha256, ``rule`` the pattern
+    written into ``new_table``'s file when it has one, and the table whose runs gave the dense and
+    random rows both reuse."""
+    new, base = _cells(new_table), _cells(base_table)
+    lines = lever_table(new, base, new_name, base_name)
+    sha = lambda df: router_label(df[df.label == "hard_top1"].routers_sha256.iloc[0])  # noqa: E731
+    controls = new[new.label.isin(["dense", "random_top1", "random_top2"])]
+    reused = ", ".join(sorted(set(controls.reused_from.fillna("")) - {""})) or new_table
+    inputs = (f"{LENGTH_CELLS} (tables {new_table} and {base_table}, the same windows); routers {sha(new)}"
+              + (f" (`{rule}`)" if rule else "") + f" against {sha(base)}; dense and random groups from {reused}'s runs "
+              "(they do not depend on the router file)")
+    return Generated(inputs, "\n".join(lines))
+
+
 @block("gemma-length-gap-distill8k", LENGTH_CELLS)
 def gemma_length_gap_distill8k() -> Generated:
-    """Per held-out corpus and length the file distilled at 8192 tokens (table ``GEMMA_TABLE``) ran
-    on: ``lever_table`` against stage g4's file (``GEMMA_G4_TABLE``, same windows)."""
-    d8k, g4 = _cells(GEMMA_TABLE), _cells(GEMMA_G4_TABLE)
-    lines = lever_table(d8k, g4, "distill64-8k", "needle-mix")
-    sha = d8k[d8k.label == "hard_top1"].routers_sha256.iloc[0]
-    inputs = (f"{LENGTH_CELLS} (tables {GEMMA_TABLE} and {GEMMA_G4_TABLE}, the same windows); routers {router_label(sha)} "
-              f"against {router_label(g4[g4.label == 'hard_top1'].routers_sha256.iloc[0])}; dense and random groups "
-              f"from {GEMMA_G4_TABLE} (they do not depend on the router file)")
-    return Generated(inputs, "\n".join(lines))
+    """The file distilled at 8192 tokens (table ``GEMMA_TABLE``) against stage g4's file
+    (``GEMMA_G4_TABLE``) on the same windows (``lever_block``)."""
+    return lever_block(GEMMA_TABLE, GEMMA_G4_TABLE, "distill64-8k", "needle-mix")
 
 
 @block("gemma-length-gap-layers", OE_TRAIN)
@@ -153,16 +165,17 @@ def gemma_length_gap_layers() -> Generated:
 
 @block("gemma-length-gap-random11", LENGTH_CELLS)
 def gemma_length_gap_random11() -> Generated:
-    """The shipped file with balanced random groups in layer 11 (table ``RANDOM11_TABLE``, its
-    hard top-1 and top-2 on the windows it ran on): ``lever_table`` against the shipped file
-    (``GEMMA_TABLE``)."""
-    r11, ship = _cells(RANDOM11_TABLE), _cells(GEMMA_TABLE)
-    lines = lever_table(r11, ship, "random in 11", "distill64-8k")
-    sha = r11[r11.label == "hard_top1"].routers_sha256.iloc[0]
-    inputs = (f"{LENGTH_CELLS} (tables {RANDOM11_TABLE} and {GEMMA_TABLE}, the same windows); routers {router_label(sha)} "
-              f"(`{RANDOM11_RULE}`) against {router_label(ship[ship.label == 'hard_top1'].routers_sha256.iloc[0])}; "
-              f"dense and random groups as in {GEMMA_TABLE}")
-    return Generated(inputs, "\n".join(lines))
+    """The shipped file with balanced random groups in layer 11 (table ``RANDOM11_TABLE``) against
+    the shipped file (``GEMMA_TABLE``) on the windows it ran on (``lever_block``)."""
+    return lever_block(RANDOM11_TABLE, GEMMA_TABLE, "random in 11", "distill64-8k", RANDOM11_RULE)
+
+
+@block("gemma-length-gap-distill16k", LENGTH_CELLS)
+def gemma_length_gap_distill16k() -> Generated:
+    """The shipped file distilled 12 more ``distill64`` steps at 16384 tokens (table
+    ``DISTILL16K_TABLE``) against the shipped file (``GEMMA_TABLE``) on the windows it ran on
+    (``lever_block``)."""
+    return lever_block(DISTILL16K_TABLE, GEMMA_TABLE, "distill64-16k", "distill64-8k")
 
 
 @block("gemma-length-gap-retrieval", *GEMMA_G4_RETRIEVAL, *GEMMA_RETRIEVAL)
