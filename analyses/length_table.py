@@ -40,6 +40,9 @@ WINDOWS = "512:8,1024:8,2048:8,4096:8,8192:4"
 SCHEMA_VERSION = 1
 # every committed length-table cell, one tidy table (``table`` column)
 COMMITTED = Path(__file__).resolve().parent.parent / "figures" / "results" / "length_cells.parquet"
+#: tokens per unit of the block interval of a control over the router (``evaluate.paired_change``
+#: with ``block``): fixed a priori, between the 512-token window and a 32K window's length
+INTERVAL_BLOCK = 2048
 # patterns that use no groups at all: the same rows whatever the router file, seed or per-layer k
 GROUP_FREE = ("dense", "window")
 
@@ -403,11 +406,29 @@ def base_of(label: str) -> str | None:
     return base if base != label else None
 
 
+def has_blocks(rows: pd.DataFrame) -> bool:
+    """Whether every row holds its block losses (evaluation schema 3, ``evaluate.BLOCK_TOKENS``)."""
+    return len(rows) > 0 and "block_nll" in rows and not rows["block_nll"].isna().any()
+
+
+def block_delta(df: pd.DataFrame, a: str, b: str, block: int = INTERVAL_BLOCK, reps: int = 2000, seed: int = 0):
+    """``paired_delta`` with runs of ``block`` tokens inside the windows as the resampled units
+    (``evaluate.paired_change``); NaNs when a row of either pattern lacks block losses."""
+    from focus_lab.eval.evaluate import paired_change
+    x, y = df[df.label == a], df[df.label == b]
+    if not (has_blocks(x) and has_blocks(y)):
+        return float("nan"), float("nan"), float("nan")
+    return paired_change(x, y, reps=reps, seed=seed, block=block)
+
+
 def summarize(df: pd.DataFrame) -> pd.DataFrame:
     """Per (corpus, length, pattern) of a table's per-window rows: pooled perplexity, windows,
     tokens, distant pairs kept, tokens/s, the change vs dense in % with its 95% paired interval
     (``delta_vs_dense_pct``, ``ci_lo``, ``ci_hi``) and, for random / shuffled groups, the control's
-    change over the router at the same k (``control_vs_router_pct``, > 0: the router is better).
+    change over the router at the same k (``control_vs_router_pct``, > 0: the router is better)
+    with its interval over windows (``control_ci_lo``, ``control_ci_hi``) and over runs of
+    ``INTERVAL_BLOCK`` tokens (``control_block_ci_lo``, ``control_block_ci_hi``; NaN where the rows
+    hold no block losses).
     Only the windows that every pattern of the cell ran on count (a stopped run's ``.partial``
     cell may hold a window some patterns have not reached): each pattern pools the same windows."""
     from focus_lab.eval.evaluate import pool_windows
@@ -427,6 +448,7 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
             if (router := router_of(label)) in pooled.index:
                 m, lo, hi = paired_delta(g, label, router)
                 row["control_vs_router_pct"], row["control_ci_lo"], row["control_ci_hi"] = m, lo, hi
+                _, row["control_block_ci_lo"], row["control_block_ci_hi"] = block_delta(g, label, router)
             summary.append(row)
     s = pd.DataFrame(summary)
     s["schema_version"] = SCHEMA_VERSION
@@ -504,7 +526,9 @@ def report_text(out: Path | None, against: Path | str | None = None, table: str 
                 cells_.append(c)
             lines.append(f"| {L} | {int(h.windows.iloc[0])} | " + " | ".join(cells_) + " |")
         lines.append("\nRouter against the controls at equal sparsity (control's perplexity over the "
-                     "router's, %, 95% interval; > 0 means the router is better):\n")
+                     "router's, %, 95% interval over windows; > 0 means the router is better; where the rows "
+                     f"hold block losses, \"blocks\" gives the interval over runs of {INTERVAL_BLOCK} tokens "
+                     "inside these windows):\n")
         controls = ["random_top1", "shuffled_top1", "random_top2", "shuffled_top2"]
         controls += [p for p in order if p not in controls and router_of(p) in set(g.label)]
         lines.append("| tokens | " + " | ".join(p.replace("_top", " top-").replace("_", " ") for p in controls)
@@ -513,6 +537,8 @@ def report_text(out: Path | None, against: Path | str | None = None, table: str 
         for L, h in g.groupby("seq_len"):
             h = h.set_index("label")
             c = [f"{h.loc[p].control_vs_router_pct:+.1f}% [{h.loc[p].control_ci_lo:+.1f}, {h.loc[p].control_ci_hi:+.1f}]"
+                 + (f" (blocks [{h.loc[p].control_block_ci_lo:+.2f}, {h.loc[p].control_block_ci_hi:+.2f}])"
+                    if not pd.isna(h.loc[p].get("control_block_ci_lo")) else "")
                  if p in h.index and not pd.isna(h.loc[p].get("control_vs_router_pct")) else ""
                  for p in controls]
             t = " / ".join((f"{h.loc[p].tokens_per_second:.0f}" + ("*" if (corpus, L, p) in reused else ""))

@@ -2,8 +2,11 @@
 output head over slices of positions) against the full-logits cross-entropy, on tiny random
 Llama, GPT-2, Gemma-2 and Gemma-3 models (issue 73: Gemma-3's 262K vocabulary at 16K-32K tokens)."""
 
+import math
 from types import SimpleNamespace
 
+import numpy as np
+import pandas as pd
 import pytest
 import torch
 import torch.nn.functional as F
@@ -91,3 +94,64 @@ def test_bad_chunk_or_a_body_without_head_is_refused():
         next_token_nll(model, _ids(), chunk=0)
     with pytest.raises(ValueError, match="no output head"):
         output_head(model.base_model)
+
+
+def test_block_losses_are_the_full_logits_nll_in_runs(monkeypatch):
+    """Each row's block_nll holds, window after window, the summed full-logits NLL of each run of
+    BLOCK_TOKENS predicted tokens (16 here: runs of 16, 16 and 7 of a window's 39), and block_tokens
+    their lengths; per_window rows hold their own window's runs."""
+    import focus_lab.eval.evaluate as E
+    monkeypatch.setattr(E, "BLOCK_TOKENS", 16)
+    model = tiny_gemma3()
+    focus_lab.attach(model, FocusConfig(window=4, num_groups=4, seed=3))
+    windows = [SimpleNamespace(input_ids=_ids(s, batch=1)[0], index=10 + s) for s in (1, 2)]
+    pats = parse_patterns("dense,hard_top1", 4)
+    pooled = evaluate(model, windows, pats, batch_size=2, progress=False).set_index("label")
+    rows = evaluate(model, windows, pats, progress=False, per_window=True)
+    for label, changes in pats:
+        with torch.no_grad():
+            state = focus_lab.forward_state(model, **changes)
+            ref = [_full_nll(model, w.input_ids[None], use_cache=False, focus=state)[0].double() for w in windows]
+        expect = [float(r[a:b].sum()) for r in ref for a, b in ((0, 16), (16, 32), (32, 39))]
+        assert list(pooled.block_tokens[label]) == [16, 16, 7, 16, 16, 7]
+        assert pooled.block_nll[label] == pytest.approx(expect, abs=1e-4)
+        mine = rows[rows.label == label].set_index("window")
+        assert mine.block_nll[11] == pytest.approx(expect[:3], abs=1e-4)
+        assert mine.block_nll[12] == pytest.approx(expect[3:], abs=1e-4)
+        assert sum(mine.block_nll[11]) == pytest.approx(mine.nll[11] * mine.tokens[11], abs=1e-4)
+
+
+def _block_rows(per_token: list[list[float]], block: int = 2) -> pd.DataFrame:
+    """Per-window rows from per-token NLLs: blocks of ``block`` tokens."""
+    rows = []
+    for w, nll in enumerate(per_token):
+        runs = [nll[s:s + block] for s in range(0, len(nll), block)]
+        rows.append({"window": w, "nll": sum(nll) / len(nll), "tokens": len(nll),
+                     "block_nll": [sum(r) for r in runs], "block_tokens": [len(r) for r in runs]})
+    return pd.DataFrame(rows)
+
+
+def test_block_interval_by_hand(monkeypatch):
+    """paired_change with ``block``: the same change as over windows; a unit covering a whole
+    window gives the window bootstrap's interval; a difference equal in every unit gives an interval
+    of width 0; units of 2 tokens resampled stay within the units' own changes."""
+    import focus_lab.eval.evaluate as E
+    monkeypatch.setattr(E, "BLOCK_TOKENS", 2)
+    gen = np.random.default_rng(1)
+    base = [list(gen.uniform(1, 3, 8)) for _ in range(3)]  # 3 windows of 8 tokens
+    b = _block_rows(base)
+    shift = [[x + 0.01 for x in w] for w in base]
+    assert E.paired_change(_block_rows(shift), b, block=4) == pytest.approx((100 * (math.exp(0.01) - 1),) * 3)
+    other = [list(np.array(w) + gen.normal(0, 0.1, 8)) for w in base]
+    a = _block_rows(other)
+    win = E.paired_change(a, b)
+    assert E.paired_change(a, b, block=8) == pytest.approx(win)  # 8 tokens: a unit is a window
+    ch, lo, hi = E.paired_change(a, b, block=2)
+    assert ch == pytest.approx(win[0])
+    per = [100 * (math.exp((sum(o[s:s + 2]) - sum(q[s:s + 2])) / 2) - 1)
+           for o, q in zip(other, base) for s in range(0, 8, 2)]
+    assert min(per) <= lo < ch < hi <= max(per)
+    with pytest.raises(ValueError, match="multiple of 2"):
+        E.paired_change(a, b, block=3)
+    with pytest.raises(ValueError, match="evaluate the windows again"):
+        E.paired_change(a.drop(columns=["block_nll", "block_tokens"]), b, block=2)

@@ -67,6 +67,8 @@ def test_the_distilled_file_at_32768_against_stage_g4s_and_random_groups():
     assert needle_mix.startswith(f"{100 * (_ppl(g4, 'random_top1') / _ppl(g4, 'hard_top1') - 1):+.1f}%")
     assert distilled.startswith(f"{100 * (_ppl(g4, 'random_top1') / _ppl(d8k, 'hard_top1') - 1):+.1f}%")
     assert row[6].startswith(f"{100 * (_ppl(d8k, 'hard_top2') / _ppl(g4, 'hard_top2') - 1):+.1f}%")
+    # the shipped table was committed again from its own rows: its controls' runs are stage g4's
+    assert "dense and random groups from gemma3_needle_mix's runs" in G.gemma_length_gap_distill8k().inputs
 
 
 def test_the_layer_rows_from_the_heads():
@@ -81,11 +83,15 @@ def test_the_layer_rows_from_the_heads():
     assert row[4] == f"{int(((f - r) < 0).sum())} of 4"
 
 
-def test_random_groups_in_layer_11_on_hamlet_at_16384_by_hand():
+def _lever_cells(table: str, corpus: str, seq_len: int) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The committed rows of ``table`` and of the shipped file's table at one corpus and length."""
     cells = pd.read_parquet(REPO / doc_blocks.LENGTH_CELLS)
-    at = (cells.corpus == "shakespeare") & (cells.seq_len == 16384)
-    r11 = cells[(cells.table == G.RANDOM11_TABLE) & at]
-    ship = cells[(cells.table == doc_blocks.GEMMA_TABLE) & at]
+    at = (cells.corpus == corpus) & (cells.seq_len == seq_len)
+    return cells[(cells.table == table) & at], cells[(cells.table == doc_blocks.GEMMA_TABLE) & at]
+
+
+def test_random_groups_in_layer_11_on_hamlet_at_16384_by_hand():
+    r11, ship = _lever_cells(G.RANDOM11_TABLE, "shakespeare", 16384)
     assert set(r11.random_layers) == {""} and r11.window.nunique() == 3
     assert set(r11[r11.label == "hard_top2"].routers_sha256) != set(ship[ship.label == "hard_top2"].routers_sha256)
     row = _row(doc_blocks.render("gemma-length-gap-random11"), "*Hamlet*", "16384")
@@ -97,10 +103,7 @@ def test_random_groups_in_layer_11_on_hamlet_at_16384_by_hand():
 
 
 def test_the_stage_at_16384_tokens_at_32768_by_hand():
-    cells = pd.read_parquet(REPO / doc_blocks.LENGTH_CELLS)
-    at = (cells.corpus == "austen") & (cells.seq_len == 32768)
-    d16k = cells[(cells.table == G.DISTILL16K_TABLE) & at]
-    ship = cells[(cells.table == doc_blocks.GEMMA_TABLE) & at]
+    d16k, ship = _lever_cells(G.DISTILL16K_TABLE, "austen", 32768)
     assert d16k.window.nunique() == 3 and set(d16k.window) == set(ship.window)
     row = _row(doc_blocks.render("gemma-length-gap-distill16k"), "*Persuasion*", "32768")
     shipped, stage = row[4].split(" / ")

@@ -55,3 +55,41 @@ def test_summarize_pools_only_the_windows_every_pattern_ran_on():
     assert s.loc["dense", "windows"] == 2 and s.loc["hard_top2", "windows"] == 2
     assert s.loc["dense", "perplexity"] == pytest.approx(math.exp(3.1))
     assert s.loc["hard_top2", "perplexity"] == pytest.approx(math.exp(3.2))
+
+
+def test_the_block_interval_of_a_control_only_where_rows_hold_block_losses(tmp_path):
+    """summarize's control_block_ci_* is paired_change over runs of INTERVAL_BLOCK tokens (here 4
+    blocks of 2048 per window, the random rows worse by hand-set amounts) where both patterns hold
+    block losses, NaN at the cell whose rows do not; the report shows "blocks [" only there."""
+    import math
+
+    import numpy as np
+
+    from analyses import length_table as LT
+    from focus_lab.eval.evaluate import BLOCK_TOKENS, paired_change
+    per_window = 4 * LT.INTERVAL_BLOCK // BLOCK_TOKENS
+    rows = []
+    for L, blocks in ((8192, True), (4096, False)):
+        for w in range(3):
+            for lab, extra in (("hard_top2", 0.0), ("random_top2", 0.002 * (1 + w))):
+                bn = [BLOCK_TOKENS * (3.0 + 0.01 * ((i * 7 + w) % 5) + extra) for i in range(per_window)]
+                r = {"corpus": "austen", "seq_len": L, "heldout": "persuasion", "label": lab, "window": w,
+                     "tokens": BLOCK_TOKENS * per_window, "nll": sum(bn) / (BLOCK_TOKENS * per_window),
+                     "seconds": 1.0, "distant_pairs_kept": 0.5, "max_group_share": 0.3}
+                if blocks:
+                    r |= {"block_nll": bn, "block_tokens": [BLOCK_TOKENS] * per_window}
+                rows.append(r)
+    df = pd.DataFrame(rows)
+    s = LT.summarize(df).set_index(["seq_len", "label"])
+    got = s.loc[(8192, "random_top2"), ["control_vs_router_pct", "control_block_ci_lo", "control_block_ci_hi"]]
+    at = df[df.seq_len == 8192]
+    ref = paired_change(at[at.label == "random_top2"], at[at.label == "hard_top2"], block=LT.INTERVAL_BLOCK)
+    assert tuple(got) == pytest.approx(ref)
+    assert ref[0] == pytest.approx(100 * (math.exp(0.004) - 1))  # the mean of 0.002, 0.004, 0.006 nats
+    assert 100 * (math.exp(0.002) - 1) <= ref[1] < ref[0] < ref[2] <= 100 * (math.exp(0.006) - 1)
+    assert np.isnan(s.loc[(4096, "random_top2"), "control_block_ci_lo"])
+    (tmp_path / "cells").mkdir()
+    for L, g in df.groupby("seq_len"):
+        g.to_parquet(tmp_path / "cells" / f"austen_{L}.parquet")
+    rows_of = {ln.split(" | ")[0]: ln for ln in LT.report_text(tmp_path).splitlines() if ln.startswith("| ")}
+    assert "(blocks [" in rows_of["| 8192"] and "(blocks [" not in rows_of["| 4096"]

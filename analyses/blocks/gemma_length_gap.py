@@ -51,11 +51,12 @@ def head_difference(heads: pd.DataFrame, a: str = "focus", b: str = "random", re
                     seed: int = 0) -> tuple[float, float, float, int, int]:
     """Mean over (layer_idx, head) of ``a``'s output error minus ``b``'s, its 95% bootstrap interval
     (heads resampled with replacement, ``reps`` times), the heads where ``a``'s error is lower and
-    the heads compared. ``heads``: rows of one length (columns layer_idx, head, pattern, output_error)."""
+    the heads compared (``reps`` 0: the interval is NaN). ``heads``: rows of one length, or of one
+    layer at one length (columns layer_idx, head, pattern, output_error)."""
     p = heads.pivot_table(index=["layer_idx", "head"], columns="pattern", values="output_error")
     d = (p[a] - p[b]).to_numpy(float)
     rng = np.random.default_rng(seed)
-    boots = [d[rng.integers(0, len(d), len(d))].mean() for _ in range(reps)]
+    boots = [d[rng.integers(0, len(d), len(d))].mean() for _ in range(reps)] or [float("nan")]
     return float(d.mean()), float(np.percentile(boots, 2.5)), float(np.percentile(boots, 97.5)), int((d < 0).sum()), len(d)
 
 
@@ -125,7 +126,8 @@ def lever_block(new_table: str, base_table: str, new_name: str, base_name: str, 
     lines = lever_table(new, base, new_name, base_name)
     sha = lambda df: router_label(df[df.label == "hard_top1"].routers_sha256.iloc[0])  # noqa: E731
     controls = new[new.label.isin(["dense", "random_top1", "random_top2"])]
-    reused = ", ".join(sorted(set(controls.reused_from.fillna("")) - {""})) or new_table
+    # a table committed again reuses its own rows: the runs that measured them are the other tables'
+    reused = ", ".join(sorted(set(controls.reused_from.fillna("")) - {"", new_table})) or new_table
     inputs = (f"{LENGTH_CELLS} (tables {new_table} and {base_table}, the same windows); routers {sha(new)}"
               + (f" (`{rule}`)" if rule else "") + f" against {sha(base)}; dense and random groups from {reused}'s runs "
               "(they do not depend on the router file)")
@@ -152,10 +154,9 @@ def gemma_length_gap_layers() -> Generated:
     lines = ["| tokens | layer | output error: router / random | router - random | heads where the router's error is lower |",
              "|---:|---:|---|---|---:|"]
     for (L, layer), g in oe.groupby(["seq_len", "layer_idx"], sort=True):
-        p = g.pivot_table(index="head", columns="pattern", values="output_error")
-        d = (p["focus"] - p["random"]).to_numpy(float)
-        lines.append(f"| {L} | {layer} | {p['focus'].mean():.3f} / {p['random'].mean():.3f} | {d.mean():+.3f} | "
-                     f"{int((d < 0).sum())} of {len(d)} |")
+        m = g.groupby("pattern").output_error.mean()
+        diff, _, _, lower, heads = head_difference(g, reps=0)
+        lines.append(f"| {L} | {layer} | {m['focus']:.3f} / {m['random']:.3f} | {diff:+.3f} | {lower} of {heads} |")
     docs = ", ".join(sorted({d.split(":")[0] for d in oe.documents}))
     inputs = (f"{OE_TRAIN} (one recording per length of the held-out end of the local file `{docs}`: the training "
               f"novels Emma, then Mansfield Park; `focus-lab record --metrics coverage,output_error`, routers "

@@ -20,7 +20,9 @@ from focus_lab.hf.hooks import hooks
 from focus_lab.hf.retrofit import forward_state
 from focus_lab.patterns import Pattern
 
-EVAL_SCHEMA = 2  # 2: the canonical pattern, window and sinks recorded per row (docs/api.md "Patterns")
+EVAL_SCHEMA = 3  # 2: the canonical pattern, window and sinks recorded per row (docs/api.md "Patterns");
+# 3: block_nll and block_tokens, the loss of each run of BLOCK_TOKENS predicted tokens
+BLOCK_TOKENS = 256  # predicted tokens per block of a row's block_nll: the unit of block intervals (paired_change)
 
 
 def _routers_or_groups(routers) -> tuple:
@@ -167,7 +169,10 @@ def evaluate(model, windows: list, patterns: list[tuple[str, dict]] | None = Non
         i - j >= window that the mask keeps, averaged over routed layers; 1 for dense and soft,
         0 for window), max_group_share (hard modes: largest hard top-1 group's share of tokens,
         averaged over layers; 1/K is perfect balance), seconds, tokens_per_second,
-        window_tokens and sink_tokens (the local window and sinks in force).
+        window_tokens and sink_tokens (the local window and sinks in force), block_nll and
+        block_tokens (lists: the summed NLL in nats and the count of each run of ``BLOCK_TOKENS``
+        predicted tokens of each window in turn, the last of a window shorter; ``paired_change``'s
+        block intervals).
     Each pattern runs with its own ``retrofit.FocusForward`` (the model's default config with the
     pattern's changes); nothing on the model is changed.
     """
@@ -200,13 +205,20 @@ def evaluate(model, windows: list, patterns: list[tuple[str, dict]] | None = Non
             kept.clear()
             shares.clear()
             nll_sum, n_tok = 0.0, 0
+            block_nll: list[float] = []
+            block_tokens: list[int] = []
             t0 = time.perf_counter()
             for i in tqdm(range(0, len(windows), batch_size), desc=f"eval {label}",
                           disable=not progress, leave=False, dynamic_ncols=True):
                 ids = torch.stack([w.input_ids for w in windows[i:i + batch_size]]).to(device)  # (b, T)
                 # (b, T-1) nats, the head applied NLL_CHUNK positions at a time: no (b, T, V) logits
-                nll_sum += float(next_token_nll(model, ids, use_cache=False, focus=state).sum())
+                nll = next_token_nll(model, ids, use_cache=False, focus=state)  # (b, T-1) float32
+                nll_sum += float(nll.sum())
                 n_tok += ids[:, 1:].numel()
+                for row in nll.double().cpu():  # (T-1,) a window's tokens, in runs of BLOCK_TOKENS
+                    runs = row.split(BLOCK_TOKENS)
+                    block_nll.extend(float(r.sum()) for r in runs)
+                    block_tokens.extend(len(r) for r in runs)
             dt = time.perf_counter() - t0
             mean = nll_sum / max(1, n_tok)
             if progress:
@@ -224,14 +236,15 @@ def evaluate(model, windows: list, patterns: list[tuple[str, dict]] | None = Non
                          "max_group_share": sum(shares) / len(shares) if shares else float("nan"),
                          "seconds": dt,
                          "tokens_per_second": n_tok / dt if dt > 0 else float("nan"),
-                         "window_tokens": cfg.window, "sink_tokens": cfg.sink_tokens})
+                         "window_tokens": cfg.window, "sink_tokens": cfg.sink_tokens,
+                         "block_nll": block_nll, "block_tokens": block_tokens})
     df = pd.DataFrame(rows)
     df["schema_version"] = EVAL_SCHEMA
     return df
 
 
 METRICS = ("nll", "perplexity", "tokens", "distant_pairs_kept", "max_group_share", "seconds",
-           "tokens_per_second", "window", "speedup", "part_seconds")
+           "tokens_per_second", "window", "speedup", "part_seconds", "block_nll", "block_tokens")
 
 
 def pool_windows(df: pd.DataFrame) -> pd.DataFrame:
@@ -240,7 +253,8 @@ def pool_windows(df: pd.DataFrame) -> pd.DataFrame:
 
     perplexity = exp(sum(nll * tokens) / sum(tokens)) (token-weighted, nats); tokens and seconds
     summed; tokens_per_second = tokens / seconds; distant_pairs_kept and max_group_share are
-    means over windows; ``windows`` counts them. A frame without a ``window`` column is returned
+    means over windows; ``windows`` counts them; block losses are left out (``paired_change``
+    reads them per window). A frame without a ``window`` column is returned
     unchanged.
     """
     if "window" not in df.columns:
@@ -276,27 +290,63 @@ def add_speedup(df: pd.DataFrame, by: tuple[str, ...] = ()) -> pd.DataFrame:
     return out.drop(columns="_dense_tps")
 
 
-def paired_change(a: pd.DataFrame, b: pd.DataFrame, reps: int = 2000, seed: int = 0) -> tuple[float, float, float]:
+def paired_change(a: pd.DataFrame, b: pd.DataFrame, reps: int = 2000, seed: int = 0,
+                  block: int | None = None) -> tuple[float, float, float]:
     """Perplexity change of ``a`` over ``b`` in % (pooled over the windows both have), with a 95%
-    paired bootstrap interval (windows resampled with replacement, ``reps`` times).
+    paired bootstrap interval (the units resampled with replacement, ``reps`` times).
+
+    The units are the windows (``block=None``), or, with ``block``, the runs of ``block``
+    consecutive predicted tokens inside each window (a block bootstrap: the units are contiguous
+    so that the dependence between neighbouring tokens stays inside a unit; the interval speaks for
+    the tokens of these windows, not for other texts, which only more windows answer).
 
     Args:
         a, b: per-window rows of one pattern each (``evaluate(..., per_window=True)``: columns
-            window, nll (nats/token), tokens).
+            window, nll (nats/token), tokens; with ``block`` also block_nll, block_tokens).
+        block: tokens per unit, a multiple of ``BLOCK_TOKENS``; None: a window per unit.
     Returns:
         (change %, interval low %, interval high %); NaNs when the two share no window.
+    Raises ValueError: ``block`` not a positive multiple of ``BLOCK_TOKENS``, or rows without
+        block losses (made before evaluation schema 3: run the cell again).
     """
     x, y = a.set_index("window"), b.set_index("window")
     idx = x.index.intersection(y.index)
     if not len(idx):
         return float("nan"), float("nan"), float("nan")
-    nx = (x.loc[idx, "nll"] * x.loc[idx, "tokens"]).to_numpy(float)
-    ny = (y.loc[idx, "nll"] * y.loc[idx, "tokens"]).to_numpy(float)
-    tok = x.loc[idx, "tokens"].to_numpy(float)
+    if block is None:
+        nx = (x.loc[idx, "nll"] * x.loc[idx, "tokens"]).to_numpy(float)
+        ny = (y.loc[idx, "nll"] * y.loc[idx, "tokens"]).to_numpy(float)
+        tok = x.loc[idx, "tokens"].to_numpy(float)
+    else:
+        nx, tok = block_units(x, idx, block)
+        ny, tok_y = block_units(y, idx, block)
+        if not np.array_equal(tok, tok_y):
+            raise ValueError("paired_change: the two patterns' windows are split into different blocks "
+                             "(not the same windows)")
 
     def change(s):
         return 100 * (math.exp((nx[s].sum() - ny[s].sum()) / tok[s].sum()) - 1)
 
     rng = np.random.default_rng(seed)
-    boots = [change(rng.integers(0, len(idx), len(idx))) for _ in range(reps)]
-    return change(np.arange(len(idx))), float(np.percentile(boots, 2.5)), float(np.percentile(boots, 97.5))
+    boots = [change(rng.integers(0, len(nx), len(nx))) for _ in range(reps)]
+    return change(np.arange(len(nx))), float(np.percentile(boots, 2.5)), float(np.percentile(boots, 97.5))
+
+
+def block_units(x: pd.DataFrame, windows, block: int) -> tuple[np.ndarray, np.ndarray]:
+    """(summed NLL in nats, tokens) of each run of ``block`` predicted tokens in each of ``windows``
+    in turn, two arrays of shape (units,); ``x``: rows indexed by window, with block_nll and
+    block_tokens. See ``paired_change``. Raises ValueError as ``paired_change``."""
+    if block <= 0 or block % BLOCK_TOKENS:
+        raise ValueError(f"block {block}: need a positive multiple of {BLOCK_TOKENS} tokens")
+    if "block_nll" not in x or x.loc[windows, "block_nll"].isna().any():
+        raise ValueError("no block losses in these rows (made before evaluation schema 3): "
+                         "evaluate the windows again for block intervals")
+    per = block // BLOCK_TOKENS
+    nll, tok = [], []
+    for w in windows:
+        bn = np.asarray(x.at[w, "block_nll"], float)
+        bt = np.asarray(x.at[w, "block_tokens"], float)
+        for s in range(0, len(bn), per):
+            nll.append(bn[s:s + per].sum())
+            tok.append(bt[s:s + per].sum())
+    return np.asarray(nll), np.asarray(tok)
