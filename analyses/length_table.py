@@ -279,6 +279,8 @@ def run_cells(args) -> None:
         overrides["layer_top_k"] = parse_layer_top_k(args.layer_top_k)
     if args.match_shifts is not None:
         overrides["match_shifts"] = parse_match_shifts(args.match_shifts)
+    if args.seed is not None:
+        overrides["seed"] = args.seed
     cfg = load_routers(model, routers, config_overrides=overrides or None)
     file_layers = read_router_file(routers)[0].random_layers or []  # what rows made without --random-layers ran with
     pats = parse_patterns(args.patterns, cfg.num_groups)
@@ -607,6 +609,9 @@ def main(argv=None) -> None:
                     "(FocusConfig.match_shifts)")
     ap.add_argument("--random-layers", default=None, help="layers routed by balanced random groups "
                     "instead of the router, e.g. 1-9, or 'none'; default: the router file's (FocusConfig.random_layers)")
+    ap.add_argument("--seed", type=int, default=None, help="seed of the random and shuffled groups "
+                    "(FocusConfig.seed; another draw of the controls, the router unchanged); default: the "
+                    "router file's")
     ap.add_argument("--against", type=Path, default=None, help="another table (a folder or a committed "
                     "table's name): report the paired change of each router pattern over the same pattern "
                     "there (same windows)")

@@ -93,3 +93,24 @@ def test_the_block_interval_of_a_control_only_where_rows_hold_block_losses(tmp_p
         g.to_parquet(tmp_path / "cells" / f"austen_{L}.parquet")
     rows_of = {ln.split(" | ")[0]: ln for ln in LT.report_text(tmp_path).splitlines() if ln.startswith("| ")}
     assert "(blocks [" in rows_of["| 8192"] and "(blocks [" not in rows_of["| 4096"]
+
+
+def test_another_seed_draws_other_random_groups_and_keeps_the_router(tmp_path):
+    """--seed: the hard rows are the file's router (the same losses as without it), the random
+    rows another draw (other losses), and each cell records the seed it ran with."""
+    from analyses import length_table
+    run = make_tiny_run(tmp_path / "runs" / "tiny", with_eval=False, with_train_log=False)
+    assets = run.parent / f".{run.name}-assets"
+    corpus = tmp_path / "my_text.txt"
+    corpus.write_text((TEXT + "\n") * 40)
+    cells = {}
+    for seed in (None, 7):
+        out = tmp_path / f"lt{seed}"
+        length_table.main(["--model", str(assets / "model"), "--routers", str(assets / "routers.safetensors"),
+                           "--corpora", str(corpus), "--lengths", "32", "--windows", "32:2", "--patterns",
+                           "hard_top1,random_top1", "--out", str(out), "--threads", "1"]
+                          + ([] if seed is None else ["--seed", str(seed)]))
+        cells[seed] = pd.read_parquet(out / "cells" / "my_text_32.parquet").set_index(["label", "window"])
+    assert set(cells[7].seed) == {7} and set(cells[None].seed) != {7}
+    assert (cells[7].loc["hard_top1"].nll == cells[None].loc["hard_top1"].nll).all()
+    assert (cells[7].loc["random_top1"].nll != cells[None].loc["random_top1"].nll).any()
