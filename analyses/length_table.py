@@ -240,7 +240,8 @@ def reused_rows(folders: list[Path], cell: str, labels: list[str], windows: list
     each (pattern, window), the first folder that has it. The run evaluates only the pairs
     missing, so a table with more windows than an earlier one computes only the new windows.
     ``file_random_layers``: the router file's own random layers (``same_router_rows``).
-    Columns: the cell's per-window columns and ``reused_from`` (the folder)."""
+    Columns: the cell's per-window columns and ``reused_from``: the folder, or, for a row the folder
+    had itself reused, the run that row names (the run that measured it, however often reused)."""
     from focus_lab.hf.shipped import capacity_only_shas, same_router_shas, same_tensor_shas
     taken, committed = [], None
     for folder in folders or []:
@@ -252,7 +253,9 @@ def reused_rows(folders: list[Path], cell: str, labels: list[str], windows: list
         rows = pd.concat([reusable_rows(old, labels, windows, cfg),
                           same_router_rows(old, labels, windows, cfg, same_tensor_shas(sha), sha,
                                            same_router_shas(sha) | capacity_only_shas(sha), file_random_layers)])
-        taken.append(rows[window_columns(rows)].assign(reused_from=str(folder)))
+        origin = rows["reused_from"].fillna("").astype(str) if "reused_from" in rows else pd.Series("", rows.index)
+        # a row the folder itself reused names the run that measured it, not the folder
+        taken.append(rows[window_columns(rows)].assign(reused_from=origin.where(origin != "", str(folder))))
     if not taken:
         return pd.DataFrame()
     return pd.concat(taken, ignore_index=True).drop_duplicates(["label", "window"]).reset_index(drop=True)

@@ -587,6 +587,22 @@ def test_length_table_reuses_rows_window_by_window_from_several_tables(tmp_path)
     assert reused_rows(None, "austen_64.parquet", ["dense"], [0], FocusConfig(), "own").empty
 
 
+def test_a_row_reused_twice_names_the_run_that_measured_it(tmp_path):
+    """analyses/length_table.reused_rows: a row that the folder had itself reused keeps the name
+    of the run that measured it; a row the folder measured takes the folder's name."""
+    from analyses.length_table import reused_rows
+    from focus_lab import FocusConfig
+
+    (tmp_path / "t" / "cells").mkdir(parents=True)
+    pd.DataFrame([("dense", 0, 1.0, "own", "first_table"), ("dense", 1, 1.1, "own", ""),
+                  ("hard_top2", 0, 2.0, "own", None)],
+                 columns=["label", "window", "nll", "routers_sha256", "reused_from"]).assign(
+        corpus="austen", seq_len=64).to_parquet(tmp_path / "t" / "cells" / "austen_64.parquet")
+    got = reused_rows([tmp_path / "t"], "austen_64.parquet", ["dense", "hard_top2"], [0, 1], FocusConfig(), "own")
+    assert {(r.label, r.window): r.reused_from for r in got.itertuples()} == {
+        ("dense", 0): "first_table", ("dense", 1): str(tmp_path / "t"), ("hard_top2", 0): str(tmp_path / "t")}
+
+
 def test_cache_made_with_other_routers_is_recomputed(tmp_path, monkeypatch):
     """analyses/figures.run_experiments: a cached experiment that depends on the routers is
     recomputed, its parts and extra cache folders cleared, when the router file in use has another
