@@ -67,8 +67,11 @@ def test_the_distilled_file_at_32768_against_stage_g4s_and_random_groups():
     assert needle_mix.startswith(f"{100 * (_ppl(g4, 'random_top1') / _ppl(g4, 'hard_top1') - 1):+.1f}%")
     assert distilled.startswith(f"{100 * (_ppl(g4, 'random_top1') / _ppl(d8k, 'hard_top1') - 1):+.1f}%")
     assert row[6].startswith(f"{100 * (_ppl(d8k, 'hard_top2') / _ppl(g4, 'hard_top2') - 1):+.1f}%")
-    # the shipped table was committed again from its own rows: its controls' runs are stage g4's
-    assert "dense and random groups from gemma3_needle_mix's runs" in G.gemma_length_gap_distill8k().inputs
+    # the shipped table was committed again from its own rows: its controls' runs are stage g4's and
+    # the top-2 runs that added block losses, never the table itself
+    inputs = G.gemma_length_gap_distill8k().inputs
+    runs = inputs.split("dense and random groups from ")[1].split("'s runs")[0].split(", ")
+    assert "gemma3_needle_mix" in runs and G.GEMMA_TABLE not in runs
 
 
 def test_the_layer_rows_from_the_heads():
@@ -110,3 +113,15 @@ def test_the_stage_at_16384_tokens_at_32768_by_hand():
     assert shipped.startswith(f"{100 * (_ppl(ship, 'random_top2') / _ppl(ship, 'hard_top2') - 1):+.1f}% [")
     assert stage.startswith(f"{100 * (_ppl(ship, 'random_top2') / _ppl(d16k, 'hard_top2') - 1):+.1f}% [")
     assert row[5].startswith(f"{100 * (_ppl(d16k, 'hard_top1') / _ppl(ship, 'hard_top1') - 1):+.1f}% [")
+
+
+def test_the_last_stage_on_both_corpora_by_hand():
+    """A table with hard top-2 alone: its top-1 columns read '-', its top-2 ones are by hand."""
+    mix, ship = _lever_cells(G.MIX_TABLE, "shakespeare", 16384)
+    assert set(mix.label) == {"dense", "hard_top2", "random_top2"} and set(mix.window) == set(ship.window)
+    row = _row(doc_blocks.render("gemma-length-gap-mix"), "*Hamlet*", "16384")
+    assert row[3].endswith(" / -") and row[5] == "-"
+    shipped, stage = row[4].split(" / ")
+    assert shipped.startswith(f"{100 * (_ppl(ship, 'random_top2') / _ppl(ship, 'hard_top2') - 1):+.1f}% [")
+    assert stage.startswith(f"{100 * (_ppl(ship, 'random_top2') / _ppl(mix, 'hard_top2') - 1):+.1f}% [")
+    assert row[6].startswith(f"{100 * (_ppl(mix, 'hard_top2') / _ppl(ship, 'hard_top2') - 1):+.1f}% [")

@@ -38,6 +38,8 @@ OE_TRAIN = "figures/gemma/output_error_training_text.parquet"
 RANDOM11_RULE = "hard_top2+random_layers([11])"
 #: the shipped file distilled 12 more steps at 16384 tokens (not shipped)
 DISTILL16K_TABLE = "gemma3_distill64_16k"
+#: stage g5 run on Austen's and Shakespeare's training texts instead of Austen's alone (not shipped)
+MIX_TABLE = "gemma3_distill64_8k_mix"
 
 
 def _oe() -> pd.DataFrame:
@@ -93,27 +95,32 @@ def lever_table(new: pd.DataFrame, base: pd.DataFrame, new_name: str, base_name:
     """Markdown rows comparing two router files' length tables on the windows ``new`` ran on: per
     held-out corpus and length, random groups' perplexity change over each file's hard top-1 and
     top-2 (> 0: the router is better), and ``new``'s change over ``base`` at each k, with 95% paired
-    intervals over windows from 3 windows up. ``new``, ``base``: committed cells of one table each,
-    ``new``'s with the dense and random rows it reused from ``base``'s runs."""
+    intervals over windows from 3 windows up; ``-`` at a k that ``new`` did not run. ``new``,
+    ``base``: committed cells of one table each, ``new``'s with the dense and random rows it reused
+    from ``base``'s runs."""
     from analyses.length_table import summarize
     from focus_lab.eval.evaluate import paired_change
     lines = [f"| held out | tokens | windows | random top-1 vs router: {base_name} / {new_name} | random top-2 vs router: "
              f"{base_name} / {new_name} | {new_name} vs {base_name}, hard top-1 | {new_name} vs {base_name}, hard top-2 |",
              "|---|---:|---:|---|---|---|---|"]
     for (c, L), g in new.groupby(["corpus", "seq_len"], sort=True):
-        wins = sorted(set(g[g.label == "hard_top1"].window) & set(g[g.label == "hard_top2"].window))
+        ks = [k for k in (1, 2) if (g.label == f"hard_top{k}").any()]
+        wins = sorted(set.intersection(*(set(g[g.label == f"hard_top{k}"].window) for k in ks)))
         h = base[(base.corpus == c) & (base.seq_len == L) & base.window.isin(wins)]
         g = g[g.window.isin(wins)]
         n = len(wins)
         a, b = summarize(h).set_index("label"), summarize(g).set_index("label")
         vs = lambda r: _change(r, "control_vs_router_pct", "control_ci_lo", "control_ci_hi", n)  # noqa: E731
+        vs_new = lambda k: vs(b.loc[f"random_top{k}"]) if k in ks else "-"  # noqa: E731
 
         def change(k: int) -> str:
+            if k not in ks:
+                return "-"
             d, lo, hi = paired_change(g[g.label == f"hard_top{k}"], h[h.label == f"hard_top{k}"])
             return f"{d:+.1f}%" if n < 3 else f"{d:+.1f}% [{lo:+.1f}, {hi:+.1f}]"
         lines.append(f"| {HELD_NAMES.get(g.heldout.iloc[0], g.heldout.iloc[0])} | {L} | {n} | "
-                     f"{vs(a.loc['random_top1'])} / {vs(b.loc['random_top1'])} | {vs(a.loc['random_top2'])} / "
-                     f"{vs(b.loc['random_top2'])} | {change(1)} | {change(2)} |")
+                     f"{vs(a.loc['random_top1'])} / {vs_new(1)} | {vs(a.loc['random_top2'])} / "
+                     f"{vs_new(2)} | {change(1)} | {change(2)} |")
     return lines
 
 
@@ -124,7 +131,7 @@ def lever_block(new_table: str, base_table: str, new_name: str, base_name: str, 
     random rows both reuse."""
     new, base = _cells(new_table), _cells(base_table)
     lines = lever_table(new, base, new_name, base_name)
-    sha = lambda df: router_label(df[df.label == "hard_top1"].routers_sha256.iloc[0])  # noqa: E731
+    sha = lambda df: router_label(df[df.label.isin(["hard_top1", "hard_top2"])].routers_sha256.iloc[0])  # noqa: E731
     controls = new[new.label.isin(["dense", "random_top1", "random_top2"])]
     # a table committed again reuses its own rows: the runs that measured them are the other tables'
     reused = ", ".join(sorted(set(controls.reused_from.fillna("")) - {"", new_table})) or new_table
@@ -177,6 +184,14 @@ def gemma_length_gap_distill16k() -> Generated:
     ``DISTILL16K_TABLE``) against the shipped file (``GEMMA_TABLE``) on the windows it ran on
     (``lever_block``)."""
     return lever_block(DISTILL16K_TABLE, GEMMA_TABLE, "distill64-16k", "distill64-8k")
+
+
+@block("gemma-length-gap-mix", LENGTH_CELLS)
+def gemma_length_gap_mix() -> Generated:
+    """Stage g5's 20 ``distill64`` steps at 8192 tokens from g4's file on Austen's and
+    Shakespeare's training texts (table ``MIX_TABLE``, hard top-2 only) against the shipped file,
+    whose g5 trained on Austen's alone (``GEMMA_TABLE``), on the windows it ran on (``lever_block``)."""
+    return lever_block(MIX_TABLE, GEMMA_TABLE, "mix-8k", "distill64-8k")
 
 
 @block("gemma-length-gap-retrieval", *GEMMA_G4_RETRIEVAL, *GEMMA_RETRIEVAL)
