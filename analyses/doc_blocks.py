@@ -84,6 +84,17 @@ def block(name: str, *inputs: str):
     return register
 
 
+def table_row(text: str, *first: str) -> list[str]:
+    """The cells (stripped) of the first markdown table row of ``text`` whose leading cells are
+    ``first``, e.g. ``table_row(render("gemma-token-blocks"), "*Hamlet*", "16384")``. Raises
+    KeyError naming ``first`` when no row starts so (what a test of a block reads its numbers with)."""
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if cells[:len(first)] == list(first):
+            return cells
+    raise KeyError(f"no table row starts with {first!r}")
+
+
 def render(name: str) -> str:
     """The whole text of block ``name``: begin marker, blank line, body, blank line, end marker.
 

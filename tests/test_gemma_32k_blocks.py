@@ -11,12 +11,7 @@ from analyses import doc_blocks
 from analyses.doc_blocks import REPO
 
 
-def _row(text: str, *first: str) -> list[str]:
-    for line in text.splitlines():
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if tuple(cells[:len(first)]) == first:
-            return cells
-    raise AssertionError(f"no row {first!r}")
+_row = doc_blocks.table_row  # the cells of a block's row, by its leading cells
 
 
 def test_the_32k_forward_ratio_and_peak_from_the_benchmark_rows():

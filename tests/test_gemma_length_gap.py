@@ -13,12 +13,7 @@ from analyses.blocks import gemma_length_gap as G
 from analyses.doc_blocks import REPO
 
 
-def _row(text: str, *first: str) -> list[str]:
-    for line in text.splitlines():
-        cells = [c.strip() for c in line.strip("|").split("|")]
-        if cells[:len(first)] == list(first):
-            return cells
-    raise AssertionError(f"no row {first!r}")
+_row = doc_blocks.table_row  # the cells of a block's row, by its leading cells
 
 
 def _ppl(rows: pd.DataFrame, label: str) -> float:

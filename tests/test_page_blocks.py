@@ -16,12 +16,7 @@ from analyses import doc_blocks
 from analyses.doc_blocks import REPO
 
 
-def _row(text: str, first: str) -> list[str]:
-    for line in text.splitlines():
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if cells and cells[0] == first:
-            return cells
-    raise AssertionError(f"no row {first!r}")
+_row = doc_blocks.table_row  # the cells of a block's row, by its leading cells
 
 
 def test_recipe_stages_total_and_a_stage_from_the_chain_record():
