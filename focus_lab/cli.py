@@ -1086,12 +1086,20 @@ def probe_retrieval(
     random_layers: Optional[str] = RANDOM_LAYERS_OPTION,
     layer_top_k: Optional[str] = LAYER_TOP_K_OPTION,
     match_shifts: Optional[str] = MATCH_SHIFTS_OPTION,
+    reuse: Optional[str] = typer.Option(None, help="comma list of earlier --out folders of this probe: a case's "
+                                        "dense forward is taken from the first that ran the same case (same "
+                                        "model, task and token ids) instead of run again; its row's reused_from "
+                                        "names that run. Runs made before dense attention was kept give none"),
 ):
     """RULER's retrieval families (and passkey) per pattern: score, answer log-prob, and each failure
     traced to the layers and heads whose needle pairs the mask dropped. Shards under torchrun."""
     lens = _number_list(lengths, "--lengths")
     if cases < 1:
         _fail(f"--cases {cases}: at least one case per task")
+    reuse_dirs = [Path(x) for x in (reuse or "").split(",") if x]
+    for d in reuse_dirs:
+        if not (d / "cases").is_dir():
+            _fail(f"--reuse {d}: not a folder this probe wrote (no {d / 'cases'}); give an earlier --out folder")
 
     def run():
         import torch
@@ -1135,7 +1143,10 @@ def probe_retrieval(
                    f"{len(hay.ids)} tokens; device {dev}" + (f"; process {rank} of {world}" if world > 1 else "")
                    + f"; out {out}")
         res = rt.run_retrieval(m, tok, hay, out, task_list, lens, cases, pats, seed, fmt, settings,
-                               moba=rt.moba_patcher(m, restore), log=typer.echo)
+                               moba=rt.moba_patcher(m, restore), log=typer.echo, reuse=reuse_dirs)
+        if reuse_dirs:
+            typer.echo(f"--reuse: the dense forward of {res['reused_dense']} of the {res['computed']} cases computed "
+                       f"came from {', '.join(map(str, reuse_dirs))}")
         if res["cases"] is None:
             typer.echo(f"process {rank}: {res['computed']} cases in {res['seconds']:.0f} s; process 0 writes the tables")
             return res

@@ -349,6 +349,60 @@ def test_suite_resumes_case_by_case_and_shards(tok, hay, tmp_path, monkeypatch):
                                   df[cols].sort_values(cols[:3]).reset_index(drop=True))
 
 
+def test_reuse_takes_the_dense_forward_and_the_rest_equals_a_fresh_run(tok, hay, tmp_path, monkeypatch):
+    """``reuse``: each case's dense row and trace rows come from the earlier run (no dense forward
+    runs: a dense NeedleTrace fails the test), the other patterns' rows and traces equal a fresh
+    run's that computed dense itself; a reused row names the run that computed it, also when
+    reused again; another model's or another length's cases are not taken."""
+    from focus_lab.hf.retrofit import model_identity
+    model = focus_model()
+    tasks = R.parse_tasks("niah_single_2")
+    settings = {"model": model_identity(model)}
+    quiet = dict(settings=settings, log=lambda s: None)
+    first = R.run_retrieval(model, tok, hay, tmp_path / "a", tasks, [700], 2,
+                            R.parse_retrieval_patterns("dense,hard_top2", 4, 2), **quiet)
+    assert first["reused_dense"] == 0 and (first["cases"].reused_from == "").all()
+    assert len(list((tmp_path / "a" / "cases").rglob(f"*{R.DENSE_SUFFIX}"))) == 2
+    p = R.parse_retrieval_patterns("dense,hard_top1", 4, 2)
+    fresh = R.run_retrieval(model, tok, hay, tmp_path / "fresh", tasks, [700], 2, p, **quiet)
+    real = R.NeedleTrace
+
+    def no_dense(*a, dense, **k):
+        assert not dense, "the dense forward ran although --reuse had it"
+        return real(*a, dense=dense, **k)
+    monkeypatch.setattr(R, "NeedleTrace", no_dense)
+    got = R.run_retrieval(model, tok, hay, tmp_path / "b", tasks, [700], 2, p, reuse=[tmp_path / "a"], **quiet)
+    again = R.run_retrieval(model, tok, hay, tmp_path / "c", tasks, [700], 2, p, reuse=[tmp_path / "b"], **quiet)
+    monkeypatch.setattr(R, "NeedleTrace", real)
+    assert got["reused_dense"] == 2 and again["reused_dense"] == 2
+    key = ["seed", "pattern"]
+    cols = ["score", "answer_logprob", "first_answer_token_rank", "needle_pairs_kept", "needle_mass_kept",
+            "distant_pairs_kept", "continuation"]
+
+    def by(df):
+        return df.sort_values(key).reset_index(drop=True)
+    for run in (got, again):
+        c = by(run["cases"])
+        assert (c[c.pattern == "dense"].reused_from == str(tmp_path / "a")).all()
+        assert (c[c.pattern != "dense"].reused_from == "").all()
+        pd.testing.assert_frame_equal(c[key + cols], by(fresh["cases"])[key + cols])
+        tkey = ["seed", "pattern", "layer_idx", "head"]
+        t = run["trace"].sort_values(tkey).reset_index(drop=True)
+        pd.testing.assert_frame_equal(t, fresh["trace"].sort_values(tkey).reset_index(drop=True))
+    dense_first = by(first["cases"])
+    dense_first = dense_first[dense_first.pattern == "dense"].reset_index(drop=True)
+    dense_got = by(got["cases"])
+    dense_got = dense_got[dense_got.pattern == "dense"].reset_index(drop=True)
+    assert dense_got.seconds.tolist() == dense_first.seconds.tolist()  # the measuring run's timing, kept
+    # another model (three layers), or another length: nothing to take, dense runs
+    other = focus_model(layers=3)
+    r = R.run_retrieval(other, tok, hay, tmp_path / "d", tasks, [700], 1, p, settings={"model": model_identity(other)},
+                        log=lambda s: None, reuse=[tmp_path / "a"])
+    assert r["reused_dense"] == 0 and (r["cases"].reused_from == "").all()
+    r = R.run_retrieval(model, tok, hay, tmp_path / "e", tasks, [760], 1, p, reuse=[tmp_path / "a"], **quiet)
+    assert r["reused_dense"] == 0
+
+
 def test_summary_intervals_and_router_against_random_by_hand():
     rows = []
     for seed in range(4):
@@ -466,6 +520,9 @@ def test_cli_bad_inputs_exit_2_with_one_line():
     assert len(r.output.strip().splitlines()) == 1
     r = CliRunner().invoke(app, ["probe", "retrieval", "--cases", "0"])
     assert r.exit_code == 2 and "--cases 0" in r.output
+    r = CliRunner().invoke(app, ["probe", "retrieval", "--reuse", "/nonexistent/run"])
+    assert r.exit_code == 2 and "--reuse /nonexistent/run: not a folder this probe wrote" in r.output
+    assert len(r.output.strip().splitlines()) == 1
 
 
 def test_cli_defaults_agree_with_the_library():

@@ -81,7 +81,7 @@ from focus_lab.eval.probe import (  # noqa: F401  (the probe core)
     tidy_frame)
 from focus_lab.method.config import ConfigError
 
-RETRIEVAL_SCHEMA = 1
+RETRIEVAL_SCHEMA = 2  # 2: reused_from (``--reuse``)
 DEFAULT_PATTERNS = ("dense,window,default_top1,default,default+match,random_default,random_default+match,"
                     "shuffled_default,moba_matched")
 BARE_EVERY = 8  # cases of one process between two timings of the bare forward (retrieval cost)
@@ -107,7 +107,7 @@ _MARK = "\u2063CONTEXT\u2063"
 CASES_COLUMNS = ["schema_version", "task", "length", "seed", "pattern", "score", "answers_found", "answers",
                  "answer_logprob", "answer_tokens", "first_answer_token_rank", "distant_pairs_kept",
                  "needle_pairs_kept", "needle_mass_kept", "prompt_tokens", "needles", "needle_context", "continuation",
-                 "expected", "mode", "top_k", "seconds", "prefill_seconds", "bare_forward_seconds"]
+                 "expected", "mode", "top_k", "seconds", "prefill_seconds", "bare_forward_seconds", "reused_from"]
 TRACE_COLUMNS = ["schema_version", "task", "length", "seed", "pattern", "layer_idx", "head", "dense_mass",
                  "mass_kept", "copy_mass", "copy_mass_kept", "pairs_kept", "copy_pairs", "copy_pairs_kept",
                  "retrieval_score"]
@@ -652,12 +652,44 @@ def score(text: str, answers: Sequence[str]) -> tuple[float, int]:
     return found / len(answers), found
 
 
-@torch.no_grad()
+@dataclass
+class DenseCase:
+    """What a case's dense forward gives the case's other patterns, kept so that another run of
+    the same case may skip it (``--reuse``; ``save_dense``, ``find_dense``).
+
+    Attributes:
+        row: the dense row (``CASES_COLUMNS``); trace: its trace rows (``TRACE_COLUMNS``);
+        probs: {layer_idx: (H, r, m)} dense attention of the queries that predict an answer token
+            (r) to the needle's answer tokens (m), and argmax: {layer_idx: (H, r)} each head's
+            strongest key (``NeedleTrace``): the reference every pattern's trace is measured on;
+        source: the run folder that computed it ('' for this run).
+    """
+    row: dict
+    trace: list[dict]
+    probs: dict[int, torch.Tensor]
+    argmax: dict[int, torch.Tensor]
+    source: str = ""
+
+
 def run_case(model, tokenizer, case: RetrievalCase, patterns: list[tuple[str, dict]], task: Task,
-             moba: Callable | None = None, time_bare: Sequence[str] = ()) -> tuple[list[dict], list[dict]]:
+             moba: Callable | None = None, time_bare: Sequence[str] = (),
+             dense: DenseCase | None = None) -> tuple[list[dict], list[dict]]:
+    """``run_case_dense`` without the dense forward's ``DenseCase``."""
+    rows, trace, _ = run_case_dense(model, tokenizer, case, patterns, task, moba, time_bare, dense)
+    return rows, trace
+
+
+@torch.no_grad()
+def run_case_dense(model, tokenizer, case: RetrievalCase, patterns: list[tuple[str, dict]], task: Task,
+                   moba: Callable | None = None, time_bare: Sequence[str] = (),
+                   dense: DenseCase | None = None) -> tuple[list[dict], list[dict], DenseCase | None]:
     """Run one prompt under each pattern (``[(label, FocusConfig changes)]``, dense first; each
     with its own FocusForward, the model's config unchanged): one prefill, the answers
     teacher-forced, the greedy answer (module docstring); then the trace (``TRACE_COLUMNS``).
+
+    ``dense``: the case's dense forward from another run (``find_dense``): the ``dense`` pattern
+    is not run; its row (``reused_from``: the run that computed it) and trace rows are taken, and
+    its attention to the needle is the other patterns' trace reference.
 
     ``moba``: a context-manager factory ``moba(case, rows so far)`` yielding FocusConfig changes,
     that puts the MoBA routers in place for the ``moba_matched`` pattern and restores the model's
@@ -665,7 +697,8 @@ def run_case(model, tokenizer, case: RetrievalCase, patterns: list[tuple[str, di
     ``time_bare``: the labels whose row gets ``bare_forward_seconds``, one bare forward of the
     prompt under that pattern (``bare_forward_seconds``), timed inside the pattern's context
     (so the MoBA gate's too); the other rows get none.
-    Returns (case rows, trace rows) without ``schema_version``.
+    Returns (case rows, trace rows) without ``schema_version``, and the ``DenseCase`` of this
+    case (None when no dense pattern ran or was given).
     """
     import contextlib
     from focus_lab.hf.retrofit import FocusCache, FocusForward, forward_state
@@ -682,6 +715,10 @@ def run_case(model, tokenizer, case: RetrievalCase, patterns: list[tuple[str, di
     rows_out, traces = [], {}
     dense_probs = dense_argmax = None
     for label, changes in patterns:
+        if label == "dense" and dense is not None:  # taken from the run that computed it
+            rows_out.append({**dense.row, "reused_from": dense.source})
+            dense_probs, dense_argmax = dense.probs, dense.argmax
+            continue
         ctx = moba(case, rows_out) if label == MOBA else contextlib.nullcontext(changes)
         with ctx as ch:
             state = forward_state(model, cache=True, **ch)
@@ -735,8 +772,11 @@ def run_case(model, tokenizer, case: RetrievalCase, patterns: list[tuple[str, di
                          "needle_context": context,
                          "continuation": text, "expected": " | ".join(map(str, answers)), "mode": cfg.mode,
                          "top_k": cfg.top_k if cfg.mode == "hard" else None, "seconds": dt,
-                         "prefill_seconds": t_pre, **({} if bare is None else {"bare_forward_seconds": bare})})
+                         "prefill_seconds": t_pre, "reused_from": "",
+                         **({} if bare is None else {"bare_forward_seconds": bare})})
     trace_rows = _trace_rows(case, ids.cpu(), rows, needle, value_rows, dense_probs, dense_argmax, traces)
+    if dense is not None and any(lab == "dense" for lab, _ in patterns):
+        trace_rows = list(dense.trace) + trace_rows
     by = {}
     for r in trace_rows:
         d = by.setdefault(r["pattern"], [0.0, 0.0, []])
@@ -747,7 +787,12 @@ def run_case(model, tokenizer, case: RetrievalCase, patterns: list[tuple[str, di
         d = by.get(r["pattern"])
         r["needle_pairs_kept"] = float(np.mean(d[2])) if d else float("nan")
         r["needle_mass_kept"] = d[1] / d[0] if d and d[0] > 0 else float("nan")
-    return rows_out, trace_rows
+    made = None
+    if dense_probs is not None:
+        made = dense if dense is not None else DenseCase(
+            row=(row := next(r for r in rows_out if r["mode"] == "dense")),
+            trace=[r for r in trace_rows if r["pattern"] == row["pattern"]], probs=dense_probs, argmax=dense_argmax)
+    return rows_out, trace_rows, made
 
 
 def _trace_rows(case: RetrievalCase, ids: torch.Tensor, rows: torch.Tensor, needle: torch.Tensor,
@@ -821,11 +866,87 @@ def bare_forward_seconds(model, ids: torch.Tensor, changes: dict, reps: int = 1)
     return best
 
 
+DENSE_SUFFIX = ".dense.safetensors"  # a case's DenseCase tensors, beside its cases and trace files
+SETTINGS_FILE = "settings.json"  # a case folder's settings (``run_retrieval``), read by ``find_dense``
+
+
+def case_sha256(case: RetrievalCase) -> str:
+    """sha256 of a case's token ids, prompt then answers (int64): two runs hold the same case
+    exactly when these agree."""
+    import hashlib
+    ids = torch.cat([case.input_ids.long().cpu(), case.answer_ids.long().cpu()])  # (P + n,)
+    return hashlib.sha256(ids.numpy().tobytes()).hexdigest()
+
+
+def save_dense(path: str | os.PathLike, dense: DenseCase, case: RetrievalCase) -> None:
+    """Write a case's dense attention to the needle (``DenseCase.probs``, ``.argmax``) as
+    safetensors, atomically, with the case's ``case_sha256`` in the metadata. The dense row and
+    trace rows stay in the case's parquet files."""
+    from safetensors.torch import save_file
+    from focus_lab.io import atomic_path
+    tensors = {f"probs.{layer}": p.contiguous().cpu() for layer, p in dense.probs.items()}
+    tensors.update({f"argmax.{layer}": a.contiguous().cpu() for layer, a in dense.argmax.items()})
+    with atomic_path(path) as tmp:
+        save_file(tensors, str(tmp), metadata={"case_sha256": case_sha256(case)})
+
+
+def _json_same(a, b) -> bool:
+    import json
+    return json.dumps(a, sort_keys=True, default=str) == json.dumps(b, sort_keys=True, default=str)
+
+
+def find_dense(folders: Sequence[str | os.PathLike], settings: dict, task: Task,
+               case: RetrievalCase) -> DenseCase | None:
+    """The case's dense forward from an earlier run of this suite (``--reuse``): the first of
+    ``folders`` (earlier ``--out`` folders) with a case folder made with the same model
+    (``settings["model"]``, ``model_identity``) and task definition, holding this case's files
+    with the same token ids (``case_sha256``) and its dense tensors (``save_dense``; runs made
+    before they were kept have none). Its row's ``reused_from`` names the run that computed it,
+    however often reused. None when no folder has it."""
+    import json
+    from safetensors import safe_open
+    want = {"model": settings.get("model"), "task": (settings.get("tasks") or {}).get(task.name)}
+    if want["model"] is None:  # without the model's identity no dense forward can be matched
+        return None
+    stem = f"{task.name}_L{case.length}_s{case.seed}"
+    sha = None
+    for folder in folders:
+        for sfile in sorted(Path(folder).glob(f"cases/*/{SETTINGS_FILE}")):
+            s = json.loads(sfile.read_text())
+            if not _json_same({"model": s.get("model"), "task": (s.get("tasks") or {}).get(task.name)}, want):
+                continue
+            d = sfile.parent
+            tensors, cases_p, trace_p = (d / f"{stem}{DENSE_SUFFIX}", d / f"{stem}.cases.parquet",
+                                         d / f"{stem}.trace.parquet")
+            if not (tensors.is_file() and cases_p.is_file() and trace_p.is_file()):
+                continue
+            sha = sha or case_sha256(case)
+            with safe_open(str(tensors), framework="pt") as f:
+                if (f.metadata() or {}).get("case_sha256") != sha:
+                    continue
+                probs = {int(k.split(".")[1]): f.get_tensor(k) for k in f.keys() if k.startswith("probs.")}
+                argmax = {int(k.split(".")[1]): f.get_tensor(k) for k in f.keys() if k.startswith("argmax.")}
+            rows = pd.read_parquet(cases_p)
+            rows = rows[rows["mode"] == "dense"]
+            if rows.empty:
+                continue
+            row = {k: v for k, v in rows.iloc[0].to_dict().items() if k != "schema_version"}
+            trace = pd.read_parquet(trace_p)
+            trace = [{k: v for k, v in r.items() if k != "schema_version"}
+                     for r in trace[trace["pattern"] == row["pattern"]].to_dict("records")]
+            origin = str(row.get("reused_from") or "")
+            row = {**row, "pattern": "dense"}
+            for r in trace:
+                r["pattern"] = "dense"
+            return DenseCase(row=row, trace=trace, probs=probs, argmax=argmax, source=origin or str(Path(folder)))
+    return None
+
+
 def run_retrieval(model, tokenizer, haystack, out_dir: str | os.PathLike, tasks: Sequence[Task],
                   lengths: Sequence[int] = DEFAULT_LENGTHS, cases: int = 4,
                   patterns: list[tuple[str, dict, int]] | None = None, seed: int = 0, fmt: str = "chat",
                   settings: dict | None = None, moba: Callable | None = None,
-                  log: Callable[[str], None] = print) -> dict:
+                  log: Callable[[str], None] = print, reuse: Sequence[str | os.PathLike] = ()) -> dict:
     """The suite over tasks x lengths x cases (seeds ``seed .. seed + cases - 1``) x patterns,
     resumable case by case and sharded across ``torchrun`` processes.
 
@@ -836,11 +957,18 @@ def run_retrieval(model, tokenizer, haystack, out_dir: str | os.PathLike, tasks:
     w-th case; all wait, then process 0 writes ``out_dir/cases.parquet``, ``trace.parquet`` and
     ``retrieval.json`` (settings, seconds, the bare forward per length and pattern).
 
+    Each case folder also holds its ``settings.json`` and, per case, the dense forward's
+    attention to the needle (``save_dense``), so that a later run may skip the dense forward:
+    ``reuse``, earlier ``--out`` folders, gives each case the dense forward of the first that ran
+    it with the same model, task and token ids (``find_dense``); its row's ``reused_from`` names
+    that run. The other patterns always run.
+
     Args:
         patterns: ``parse_retrieval_patterns`` output (default ``DEFAULT_PATTERNS``);
             lengths: RULER's max_seq_length (prompt + budget), tokens; moba: see ``run_case``.
     Returns:
-        {"cases": DataFrame, "trace": DataFrame, "seconds": float, "computed": int,
+        {"cases": DataFrame, "trace": DataFrame, "seconds": float, "computed": int, "reused_dense": int
+        (cases whose dense forward ``reuse`` gave),
         "bare_forward_seconds": {(length, pattern): latest seconds}} (on process 0; the others
         return their own part).
     Raises:
@@ -870,6 +998,9 @@ def run_retrieval(model, tokenizer, haystack, out_dir: str | os.PathLike, tasks:
     fp = fingerprint(fp_settings)
     case_dir = out_dir / "cases" / fp
     rank, world = shard()
+    if not (case_dir / SETTINGS_FILE).is_file():
+        write_json(case_dir / SETTINGS_FILE, fp_settings)
+    reused = [0]  # cases whose dense forward came from ``reuse``
     bare: dict[tuple[int, str], tuple[float, int]] = {}  # (length, label) -> (seconds, case count then)
     t_all = time.perf_counter()
     done = [0]  # cases computed by this process so far
@@ -882,11 +1013,17 @@ def run_retrieval(model, tokenizer, haystack, out_dir: str | os.PathLike, tasks:
         t, L, s = u
         case = make_case(t, haystack, tokenizer, L, s, fmt)
         pats = [(lab, ch) for lab, ch, k in patterns if s - seed < k]
+        dense = find_dense(reuse, fp_settings, t, case) if reuse else None  # None: dense runs here
+        reused[0] += dense is not None
         # the unit of cost, one bare forward of the prompt per pattern, re-timed every BARE_EVERY
         # cases of this process (and on a length's first), so it follows the machine's load
         stale = [lab for lab, _ in pats if (L, lab) not in bare or done[0] - bare[(L, lab)][1] >= BARE_EVERY]
-        rows, trows = run_case(model, tokenizer, case, pats, t, moba, time_bare=stale)
+        rows, trows, made = run_case_dense(model, tokenizer, case, pats, t, moba, time_bare=stale, dense=dense)
+        if made is not None:  # also a reused one: a later run may take it from this folder
+            save_dense(paths(u)[0].with_name(paths(u)[0].name.replace(".trace.parquet", DENSE_SUFFIX)), made, case)
         for r in rows:  # a stale label's row carries its new timing, every other row takes the last one
+            if r.get("reused_from"):  # a reused row keeps its own run's timing
+                continue
             if "bare_forward_seconds" in r:
                 bare[(L, r["pattern"])] = (r["bare_forward_seconds"], done[0])
             r["bare_forward_seconds"] = bare[(L, r["pattern"])][0]
@@ -904,6 +1041,7 @@ def run_retrieval(model, tokenizer, haystack, out_dir: str | os.PathLike, tasks:
         barrier()
         if rank != 0:
             return {"cases": None, "trace": None, "seconds": time.perf_counter() - t_all, "computed": computed,
+                    "reused_dense": reused[0],
                     "bare_forward_seconds": bare_last}
     parts = [paths(u)[::-1] for u in todo]  # (cases, trace) of every case
     from focus_lab.eval.provenance import with_provenance
@@ -916,10 +1054,11 @@ def run_retrieval(model, tokenizer, haystack, out_dir: str | os.PathLike, tasks:
     seconds = time.perf_counter() - t_all
     write_json(out_dir / "retrieval.json", {"settings": fp_settings, "fingerprint": fp,
                                              "lengths": [int(x) for x in lengths], "cases": cases, "seed": seed,
-                                             "computed_cases": computed, "seconds": round(seconds, 1),
+                                             "computed_cases": computed, "reused_dense": reused[0],
+                                             "reuse": [str(f) for f in reuse], "seconds": round(seconds, 1),
                                              "world_size": world,
                                              "files": ["cases.parquet", "trace.parquet"]})
-    return {"cases": cases_df, "trace": trace_df, "seconds": seconds, "computed": computed,
+    return {"cases": cases_df, "trace": trace_df, "seconds": seconds, "computed": computed, "reused_dense": reused[0],
             "bare_forward_seconds": bare_last}
 
 
