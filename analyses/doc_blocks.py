@@ -498,14 +498,16 @@ def gemma_key_sliced() -> Generated:
         diff = f"{k.max_abs_diff:.1e}" if pd.notna(k.max_abs_diff) else "-"
         lines.append(f"| {T} | {pat} | {'-' if w is None else f'{w:.1f}'} | {k.body_s:.1f} | "
                      f"{'-' if w is None else f'{w / k.body_s:.2f}x'} | {ratio} | {k.global_share_of_body:.0%} | {diff} |")
-    r = df.iloc[0]
-    inputs = (f"{GEMMA_KEY_SLICED}; routers {r.router_name}; commits {', '.join(sorted(df.commit.unique()))}; "
-              f"{r.machine}; one Persuasion window a "
-              f"length; load average {df.load_before.min():.1f}-{df.load_before.max():.1f} before a forward")
+    runs = []  # each run (router file, commit, machine) with its lengths: the rows mix runs
+    for (name, commit, machine), g in df.groupby(["router_name", "commit", "machine"], sort=False):
+        runs.append(f"{', '.join(str(t) for t in sorted(g.seq_len.unique()))} tokens: routers {name}, commit {commit}, "
+                    f"{machine}, load average {g.load_before.min():.1f}-{g.load_before.max():.1f} before a forward")
+    inputs = f"{GEMMA_KEY_SLICED}; one Persuasion window a length; " + "; ".join(runs)
     return Generated(inputs, "\n".join(lines))
 
 
-GEMMA_ORACLE = "figures/gemma/oracle/oracle_gap.parquet"
+#: the shipped file's oracle gap; stage g4's is figures/gemma/oracle_needle_mix/
+GEMMA_ORACLE = "figures/gemma/oracle_distill64_8k/oracle_gap.parquet"
 
 
 @block("gemma-oracle", GEMMA_ORACLE)

@@ -106,6 +106,10 @@ def test_same_seed_same_routers_and_assignments(tmp_path):
     (ta, ga), (tb, gb) = outs
     assert all(torch.equal(ta[k], tb[k]) for k in ta)
     assert all(torch.equal(x, y) for x, y in zip(ga, gb))
+    # what the bytes depend on beyond the command is recorded: the CPU and torch's threads
+    import json
+    rec = json.loads((tmp_path / "0" / "train_config.json").read_text())["machine"]
+    assert rec["threads"] == torch.get_num_threads() and rec["torch"] == torch.__version__ and rec["nproc"] >= 1
 
 
 @pytest.mark.skipif(shutil.which("torchrun") is None and not (Path(sys.executable).parent / "torchrun").exists(),

@@ -113,7 +113,10 @@ def train(model, windows: list, focus_cfg: FocusConfig, train_cfg: TrainConfig, 
             With ``train_cfg.init_routers``, that file's ``seed`` and ``random_layers`` replace
             focus_cfg's: a continued file keeps the random groups it was measured with.
         train_cfg: schedule. out_dir: training directory. resume: continue from its checkpoint.
-        meta: extra provenance (model name, corpus) written into train_config.json.
+        meta: extra provenance (model name, corpus) written into train_config.json, beside
+            ``machine`` (``io.machine()``: CPU, torch version and threads, GPU), which the
+            router bytes depend on: the same command gives the same bytes on the same machine
+            and thread count, and may differ in the last bits elsewhere (docs/reliability.md).
     Returns:
         TrainResult. Raises FileNotFoundError when ``resume`` finds no checkpoint.
 
@@ -161,8 +164,9 @@ def train(model, windows: list, focus_cfg: FocusConfig, train_cfg: TrainConfig, 
         start = int(state["step"])
         log_rows = pd.read_parquet(ckpt / "train_log.parquet").to_dict("records")
     if rank == 0:
+        from focus_lab.io import machine
         write_json(out / "train_config.json", {"focus_config": base_cfg.to_dict(),
-                   "train_config": train_cfg.to_dict(), "meta": meta or {}})
+                   "train_config": train_cfg.to_dict(), "meta": meta or {}, "machine": machine()})
     torch.manual_seed(train_cfg.seed)
     if resume:
         torch.set_rng_state(state["rng"])
