@@ -520,6 +520,19 @@ def gemma_oracle() -> Generated:
     return Generated(f"{GEMMA_ORACLE}; {head}", table)
 
 
+#: the shipped file's oracle gap on held-out *Hamlet* at 16384 tokens, where random groups beat it
+#: (docs/studies/gemma-length-gap.md): whether better groups exist at its budget there
+GEMMA_ORACLE_HAMLET = "figures/gemma/oracle_hamlet_16k/oracle_gap.parquet"
+
+
+@block("gemma-oracle-hamlet-16k", GEMMA_ORACLE_HAMLET)
+def gemma_oracle_hamlet() -> Generated:
+    """``gemma-oracle``'s table for the run on *Hamlet*'s three windows of 16384 tokens."""
+    from analyses.studies.oracle_gap import gap_table
+    head, table = gap_table(pd.read_parquet(REPO / GEMMA_ORACLE_HAMLET))
+    return Generated(f"{GEMMA_ORACLE_HAMLET}; {head}", table)
+
+
 #: stage g4's runs (``gemma3-270m/needle-mix``; dense, its default and random groups at its sparsity),
 #: one probe's cases a file: RULER's single needle in its noise sentences at 8192 tokens (and 16384, 3
 #: cases), in held-out prose (Persuasion) at 16384 and 32768 (``focus-lab probe retrieval --model

@@ -120,3 +120,22 @@ def test_the_last_stage_on_both_corpora_by_hand():
     assert shipped.startswith(f"{100 * (_ppl(ship, 'random_top2') / _ppl(ship, 'hard_top2') - 1):+.1f}% [")
     assert stage.startswith(f"{100 * (_ppl(ship, 'random_top2') / _ppl(mix, 'hard_top2') - 1):+.1f}% [")
     assert row[6].startswith(f"{100 * (_ppl(mix, 'hard_top2') / _ppl(ship, 'hard_top2') - 1):+.1f}% [")
+
+
+def test_the_hamlet_oracle_reproduces_the_length_table_and_beats_both_kinds_of_groups():
+    """The oracle run on Hamlet at 16384 tokens: its dense, hard top-2 and random top-2 rows are
+    the committed length table's on the same windows (the same perplexity per window, an
+    independent run), so the block's last row is that table's router-against-random change; the
+    oracle is below both kinds of groups on every window."""
+    orc = pd.read_parquet(REPO / doc_blocks.GEMMA_ORACLE_HAMLET)
+    cells = pd.read_parquet(REPO / "figures/results/length_cells.parquet")
+    lt = cells[(cells.table == "gemma3_distill64_8k") & (cells.corpus == "shakespeare") & (cells.seq_len == 16384)]
+    for label in ("dense", "hard_top2", "random_top2"):
+        a = orc[orc.label == label].set_index("window").perplexity.sort_index()
+        b = lt[lt.label == label].set_index("window").perplexity.sort_index()
+        assert list(a.index) == list(b.index) and np.allclose(a.values, b.values, rtol=1e-5)
+    by = orc.pivot_table(index="window", columns="label", values="perplexity")
+    assert (by["hard_top2+oracle"] < by[["hard_top2", "random_top2"]].min(axis=1)).all()
+    row = _row(doc_blocks.render("gemma-oracle-hamlet-16k"), "`random_top2`", "`hard_top2`")
+    ppl = {lab: _ppl(lt, lab) for lab in ("random_top2", "hard_top2")}
+    assert row[2] == f"{100 * (ppl['random_top2'] / ppl['hard_top2'] - 1):+.2f}%"
