@@ -510,14 +510,20 @@ def gemma_key_sliced() -> Generated:
 GEMMA_ORACLE = "figures/gemma/oracle_distill64_8k/oracle_gap.parquet"
 
 
+def oracle_block(path: str) -> Generated:
+    """An oracle-gap run's table (``analyses.studies.oracle_gap.gap_table``), its inputs line naming
+    ``path`` and what ran."""
+    from analyses.studies.oracle_gap import gap_table
+    head, table = gap_table(pd.read_parquet(REPO / path))
+    return Generated(f"{path}; {head}", table)
+
+
 @block("gemma-oracle", GEMMA_ORACLE)
 def gemma_oracle() -> Generated:
     """Gemma-3-270M's oracle gap (``analyses.studies.oracle_gap --model gemma3-270m``): the router,
     random groups and the oracle (each query's heaviest distant keys at its groups' budget) against
     dense and against each other."""
-    from analyses.studies.oracle_gap import gap_table
-    head, table = gap_table(pd.read_parquet(REPO / GEMMA_ORACLE))
-    return Generated(f"{GEMMA_ORACLE}; {head}", table)
+    return oracle_block(GEMMA_ORACLE)
 
 
 #: the shipped file's oracle gap on held-out *Hamlet* at 16384 tokens, where random groups beat it
@@ -528,9 +534,7 @@ GEMMA_ORACLE_HAMLET = "figures/gemma/oracle_hamlet_16k/oracle_gap.parquet"
 @block("gemma-oracle-hamlet-16k", GEMMA_ORACLE_HAMLET)
 def gemma_oracle_hamlet() -> Generated:
     """``gemma-oracle``'s table for the run on *Hamlet*'s three windows of 16384 tokens."""
-    from analyses.studies.oracle_gap import gap_table
-    head, table = gap_table(pd.read_parquet(REPO / GEMMA_ORACLE_HAMLET))
-    return Generated(f"{GEMMA_ORACLE_HAMLET}; {head}", table)
+    return oracle_block(GEMMA_ORACLE_HAMLET)
 
 
 #: stage g4's runs (``gemma3-270m/needle-mix``; dense, its default and random groups at its sparsity),

@@ -890,55 +890,55 @@ def save_dense(path: str | os.PathLike, dense: DenseCase, case: RetrievalCase) -
         save_file(tensors, str(tmp), metadata={"case_sha256": case_sha256(case)})
 
 
-def _json_same(a, b) -> bool:
+def dense_dirs(folders: Sequence[str | os.PathLike], settings: dict, task: Task) -> list[tuple[Path, Path]]:
+    """The case folders of ``folders`` (earlier ``--out`` folders, in order) that ``find_dense``
+    may take ``task``'s dense forwards from: made with the same model (``settings["model"]``,
+    ``model_identity``) and task definition (the same ``fingerprint``), as (run folder, case
+    folder). Empty without the model's identity (nothing could be matched)."""
     import json
-    return json.dumps(a, sort_keys=True, default=str) == json.dumps(b, sort_keys=True, default=str)
+
+    def key(s: dict) -> str:
+        return fingerprint({"model": s.get("model"), "task": (s.get("tasks") or {}).get(task.name)})
+    if settings.get("model") is None:
+        return []
+    want = key(settings)
+    return [(Path(folder), f.parent) for folder in folders
+            for f in sorted(Path(folder).glob(f"cases/*/{SETTINGS_FILE}")) if key(json.loads(f.read_text())) == want]
 
 
-def find_dense(folders: Sequence[str | os.PathLike], settings: dict, task: Task,
-               case: RetrievalCase) -> DenseCase | None:
+def find_dense(dirs: Sequence[tuple[Path, Path]], task: Task, case: RetrievalCase) -> DenseCase | None:
     """The case's dense forward from an earlier run of this suite (``--reuse``): the first of
-    ``folders`` (earlier ``--out`` folders) with a case folder made with the same model
-    (``settings["model"]``, ``model_identity``) and task definition, holding this case's files
-    with the same token ids (``case_sha256``) and its dense tensors (``save_dense``; runs made
-    before they were kept have none). Its row's ``reused_from`` names the run that computed it,
-    however often reused. None when no folder has it."""
-    import json
+    ``dirs`` (``dense_dirs``: same model and task) holding this case's files with the same token
+    ids (``case_sha256``) and its dense tensors (``save_dense``; runs made before they were kept
+    have none). Its row's ``reused_from`` names the run that computed it, however often reused.
+    None when no folder has it."""
     from safetensors import safe_open
-    want = {"model": settings.get("model"), "task": (settings.get("tasks") or {}).get(task.name)}
-    if want["model"] is None:  # without the model's identity no dense forward can be matched
-        return None
     stem = f"{task.name}_L{case.length}_s{case.seed}"
     sha = None
-    for folder in folders:
-        for sfile in sorted(Path(folder).glob(f"cases/*/{SETTINGS_FILE}")):
-            s = json.loads(sfile.read_text())
-            if not _json_same({"model": s.get("model"), "task": (s.get("tasks") or {}).get(task.name)}, want):
+    for folder, d in dirs:
+        tensors, cases_p, trace_p = (d / f"{stem}{DENSE_SUFFIX}", d / f"{stem}.cases.parquet",
+                                     d / f"{stem}.trace.parquet")
+        if not (tensors.is_file() and cases_p.is_file() and trace_p.is_file()):
+            continue
+        sha = sha or case_sha256(case)
+        with safe_open(str(tensors), framework="pt") as f:
+            if (f.metadata() or {}).get("case_sha256") != sha:
                 continue
-            d = sfile.parent
-            tensors, cases_p, trace_p = (d / f"{stem}{DENSE_SUFFIX}", d / f"{stem}.cases.parquet",
-                                         d / f"{stem}.trace.parquet")
-            if not (tensors.is_file() and cases_p.is_file() and trace_p.is_file()):
-                continue
-            sha = sha or case_sha256(case)
-            with safe_open(str(tensors), framework="pt") as f:
-                if (f.metadata() or {}).get("case_sha256") != sha:
-                    continue
-                probs = {int(k.split(".")[1]): f.get_tensor(k) for k in f.keys() if k.startswith("probs.")}
-                argmax = {int(k.split(".")[1]): f.get_tensor(k) for k in f.keys() if k.startswith("argmax.")}
-            rows = pd.read_parquet(cases_p)
-            rows = rows[rows["mode"] == "dense"]
-            if rows.empty:
-                continue
-            row = {k: v for k, v in rows.iloc[0].to_dict().items() if k != "schema_version"}
-            trace = pd.read_parquet(trace_p)
-            trace = [{k: v for k, v in r.items() if k != "schema_version"}
-                     for r in trace[trace["pattern"] == row["pattern"]].to_dict("records")]
-            origin = str(row.get("reused_from") or "")
-            row = {**row, "pattern": "dense"}
-            for r in trace:
-                r["pattern"] = "dense"
-            return DenseCase(row=row, trace=trace, probs=probs, argmax=argmax, source=origin or str(Path(folder)))
+            probs = {int(k.split(".")[1]): f.get_tensor(k) for k in f.keys() if k.startswith("probs.")}
+            argmax = {int(k.split(".")[1]): f.get_tensor(k) for k in f.keys() if k.startswith("argmax.")}
+        rows = pd.read_parquet(cases_p)
+        rows = rows[rows["mode"] == "dense"]
+        if rows.empty:
+            continue
+        row = {k: v for k, v in rows.iloc[0].to_dict().items() if k != "schema_version"}
+        trace = pd.read_parquet(trace_p)
+        trace = [{k: v for k, v in r.items() if k != "schema_version"}
+                 for r in trace[trace["pattern"] == row["pattern"]].to_dict("records")]
+        origin = str(row.get("reused_from") or "")
+        row = {**row, "pattern": "dense"}
+        for r in trace:
+            r["pattern"] = "dense"
+        return DenseCase(row=row, trace=trace, probs=probs, argmax=argmax, source=origin or str(folder))
     return None
 
 
@@ -960,7 +960,7 @@ def run_retrieval(model, tokenizer, haystack, out_dir: str | os.PathLike, tasks:
     Each case folder also holds its ``settings.json`` and, per case, the dense forward's
     attention to the needle (``save_dense``), so that a later run may skip the dense forward:
     ``reuse``, earlier ``--out`` folders, gives each case the dense forward of the first that ran
-    it with the same model, task and token ids (``find_dense``); its row's ``reused_from`` names
+    it with the same model, task and token ids (``dense_dirs``, ``find_dense``); its row's ``reused_from`` names
     that run. The other patterns always run.
 
     Args:
@@ -1001,6 +1001,8 @@ def run_retrieval(model, tokenizer, haystack, out_dir: str | os.PathLike, tasks:
     if not (case_dir / SETTINGS_FILE).is_file():
         write_json(case_dir / SETTINGS_FILE, fp_settings)
     reused = [0]  # cases whose dense forward came from ``reuse``
+    # the case folders each task may take dense forwards from, read once (``dense_dirs``)
+    reuse_dirs = {t.name: dense_dirs(reuse, fp_settings, t) for t in tasks} if reuse else {}
     bare: dict[tuple[int, str], tuple[float, int]] = {}  # (length, label) -> (seconds, case count then)
     t_all = time.perf_counter()
     done = [0]  # cases computed by this process so far
@@ -1013,7 +1015,7 @@ def run_retrieval(model, tokenizer, haystack, out_dir: str | os.PathLike, tasks:
         t, L, s = u
         case = make_case(t, haystack, tokenizer, L, s, fmt)
         pats = [(lab, ch) for lab, ch, k in patterns if s - seed < k]
-        dense = find_dense(reuse, fp_settings, t, case) if reuse else None  # None: dense runs here
+        dense = find_dense(reuse_dirs[t.name], t, case) if reuse else None  # None: dense runs here
         reused[0] += dense is not None
         # the unit of cost, one bare forward of the prompt per pattern, re-timed every BARE_EVERY
         # cases of this process (and on a length's first), so it follows the machine's load
