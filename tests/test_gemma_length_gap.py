@@ -122,6 +122,23 @@ def test_the_last_stage_on_both_corpora_by_hand():
     assert row[6].startswith(f"{100 * (_ppl(mix, 'hard_top2') / _ppl(ship, 'hard_top2') - 1):+.1f}% [")
 
 
+def test_the_key_shift_on_hamlet_at_16384_by_hand():
+    """The key shift is a rule on the shipped file's own tensors: its rows carry the shipped
+    file's sha256 and the same distant-pair budget within a point; its columns by hand."""
+    ks, ship = _lever_cells(G.KEYSHIFT_TABLE, "shakespeare", 16384)
+    assert set(ks[ks.label.str.startswith("hard")].label) == {"hard_top1_keyshift", "hard_top2_keyshift"}
+    assert set(ks[ks.label == "hard_top2_keyshift"].routers_sha256) == set(ship[ship.label == "hard_top2"].routers_sha256)
+    assert set(ks.window) == set(ship.window) and ks.window.nunique() == 3
+    kept = lambda rows, lab: rows[rows.label == lab].distant_pairs_kept.mean()  # noqa: E731
+    assert abs(kept(ks, "hard_top2_keyshift") - kept(ship, "hard_top2")) < 0.01
+    row = _row(doc_blocks.render("gemma-length-gap-keyshift"), "*Hamlet*", "16384")
+    for k, col in ((1, 3), (2, 4)):
+        shipped, lever = row[col].split(" / ")
+        assert shipped.startswith(f"{100 * (_ppl(ship, f'random_top{k}') / _ppl(ship, f'hard_top{k}') - 1):+.1f}% [")
+        assert lever.startswith(f"{100 * (_ppl(ship, f'random_top{k}') / _ppl(ks, f'hard_top{k}_keyshift') - 1):+.1f}% [")
+        assert row[4 + k].startswith(f"{100 * (_ppl(ks, f'hard_top{k}_keyshift') / _ppl(ship, f'hard_top{k}') - 1):+.1f}% [")
+
+
 def test_the_hamlet_oracle_reproduces_the_length_table_and_beats_both_kinds_of_groups():
     """The oracle run on Hamlet at 16384 tokens: its dense, hard top-2 and random top-2 rows are
     the committed length table's on the same windows (the same perplexity per window, an

@@ -40,6 +40,10 @@ RANDOM11_RULE = "hard_top2+random_layers([11])"
 DISTILL16K_TABLE = "gemma3_distill64_16k"
 #: stage g5 run on Austen's and Shakespeare's training texts instead of Austen's alone (not shipped)
 MIX_TABLE = "gemma3_distill64_8k_mix"
+#: the shipped file with keys in their predecessor's group (rule ``key_shift``, labels
+#: ``hard_topK_keyshift``; no training, the same file's tensors)
+KEYSHIFT_TABLE = "gemma3_distill64_8k_keyshift"
+KEYSHIFT_SUFFIX = "_keyshift"
 
 
 def _oe() -> pd.DataFrame:
@@ -124,12 +128,19 @@ def lever_table(new: pd.DataFrame, base: pd.DataFrame, new_name: str, base_name:
     return lines
 
 
-def lever_block(new_table: str, base_table: str, new_name: str, base_name: str, rule: str = "") -> Generated:
+def lever_block(new_table: str, base_table: str, new_name: str, base_name: str, rule: str = "",
+                suffix: str = "") -> Generated:
     """``lever_table`` of two committed tables (``new_table`` on its windows against
     ``base_table``), with the inputs line: both files' names and sha256, ``rule`` the pattern
     written into ``new_table``'s file when it has one, and the table whose runs gave the dense and
-    random rows both reuse."""
+    random rows both reuse. ``suffix``: the lever is a rule added to the same file's hard patterns,
+    ``new_table``'s rows ``hard_topK{suffix}`` stand for its hard top-K (rows without the suffix
+    are dropped)."""
     new, base = _cells(new_table), _cells(base_table)
+    if suffix:
+        hard = new.label.str.startswith("hard_top")
+        new = new[~hard | new.label.str.endswith(suffix)]
+        new = new.assign(label=new.label.str.removesuffix(suffix))
     lines = lever_table(new, base, new_name, base_name)
     sha = lambda df: router_label(df[df.label.isin(["hard_top1", "hard_top2"])].routers_sha256.iloc[0])  # noqa: E731
     controls = new[new.label.isin(["dense", "random_top1", "random_top2"])]
@@ -192,6 +203,15 @@ def gemma_length_gap_mix() -> Generated:
     Shakespeare's training texts (table ``MIX_TABLE``, hard top-2 only) against the shipped file,
     whose g5 trained on Austen's alone (``GEMMA_TABLE``), on the windows it ran on (``lever_block``)."""
     return lever_block(MIX_TABLE, GEMMA_TABLE, "mix-8k", "distill64-8k")
+
+
+@block("gemma-length-gap-keyshift", LENGTH_CELLS)
+def gemma_length_gap_keyshift() -> Generated:
+    """The shipped file with keys in their predecessor's group (``key_shift``, docs/levers.md
+    §1.7; table ``KEYSHIFT_TABLE``, rows ``hard_topK_keyshift``) against the same file without it
+    (``GEMMA_TABLE``), on the windows it ran on (``lever_block``)."""
+    return lever_block(KEYSHIFT_TABLE, GEMMA_TABLE, "key shift", "distill64-8k", "hard_topK+key_shift",
+                       KEYSHIFT_SUFFIX)
 
 
 @block("gemma-length-gap-retrieval", *GEMMA_G4_RETRIEVAL, *GEMMA_RETRIEVAL)
