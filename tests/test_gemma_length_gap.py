@@ -137,6 +137,8 @@ def test_the_key_shift_on_hamlet_at_16384_by_hand():
         assert shipped.startswith(f"{100 * (_ppl(ship, f'random_top{k}') / _ppl(ship, f'hard_top{k}') - 1):+.1f}% [")
         assert lever.startswith(f"{100 * (_ppl(ship, f'random_top{k}') / _ppl(ks, f'hard_top{k}_keyshift') - 1):+.1f}% [")
         assert row[4 + k].startswith(f"{100 * (_ppl(ks, f'hard_top{k}_keyshift') / _ppl(ship, f'hard_top{k}') - 1):+.1f}% [")
+    assert row[7].startswith(f"{100 * (_ppl(ks, 'hard_top2_keyshift') / _ppl(ks, 'dense') - 1):+.1f}% [")
+    assert np.isclose(_ppl(ks, "dense"), _ppl(ship, "dense"), rtol=1e-6)  # dense is the same rows
 
 
 def test_the_hamlet_oracle_reproduces_the_length_table_and_beats_both_kinds_of_groups():

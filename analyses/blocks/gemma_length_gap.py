@@ -44,6 +44,9 @@ MIX_TABLE = "gemma3_distill64_8k_mix"
 #: ``hard_topK_keyshift``; no training, the same file's tensors)
 KEYSHIFT_TABLE = "gemma3_distill64_8k_keyshift"
 KEYSHIFT_SUFFIX = "_keyshift"
+#: the same, with and without the shift, on a third held-out domain: code (the end of the
+#: local file ``python_stdlib``, Python's standard library source, which no Gemma stage trained on)
+KEYSHIFT_CODE_TABLE = "gemma3_distill64_8k_keyshift_code"
 
 
 def _oe() -> pd.DataFrame:
@@ -95,18 +98,23 @@ def gemma_length_gap() -> Generated:
     return Generated(inputs, "\n".join(lines))
 
 
-def lever_table(new: pd.DataFrame, base: pd.DataFrame, new_name: str, base_name: str) -> list[str]:
+def lever_table(new: pd.DataFrame, base: pd.DataFrame, new_name: str, base_name: str,
+                versus_dense: bool = False) -> list[str]:
     """Markdown rows comparing two router files' length tables on the windows ``new`` ran on: per
     held-out corpus and length, random groups' perplexity change over each file's hard top-1 and
     top-2 (> 0: the router is better), and ``new``'s change over ``base`` at each k, with 95% paired
     intervals over windows from 3 windows up; ``-`` at a k that ``new`` did not run. ``new``,
     ``base``: committed cells of one table each, ``new``'s with the dense and random rows it reused
-    from ``base``'s runs."""
+    from ``base``'s runs. ``versus_dense``: a last column, ``new``'s hard top-2 change over dense
+    with its paired interval (the issue's goal is stated against dense)."""
     from analyses.length_table import summarize
     from focus_lab.eval.evaluate import paired_change
     lines = [f"| held out | tokens | windows | random top-1 vs router: {base_name} / {new_name} | random top-2 vs router: "
              f"{base_name} / {new_name} | {new_name} vs {base_name}, hard top-1 | {new_name} vs {base_name}, hard top-2 |",
              "|---|---:|---:|---|---|---|---|"]
+    if versus_dense:
+        lines[0] += f" {new_name}, hard top-2 vs dense |"
+        lines[1] += "---|"
     for (c, L), g in new.groupby(["corpus", "seq_len"], sort=True):
         ks = [k for k in (1, 2) if (g.label == f"hard_top{k}").any()]
         wins = sorted(set.intersection(*(set(g[g.label == f"hard_top{k}"].window) for k in ks)))
@@ -125,11 +133,13 @@ def lever_table(new: pd.DataFrame, base: pd.DataFrame, new_name: str, base_name:
         lines.append(f"| {HELD_NAMES.get(g.heldout.iloc[0], g.heldout.iloc[0])} | {L} | {n} | "
                      f"{vs(a.loc['random_top1'])} / {vs_new(1)} | {vs(a.loc['random_top2'])} / "
                      f"{vs_new(2)} | {change(1)} | {change(2)} |")
+        if versus_dense:
+            lines[-1] += f" {_change(b.loc['hard_top2'], 'delta_vs_dense_pct', 'ci_lo', 'ci_hi', n) if 2 in ks else '-'} |"
     return lines
 
 
 def lever_block(new_table: str, base_table: str, new_name: str, base_name: str, rule: str = "",
-                suffix: str = "") -> Generated:
+                suffix: str = "", versus_dense: bool = False) -> Generated:
     """``lever_table`` of two committed tables (``new_table`` on its windows against
     ``base_table``), with the inputs line: both files' names and sha256, ``rule`` the pattern
     written into ``new_table``'s file when it has one, and the table whose runs gave the dense and
@@ -141,7 +151,7 @@ def lever_block(new_table: str, base_table: str, new_name: str, base_name: str, 
         hard = new.label.str.startswith("hard_top")
         new = new[~hard | new.label.str.endswith(suffix)]
         new = new.assign(label=new.label.str.removesuffix(suffix))
-    lines = lever_table(new, base, new_name, base_name)
+    lines = lever_table(new, base, new_name, base_name, versus_dense)
     sha = lambda df: router_label(df[df.label.isin(["hard_top1", "hard_top2"])].routers_sha256.iloc[0])  # noqa: E731
     controls = new[new.label.isin(["dense", "random_top1", "random_top2"])]
     # a table committed again reuses its own rows: the runs that measured them are the other tables'
@@ -211,7 +221,37 @@ def gemma_length_gap_keyshift() -> Generated:
     §1.7; table ``KEYSHIFT_TABLE``, rows ``hard_topK_keyshift``) against the same file without it
     (``GEMMA_TABLE``), on the windows it ran on (``lever_block``)."""
     return lever_block(KEYSHIFT_TABLE, GEMMA_TABLE, "key shift", "distill64-8k", "hard_topK+key_shift",
-                       KEYSHIFT_SUFFIX)
+                       KEYSHIFT_SUFFIX, versus_dense=True)
+
+
+@block("gemma-length-gap-keyshift-code", LENGTH_CELLS)
+def gemma_length_gap_keyshift_code() -> Generated:
+    """The key shift on a third held-out domain (table ``KEYSHIFT_CODE_TABLE``: dense, hard top-2
+    with and without the shift, random top-2 on the same windows, one run): per corpus and
+    length, dense's perplexity, each hard top-2's change over dense, random top-2's change over
+    each (> 0: the router is better) and the shift's change over the file alone, 95% paired
+    intervals over windows from 3 windows up (``evaluate.paired_change``)."""
+    from focus_lab.eval.evaluate import paired_change
+    cells = _cells(KEYSHIFT_CODE_TABLE)
+    lines = ["| held out | tokens | windows | dense perplexity | hard top-2 vs dense: distill64-8k / key shift | "
+             "random top-2 vs router: distill64-8k / key shift | key shift vs distill64-8k, hard top-2 |",
+             "|---|---:|---:|---:|---|---|---|"]
+
+    def fmt(a: pd.DataFrame, b: pd.DataFrame, n: int) -> str:
+        d, lo, hi = paired_change(a, b)
+        return f"{d:+.1f}%" if n < 3 else f"{d:+.1f}% [{lo:+.1f}, {hi:+.1f}]"
+    for (c, L), g in cells.groupby(["corpus", "seq_len"], sort=True):
+        rows = {lab: g[g.label == lab] for lab in ("dense", "hard_top2", "hard_top2_keyshift", "random_top2")}
+        n = rows["dense"].window.nunique()
+        dense_ppl = float(np.exp((rows["dense"].nll * rows["dense"].tokens).sum() / rows["dense"].tokens.sum()))
+        lines.append(f"| `{c}` | {L} | {n} | {dense_ppl:.2f} | {fmt(rows['hard_top2'], rows['dense'], n)} / "
+                     f"{fmt(rows['hard_top2_keyshift'], rows['dense'], n)} | {fmt(rows['random_top2'], rows['hard_top2'], n)} / "
+                     f"{fmt(rows['random_top2'], rows['hard_top2_keyshift'], n)} | "
+                     f"{fmt(rows['hard_top2_keyshift'], rows['hard_top2'], n)} |")
+    inputs = (f"{LENGTH_CELLS} (table {KEYSHIFT_CODE_TABLE}: the held-out last tenth of the local file "
+              f"`python_stdlib`, Python's standard library source but asyncio, one run); routers "
+              f"{router_label(cells.routers_sha256.iloc[0])}, `hard_top2` and `hard_top2+key_shift`")
+    return Generated(inputs, "\n".join(lines))
 
 
 @block("gemma-length-gap-retrieval", *GEMMA_G4_RETRIEVAL, *GEMMA_RETRIEVAL)
