@@ -44,6 +44,9 @@ MIX_TABLE = "gemma3_distill64_8k_mix"
 #: ``hard_topK_keyshift``; no training, the same file's tensors)
 KEYSHIFT_TABLE = "gemma3_distill64_8k_keyshift"
 KEYSHIFT_SUFFIX = "_keyshift"
+#: the shift's retrieval run (dense and ``hard_top2+key_shift``) on the same cases (seeds) as the
+#: shipped file's and stage g4's runs at 16384 tokens
+KEYSHIFT_RETRIEVAL = ("figures/gemma/retrieval_16k_keyshift/cases.parquet",)
 #: the same, with and without the shift, on a third held-out domain: code (the end of the
 #: local file ``python_stdlib``, Python's standard library source, which no Gemma stage trained on)
 KEYSHIFT_CODE_TABLE = "gemma3_distill64_8k_keyshift_code"
@@ -251,6 +254,40 @@ def gemma_length_gap_keyshift_code() -> Generated:
     inputs = (f"{LENGTH_CELLS} (table {KEYSHIFT_CODE_TABLE}: the held-out last tenth of the local file "
               f"`python_stdlib`, Python's standard library source but asyncio, one run); routers "
               f"{router_label(cells.routers_sha256.iloc[0])}, `hard_top2` and `hard_top2+key_shift`")
+    return Generated(inputs, "\n".join(lines))
+
+
+@block("gemma-length-gap-keyshift-retrieval", *KEYSHIFT_RETRIEVAL, *GEMMA_RETRIEVAL, *GEMMA_G4_RETRIEVAL)
+def gemma_length_gap_keyshift_retrieval() -> Generated:
+    """RULER's single needle under the key shift (``KEYSHIFT_RETRIEVAL``) against the shipped
+    file's default (hard top-2, ``GEMMA_RETRIEVAL``) and random groups (``random_default``, stage
+    g4's runs: they do not depend on the router file), on the cases the shift ran: per task and
+    length, cases, each pattern's score (dense from the shift's own run) and the shift's paired
+    differences over the cases (``retrieval_tables.paired_difference``, 95% bootstrap interval):
+    score and answer log-prob (nats) against the file alone, score against random groups."""
+    from focus_lab.eval import retrieval_tables as rt
+    ks, ship, g4 = (_read_cases(f) for f in (KEYSHIFT_RETRIEVAL, GEMMA_RETRIEVAL, GEMMA_G4_RETRIEVAL))
+    label = "hard_top2+key_shift"
+    both = pd.concat([ks[ks.pattern.isin(["dense", label])], ship[ship.pattern == "default"],
+                      g4[g4.pattern == "random_default"]], ignore_index=True)
+    lines = ["| task | haystack | tokens | cases | dense | distill64-8k | random groups | key shift | "
+             "key shift - distill64-8k, score | answer log-prob (nats) | key shift - random groups, score |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---|---|---|"]
+    fmt = lambda d: f"{d.difference:+.2f} [{d.lo:+.2f}, {d.hi:+.2f}]"  # noqa: E731
+    for (task, L), g in ks.groupby(["task", "length"], sort=False):
+        seeds = set(g[g.pattern == label].seed)
+        c = both[(both.task == task) & (both.length == L) & both.seed.isin(seeds)]
+        score = lambda pat: c[c.pattern == pat].score.mean()  # noqa: E731
+        d_ship = rt.paired_difference(c, label, "default").iloc[0]
+        d_lp = rt.paired_difference(c, label, "default", "answer_logprob").iloc[0]
+        d_rand = rt.paired_difference(c, label, "random_default").iloc[0]
+        lines.append(f"| {task} | {HAYSTACK.get(task, '')} | {L} | {len(seeds)} | {score('dense'):.2f} | "
+                     f"{score('default'):.2f} | {score('random_default'):.2f} | {score(label):.2f} | {fmt(d_ship)} | "
+                     f"{fmt(d_lp)} | {fmt(d_rand)} |")
+    inputs = (f"{', '.join(KEYSHIFT_RETRIEVAL)} (dense and `{label}` on the shipped file, sha256 "
+              f"{str(ks[ks.pattern == label].router_sha256.iloc[0])[:12]}); the shipped file's default from "
+              f"{', '.join(GEMMA_RETRIEVAL)}; random groups from stage g4's runs ({', '.join(GEMMA_G4_RETRIEVAL)}); "
+              "the same seeds")
     return Generated(inputs, "\n".join(lines))
 
 
