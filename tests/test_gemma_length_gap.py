@@ -141,6 +141,39 @@ def test_the_key_shift_on_hamlet_at_16384_by_hand():
     assert np.isclose(_ppl(ks, "dense"), _ppl(ship, "dense"), rtol=1e-6)  # dense is the same rows
 
 
+def test_the_key_shift_on_code_by_hand():
+    """The third domain's block: one run's rows, every column recomputed from the windows."""
+    cells = pd.read_parquet(REPO / doc_blocks.LENGTH_CELLS)
+    code = cells[cells.table == G.KEYSHIFT_CODE_TABLE]
+    assert set(code.label) == {"dense", "hard_top2", "hard_top2_keyshift", "random_top2"}
+    assert code.groupby("label").window.nunique().eq(3).all() and set(code.reused_from.fillna("")) == {""}
+    row = _row(doc_blocks.render("gemma-length-gap-keyshift-code"), "`python_stdlib`", "16384")
+    assert row[3] == f"{_ppl(code, 'dense'):.2f}"
+    pct = lambda a, b: f"{100 * (_ppl(code, a) / _ppl(code, b) - 1):+.1f}% ["  # noqa: E731
+    file_alone, shifted = row[4].split(" / ")
+    assert file_alone.startswith(pct("hard_top2", "dense")) and shifted.startswith(pct("hard_top2_keyshift", "dense"))
+    file_alone, shifted = row[5].split(" / ")
+    assert file_alone.startswith(pct("random_top2", "hard_top2"))
+    assert shifted.startswith(pct("random_top2", "hard_top2_keyshift"))
+    assert row[6].startswith(pct("hard_top2_keyshift", "hard_top2"))
+
+
+def test_the_key_shift_retrieval_run_reproduces_dense_case_by_case():
+    """The shift's retrieval run: dense scores the shipped file's run's dense on every seed (an
+    independent forward of the same case) within DENSE_AGREEMENT nats of log-prob; the block's
+    scores are the case means by hand."""
+    ks = pd.read_parquet(REPO / G.KEYSHIFT_RETRIEVAL[0])
+    ship = pd.read_parquet(REPO / doc_blocks.GEMMA_RETRIEVAL[0])
+    a = ks[ks.pattern == "dense"].set_index("seed").sort_index()
+    b = ship[ship.pattern == "dense"].set_index("seed").sort_index()
+    assert list(a.index) == list(b.index) == list(range(10))
+    assert (a.score == b.score).all() and np.allclose(a.answer_logprob, b.answer_logprob, atol=doc_blocks.DENSE_AGREEMENT)
+    row = _row(doc_blocks.render("gemma-length-gap-keyshift-retrieval"), "niah_single_2", "*Persuasion*", "16384")
+    shifted = ks[ks.pattern == "hard_top2+key_shift"].set_index("seed").score
+    assert row[3] == "10" and row[4] == f"{a.score.mean():.2f}" and row[7] == f"{shifted.mean():.2f}"
+    assert row[5] == f"{ship[ship.pattern == 'default'].score.mean():.2f}"
+
+
 def test_the_hamlet_oracle_reproduces_the_length_table_and_beats_both_kinds_of_groups():
     """The oracle run on Hamlet at 16384 tokens: its dense, hard top-2 and random top-2 rows are
     the committed length table's on the same windows (the same perplexity per window, an

@@ -18,6 +18,8 @@ as the context grows.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 
@@ -247,7 +249,7 @@ def gemma_length_gap_keyshift_code() -> Generated:
         rows = {lab: g[g.label == lab] for lab in ("dense", "hard_top2", "hard_top2_keyshift", "random_top2")}
         n = rows["dense"].window.nunique()
         dense_ppl = float(np.exp((rows["dense"].nll * rows["dense"].tokens).sum() / rows["dense"].tokens.sum()))
-        lines.append(f"| `{c}` | {L} | {n} | {dense_ppl:.2f} | {fmt(rows['hard_top2'], rows['dense'], n)} / "
+        lines.append(f"| `{Path(c).stem}` | {L} | {n} | {dense_ppl:.2f} | {fmt(rows['hard_top2'], rows['dense'], n)} / "
                      f"{fmt(rows['hard_top2_keyshift'], rows['dense'], n)} | {fmt(rows['random_top2'], rows['hard_top2'], n)} / "
                      f"{fmt(rows['random_top2'], rows['hard_top2_keyshift'], n)} | "
                      f"{fmt(rows['hard_top2_keyshift'], rows['hard_top2'], n)} |")
