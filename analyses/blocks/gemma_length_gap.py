@@ -286,8 +286,8 @@ def gemma_length_gap_keyshift_retrieval() -> Generated:
         lines.append(f"| {task} | {HAYSTACK.get(task, '')} | {L} | {len(seeds)} | {score('dense'):.2f} | "
                      f"{score('default'):.2f} | {score('random_default'):.2f} | {score(label):.2f} | {fmt(d_ship)} | "
                      f"{fmt(d_lp)} | {fmt(d_rand)} |")
-    inputs = (f"{', '.join(KEYSHIFT_RETRIEVAL)} (dense and `{label}` on the shipped file, sha256 "
-              f"{str(ks[ks.pattern == label].router_sha256.iloc[0])[:12]}); the shipped file's default from "
+    inputs = (f"{', '.join(KEYSHIFT_RETRIEVAL)} (dense and `{label}` on the shipped file, "
+              f"{router_label(ks[ks.pattern == label].router_sha256.iloc[0])}); the shipped file's default from "
               f"{', '.join(GEMMA_RETRIEVAL)}; random groups from stage g4's runs ({', '.join(GEMMA_G4_RETRIEVAL)}); "
               "the same seeds")
     return Generated(inputs, "\n".join(lines))
