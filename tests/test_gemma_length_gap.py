@@ -167,16 +167,20 @@ def test_the_key_shift_retrieval_run_reproduces_dense_case_by_case():
     """The shift's retrieval run: dense scores the shipped file's run's dense on every seed (an
     independent forward of the same case) within DENSE_AGREEMENT nats of log-prob; the block's
     scores are the case means by hand."""
-    ks = pd.read_parquet(REPO / G.KEYSHIFT_RETRIEVAL[0])
-    ship = pd.read_parquet(REPO / doc_blocks.GEMMA_RETRIEVAL[0])
-    a = ks[ks.pattern == "dense"].set_index("seed").sort_index()
-    b = ship[ship.pattern == "dense"].set_index("seed").sort_index()
-    assert list(a.index) == list(b.index) == list(range(10))
-    assert (a.score == b.score).all() and np.allclose(a.answer_logprob, b.answer_logprob, atol=doc_blocks.DENSE_AGREEMENT)
-    row = _row(doc_blocks.render("gemma-length-gap-keyshift-retrieval"), "niah_single_2", "*Persuasion*", "16384")
-    shifted = ks[ks.pattern == "hard_top2+key_shift"].set_index("seed").score
-    assert row[3] == "10" and row[4] == f"{a.score.mean():.2f}" and row[7] == f"{shifted.mean():.2f}"
-    assert row[5] == f"{ship[ship.pattern == 'default'].score.mean():.2f}"
+    assert len(G.KEYSHIFT_RETRIEVAL) == len(doc_blocks.GEMMA_RETRIEVAL)  # 16384, 32768 tokens
+    table = doc_blocks.render("gemma-length-gap-keyshift-retrieval")
+    for mine, theirs in zip(G.KEYSHIFT_RETRIEVAL, doc_blocks.GEMMA_RETRIEVAL):
+        ks, ship = pd.read_parquet(REPO / mine), pd.read_parquet(REPO / theirs)
+        assert ks.length.nunique() == 1 and set(ks.length) == set(ship.length)
+        a = ks[ks.pattern == "dense"].set_index("seed").sort_index()
+        b = ship[ship.pattern == "dense"].set_index("seed").sort_index()
+        assert list(a.index) == list(b.index) == list(range(10))
+        assert (a.score == b.score).all()
+        assert np.allclose(a.answer_logprob, b.answer_logprob, atol=doc_blocks.DENSE_AGREEMENT)
+        row = _row(table, "niah_single_2", "*Persuasion*", str(ks.length.iloc[0]))
+        shifted = ks[ks.pattern == "hard_top2+key_shift"].set_index("seed").score
+        assert row[3] == "10" and row[4] == f"{a.score.mean():.2f}" and row[7] == f"{shifted.mean():.2f}"
+        assert row[5] == f"{ship[ship.pattern == 'default'].score.mean():.2f}"
 
 
 def test_the_hamlet_oracle_reproduces_the_length_table_and_beats_both_kinds_of_groups():

@@ -46,9 +46,10 @@ MIX_TABLE = "gemma3_distill64_8k_mix"
 #: ``hard_topK_keyshift``; no training, the same file's tensors)
 KEYSHIFT_TABLE = "gemma3_distill64_8k_keyshift"
 KEYSHIFT_SUFFIX = "_keyshift"
-#: the shift's retrieval run (dense and ``hard_top2+key_shift``) on the same cases (seeds) as the
-#: shipped file's and stage g4's runs at 16384 tokens
-KEYSHIFT_RETRIEVAL = ("figures/gemma/retrieval_16k_keyshift/cases.parquet",)
+#: the shift's retrieval runs (dense and ``hard_top2+key_shift``) on the same cases (seeds) as the
+#: shipped file's and stage g4's runs, at 16384 and 32768 tokens
+KEYSHIFT_RETRIEVAL = ("figures/gemma/retrieval_16k_keyshift/cases.parquet",
+                      "figures/gemma/retrieval_32k_keyshift/cases.parquet")
 #: the same, with and without the shift, on a third held-out domain: code (the end of the
 #: local file ``python_stdlib``, Python's standard library source, which no Gemma stage trained on)
 KEYSHIFT_CODE_TABLE = "gemma3_distill64_8k_keyshift_code"
