@@ -27,7 +27,8 @@ from analyses.doc_blocks import (GEMMA_G4_RETRIEVAL, GEMMA_G4_TABLE, GEMMA_RETRI
                                  _change, _read_cases, block, router_label)
 
 PAGE = "docs/studies/gemma-length-gap.md"
-PROSE_PAGES = (PAGE,)
+KEYSHIFT_PAGE = "docs/studies/gemma-key-shift.md"
+PROSE_PAGES = (PAGE, KEYSHIFT_PAGE)
 #: settings, not measurements: 12 (layer, head) pairs (3 routed layers x 4 heads) and the 12 steps
 #: of the stage at 16384 tokens, 20 steps at 8192 tokens, the 128-token window
 ALLOWED = {PAGE: {"12", "20"}}
