@@ -238,6 +238,7 @@ def gemma_length_gap_keyshift_code() -> Generated:
     length, dense's perplexity, each hard top-2's change over dense, random top-2's change over
     each (> 0: the router is better) and the shift's change over the file alone, 95% paired
     intervals over windows from 3 windows up (``evaluate.paired_change``)."""
+    from analyses.length_table import summarize
     from focus_lab.eval.evaluate import paired_change
     cells = _cells(KEYSHIFT_CODE_TABLE)
     lines = ["| held out | tokens | windows | dense perplexity | hard top-2 vs dense: distill64-8k / key shift | "
@@ -250,9 +251,9 @@ def gemma_length_gap_keyshift_code() -> Generated:
     for (c, L), g in cells.groupby(["corpus", "seq_len"], sort=True):
         rows = {lab: g[g.label == lab] for lab in ("dense", "hard_top2", "hard_top2_keyshift", "random_top2")}
         n = rows["dense"].window.nunique()
-        dense_ppl = float(np.exp((rows["dense"].nll * rows["dense"].tokens).sum() / rows["dense"].tokens.sum()))
-        lines.append(f"| `{Path(c).stem}` | {L} | {n} | {dense_ppl:.2f} | {fmt(rows['hard_top2'], rows['dense'], n)} / "
-                     f"{fmt(rows['hard_top2_keyshift'], rows['dense'], n)} | {fmt(rows['random_top2'], rows['hard_top2'], n)} / "
+        sm = summarize(g).set_index("label")  # perplexity and change over dense, as every length table
+        lines.append(f"| `{Path(c).stem}` | {L} | {n} | {sm.loc['dense'].perplexity:.2f} | {_change(sm.loc['hard_top2'], windows=n)} / "
+                     f"{_change(sm.loc['hard_top2_keyshift'], windows=n)} | {fmt(rows['random_top2'], rows['hard_top2'], n)} / "
                      f"{fmt(rows['random_top2'], rows['hard_top2_keyshift'], n)} | "
                      f"{fmt(rows['hard_top2_keyshift'], rows['hard_top2'], n)} |")
     inputs = (f"{LENGTH_CELLS} (table {KEYSHIFT_CODE_TABLE}: the held-out last tenth of the local file "
