@@ -107,18 +107,75 @@ def capacity_in_force(cfg, label: str) -> str:
     return f"{c.group_capacity:g}@{layers}:{c.capacity_overflow}"
 
 
+def pattern_in_force(cfg, label: str) -> str:
+    """The canonical pattern (``focus_lab.patterns``) a row labelled ``label`` runs under ``cfg``:
+    the label means the router file's rules changed by its suffixes (``legacy_label_pattern``), so
+    ``hard_top2`` is ``hard_top2+key_shift`` under a file whose rules hold the key shift. '' for a
+    label this file cannot run. Recorded per row in the ``canonical_pattern`` column."""
+    from analyses.migrate_tables import label_pattern
+    from focus_lab.patterns import PatternError
+    try:
+        return label_pattern(label, cfg) or ""
+    except (PatternError, ValueError):
+        return ""
+
+
+def _key_shift_of(label: str) -> int:
+    """The key shift a row made before cells recorded their pattern ran: its label's ``_keyshift``
+    suffix (every such committed row spells it; no router file saved the shift before
+    ``gemma3-270m/distill64-8k-keyshift``, whose rows record their pattern)."""
+    from focus_lab.patterns.legacy import split_legacy
+    try:
+        return int(split_legacy(label)[1].get("key_shift", 0))
+    except ValueError:
+        return 0
+
+
+def _same_pattern(old: pd.DataFrame, cfg) -> pd.Series:
+    """Rows of ``old`` that ran the pattern this run gives their label (``pattern_in_force``),
+    compared by the row's ``canonical_pattern`` where it has one; a row without one (a cell made
+    before that column) by its key shift (``_key_shift_of``), the one rule no other column records."""
+    pats = _column(old, "canonical_pattern", "")
+    want = {lab: pattern_in_force(cfg, lab) for lab in old.label.unique()}
+    shift = {lab: int("+key_shift" in want[lab]) for lab in want}
+    return pd.Series([p == want[lab] if p else _key_shift_of(lab) == shift[lab] for p, lab in zip(pats, old.label)],
+                     index=old.index, dtype=bool)
+
+
 def _same_spec(old: pd.DataFrame, cfg) -> pd.Series:
     """Rows of ``old`` made with the per-layer k this run gives their pattern (``spec_in_force``,
     specs compared as mappings: an older cell holds the ``--layer-top-k`` text as typed), with
-    the same token-match shifts (``match_in_force``; a cell made before that column: none) and
-    the same group capacity (``capacity_in_force``; a cell made before that column: none)."""
+    the same token-match shifts (``match_in_force``; a cell made before that column: none), the
+    same group capacity (``capacity_in_force``; a cell made before that column: none) and the same
+    pattern (``_same_pattern``: the key shift, which no other column records)."""
     from focus_lab.method.config import parse_layer_top_k
     read = lambda spec: parse_layer_top_k(spec) if spec else {}  # noqa: E731
     return pd.Series([read(spec) == read(spec_in_force(cfg, lab)) and match == match_in_force(cfg, lab)
                       and cap == capacity_in_force(cfg, lab)
                       for spec, match, cap, lab in zip(_column(old, "layer_top_k", ""), _column(old, "match_shifts", ""),
                                                        _column(old, "capacity", ""), old.label)],
-                     index=old.index, dtype=bool)
+                     index=old.index, dtype=bool) & _same_pattern(old, cfg)
+
+
+def by_pattern(old: pd.DataFrame, labels: list[str], cfg) -> pd.DataFrame:
+    """``old`` with each row that records its pattern (``canonical_pattern``) and whose label this
+    run does not ask for relabelled to the label of ``labels`` that runs that pattern here
+    (``pattern_in_force``, the first such): a row is reused for what it ran, not for how it was
+    spelled (``hard_top2_keyshift`` under the file before the key shift is ``hard_top2`` under
+    ``gemma3-270m/distill64-8k-keyshift``)."""
+    if "canonical_pattern" not in old or old.empty:
+        return old
+    want: dict[str, str] = {}
+    for lab in labels:
+        want.setdefault(pattern_in_force(cfg, lab), lab)
+    want.pop("", None)
+    pats = old["canonical_pattern"].fillna("").astype(str)
+    moved = ~old.label.isin(labels) & pats.isin(want)
+    if not moved.any():
+        return old
+    out = old.copy()
+    out.loc[moved, "label"] = pats[moved].map(want)
+    return out  # a (label, window) twice: the filters keep the row that ran this run's pattern
 
 
 def _column(old: pd.DataFrame, column: str, default) -> pd.Series:
@@ -164,16 +221,18 @@ def same_router_rows(old: pd.DataFrame, labels: list[str], windows: list[int], c
     want = sorted(cfg.random_layers or [])
     same_layers = spec.map(lambda x: x != "" and sorted(parse_random_layers(x)) == want)
     as_file = (spec == "") & (file_random_layers is None or sorted(file_random_layers) == want)
+    recorded = _column(old, "canonical_pattern", "") != ""  # its pattern, random layers included, checked
     sha = old["routers_sha256"]
     return old[old.label.isin(labels) & old.window.isin(windows) & (_column(old, "seed", 0) == cfg.seed)
                & _same_spec(old, cfg)
                & (((sha.isin({own_sha} | set(budget_only))) & (as_file | same_layers))
-                  | (sha.isin(shas) & same_layers))]
+                  | (sha.isin(shas) & (same_layers | recorded)))]
 
 
 # the columns of a cell that describe the run that made it; a reused row keeps the others
 _RUN_COLUMNS = ("corpus", "seq_len", "heldout", "routers", "routers_sha256", "table_schema_version",
-                "reused_from", "random_layers", "layer_top_k", "match_shifts", "capacity", "seed")
+                "reused_from", "random_layers", "layer_top_k", "match_shifts", "capacity", "seed",
+                "canonical_pattern", "router_name")
 
 
 def window_columns(rows: pd.DataFrame) -> list[str]:
@@ -250,6 +309,7 @@ def reused_rows(folders: list[Path], cell: str, labels: list[str], windows: list
         old = table_cell(folder, cell, committed)
         if old is None:
             continue
+        old = by_pattern(old, labels, cfg)
         rows = pd.concat([reusable_rows(old, labels, windows, cfg),
                           same_router_rows(old, labels, windows, cfg, same_tensor_shas(sha), sha,
                                            same_router_shas(sha) | capacity_only_shas(sha), file_random_layers)])
@@ -328,6 +388,7 @@ def run_cells(args) -> None:
                 out["layer_top_k"] = out.label.map(lambda lab: spec_in_force(cfg, lab))
                 out["match_shifts"] = out.label.map(lambda lab: match_in_force(cfg, lab))
                 out["capacity"] = out.label.map(lambda lab: capacity_in_force(cfg, lab))
+                out["canonical_pattern"] = out.label.map(lambda lab: pattern_in_force(cfg, lab))
                 out["seed"] = cfg.seed
                 out["table_schema_version"] = SCHEMA_VERSION
                 return out

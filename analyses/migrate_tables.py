@@ -102,6 +102,10 @@ def cell_pattern(row, config: FocusConfig | None) -> str | None:
             share, _, rest = cap.partition("@")
             layers, _, overflow = rest.partition(":")
             rules.append(Capacity(float(share), None if layers == "all" else tuple(parse_int_list(layers)), overflow))
+        elif suffix.get("group_capacity") and assignment == "router":  # a cell made before its capacity column
+            layers = suffix.get("capacity_layers")
+            rules.append(Capacity(float(suffix["group_capacity"]), None if layers is None else tuple(layers),
+                                  suffix.get("capacity_overflow", "second")))
     else:
         k = None
     shifts = getattr(row, "match_shifts", "") or ""

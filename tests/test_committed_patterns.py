@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from analyses.migrate_tables import TABLES, columns_of, file_config
-from focus_lab.method.config import FocusConfig, parse_int_list, parse_layer_top_k
+from focus_lab.method.config import FocusConfig, format_int_list, parse_int_list, parse_layer_top_k
 from focus_lab.patterns import Pattern, legacy_label_pattern
 
 RESULTS = Path(__file__).resolve().parent.parent / "figures" / "results"
@@ -46,11 +46,19 @@ def test_every_committed_table_records_its_patterns(tables):
 
 def test_length_cells_patterns_are_the_rules_each_cell_recorded(tables):
     """Independent of the migration's code path: each cell's per-layer k, token-match shifts and
-    capacity (its own columns) equal what its canonical pattern does in every layer."""
+    capacity (its own columns; a cell made before the capacity column: its label's ``_cap`` /
+    ``_evict`` suffix) equal what its canonical pattern does in every layer."""
+    from focus_lab.patterns.legacy import split_legacy
     df = tables["length_cells.parquet"]
     df = df[df.canonical_pattern.notna() & df.canonical_pattern.str.startswith(("hard_", "random_", "shuffled_"))]
     assert len(df) > 3000
-    for (pat, spec, shifts, cap), g in df.groupby(["canonical_pattern", "layer_top_k", "match_shifts", "capacity"]):
+    for (pat, spec, shifts, cap, label), g in df.groupby(["canonical_pattern", "layer_top_k", "match_shifts", "capacity",
+                                                          "label"]):
+        suffix = split_legacy(label)[1]
+        if not cap and suffix.get("group_capacity"):  # e.g. hard_top2_cap70@14: 0.7 in layer 14, its other rules the file's
+            layers = suffix["capacity_layers"]
+            cap = (f"{suffix['group_capacity']:g}@{'all' if layers is None else format_int_list(layers)}:"
+                   f"{suffix['capacity_overflow']}")
         p = Pattern.parse(pat)
         cfg = FocusConfig(num_groups=8).replace(**p.changes())
         want = parse_layer_top_k(spec) if spec else {}

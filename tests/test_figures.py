@@ -244,6 +244,35 @@ def test_same_router_rows_take_the_same_tensors_under_the_same_random_layers_onl
                                    file_random_layers=[1, 2, 3]).window) == [0, 1, 3]
 
 
+def test_length_table_reuses_a_row_for_the_pattern_it_ran_not_its_label():
+    """analyses/length_table under a file whose rules hold the key shift (Gemma's shipped file): a
+    row records its canonical pattern; ``hard_top2_keyshift`` made with the same tensors under the
+    file before the shift is this file's ``hard_top2`` (by_pattern relabels it; same_router_rows
+    takes it from the twin), a plain ``random_top2`` row, recorded or not, is not this file's
+    ``random_top2`` (random groups with the shift), and dense is reused as before."""
+    from analyses.length_table import by_pattern, pattern_in_force, reusable_rows, same_router_rows
+    from focus_lab import FocusConfig
+    shift, plain = FocusConfig(num_groups=4, key_shift=1), FocusConfig(num_groups=4)
+    assert pattern_in_force(shift, "hard_top2") == "hard_top2+key_shift" == pattern_in_force(plain, "hard_top2_keyshift")
+    assert pattern_in_force(shift, "random_top2") == "random_top2+key_shift"
+    assert pattern_in_force(shift, "hard_top2_nokeyshift") == "hard_top2" == pattern_in_force(plain, "hard_top2")
+    old = pd.DataFrame({"label": ["dense", "random_top2", "hard_top2_keyshift", "hard_top2", "random_top2"],
+                        "window": [0, 0, 0, 0, 1],
+                        "canonical_pattern": ["dense", "random_top2", "hard_top2+key_shift", "hard_top2", ""],
+                        "routers_sha256": ["twin"] * 5, "random_layers": [""] * 5})
+    labels = ["dense", "random_top2", "hard_top2"]
+    moved = by_pattern(old, labels, shift)
+    assert moved.label.tolist() == ["dense", "random_top2", "hard_top2", "hard_top2", "random_top2"]
+    assert reusable_rows(moved, labels, [0, 1], shift).label.tolist() == ["dense"]
+    got = same_router_rows(moved, labels, [0, 1], shift, {"twin"}, "own")
+    assert sorted(zip(got.label, got.canonical_pattern)) == [("dense", "dense"), ("hard_top2", "hard_top2+key_shift")]
+    # under the file before the shift the same rows are what their labels say
+    assert sorted(reusable_rows(by_pattern(old, labels, plain), labels, [0, 1], plain).window) == [0, 0, 1]
+    got = same_router_rows(by_pattern(old, labels, plain), labels, [0, 1], plain, {"twin"}, "own")
+    assert sorted(zip(got.label, got.canonical_pattern)) == [("dense", "dense"), ("hard_top2", "hard_top2"),
+                                                             ("random_top2", "random_top2")]
+
+
 def test_length_table_follows_the_per_layer_k_in_force_per_pattern():
     """Under a router file's top-2 budget (FocusConfig.top_k_budgets) the length table records
     the spec per pattern (``spec_in_force``: hard/random top-2 get it, top-1 and dense do not) and
