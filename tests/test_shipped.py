@@ -246,13 +246,14 @@ def test_gemma_chain_distills_then_continues_on_its_needle_corpus_in_its_own_tok
     """focus_lab.train.chain.gemma_stages: g1 distills Gemma's routers from fresh ones (no
     --init-routers), g2 writes the needle corpus with Gemma's tokenizer, g3 continues g1's file on
     it, g4 saves it with hard_top2, g5 distills g4's file 20 steps at 8192 tokens on Austen (no
-    --corpus): the chain's file; every training stage names the model, seed 0."""
+    --corpus), g6 saves g5's tensors with the key shift: the chain's file; every training stage
+    names the model, seed 0."""
     from focus_lab.train.chain import GEMMA3, gemma_stages
     out = tmp_path / "g"
     todo = gemma_stages(out, steps=7)
     assert [n for n, _, _ in todo] == ["g1_distill64_4096", "g2_needle_corpus", "g3_needle_mix_seed0", "g4_rules",
-                                       "g5_distill64_8192"]
-    g1, g2, g3, g4, g5 = (args for _, args, _ in todo)
+                                       "g5_distill64_8192", "g6_rules"]
+    g1, g2, g3, g4, g5, g6 = (args for _, args, _ in todo)
     for args, steps, seq_len in ((g1, "7", "4096"), (g3, "7", "4096"), (g5, "20", "8192")):
         assert args[args.index("--model") + 1] == GEMMA3 and args[args.index("--steps") + 1] == steps
         assert args[args.index("--recipe") + 1] == "distill64" and args[args.index("--seq-len") + 1] == seq_len
@@ -265,6 +266,8 @@ def test_gemma_chain_distills_then_continues_on_its_needle_corpus_in_its_own_tok
     assert g5[g5.index("--init-routers") + 1] == str(todo[3][2])
     assert todo[4][2] == out / "g5_distill64_8192" / "routers.safetensors"
     assert g5[g5.index("--out") + 1] == str(todo[4][2].parent)
+    assert g6[:3] == ["routers", "set-rules", str(todo[4][2])]
+    assert g6[g6.index("--pattern") + 1] == "hard_top2+key_shift" and g6[g6.index("--out") + 1] == str(todo[5][2])
 
 
 def test_chain_refuses_a_folder_of_another_models_chain(tmp_path, capsys):

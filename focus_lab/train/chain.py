@@ -33,7 +33,8 @@ docs/recipes.md): only its global layers 5, 11 and 17 are routed (its other laye
 fresh routers) and the needle corpus's distillation (stages 6-7, the corpus in Gemma's tokens)
 carry over, and a last distillation at 8192 tokens follows (docs/studies/gemma-length-gap.md); the
 512-token LM stage, the random layers 1-9, the top-2 budget and the group capacity are SmolLM2's
-per-layer findings and are not applied.
+per-layer findings and are not applied. Its last stage writes the key shift (``KEY_SHIFT``, docs/method.md
+§1.7) into the file as its rules for top-2 (same tensors; docs/studies/gemma-key-shift.md).
 
 Writes ``<out>/chain.json`` (per stage: command, seconds, peak RSS in GiB, sha256; the total)
 after every stage, so a stopped chain resumes where it was (a stage whose file exists is not
@@ -168,6 +169,8 @@ CHAINS = ("smollm2-135m-instruct", GEMMA3)  # the models whose router file a cha
 
 
 GEMMA_LONG_STEPS = 20  # g5's distill steps at 8192 tokens (docs/studies/gemma-length-gap.md)
+#: g6: the rules written into g5's tensors, Gemma's shipped default (docs/studies/gemma-key-shift.md)
+KEY_SHIFT = "hard_top2+key_shift"
 
 
 def gemma_stages(out: Path, steps: int = 30) -> list[tuple[str, list[str], Path]]:
@@ -176,11 +179,13 @@ def gemma_stages(out: Path, steps: int = 30) -> list[tuple[str, list[str], Path]
     g2 the needle corpus (64 windows of 4096 Gemma tokens); g3 ``distill64`` on it from g1,
     ``steps`` steps, seed 0; g4 ``routers set-rules`` with ``hard_top2``
     (``<out>/g4_needle_mix.safetensors``, ``gemma3-270m/needle-mix``); g5 ``distill64`` at 8192
-    tokens on Austen's training novels from g4, ``GEMMA_LONG_STEPS`` steps, seed 0: the chain's
-    file, ``<out>/g5_distill64_8192/routers.safetensors`` (``gemma3-270m/distill64-8k``; it keeps
-    g4's default pattern, ``hard_top2``)."""
+    tokens on Austen's training novels from g4, ``GEMMA_LONG_STEPS`` steps, seed 0
+    (``<out>/g5_distill64_8192/routers.safetensors``, ``gemma3-270m/distill64-8k``; it keeps
+    g4's default pattern, ``hard_top2``); g6 ``routers set-rules`` with ``KEY_SHIFT``: the
+    chain's file, ``<out>/g6_keyshift.safetensors`` (``gemma3-270m/distill64-8k-keyshift``, g5's
+    tensors with each key in the group of the token before it)."""
     g1, g3, needles = out / "g1_distill64_4096", out / "g3_needle_mix_seed0", out / "needle_mix"
-    g4, g5 = out / "g4_needle_mix.safetensors", out / "g5_distill64_8192"
+    g4, g5, g6 = out / "g4_needle_mix.safetensors", out / "g5_distill64_8192", out / "g6_keyshift.safetensors"
     distill = distill64(steps, "--model", GEMMA3, "--checkpoint-every", "10", "--seed", "0")
     return [("g1_distill64_4096", distill + ["--out", str(g1)], g1 / "routers.safetensors"),
             ("g2_needle_corpus", ["-m", "focus_lab.train.needle_corpus", "--model", GEMMA3, "--out", str(needles),
@@ -191,7 +196,9 @@ def gemma_stages(out: Path, steps: int = 30) -> list[tuple[str, list[str], Path]
                           "--out", str(g4)], g4),
             ("g5_distill64_8192", distill64(GEMMA_LONG_STEPS, "--model", GEMMA3, "--checkpoint-every", "5", "--seed", "0",
                                             "--init-routers", str(g4),
-                                            "--out", str(g5), seq_len=8192), g5 / "routers.safetensors")]
+                                            "--out", str(g5), seq_len=8192), g5 / "routers.safetensors"),
+            ("g6_rules", ["routers", "set-rules", str(g5 / "routers.safetensors"), "--pattern", KEY_SHIFT,
+                          "--out", str(g6)], g6)]
 
 
 def run_stage(args: list[str], log: Path, poll: float = 2.0) -> tuple[float, float, int, float]:
