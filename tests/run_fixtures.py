@@ -98,7 +98,7 @@ def make_tiny_run(path: str | Path, *, num_groups: int = 4, window: int = 8, top
                   layers: int = 2, seq_len: int = 48, with_pos: bool | None = None,
                   with_eval: bool = True, with_train_log: bool = True,
                   assets: str | Path | None = None, seed: int = 0, patterns: tuple = (),
-                  standins: bool = False, model: str = "llama") -> Path:
+                  standins: bool = False, model: str = "llama", rules: str = "") -> Path:
     """Record a tiny run into ``path`` (created / replaced); returns ``path``.
 
     ``assets`` (default: a hidden sibling ``.<name>-assets``, skipped by ``list_runs``) holds
@@ -107,18 +107,19 @@ def make_tiny_run(path: str | Path, *, num_groups: int = 4, window: int = 8, top
     ``standins`` is accepted and ignored (the recorder writes every metric table itself now).
     ``model``: the tiny base, ``"llama"`` (every layer routed) or ``"gemma3"`` (give ``layers=6``:
     layers 2 and 5 attend globally and are the only routed ones, as Gemma-3-270M's 5, 11, 17).
+    ``rules``: rules saved in the router file for its hard top-k, e.g. ``"+key_shift"``.
     """
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny matrices: one thread is fastest, and the machine is shared
     try:
         return _make_tiny_run(Path(path), num_groups, window, top_k, layers, seq_len, with_pos,
-                              with_eval, with_train_log, assets, seed, patterns, model)
+                              with_eval, with_train_log, assets, seed, patterns, model, rules)
     finally:
         torch.set_num_threads(threads)
 
 
 def _make_tiny_run(path, num_groups, window, top_k, layers, seq_len, with_pos, with_eval, with_train_log,
-                   assets, seed, patterns=(), base_model="llama") -> Path:
+                   assets, seed, patterns=(), base_model="llama", rules="") -> Path:
     from focus_lab import FocusConfig, attach, save_routers
     from focus_lab.hf.models import load_model
     from focus_lab.io import file_sha256
@@ -137,6 +138,9 @@ def _make_tiny_run(path, num_groups, window, top_k, layers, seq_len, with_pos, w
     with_pos = _spacy_ok() if with_pos is None else with_pos
 
     cfg = FocusConfig(mode="hard", window=window, num_groups=num_groups, top_k=top_k, seed=seed)
+    if rules:
+        from focus_lab.patterns import Pattern
+        cfg = cfg.replace(**Pattern.parse(f"hard_top{top_k}{rules}").changes())
     attach(model, cfg)  # the family's default layers: every one, or Gemma's global layers
     from focus_lab import routers
     routed = sorted(routers(model))

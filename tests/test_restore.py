@@ -15,12 +15,16 @@ from focus_lab.runs import Run
 from run_fixtures import make_tiny_run
 
 
-@pytest.fixture(scope="module", params=["llama", "llama_top1", "gemma3"])
+@pytest.fixture(scope="module", params=["llama", "llama_top1", "gemma3", "gemma3_key_shift"])
 def tiny(tmp_path_factory, request):
     # gemma3: 6 layers, 2 and 5 global and routed, the others in a 16-key sliding window that the
     # 96-token window exceeds (the decode step's cache must keep the sliding layers' own window);
-    # llama_top1: a group cut where a query has no other group (its slot joins NO_GROUP)
-    kw = {"gemma3": {"model": "gemma3", "layers": 6, "seq_len": 96}, "llama_top1": {"top_k": 1}}.get(request.param, {})
+    # llama_top1: a group cut where a query has no other group (its slot joins NO_GROUP);
+    # gemma3_key_shift: Gemma's shipped rules, each key in its predecessor's group (the decode step
+    # carries the group of the token before the query)
+    gemma = {"model": "gemma3", "layers": 6, "seq_len": 96}
+    kw = {"gemma3": gemma, "gemma3_key_shift": {**gemma, "rules": "+key_shift"},
+          "llama_top1": {"top_k": 1}}.get(request.param, {})
     path = make_tiny_run(tmp_path_factory.mktemp("runs") / "tiny", with_eval=False, with_train_log=False, **kw)
     from focus_lab.hf.models import load_model
     run = Run.open(path)

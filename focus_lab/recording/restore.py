@@ -60,9 +60,9 @@ class _WindowCache:
         self.model, self.ids = model, ids.long()
         self.state = forward_state(model, mode="hard", cache=True)
         cfg = self.state.config
-        if cfg.key_shift or cfg.match_shifts:
-            raise ValueError("restoring drops by decode steps needs key_shift=0 and match_shifts=None (their "
-                             "state is not cut at a position); record the run without them")
+        if cfg.match_shifts:
+            raise ValueError("restoring drops by decode steps needs a pattern without match (its state is not "
+                             "cut at a position); record the run without it")
         from transformers import DynamicCache
         # a cache of every position in every layer: the model's own cache keeps only the last
         # window of a sliding layer (Gemma), and a decode step cuts the cache at any position
@@ -80,6 +80,9 @@ class _WindowCache:
         cache = DynamicCache(config=self.model.config)  # sliding layers keep their window, as the model's
         for layer, (k, v) in enumerate(self.kv):
             cache.update(k[:, :, :position].clone(), v[:, :, :position].clone(), layer)
+        # the cut cache holds the earlier keys' groups as the forward routed them (under the key
+        # shift, their predecessors'); the one rule state a step carries, the key shift's group for
+        # the query's own key, cannot matter: that key is the query's own, inside its local window
         groups = {layer: g[:, :position].clone() for layer, g in self.state.cache.key_groups.items()}
         state = FocusForward(self.state.config, FocusCache(key_groups=groups))
         with hooks(self.model, patch or {}):
