@@ -407,7 +407,12 @@ def length_table_full() -> Generated:
     return Generated(inputs, text)
 
 
-GEMMA_TABLE = "gemma3_distill64_8k"  # Gemma-3-270M's shipped file (docs/studies/gemma-routers.md)
+#: Gemma-3-270M's shipped file, ``gemma3-270m/distill64-8k-keyshift`` (docs/studies/gemma-routers.md):
+#: its rules hold the key shift, so its rows ``hard_topK`` and ``random_topK`` run with it
+GEMMA_TABLE = "gemma3_keyshift_length"
+#: the file of chain stage g5, ``gemma3-270m/distill64-8k`` (the same tensors, the paper's rule), whose
+#: table the length-gap levers are compared with (docs/studies/gemma-length-gap.md)
+GEMMA_G5_TABLE = "gemma3_distill64_8k"
 GEMMA_G4_TABLE = "gemma3_needle_mix"  # its chain's stage g4, before the distillation at 8192 tokens
 
 
@@ -450,12 +455,16 @@ GEMMA_G5_LOG = "figures/gemma/g5_train_log.parquet"
 GEMMA_KEY_SLICED = "figures/gemma/bench_key_sliced.csv"
 
 
-@block("gemma-chain", GEMMA_CHAIN, GEMMA_G5_LOG)
+#: stage g6 (``routers set-rules`` with the key shift), timed by its own command from g5's file
+GEMMA_G6 = "figures/gemma/g6_rules.json"
+
+
+@block("gemma-chain", GEMMA_CHAIN, GEMMA_G5_LOG, GEMMA_G6)
 def gemma_chain() -> Generated:
     """Gemma-3-270M's router chain (``focus-lab routers build --model gemma3-270m``): stages g1-g4's
     seconds and peak RSS as its ``chain.json`` recorded them, then stage g5's training steps (the
     sum of its train log's step seconds; it ran by its own command from g4's file, so no process
-    time or peak RSS), and the total."""
+    time or peak RSS), stage g6 as its own command timed it (``GEMMA_G6``), and the total."""
     import json
     from focus_lab.train.chain import GEMMA_LONG_STEPS, gemma_stages
     rec = json.loads((REPO / GEMMA_CHAIN).read_text())
@@ -469,16 +478,21 @@ def gemma_chain() -> Generated:
     steps = log.groupby("step").seconds.first()
     if len(steps) != GEMMA_LONG_STEPS:
         raise MissingInput(f"{GEMMA_G5_LOG} ({GEMMA_LONG_STEPS} steps)")
-    name, args, _ = gemma_stages(Path("."))[-1]
-    lines.append(f"| {name} | `focus-lab {' '.join(args)}` | {steps.sum():.0f} (steps) | - |")
-    total = rec["total_seconds"] + steps.sum()
+    (g5, g5_args, _), (g6, g6_args, _) = gemma_stages(Path("."))[-2:]
+    lines.append(f"| {g5} | `focus-lab {' '.join(g5_args)}` | {steps.sum():.0f} (steps) | - |")
+    last = json.loads((REPO / GEMMA_G6).read_text())
+    if last.get("stage") != g6:
+        raise MissingInput(f"{GEMMA_G6} (stage {g6})")
+    lines.append(f"| {g6} | `focus-lab {' '.join(g6_args)}` | {last['seconds']:.0f} | {last['peak_rss_gb']:.2f} GiB |")
+    total = rec["total_seconds"] + steps.sum() + last["seconds"]
     lines.append(f"| total | | **{total:.0f}** ({total / 60:.1f} min) | "
                  f"{max(st['peak_rss_gb'] for st in rec['stages'].values()):.2f} GiB (g1-g4) |")
     from focus_lab.hf.shipped import named_file
     final = list(rec["stages"].values())[-1]["sha256"]
     inputs = (f"{GEMMA_CHAIN} (stages g1-g4, result {named_file(final) or final[:12]}, sha256 {final[:12]}; this 2-core "
               f"CPU, load average 2.2-2.8); {GEMMA_G5_LOG} (stage g5 from that file, result gemma3-270m/distill64-8k, "
-              "nothing else running)")
+              f"nothing else running); {GEMMA_G6} (stage g6 from g5's file, result "
+              f"{named_file(last['sha256']) or last['sha256'][:12]}, sha256 {last['sha256'][:12]}; {last['machine']['cpu_model']})")
     return Generated(inputs, "\n".join(lines))
 
 
@@ -506,7 +520,7 @@ def gemma_key_sliced() -> Generated:
     return Generated(inputs, "\n".join(lines))
 
 
-#: the shipped file's oracle gap; stage g4's is figures/gemma/oracle_needle_mix/
+#: g5's file's oracle gap (`gemma3-270m/distill64-8k`); stage g4's is figures/gemma/oracle_needle_mix/
 GEMMA_ORACLE = "figures/gemma/oracle_distill64_8k/oracle_gap.parquet"
 
 
@@ -526,7 +540,7 @@ def gemma_oracle() -> Generated:
     return oracle_block(GEMMA_ORACLE)
 
 
-#: the shipped file's oracle gap on held-out *Hamlet* at 16384 tokens, where random groups beat it
+#: g5's file's oracle gap on held-out *Hamlet* at 16384 tokens, where random groups beat it
 #: (docs/studies/gemma-length-gap.md): whether better groups exist at its budget there
 GEMMA_ORACLE_HAMLET = "figures/gemma/oracle_hamlet_16k/oracle_gap.parquet"
 
@@ -543,10 +557,16 @@ def gemma_oracle_hamlet() -> Generated:
 #: gemma3-270m --format plain``)
 GEMMA_G4_RETRIEVAL = ("figures/gemma/retrieval_8k/cases.parquet", "figures/gemma/retrieval_16k_noise/cases.parquet",
                       "figures/gemma/retrieval_16k/cases.parquet", "figures/gemma/retrieval_32k/cases.parquet")
-#: the shipped file's runs (``gemma3-270m/distill64-8k``; dense and its default, ``--patterns default``)
+#: stage g5's file's runs (``gemma3-270m/distill64-8k``; dense and its default, ``--patterns default``)
 #: on the same cases (seeds) as stage g4's
-GEMMA_RETRIEVAL = ("figures/gemma/retrieval_16k_distill64_8k/cases.parquet",
-                   "figures/gemma/retrieval_32k_distill64_8k/cases.parquet")
+GEMMA_G5_RETRIEVAL = ("figures/gemma/retrieval_16k_distill64_8k/cases.parquet",
+                      "figures/gemma/retrieval_32k_distill64_8k/cases.parquet")
+#: the shipped file's default on the same cases: dense and ``hard_top2+key_shift``, run on g5's file
+#: (the same tensors; the shipped file saves that pattern as its rules) at 16384 and 32768 tokens
+GEMMA_RETRIEVAL = ("figures/gemma/retrieval_16k_keyshift/cases.parquet",
+                   "figures/gemma/retrieval_32k_keyshift/cases.parquet")
+#: the shipped file's rules for top-2 (``focus_lab.train.chain.KEY_SHIFT``)
+GEMMA_DEFAULT = "hard_top2+key_shift"
 #: each single-needle task's haystack (docs/retrieval.md's task table)
 HAYSTACK = {"niah_single_1": "noise sentences", "niah_single_2": "*Persuasion*", "niah_single_3": "*Persuasion*"}
 #: how far the same case's dense answer log-prob may differ between two runs (nats): the forwards are
@@ -562,12 +582,15 @@ def _read_cases(files) -> pd.DataFrame:
 
 
 def gemma_retrieval_cases() -> pd.DataFrame:
-    """The shipped file's retrieval cases (``GEMMA_RETRIEVAL``: dense and ``default``) with stage g4's
-    ``random_default`` rows on the same (task, length, seed) (``GEMMA_G4_RETRIEVAL``): balanced random
-    groups at the file's top-2 do not depend on its tensors. Raises MissingInput when a case's dense
+    """The shipped file's retrieval cases (``GEMMA_RETRIEVAL``: dense and the file's default, the
+    rows whose canonical pattern is ``GEMMA_DEFAULT``, as ``default``) with stage g4's
+    ``random_default`` rows on the same (task, length, seed) (``GEMMA_G4_RETRIEVAL``: balanced random
+    groups at top-2, without the key shift; they do not depend on the file's tensors, and shifting
+    random groups by one token gives random groups again). Raises MissingInput when a case's dense
     score or answer log-prob differs between the two runs (by more than ``DENSE_AGREEMENT`` nats):
     then they did not run the same case."""
     new, g4 = _read_cases(GEMMA_RETRIEVAL), _read_cases(GEMMA_G4_RETRIEVAL)
+    new = new.assign(pattern=new.pattern.where(new.canonical_pattern != GEMMA_DEFAULT, "default"))
     key = ["task", "length", "seed"]
     a = new[new.pattern == "dense"].set_index(key)
     b = g4[g4.pattern == "dense"].set_index(key).reindex(a.index)  # NaN where g4 did not run the case
@@ -602,7 +625,8 @@ def gemma_retrieval() -> Generated:
             lines.append(f"| {what} | {r.task} | {r.length} | {r.difference:+.2f} | [{r.lo:+.2f}, {r.hi:+.2f}] | "
                          f"{r.cases} |")
     names = sorted(set(zip(cases.router_name, cases.router_sha256.str[:12])))
-    inputs = (f"{', '.join(GEMMA_RETRIEVAL)} (dense, default); `random_default` from stage g4's runs "
+    inputs = (f"{', '.join(GEMMA_RETRIEVAL)} (dense, and `{GEMMA_DEFAULT}` on g5's file: the shipped file's default); "
+              f"`random_default` (random top-2, no shift) from stage g4's runs "
               f"on the same seeds ({', '.join(GEMMA_G4_RETRIEVAL)}); model gemma3-270m, format plain (RULER's base template); routers "
               f"{'; '.join(f'{n} (sha256 {h})' for n, h in names)}; commits {', '.join(sorted(cases.commit.unique()))}; "
               f"seeds {cases.seed.min()}-{cases.seed.max()}")

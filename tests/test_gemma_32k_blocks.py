@@ -64,13 +64,17 @@ def test_the_32k_restored_drops_from_the_tables():
 
 
 def test_the_retrieval_scores_and_router_against_random_by_hand():
-    """The shipped file's rows (dense and default from its runs) beside stage g4's random groups on
-    the same seeds: scores and the router-minus-random difference recomputed from the files."""
+    """The shipped file's rows (dense and its default, hard_top2+key_shift, from their runs) beside
+    stage g4's random groups on the same seeds: scores and the router-minus-random difference
+    recomputed from the files."""
     from by_hand import on_page
+    from focus_lab.hf.shipped import manifest
     text = on_page("gemma-routers.md", "gemma-retrieval")
     new = pd.concat([pd.read_parquet(REPO / f) for f in doc_blocks.GEMMA_RETRIEVAL], ignore_index=True)
     g4 = pd.concat([pd.read_parquet(REPO / f) for f in doc_blocks.GEMMA_G4_RETRIEVAL], ignore_index=True)
-    assert set(new.pattern) == {"dense", "default"}
+    shipped = manifest()["gemma3-270m"]["default_pattern"]
+    assert shipped == "hard_top2+key_shift" and set(new.pattern) == {"dense", shipped}
+    new = new.assign(pattern=new.pattern.replace({shipped: "default"}))
     for (task, length), c in new.groupby(["task", "length"]):
         seeds = set(c.seed)
         r = g4[(g4.task == task) & (g4.length == length) & (g4.pattern == "random_default") & g4.seed.isin(seeds)]
@@ -83,8 +87,9 @@ def test_the_retrieval_scores_and_router_against_random_by_hand():
             assert cells[4:6] == [str(by[pattern].notna().sum()), f"{by[pattern].mean():.2f}"]
         diff = (by["default"] - by["random_default"]).mean()
         assert f"| score | {task} | {length} | {diff:+.2f} |" in text
-    # the shipped file's default is the shipped file's; its random groups, g4's
+    # run on the tensors of the shipped file (g5's file, the same tensors); its random groups, g4's
     assert set(new[new.pattern == "default"].router_name) == {"gemma3-270m/distill64-8k"}
+    assert manifest()["gemma3-270m"]["same_tensors_sha256"] == list(set(new.router_sha256))
 
 
 def test_the_two_files_retrieval_paired_by_hand():
@@ -92,7 +97,7 @@ def test_the_two_files_retrieval_paired_by_hand():
     their scores recomputed by hand, '-' where only stage g4's file ran."""
     from by_hand import on_page
     text = on_page("gemma-length-gap.md", "gemma-length-gap-retrieval")
-    new = pd.concat([pd.read_parquet(REPO / f) for f in doc_blocks.GEMMA_RETRIEVAL], ignore_index=True)
+    new = pd.concat([pd.read_parquet(REPO / f) for f in doc_blocks.GEMMA_G5_RETRIEVAL], ignore_index=True)
     g4 = pd.concat([pd.read_parquet(REPO / f) for f in doc_blocks.GEMMA_G4_RETRIEVAL], ignore_index=True)
     for (task, length), g in g4.groupby(["task", "length"]):
         row = _row(text, task, doc_blocks.HAYSTACK[task], str(length))
@@ -110,7 +115,8 @@ def test_retrieval_cases_of_two_runs_are_refused_when_their_dense_answers_differ
     dense answer log-prob that differs by more than DENSE_AGREEMENT is refused (MissingInput)."""
     import pytest
     row = dict(task="niah_single_2", length=16384, seed=0, score=1.0, answer_logprob=-1.0)
-    new = pd.DataFrame([{**row, "pattern": "dense"}, {**row, "pattern": "default"}])
+    new = pd.DataFrame([{**row, "pattern": "dense", "canonical_pattern": "dense"},
+                        {**row, "pattern": doc_blocks.GEMMA_DEFAULT, "canonical_pattern": doc_blocks.GEMMA_DEFAULT}])
     g4 = pd.DataFrame([{**row, "pattern": p} for p in ("dense", "default", "random_default")])
     new.to_parquet(tmp_path / "new.parquet")
     g4.to_parquet(tmp_path / "g4.parquet")
@@ -125,3 +131,18 @@ def test_retrieval_cases_of_two_runs_are_refused_when_their_dense_answers_differ
     g4[g4.pattern != "random_default"].to_parquet(tmp_path / "g4.parquet")  # a case without random groups
     with pytest.raises(doc_blocks.MissingInput, match="random_default on every case"):
         doc_blocks.gemma_retrieval_cases()
+
+def test_the_chain_block_adds_stage_g6_to_the_total_by_hand():
+    """gemma-chain: stages g1-g4 from chain.json, g5's steps from its train log, g6 (the key shift
+    written into g5's file) from its own record, whose result is the file shipped for the model."""
+    import json
+    from focus_lab.hf.shipped import manifest
+    rec = json.loads((REPO / doc_blocks.GEMMA_CHAIN).read_text())
+    g6 = json.loads((REPO / doc_blocks.GEMMA_G6).read_text())
+    steps = pd.read_parquet(REPO / doc_blocks.GEMMA_G5_LOG).groupby("step").seconds.first().sum()
+    assert g6["sha256"] == manifest()["gemma3-270m"]["sha256"] and g6["stage"] == "g6_rules"
+    assert "--pattern hard_top2+key_shift" in g6["command"]
+    text = doc_blocks.render("gemma-chain")
+    assert _row(text, "g6_rules")[2:4] == [f"{g6['seconds']:.0f}", f"{g6['peak_rss_gb']:.2f} GiB"]
+    total = rec["total_seconds"] + steps + g6["seconds"]
+    assert _row(text, "total")[2].startswith(f"**{total:.0f}** (")

@@ -51,7 +51,7 @@ def test_head_difference_by_hand():
 
 def test_the_distilled_file_at_32768_against_stage_g4s_and_random_groups():
     cells = pd.read_parquet(REPO / doc_blocks.LENGTH_CELLS)
-    d8k = cells[(cells.table == doc_blocks.GEMMA_TABLE) & (cells.corpus == "austen") & (cells.seq_len == 32768)]
+    d8k = cells[(cells.table == doc_blocks.GEMMA_G5_TABLE) & (cells.corpus == "austen") & (cells.seq_len == 32768)]
     wins = sorted(set(d8k[d8k.label == "hard_top1"].window))
     g4 = cells[(cells.table == doc_blocks.GEMMA_G4_TABLE) & (cells.corpus == "austen") & (cells.seq_len == 32768)
                & cells.window.isin(wins)]
@@ -66,7 +66,7 @@ def test_the_distilled_file_at_32768_against_stage_g4s_and_random_groups():
     # the top-2 runs that added block losses, never the table itself
     inputs = G.gemma_length_gap_distill8k().inputs
     runs = inputs.split("dense and random groups from ")[1].split("'s runs")[0].split(", ")
-    assert "gemma3_needle_mix" in runs and G.GEMMA_TABLE not in runs
+    assert "gemma3_needle_mix" in runs and G.GEMMA_G5_TABLE not in runs
 
 
 def test_the_layer_rows_from_the_heads():
@@ -85,7 +85,7 @@ def _lever_cells(table: str, corpus: str, seq_len: int) -> tuple[pd.DataFrame, p
     """The committed rows of ``table`` and of the shipped file's table at one corpus and length."""
     cells = pd.read_parquet(REPO / doc_blocks.LENGTH_CELLS)
     at = (cells.corpus == corpus) & (cells.seq_len == seq_len)
-    return cells[(cells.table == table) & at], cells[(cells.table == doc_blocks.GEMMA_TABLE) & at]
+    return cells[(cells.table == table) & at], cells[(cells.table == doc_blocks.GEMMA_G5_TABLE) & at]
 
 
 def test_random_groups_in_layer_11_on_hamlet_at_16384_by_hand():
@@ -132,7 +132,7 @@ def test_the_key_shift_on_hamlet_at_16384_by_hand():
     cells = pd.read_parquet(REPO / doc_blocks.LENGTH_CELLS)
     for k in (1, 2):  # every cell: the shift keeps the file's share of distant pairs within 0.01
         a = cells[(cells.table == G.KEYSHIFT_TABLE) & (cells.label == f"hard_top{k}_keyshift")]
-        b = cells[(cells.table == doc_blocks.GEMMA_TABLE) & (cells.label == f"hard_top{k}")]
+        b = cells[(cells.table == doc_blocks.GEMMA_G5_TABLE) & (cells.label == f"hard_top{k}")]
         m = a.merge(b, on=["corpus", "seq_len", "window"], suffixes=("", "_file"))
         assert len(m) == len(a) == 22
         assert (m.distant_pairs_kept - m.distant_pairs_kept_file).abs().max() < 0.01
@@ -167,9 +167,9 @@ def test_the_key_shift_retrieval_run_reproduces_dense_case_by_case():
     """The shift's retrieval run: dense scores the shipped file's run's dense on every seed (an
     independent forward of the same case) within DENSE_AGREEMENT nats of log-prob; the block's
     scores are the case means by hand."""
-    assert len(G.KEYSHIFT_RETRIEVAL) == len(doc_blocks.GEMMA_RETRIEVAL)  # 16384, 32768 tokens
+    assert len(G.KEYSHIFT_RETRIEVAL) == len(doc_blocks.GEMMA_G5_RETRIEVAL)  # 16384, 32768 tokens
     table = doc_blocks.render("gemma-length-gap-keyshift-retrieval")
-    for mine, theirs in zip(G.KEYSHIFT_RETRIEVAL, doc_blocks.GEMMA_RETRIEVAL):
+    for mine, theirs in zip(G.KEYSHIFT_RETRIEVAL, doc_blocks.GEMMA_G5_RETRIEVAL):
         ks, ship = pd.read_parquet(REPO / mine), pd.read_parquet(REPO / theirs)
         assert ks.length.nunique() == 1 and set(ks.length) == set(ship.length)
         a = ks[ks.pattern == "dense"].set_index("seed").sort_index()
@@ -200,3 +200,27 @@ def test_the_hamlet_oracle_reproduces_the_length_table_and_beats_both_kinds_of_g
     row = _row(doc_blocks.render("gemma-oracle-hamlet-16k"), "`random_top2`", "`hard_top2`")
     ppl = {lab: _ppl(lt, lab) for lab in ("random_top2", "hard_top2")}
     assert row[2] == f"{100 * (ppl['random_top2'] / ppl['hard_top2'] - 1):+.2f}%"
+
+
+def test_random_groups_with_and_without_the_shift_by_hand():
+    """gemma-keyshift-random: the shipped file's random rows ran ``random_topK+key_shift`` and g5's
+    table's ``random_topK``, on the same windows; the change and the distant pairs kept on
+    *Persuasion* at 32768 tokens recomputed from the pooled NLLs, and the pairs kept within a
+    hundredth (shifting random groups keeps their sparsity)."""
+    cells = pd.read_parquet(REPO / doc_blocks.LENGTH_CELLS)
+    at = (cells.corpus == "austen") & (cells.seq_len == 32768)
+    new, old = cells[(cells.table == doc_blocks.GEMMA_TABLE) & at], cells[(cells.table == doc_blocks.GEMMA_G5_TABLE) & at]
+    row = _row(doc_blocks.render("gemma-keyshift-random"), "*Persuasion*", "32768")
+    assert row[0] == "3"
+    for k, (change, kept) in zip((1, 2), (row[1:3], row[3:5])):
+        a, b = new[new.label == f"random_top{k}"], old[old.label == f"random_top{k}"]
+        assert set(a.canonical_pattern) == {f"random_top{k}+key_shift"} and set(b.canonical_pattern) == {f"random_top{k}"}
+        assert sorted(a.window) == sorted(b.window) and len(a) == 3
+        assert change.startswith(f"{100 * (_ppl(a, f'random_top{k}') / _ppl(b, f'random_top{k}') - 1):+.2f}% [")
+        assert kept == f"{a.distant_pairs_kept.mean():.3f} / {b.distant_pairs_kept.mean():.3f}"
+        assert abs(a.distant_pairs_kept.mean() - b.distant_pairs_kept.mean()) < 0.01
+    # the shipped file's hard rows are the key-shift study's rows, by the pattern they ran
+    ks = cells[(cells.table == G.KEYSHIFT_TABLE) & at & (cells.label == "hard_top2_keyshift")].set_index("window")
+    mine = new[new.label == "hard_top2"].set_index("window")
+    assert set(mine.canonical_pattern) == {"hard_top2+key_shift"} and set(mine.router_name) == {"gemma3-270m/distill64-8k-keyshift"}
+    assert np.allclose(mine.nll.sort_index(), ks.nll.loc[mine.index].sort_index(), atol=0)

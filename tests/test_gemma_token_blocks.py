@@ -26,7 +26,7 @@ def _runs(g: pd.DataFrame, window: int, per: int) -> np.ndarray:
                                                    ("*Hamlet*", "shakespeare", 16384)])
 def test_a_row_by_hand(held, corpus, seq_len):
     cells = pd.read_parquet(REPO / doc_blocks.LENGTH_CELLS)
-    g = cells[(cells.table == doc_blocks.GEMMA_TABLE) & (cells.corpus == corpus) & (cells.seq_len == seq_len)]
+    g = cells[(cells.table == doc_blocks.GEMMA_G5_TABLE) & (cells.corpus == corpus) & (cells.seq_len == seq_len)]
     router, control = g[g.label == "hard_top2"], g[g.label == "random_top2"]
     wins = sorted(router.window)
     assert len(wins) == 3 and sorted(control.window) == wins
@@ -54,7 +54,7 @@ def test_other_draws_and_their_mean_by_hand():
     from analyses.blocks.gemma_token_blocks import SEEDS_TABLE
     cells = pd.read_parquet(REPO / doc_blocks.LENGTH_CELLS)
     at = (cells.corpus == "austen") & (cells.seq_len == 32768)
-    ship, other = cells[(cells.table == doc_blocks.GEMMA_TABLE) & at], cells[(cells.table == SEEDS_TABLE) & at]
+    ship, other = cells[(cells.table == doc_blocks.GEMMA_G5_TABLE) & at], cells[(cells.table == SEEDS_TABLE) & at]
     router = ship[ship.label == "hard_top2"].sort_values("window")
     draws = {0: ship[ship.label == "random_top2"]} | {int(s): g for s, g in other.groupby("seed")}
     assert sorted(draws) == [0, 1, 2]

@@ -9,7 +9,7 @@ as the context grows.
   random groups at the same sparsity, and a sliding window keeping as many pairs), with the
   router-minus-random output error's 95% bootstrap interval over the 12 (layer, head) pairs;
 - ``gemma-length-gap-distill8k``: the router file distilled 20 more steps at 8192 tokens
-  (``gemma3-270m/distill64-8k``, the shipped file, committed length table ``gemma3_distill64_8k``)
+  (``gemma3-270m/distill64-8k``, g5's file, committed length table ``gemma3_distill64_8k``)
   against stage g4's file and random groups, on the same windows, paired intervals over windows
   from 3 windows up;
 - ``gemma-length-gap-retrieval``: RULER's single needle, the same cases under both files' default
@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from analyses.doc_blocks import (GEMMA_G4_RETRIEVAL, GEMMA_G4_TABLE, GEMMA_RETRIEVAL, GEMMA_TABLE, HAYSTACK, HELD_NAMES, LENGTH_CELLS, REPO, Generated, MissingInput, _cells,
+from analyses.doc_blocks import (GEMMA_G4_RETRIEVAL, GEMMA_RETRIEVAL, GEMMA_TABLE, GEMMA_G4_TABLE, GEMMA_G5_RETRIEVAL, GEMMA_G5_TABLE, HAYSTACK, HELD_NAMES, LENGTH_CELLS, REPO, Generated, MissingInput, _cells,
                                  _change, _read_cases, block, router_label)
 
 PAGE = "docs/studies/gemma-length-gap.md"
@@ -34,23 +34,22 @@ PROSE_PAGES = (PAGE, KEYSHIFT_PAGE)
 ALLOWED = {PAGE: {"12", "20"}}
 
 OE = "figures/gemma/output_error_by_length.parquet"
-#: the shipped file with balanced random groups in layer 11 (`focus-lab routers set-rules`; no training)
+#: g5's file with balanced random groups in layer 11 (`focus-lab routers set-rules`; no training)
 RANDOM11_TABLE = "gemma3_distill64_8k_random11"
-#: the shipped file's output error on training-domain text (the end of Mansfield Park), per length
+#: g5's file's output error on training-domain text (the end of Mansfield Park), per length
 OE_TRAIN = "figures/gemma/output_error_training_text.parquet"
 RANDOM11_RULE = "hard_top2+random_layers([11])"
-#: the shipped file distilled 12 more steps at 16384 tokens (not shipped)
+#: g5's file distilled 12 more steps at 16384 tokens (not shipped)
 DISTILL16K_TABLE = "gemma3_distill64_16k"
 #: stage g5 run on Austen's and Shakespeare's training texts instead of Austen's alone (not shipped)
 MIX_TABLE = "gemma3_distill64_8k_mix"
-#: the shipped file with keys in their predecessor's group (rule ``key_shift``, labels
+#: g5's file with keys in their predecessor's group (rule ``key_shift``, labels
 #: ``hard_topK_keyshift``; no training, the same file's tensors)
 KEYSHIFT_TABLE = "gemma3_distill64_8k_keyshift"
 KEYSHIFT_SUFFIX = "_keyshift"
 #: the shift's retrieval runs (dense and ``hard_top2+key_shift``) on the same cases (seeds) as the
-#: shipped file's and stage g4's runs, at 16384 and 32768 tokens
-KEYSHIFT_RETRIEVAL = ("figures/gemma/retrieval_16k_keyshift/cases.parquet",
-                      "figures/gemma/retrieval_32k_keyshift/cases.parquet")
+#: g5 file's and stage g4's runs, at 16384 and 32768 tokens
+KEYSHIFT_RETRIEVAL = GEMMA_RETRIEVAL
 #: the same, with and without the shift, on a third held-out domain: code (the end of the
 #: local file ``python_stdlib``, Python's standard library source, which no Gemma stage trained on)
 KEYSHIFT_CODE_TABLE = "gemma3_distill64_8k_keyshift_code"
@@ -171,9 +170,9 @@ def lever_block(new_table: str, base_table: str, new_name: str, base_name: str, 
 
 @block("gemma-length-gap-distill8k", LENGTH_CELLS)
 def gemma_length_gap_distill8k() -> Generated:
-    """The file distilled at 8192 tokens (table ``GEMMA_TABLE``) against stage g4's file
+    """The file distilled at 8192 tokens (table ``GEMMA_G5_TABLE``) against stage g4's file
     (``GEMMA_G4_TABLE``) on the same windows (``lever_block``)."""
-    return lever_block(GEMMA_TABLE, GEMMA_G4_TABLE, "distill64-8k", "needle-mix")
+    return lever_block(GEMMA_G5_TABLE, GEMMA_G4_TABLE, "distill64-8k", "needle-mix")
 
 
 @block("gemma-length-gap-layers", OE_TRAIN)
@@ -201,34 +200,65 @@ def gemma_length_gap_layers() -> Generated:
 
 @block("gemma-length-gap-random11", LENGTH_CELLS)
 def gemma_length_gap_random11() -> Generated:
-    """The shipped file with balanced random groups in layer 11 (table ``RANDOM11_TABLE``) against
-    the shipped file (``GEMMA_TABLE``) on the windows it ran on (``lever_block``)."""
-    return lever_block(RANDOM11_TABLE, GEMMA_TABLE, "random in 11", "distill64-8k", RANDOM11_RULE)
+    """Stage g5's file with balanced random groups in layer 11 (table ``RANDOM11_TABLE``) against
+    g5's file (``GEMMA_G5_TABLE``) on the windows it ran on (``lever_block``)."""
+    return lever_block(RANDOM11_TABLE, GEMMA_G5_TABLE, "random in 11", "distill64-8k", RANDOM11_RULE)
 
 
 @block("gemma-length-gap-distill16k", LENGTH_CELLS)
 def gemma_length_gap_distill16k() -> Generated:
-    """The shipped file distilled 12 more ``distill64`` steps at 16384 tokens (table
-    ``DISTILL16K_TABLE``) against the shipped file (``GEMMA_TABLE``) on the windows it ran on
+    """Stage g5's file distilled 12 more ``distill64`` steps at 16384 tokens (table
+    ``DISTILL16K_TABLE``) against g5's file (``GEMMA_G5_TABLE``) on the windows it ran on
     (``lever_block``)."""
-    return lever_block(DISTILL16K_TABLE, GEMMA_TABLE, "distill64-16k", "distill64-8k")
+    return lever_block(DISTILL16K_TABLE, GEMMA_G5_TABLE, "distill64-16k", "distill64-8k")
 
 
 @block("gemma-length-gap-mix", LENGTH_CELLS)
 def gemma_length_gap_mix() -> Generated:
     """Stage g5's 20 ``distill64`` steps at 8192 tokens from g4's file on Austen's and
-    Shakespeare's training texts (table ``MIX_TABLE``, hard top-2 only) against the shipped file,
-    whose g5 trained on Austen's alone (``GEMMA_TABLE``), on the windows it ran on (``lever_block``)."""
-    return lever_block(MIX_TABLE, GEMMA_TABLE, "mix-8k", "distill64-8k")
+    Shakespeare's training texts (table ``MIX_TABLE``, hard top-2 only) against g5's file,
+    whose g5 trained on Austen's alone (``GEMMA_G5_TABLE``), on the windows it ran on (``lever_block``)."""
+    return lever_block(MIX_TABLE, GEMMA_G5_TABLE, "mix-8k", "distill64-8k")
 
 
 @block("gemma-length-gap-keyshift", LENGTH_CELLS)
 def gemma_length_gap_keyshift() -> Generated:
-    """The shipped file with keys in their predecessor's group (``key_shift``, docs/levers.md
+    """Stage g5's file with keys in their predecessor's group (``key_shift``, docs/levers.md
     §1.7; table ``KEYSHIFT_TABLE``, rows ``hard_topK_keyshift``) against the same file without it
-    (``GEMMA_TABLE``), on the windows it ran on (``lever_block``)."""
-    return lever_block(KEYSHIFT_TABLE, GEMMA_TABLE, "key shift", "distill64-8k", "hard_topK+key_shift",
+    (``GEMMA_G5_TABLE``), on the windows it ran on (``lever_block``)."""
+    return lever_block(KEYSHIFT_TABLE, GEMMA_G5_TABLE, "key shift", "distill64-8k", "hard_topK+key_shift",
                        KEYSHIFT_SUFFIX, versus_dense=True)
+
+
+@block("gemma-keyshift-random", LENGTH_CELLS)
+def gemma_keyshift_random() -> Generated:
+    """Random groups under the key shift (the shipped file's table ``GEMMA_TABLE``, rows
+    ``random_topK``: ``random_topK+key_shift``) against random groups without it (g5's table
+    ``GEMMA_G5_TABLE``) on the same windows: per corpus and length, the perplexity change at each
+    k (95% paired interval over windows from 3 windows up; ``evaluate.paired_change``) and the
+    distant pairs kept by each. Shifting balanced random groups by one token gives balanced random
+    groups, so the two should differ by a draw's noise only."""
+    from focus_lab.eval.evaluate import paired_change
+    new, old = _cells(GEMMA_TABLE), _cells(GEMMA_G5_TABLE)
+    lines = ["| held out | tokens | windows | random top-1: with / without the shift | distant pairs kept | "
+             "random top-2: with / without the shift | distant pairs kept |", "|---|---:|---:|---|---|---|---|"]
+    for (c, L), g in new.groupby(["corpus", "seq_len"], sort=True):
+        h = old[(old.corpus == c) & (old.seq_len == L)]
+        cells = []
+        for k in (1, 2):
+            a, b = g[g.label == f"random_top{k}"], h[h.label == f"random_top{k}"]
+            if set(a.window) != set(b.window):
+                raise MissingInput(f"{LENGTH_CELLS} (tables {GEMMA_TABLE} and {GEMMA_G5_TABLE}: random_top{k} on the "
+                                   f"same windows of {c} at {L})")
+            n = a.window.nunique()
+            d, lo, hi = paired_change(a, b)
+            cells += [f"{d:+.2f}%" if n < 3 else f"{d:+.2f}% [{lo:+.2f}, {hi:+.2f}]",
+                      f"{a.distant_pairs_kept.mean():.3f} / {b.distant_pairs_kept.mean():.3f}"]
+        lines.append(f"| {HELD_NAMES.get(g.heldout.iloc[0], g.heldout.iloc[0])} | {L} | {n} | " + " | ".join(cells) + " |")
+    pats = sorted(set(new[new.label.str.startswith("random_top")].canonical_pattern))
+    inputs = (f"{LENGTH_CELLS} (table {GEMMA_TABLE}: {', '.join(f'`{x}`' for x in pats)}; table {GEMMA_G5_TABLE}: "
+              "`random_top1`, `random_top2`; the same windows, seed 0)")
+    return Generated(inputs, "\n".join(lines))
 
 
 @block("gemma-length-gap-keyshift-code", LENGTH_CELLS)
@@ -262,16 +292,16 @@ def gemma_length_gap_keyshift_code() -> Generated:
     return Generated(inputs, "\n".join(lines))
 
 
-@block("gemma-length-gap-keyshift-retrieval", *KEYSHIFT_RETRIEVAL, *GEMMA_RETRIEVAL, *GEMMA_G4_RETRIEVAL)
+@block("gemma-length-gap-keyshift-retrieval", *KEYSHIFT_RETRIEVAL, *GEMMA_G5_RETRIEVAL, *GEMMA_G4_RETRIEVAL)
 def gemma_length_gap_keyshift_retrieval() -> Generated:
     """RULER's single needle under the key shift (``KEYSHIFT_RETRIEVAL``) against the shipped
-    file's default (hard top-2, ``GEMMA_RETRIEVAL``) and random groups (``random_default``, stage
+    file's default (hard top-2, ``GEMMA_G5_RETRIEVAL``) and random groups (``random_default``, stage
     g4's runs: they do not depend on the router file), on the cases the shift ran: per task and
     length, cases, each pattern's score (dense from the shift's own run) and the shift's paired
     differences over the cases (``retrieval_tables.paired_difference``, 95% bootstrap interval):
     score and answer log-prob (nats) against the file alone, score against random groups."""
     from focus_lab.eval import retrieval_tables as rt
-    ks, ship, g4 = (_read_cases(f) for f in (KEYSHIFT_RETRIEVAL, GEMMA_RETRIEVAL, GEMMA_G4_RETRIEVAL))
+    ks, ship, g4 = (_read_cases(f) for f in (KEYSHIFT_RETRIEVAL, GEMMA_G5_RETRIEVAL, GEMMA_G4_RETRIEVAL))
     label = "hard_top2+key_shift"
     both = pd.concat([ks[ks.pattern.isin(["dense", label])], ship[ship.pattern == "default"],
                       g4[g4.pattern == "random_default"]], ignore_index=True)
@@ -289,21 +319,21 @@ def gemma_length_gap_keyshift_retrieval() -> Generated:
         lines.append(f"| {task} | {HAYSTACK.get(task, '')} | {L} | {len(seeds)} | {score('dense'):.2f} | "
                      f"{score('default'):.2f} | {score('random_default'):.2f} | {score(label):.2f} | {fmt(d_ship)} | "
                      f"{fmt(d_lp)} | {fmt(d_rand)} |")
-    inputs = (f"{', '.join(KEYSHIFT_RETRIEVAL)} (dense and `{label}` on the shipped file, "
-              f"{router_label(ks[ks.pattern == label].router_sha256.iloc[0])}); the shipped file's default from "
-              f"{', '.join(GEMMA_RETRIEVAL)}; random groups from stage g4's runs ({', '.join(GEMMA_G4_RETRIEVAL)}); "
+    inputs = (f"{', '.join(KEYSHIFT_RETRIEVAL)} (dense and `{label}` on g5's file, "
+              f"{router_label(ks[ks.pattern == label].router_sha256.iloc[0])}); g5's file's default from "
+              f"{', '.join(GEMMA_G5_RETRIEVAL)}; random groups from stage g4's runs ({', '.join(GEMMA_G4_RETRIEVAL)}); "
               "the same seeds")
     return Generated(inputs, "\n".join(lines))
 
 
-@block("gemma-length-gap-retrieval", *GEMMA_G4_RETRIEVAL, *GEMMA_RETRIEVAL)
+@block("gemma-length-gap-retrieval", *GEMMA_G4_RETRIEVAL, *GEMMA_G5_RETRIEVAL)
 def gemma_length_gap_retrieval() -> Generated:
     """Per task and length of stage g4's retrieval runs: cases, dense's score, the default's score
     under ``gemma3-270m/needle-mix`` and under ``gemma3-270m/distill64-8k`` (``-`` where the latter
     did not run), and distill64-8k minus needle-mix in score and answer log-prob (nats), paired over
     the cases both ran (``retrieval_tables.paired_difference``, 95% bootstrap interval)."""
     from focus_lab.eval import retrieval_tables as rt
-    g4, new = _read_cases(GEMMA_G4_RETRIEVAL), _read_cases(GEMMA_RETRIEVAL)
+    g4, new = _read_cases(GEMMA_G4_RETRIEVAL), _read_cases(GEMMA_G5_RETRIEVAL)
     both = pd.concat([g4[g4.pattern == "default"].assign(pattern="needle-mix"),
                       new[new.pattern == "default"].assign(pattern="distill64-8k")], ignore_index=True)
     diffs = {col: rt.paired_difference(both, "distill64-8k", "needle-mix", col).set_index(["task", "length"])
@@ -321,6 +351,6 @@ def gemma_length_gap_retrieval() -> Generated:
             tail = "- | - | - |"
         lines.append(f"| {task} | {HAYSTACK.get(task, '')} | {L} | {g.seed.nunique()} | {score('dense'):.2f} | "
                      f"{score('default'):.2f} | {tail}")
-    inputs = (f"{', '.join(GEMMA_G4_RETRIEVAL)} (gemma3-270m/needle-mix); {', '.join(GEMMA_RETRIEVAL)} "
+    inputs = (f"{', '.join(GEMMA_G4_RETRIEVAL)} (gemma3-270m/needle-mix); {', '.join(GEMMA_G5_RETRIEVAL)} "
               "(gemma3-270m/distill64-8k); the default pattern of each file (hard top-2), the same seeds")
     return Generated(inputs, "\n".join(lines))

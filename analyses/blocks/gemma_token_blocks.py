@@ -1,7 +1,7 @@
 """docs/studies/gemma-token-blocks.md's table: random groups against the shipped Gemma-3-270M
 router at hard top-2, with intervals over runs of tokens inside the windows.
 
-- ``gemma-token-blocks``: per held-out corpus and length of the shipped file's length table
+- ``gemma-token-blocks``: per held-out corpus and length of g5's file's length table
   (``gemma3_distill64_8k``) whose hard top-2 and random top-2 rows hold block losses (evaluation
   schema 3): random top-2's perplexity change over the router in each window, pooled with its 95%
   paired interval over windows, and with its interval over runs of 1024, 2048 (the length table's
@@ -16,7 +16,7 @@ router at hard top-2, with intervals over runs of tokens inside the windows.
 
 from __future__ import annotations
 
-from analyses.doc_blocks import (GEMMA_TABLE, HELD_NAMES, LENGTH_CELLS, Generated, MissingInput, _cells, block,
+from analyses.doc_blocks import (GEMMA_G5_TABLE, HELD_NAMES, LENGTH_CELLS, Generated, MissingInput, _cells, block,
                                  router_label)
 
 PAGE = "docs/studies/gemma-token-blocks.md"
@@ -54,7 +54,7 @@ def gemma_token_blocks() -> Generated:
     the share of 2048-token runs where the router's loss is lower."""
     from analyses.length_table import INTERVAL_BLOCK, has_blocks
     from focus_lab.eval.evaluate import block_units, paired_change
-    cells = _cells(GEMMA_TABLE)
+    cells = _cells(GEMMA_G5_TABLE)
     head = " | ".join(f"runs of {n}" for n in SIZES)
     lines = [f"| held out | tokens | windows | each window | over windows | {head} | runs of {INTERVAL_BLOCK} "
              "where the router's loss is lower | tokens to clear 0 at this change |",
@@ -74,10 +74,10 @@ def gemma_token_blocks() -> Generated:
         held = HELD_NAMES.get(g.heldout.iloc[0], g.heldout.iloc[0])
         lines.append(f"| {held} | {L} | {len(wins)} | {each} | {over} | " + " | ".join(runs) + f" | {lower} | {need} |")
     if len(lines) == 2:
-        raise MissingInput(f"{LENGTH_CELLS} (table {GEMMA_TABLE}: no cell whose {ROUTER} and {CONTROL} rows "
+        raise MissingInput(f"{LENGTH_CELLS} (table {GEMMA_G5_TABLE}: no cell whose {ROUTER} and {CONTROL} rows "
                            "hold block losses)")
     sha = cells[cells.label == ROUTER].routers_sha256.iloc[0]
-    inputs = (f"{LENGTH_CELLS} (table {GEMMA_TABLE}, the cells whose {ROUTER} and {CONTROL} rows hold block "
+    inputs = (f"{LENGTH_CELLS} (table {GEMMA_G5_TABLE}, the cells whose {ROUTER} and {CONTROL} rows hold block "
               f"losses, runs of 256 predicted tokens); routers {router_label(sha)}; intervals 95%, 2000 "
               "resamples, units in brackets")
     return Generated(inputs, "\n".join(lines))
@@ -86,11 +86,11 @@ def gemma_token_blocks() -> Generated:
 @block("gemma-token-blocks-seeds", LENGTH_CELLS)
 def gemma_token_blocks_seeds() -> Generated:
     """At *Persuasion*'s 32768 tokens, random top-2 of each draw (the shipped table's seed 0, then
-    ``SEEDS_TABLE``'s seeds) over the shipped file's hard top-2, on the same windows (> 0: the
+    ``SEEDS_TABLE``'s seeds) over g5's file's hard top-2, on the same windows (> 0: the
     router is better), and the draws' losses pooled."""
     import pandas as pd
     from analyses.length_table import INTERVAL_BLOCK
-    ship, other = _cells(GEMMA_TABLE), _cells(SEEDS_TABLE)
+    ship, other = _cells(GEMMA_G5_TABLE), _cells(SEEDS_TABLE)
     at = lambda d: d[(d.corpus == "austen") & (d.seq_len == 32768)]  # noqa: E731
     ship, other = at(ship), at(other)
     router = ship[ship.label == ROUTER]
@@ -109,7 +109,7 @@ def gemma_token_blocks_seeds() -> Generated:
         block_nll=("block_nll", lambda s: list(pd.DataFrame(list(s)).mean())), block_tokens=("block_tokens", "first"))
     wins, each, over, runs, lower = _compare(pooled, router)
     lines.append(f"| the {len(draws)} draws' mean loss | {len(wins)} | {each} | {over} | {runs} | {lower} |")
-    inputs = (f"{LENGTH_CELLS} (tables {GEMMA_TABLE} and {SEEDS_TABLE}, *Persuasion* at 32768 tokens, the same "
+    inputs = (f"{LENGTH_CELLS} (tables {GEMMA_G5_TABLE} and {SEEDS_TABLE}, *Persuasion* at 32768 tokens, the same "
               f"windows); routers {router_label(router.routers_sha256.iloc[0])}; intervals 95%, 2000 resamples, "
               "units in brackets")
     return Generated(inputs, "\n".join(lines))
