@@ -664,7 +664,9 @@ def main(argv=None) -> None:
                     help="other tables (folders of this script's output or committed table names), "
                     "comma-separated: take from their cells, window by "
                     "window, the router-free patterns (dense, window, random_topK) and the rows made "
-                    "with this router file (the first folder that has a pattern on a window wins)")
+                    "with this router file's tensors, each row for the pattern it ran (a row that records "
+                    "it: hard_top2_keyshift of one file is hard_top2 of a file whose rules hold the "
+                    "shift); the first folder that has a pattern on a window wins")
     ap.add_argument("--layer-top-k", default=None, help="hard patterns: per-layer k overriding the pattern's "
                     "top_k, e.g. '1-9:0;10-14:2', or 'none' (uniform); default: the router file's (FocusConfig.layer_top_k, "
                     "else its top_k_budgets for the pattern's top_k)")
