@@ -43,6 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     from focus_lab.io import machine, machine_line, write_text
     from focus_lab.method import core
     from focus_lab.patterns.legacy import parse_legacy_patterns
+    from analyses.length_table import pattern_in_force
 
     torch.set_num_threads(2)
     model, tok = load_model("gemma3-270m", verbose=False)
@@ -55,6 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     for T in (int(x) for x in a.lengths.split(",")):
         ids = make_windows(load_corpus("austen").heldout, tok, T, max_windows=1)[0].input_ids[None]  # (1, T)
         for label, changes in parse_legacy_patterns(a.patterns, cfg.num_groups):
+            label = pattern_in_force(cfg, label) or label  # recorded as the pattern that ran (hard_top1+key_shift)
             state = forward_state(model, **changes)
             hidden = {}
             with torch.no_grad():
@@ -86,8 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     for T, g in df[df.path == "key_sliced"].groupby("seq_len"):
         d = g.set_index("pattern").body_s
         if "dense" in d:
-            print(f"{T:>6} key-sliced: dense / hard top-1 {d['dense'] / d.get('hard_top1', float('nan')):.2f}x, "
-                  f"dense / hard top-2 {d['dense'] / d.get('hard_top2', float('nan')):.2f}x (body)")
+            print(f"{T:>6} key-sliced: " + ", ".join(f"dense / {p} {d['dense'] / d[p]:.2f}x" for p in d.index
+                                                        if p != "dense") + " (body)")
     meta = router_columns(routers)
     df["router_name"], df["commit"] = meta["router_name"], meta["commit"]
     df["machine"] = f"{machine_line(machine())}, torch {torch.__version__}"

@@ -146,3 +146,16 @@ def test_the_chain_block_adds_stage_g6_to_the_total_by_hand():
     assert _row(text, "g6_rules")[2:4] == [f"{g6['seconds']:.0f}", f"{g6['peak_rss_gb']:.2f} GiB"]
     total = rec["total_seconds"] + steps + g6["seconds"]
     assert _row(text, "total")[2].startswith(f"**{total:.0f}** (")
+
+
+def test_the_key_sliced_speed_ratios_by_hand():
+    """gemma-key-sliced: dense over each pattern's key-sliced body at 32768 tokens, the shipped
+    file's patterns recorded as they ran (with the key shift) and without it, from the rows."""
+    df = pd.read_csv(REPO / doc_blocks.GEMMA_KEY_SLICED)
+    k = df[(df.seq_len == 32768) & (df.path == "key_sliced")].set_index("pattern").body_s
+    assert {"dense", "hard_top1+key_shift", "hard_top2+key_shift"} <= set(k.index)
+    text = doc_blocks.render("gemma-key-sliced")
+    for pattern in k.index:
+        row = _row(text, "32768", pattern)
+        assert row[3] == f"{k[pattern]:.1f}" and row[5] == f"{k['dense'] / k[pattern]:.2f}x"
+    assert k["dense"] > k["hard_top1+key_shift"]  # the issue's goal: hard top-1 faster than dense at 32K

@@ -17,8 +17,8 @@ from analyses.doc_blocks import REPO, Generated, MissingInput, block
 
 PAGE = "docs/studies/gemma-routers.md"
 PROSE_PAGES = (PAGE,)
-#: the issue's criterion (hard top-2 within 2% of dense), not a measurement
-ALLOWED = {PAGE: {"2%"}}
+#: the issue's criterion (hard top-2 within 2% of dense) and the round bound the page states (within 1%), not measurements
+ALLOWED = {PAGE: {"2%", "1%"}}
 
 BENCH = "figures/gemma/bench_forward_32k.csv"
 RECORD = "figures/results/record_memory.parquet"
