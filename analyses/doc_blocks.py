@@ -36,6 +36,8 @@ from typing import Callable
 
 import pandas as pd
 
+from focus_lab.train.chain import KEY_SHIFT
+
 REPO = Path(__file__).resolve().parent.parent
 COMMAND = "focus-lab-figures --docs"
 BEGIN = re.compile(r"^<!-- BEGIN generated:(?P<name>[a-z0-9-]+) \| (?P<rest>.*) -->$")
@@ -565,8 +567,8 @@ GEMMA_G5_RETRIEVAL = ("figures/gemma/retrieval_16k_distill64_8k/cases.parquet",
 #: (the same tensors; the shipped file saves that pattern as its rules) at 16384 and 32768 tokens
 GEMMA_RETRIEVAL = ("figures/gemma/retrieval_16k_keyshift/cases.parquet",
                    "figures/gemma/retrieval_32k_keyshift/cases.parquet")
-#: the shipped file's rules for top-2 (``focus_lab.train.chain.KEY_SHIFT``)
-GEMMA_DEFAULT = "hard_top2+key_shift"
+#: the shipped file's rules for top-2, as its chain's stage g6 writes them
+GEMMA_DEFAULT = KEY_SHIFT
 #: each single-needle task's haystack (docs/retrieval.md's task table)
 HAYSTACK = {"niah_single_1": "noise sentences", "niah_single_2": "*Persuasion*", "niah_single_3": "*Persuasion*"}
 #: how far the same case's dense answer log-prob may differ between two runs (nats): the forwards are
