@@ -135,9 +135,10 @@ def _same_pattern(old: pd.DataFrame, cfg) -> pd.Series:
     """Rows of ``old`` that ran the pattern this run gives their label (``pattern_in_force``),
     compared by the row's ``canonical_pattern`` where it has one; a row without one (a cell made
     before that column) by its key shift (``_key_shift_of``), the one rule no other column records."""
+    from focus_lab.patterns import Pattern
     pats = _column(old, "canonical_pattern", "")
     want = {lab: pattern_in_force(cfg, lab) for lab in old.label.unique()}
-    shift = {lab: int("+key_shift" in want[lab]) for lab in want}
+    shift = {lab: int(bool(w) and Pattern.parse(w).rule("key_shift") is not None) for lab, w in want.items()}
     return pd.Series([p == want[lab] if p else _key_shift_of(lab) == shift[lab] for p, lab in zip(pats, old.label)],
                      index=old.index, dtype=bool)
 
